@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny HF checkpoints built locally (no downloads) and single-thread torch."""
+
+from __future__ import annotations
+
+import os
+
+# 2 cores on CI: more OpenMP threads than free cores slows everything ~10x.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A ~0.4M-parameter Qwen2 with a char-level ChatML tokenizer, saved as an HF folder."""
+    from hybridflow.utils.tiny_model import make_tiny_checkpoint
+
+    return str(make_tiny_checkpoint(tmp_path_factory.mktemp("tiny_model"), size="tiny"))
+
+
+@pytest.fixture(scope="session")
+def nano_model_dir(tmp_path_factory):
+    """A ~0.1M-parameter Qwen2 (fastest) with the char tokenizer."""
+    from hybridflow.utils.tiny_model import make_tiny_checkpoint
+
+    return str(make_tiny_checkpoint(tmp_path_factory.mktemp("nano_model"), size="nano"))
+
+
+@pytest.fixture(scope="session")
+def bpe_model_dir(tmp_path_factory):
+    """A tiny Qwen2 with a byte-level BPE tokenizer (for text-heavy data such as GSM8K)."""
+    from hybridflow.utils.tiny_model import make_tiny_checkpoint
+
+    return str(make_tiny_checkpoint(tmp_path_factory.mktemp("bpe_model"), size="nano", tokenizer="bpe"))
+
+
+@pytest.fixture(scope="session")
+def gsm8k_dir():
+    """The real GSM8K jsonl shipped beside the repo (../shared/data/gsm8k)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.abspath(os.path.join(here, "..", "..", "shared", "data", "gsm8k"))
+    if not os.path.isdir(path):
+        pytest.fail(f"GSM8K data not found at {path}; CI clones the repo beside shared/")
+    return path
