@@ -1,0 +1,103 @@
+"""Loading user reward functions (``custom_reward_function.{path,name}``) and calling sync or async ones.
+
+A :class:`ScoreFnSpec` names the function instead of holding it: scoring runs in *spawned* worker processes,
+and a function loaded from an arbitrary file cannot be pickled by reference, so each worker re-loads it from
+the path. The parent loads it once too (:meth:`ScoreFnSpec.resolve`) so a wrong path or name fails at start-up
+with a message naming the config field, not later inside a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+class RewardFunctionError(ValueError):
+    """The configured custom reward function cannot be loaded."""
+
+
+def load_custom_reward_fn(path: str, name: str = "compute_score") -> Callable[..., Any]:
+    """Import ``path`` as a module and return its attribute ``name`` (verl's ``compute_score`` signature)."""
+    if not path:
+        raise RewardFunctionError("custom_reward_function.path is empty; set it to a .py file or leave it null")
+    full = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(full):
+        raise RewardFunctionError(
+            f"custom_reward_function.path='{path}' does not exist (resolved to {full}); "
+            "fix the path or set custom_reward_function.path=null to use the built-in scorers"
+        )
+    module_name = "hybridflow_custom_reward_" + hashlib.sha1(full.encode()).hexdigest()[:12]
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, full)
+        if spec is None or spec.loader is None:
+            raise RewardFunctionError(f"custom_reward_function.path='{path}' is not an importable Python file")
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise RewardFunctionError(
+                f"importing custom_reward_function.path='{path}' failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        sys.modules[module_name] = module
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        defined = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and not k.startswith("_"))
+        raise RewardFunctionError(
+            f"custom_reward_function.name='{name}' is not a function in '{path}'. Functions defined there: "
+            f"{', '.join(defined) or '(none)'}; set custom_reward_function.name to one of them."
+        )
+    return fn
+
+
+@dataclass(frozen=True)
+class ScoreFnSpec:
+    """Which scoring function to use: ``path=None`` means the built-in ``default_compute_score``.
+
+    ``fn`` may hold an importable (module-level) callable instead of a path, e.g. for library users; it must
+    be picklable by reference when scoring runs in worker processes.
+    """
+
+    path: str | None = None
+    name: str = "compute_score"
+    fn: Callable[..., Any] | None = None
+
+    def resolve(self) -> Callable[..., Any]:
+        if self.fn is not None:
+            return self.fn
+        if self.path is None:
+            from hybridflow.rewards.scorers import default_compute_score
+
+            return default_compute_score
+        return load_custom_reward_fn(self.path, self.name)
+
+    def describe(self) -> str:
+        if self.fn is not None:
+            return f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', self.fn)}"
+        return "default_compute_score" if self.path is None else f"{self.path}:{self.name}"
+
+
+def call_score_fn(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """Call ``fn(**kwargs)``; coroutine functions (async judges) are run to completion on a fresh loop."""
+    result = fn(**kwargs)
+    if not inspect.isawaitable(result):
+        return result
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop in this thread: the usual case (worker process, sync trainer)
+        return asyncio.run(_await(result))
+    # Called from inside a running loop (an async trainer scoring in-process): finish on a helper thread.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as ex:
+        return ex.submit(asyncio.run, _await(result)).result()
+
+
+async def _await(awaitable):
+    return await awaitable

@@ -1,0 +1,238 @@
+"""Reward managers: decode responses, score them, and place each score on the last valid response token.
+
+verl's three rule-based managers, sharing one decoding/placement path:
+
+* ``naive`` -- one ``compute_score(data_source, solution_str, ground_truth, extra_info, **reward_kwargs)`` call
+  per sample (spread over the scoring pool);
+* ``batch`` -- a single ``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=, **kw)`` call
+  returning one result per sample (for scorers that batch, e.g. an API judge); ``timeout_s`` covers the call;
+* ``dapo`` -- ``naive`` plus DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): with
+  ``L_exp = max_resp_len - buffer_len``, a response of length ``L`` gets
+  ``min(-(L - L_exp) / buffer_len * penalty_factor, 0)`` added to its score.
+
+Calling ``manager(data, return_dict=True)`` returns ``{"reward_tensor": (B, R) float32, "reward_extra_info":
+dict[str, list] (one entry per sample; None where that sample's scorer failed), "reward_metrics":
+dict[str, float]}`` where ``reward_metrics`` holds ``reward/error_count``, ``reward/timeout_count`` and
+``reward/error_rate`` for this call (the trainer merges them into its step metrics). Without ``return_dict``
+only the tensor is returned. When the batch carries ``rm_scores`` (a reward-model worker ran), those are the
+reward and no rule scorer is called, as in verl.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.rewards.custom import ScoreFnSpec
+from hybridflow.rewards.outcome import ErrorTracker, ScoringConfig, as_score
+from hybridflow.rewards.pool import OK, ScoringPool, TaskResult
+from hybridflow.utils.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+REWARD_MANAGERS: Registry[type] = Registry("reward manager")
+
+
+@dataclass
+class Decoded:
+    """Per-sample inputs to a scorer, decoded from a generated batch."""
+
+    solution_strs: list[str]
+    prompt_strs: list[str]
+    valid_lengths: list[int]
+    data_sources: list[str]
+    ground_truths: list[Any]
+    extra_infos: list[dict]
+
+
+class RewardManager:
+    """Shared machinery; subclasses implement :meth:`score_batch` (scores + extra info per sample)."""
+
+    def __init__(
+        self,
+        tokenizer,
+        num_examine: int = 0,
+        compute_score: ScoreFnSpec | Callable[..., Any] | None = None,
+        reward_fn_key: str = "data_source",
+        reward_kwargs: dict[str, Any] | None = None,
+        scoring: ScoringConfig | None = None,
+    ):
+        self.tokenizer = tokenizer
+        self.num_examine = num_examine
+        self.reward_fn_key = reward_fn_key
+        self.reward_kwargs = dict(reward_kwargs or {})
+        spec = compute_score if isinstance(compute_score, ScoreFnSpec) else ScoreFnSpec(fn=compute_score)
+        self.scoring = scoring or ScoringConfig()
+        self.pool = ScoringPool(spec, self.scoring.num_workers, self.scoring.timeout_s)
+        self.errors = ErrorTracker(self.scoring.error_score)
+
+    def close(self) -> None:
+        """Stop the scoring worker processes (they are also stopped when the manager is collected)."""
+        self.pool.close()
+
+    # ------------------------------------------------------------------ public API
+    def __call__(self, data: DataProto, return_dict: bool = False):
+        if "rm_scores" in data.batch:
+            out = {"reward_tensor": data.batch["rm_scores"], "reward_extra_info": {}, "reward_metrics": {}}
+            return out if return_dict else out["reward_tensor"]
+        self.errors.reset_step()
+        decoded = self.decode(data)
+        scores, extras = self.score_batch(decoded)
+        responses = data.batch["responses"]
+        reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
+        for i, (score, length) in enumerate(zip(scores, decoded.valid_lengths)):
+            reward_tensor[i, max(length - 1, 0)] = score
+        self._examine(decoded, scores)
+        out = {
+            "reward_tensor": reward_tensor,
+            "reward_extra_info": _columns(extras),
+            "reward_metrics": self.errors.metrics(len(scores)),
+        }
+        return out if return_dict else reward_tensor
+
+    def score_batch(self, decoded: Decoded) -> tuple[list[float], list[dict[str, Any]]]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers
+    def decode(self, data: DataProto) -> Decoded:
+        """Decode valid prompt/response tokens (special tokens skipped) and gather scorer inputs."""
+        responses = data.batch["responses"]
+        prompts = data.batch["prompts"]
+        p_len = prompts.shape[-1]
+        if "attention_mask" in data.batch:  # counts tool-output tokens too, unlike response_mask
+            resp_lengths = data.batch["attention_mask"][:, p_len:].sum(-1)
+            prompt_lengths = data.batch["attention_mask"][:, :p_len].sum(-1)
+        else:
+            resp_lengths = data.batch["response_mask"].sum(-1)
+            prompt_lengths = torch.full((len(responses),), p_len)
+        nt = data.non_tensor_batch
+        for key in (self.reward_fn_key, "reward_model"):
+            if key not in nt:
+                raise KeyError(
+                    f"reward scoring needs the non-tensor column '{key}' (from the dataset rows); available: "
+                    f"{sorted(nt)}. Check data.reward_fn_key and that the parquet has a 'reward_model' column."
+                )
+        out = Decoded([], [], [], [], [], [])
+        for i in range(len(responses)):
+            n_resp, n_prompt = int(resp_lengths[i]), int(prompt_lengths[i])
+            out.solution_strs.append(self.tokenizer.decode(responses[i, :n_resp].tolist(), skip_special_tokens=True))
+            out.prompt_strs.append(
+                self.tokenizer.decode(prompts[i, p_len - n_prompt :].tolist(), skip_special_tokens=True)
+                if i < self.num_examine else ""
+            )
+            out.valid_lengths.append(n_resp)
+            out.data_sources.append(str(nt[self.reward_fn_key][i]))
+            out.ground_truths.append(_ground_truth(nt["reward_model"][i]))
+            extra = nt["extra_info"][i] if "extra_info" in nt else None
+            out.extra_infos.append(dict(extra) if isinstance(extra, dict) else {})
+        return out
+
+    def _per_sample(self, decoded: Decoded) -> list[TaskResult]:
+        tasks = [
+            dict(data_source=ds, solution_str=s, ground_truth=gt, extra_info=ei, **self.reward_kwargs)
+            for ds, s, gt, ei in zip(decoded.data_sources, decoded.solution_strs, decoded.ground_truths,
+                                     decoded.extra_infos)
+        ]
+        return self.pool.run(tasks)
+
+    def _examine(self, decoded: Decoded, scores: list[float]) -> None:
+        for i in range(min(self.num_examine, len(scores))):
+            logger.info("[prompt] %s\n[response] %s\n[ground_truth] %s\n[score] %s", decoded.prompt_strs[i],
+                        decoded.solution_strs[i], decoded.ground_truths[i], scores[i])
+
+
+def _ground_truth(reward_model: Any) -> Any:
+    if isinstance(reward_model, dict) and "ground_truth" in reward_model:
+        return reward_model["ground_truth"]
+    raise ValueError(f"reward_model entry must be a dict with 'ground_truth', got {reward_model!r}")
+
+
+def _columns(extras: list[dict[str, Any]]) -> dict[str, list]:
+    keys = sorted({k for e in extras for k in e})
+    return {k: [e.get(k) for e in extras] for k in keys}
+
+
+@REWARD_MANAGERS.register("naive")
+class NaiveRewardManager(RewardManager):
+    """One scorer call per sample (verl ``naive``)."""
+
+    def score_batch(self, decoded):
+        results = self._per_sample(decoded)
+        pairs = [self.errors.resolve(r, decoded.data_sources[i]) for i, r in enumerate(results)]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+@REWARD_MANAGERS.register("batch")
+class BatchRewardManager(RewardManager):
+    """One scorer call for the whole batch with list arguments (verl ``batch``)."""
+
+    def score_batch(self, decoded):
+        task = dict(data_sources=decoded.data_sources, solution_strs=decoded.solution_strs,
+                    ground_truths=decoded.ground_truths, extra_infos=decoded.extra_infos, **self.reward_kwargs)
+        (result,) = self.pool.run([task])
+        n = len(decoded.solution_strs)
+        if result.status == OK and (not isinstance(result.value, (list, tuple, np.ndarray)) or len(result.value) != n):
+            got = type(result.value).__name__ if not hasattr(result.value, "__len__") else f"{len(result.value)} items"
+            result = TaskResult("error", error=f"batch reward function must return a list of {n} scores, got {got}")
+        if result.status != OK:
+            pairs = [self.errors.resolve(result, "batch call") for _ in range(n)]
+        else:
+            pairs = [self.errors.resolve(TaskResult(OK, v), decoded.data_sources[i]) for i, v in enumerate(result.value)]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO overlong buffer: ``len`` tokens before ``max_resp_len`` where the linear penalty ramps up."""
+
+    enable: bool = False
+    len: int = 0
+    penalty_factor: float = 1.0
+    log: bool = False
+
+
+@REWARD_MANAGERS.register("dapo")
+class DAPORewardManager(NaiveRewardManager):
+    """``naive`` + DAPO soft overlong punishment (Yu et al. 2025, §3.4, eq. 13)."""
+
+    def __init__(self, tokenizer, num_examine: int = 0, compute_score=None, reward_fn_key: str = "data_source",
+                 reward_kwargs: dict[str, Any] | None = None, scoring: ScoringConfig | None = None,
+                 max_resp_len: int | None = None, overlong_buffer_cfg: OverlongBufferConfig | Any = None):
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, reward_kwargs, scoring)
+        cfg = overlong_buffer_cfg if overlong_buffer_cfg is not None else OverlongBufferConfig()
+        if isinstance(cfg, dict):
+            cfg = OverlongBufferConfig(**cfg)
+        self.overlong = cfg
+        self.max_resp_len = max_resp_len
+        if cfg.enable:
+            if max_resp_len is None:
+                raise ValueError("dapo reward manager: overlong_buffer_cfg.enable=true needs max_resp_len "
+                                 "(set reward_model.reward_kwargs.max_resp_len to data.max_response_length)")
+            if not 0 < cfg.len <= max_resp_len:
+                raise ValueError(f"overlong_buffer_cfg.len must be in (0, max_resp_len={max_resp_len}], got {cfg.len}")
+
+    def overlong_reward(self, length: int) -> float:
+        expected = self.max_resp_len - self.overlong.len
+        return min(-(length - expected) / self.overlong.len * self.overlong.penalty_factor, 0.0)
+
+    def score_batch(self, decoded):
+        eos = self.tokenizer.eos_token
+        if eos:
+            decoded.solution_strs = [s[: -len(eos)] if s.endswith(eos) else s for s in decoded.solution_strs]
+        scores, extras = super().score_batch(decoded)
+        if self.overlong.enable:
+            for i, length in enumerate(decoded.valid_lengths):
+                penalty = self.overlong_reward(length)
+                scores[i] += penalty
+                if self.overlong.log:
+                    extras[i] = {**extras[i], "overlong_reward": penalty, "overlong": penalty < 0}
+        return scores, extras
+
+
+__all__ = ["REWARD_MANAGERS", "RewardManager", "NaiveRewardManager", "BatchRewardManager", "DAPORewardManager",
+           "OverlongBufferConfig", "as_score"]

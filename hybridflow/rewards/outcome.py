@@ -1,0 +1,101 @@
+"""Turning raw scorer outputs into rewards: validation, error policy and error accounting.
+
+A scorer may return a number or a dict with a ``score`` key (verl convention; the other keys become
+``reward_extra_info`` columns). Anything else -- an exception, a timeout, NaN/inf, a string, a dict without
+``score`` -- is an *error*: it is scored ``error_score`` and counted, and the first traceback is logged once, so
+one broken sample (or a broken reward file) is visible in metrics without stopping training.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+from hybridflow.rewards.pool import ERROR, OK, TIMEOUT, TaskResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ScoringConfig:
+    """How scorers run: ``num_workers`` processes (0 = in-process), ``timeout_s`` per call, ``error_score``."""
+
+    num_workers: int = 1
+    timeout_s: float = 30.0
+    error_score: float = 0.0
+
+    def __post_init__(self):
+        if self.num_workers < 0:
+            raise ValueError(f"reward_model.num_workers must be >= 0 (0 scores in-process), got {self.num_workers}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"reward_model.timeout_s must be > 0 seconds, got {self.timeout_s}")
+
+
+def as_score(value: Any) -> tuple[float, dict[str, Any]]:
+    """``(score, extra)`` from a scorer result; raises ``TypeError``/``ValueError`` when it is not usable."""
+    extra: dict[str, Any] = {}
+    if isinstance(value, dict):
+        if "score" not in value:
+            raise ValueError(f"reward function returned a dict without a 'score' key: keys {sorted(value)}")
+        extra = dict(value)
+        value = value["score"]
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"reward function returned {type(value).__name__} {value!r}; expected a float or int")
+    score = float(value)
+    if not math.isfinite(score):
+        raise ValueError(f"reward function returned a non-finite score {score}")
+    return score, extra
+
+
+@dataclass
+class ErrorTracker:
+    """Counts errors and timeouts for one manager; logs the first traceback of its lifetime."""
+
+    error_score: float
+    logged_first: bool = False
+    first_error: str | None = None
+    step_errors: int = 0
+    step_timeouts: int = 0
+    total_errors: int = 0
+    total_timeouts: int = 0
+
+    def reset_step(self) -> None:
+        self.step_errors = 0
+        self.step_timeouts = 0
+
+    def resolve(self, result: TaskResult, where: str) -> tuple[float, dict[str, Any]]:
+        """Score + extra for ``result``; errors become ``error_score`` and are counted."""
+        if result.status == OK:
+            try:
+                return as_score(result.value)
+            except (TypeError, ValueError) as exc:
+                self._record(ERROR, f"{type(exc).__name__}: {exc}", where)
+                return self.error_score, {}
+        self._record(result.status, result.error or result.status, where)
+        return self.error_score, {}
+
+    def _record(self, status: str, detail: str, where: str) -> None:
+        if status == TIMEOUT:
+            self.step_timeouts += 1
+            self.total_timeouts += 1
+        else:
+            self.step_errors += 1
+            self.total_errors += 1
+        if not self.logged_first:
+            self.logged_first = True
+            self.first_error = f"{where}: {detail}"
+            logger.warning(
+                "reward function %s (%s); scored error_score=%s. Further errors are only counted in "
+                "reward/error_count and reward/timeout_count.\n%s",
+                "timed out" if status == TIMEOUT else "failed", where, self.error_score, detail,
+            )
+
+    def metrics(self, num_scored: int) -> dict[str, float]:
+        return {
+            "reward/error_count": float(self.step_errors),
+            "reward/timeout_count": float(self.step_timeouts),
+            "reward/error_rate": (self.step_errors + self.step_timeouts) / max(num_scored, 1),
+        }

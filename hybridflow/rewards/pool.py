@@ -1,0 +1,163 @@
+"""Scoring in worker processes with a per-task timeout: a reward function can never hang or kill the run.
+
+Rule scorers are arbitrary user Python: they may raise, loop forever (a pathological regex, sympy on a huge
+expression) or crash the interpreter. ``concurrent.futures.ProcessPoolExecutor`` cannot cancel a running task,
+and a hung task blocks its worker for good, so we keep a small pool of our own: each worker is a *spawned*
+process (safe next to Ray, CUDA and OpenMP threads, unlike fork) fed one task at a time over a pipe; the
+supervisor waits with a deadline and kills + replaces a worker that overruns it. Worker start-up (imports,
+loading the user file) is not charged to any task.
+
+``num_workers=0`` scores in the calling process: exceptions are still caught, but a hang cannot be
+interrupted (use it for debugging with breakpoints).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import traceback
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from hybridflow.rewards.custom import ScoreFnSpec, call_score_fn
+
+OK, ERROR, TIMEOUT = "ok", "error", "timeout"
+
+
+@dataclass
+class TaskResult:
+    """Outcome of one scoring call: ``status`` is ok / error / timeout; ``error`` holds the traceback text."""
+
+    status: str
+    value: Any = None
+    error: str | None = None
+
+
+def _worker_main(conn: Connection, spec: ScoreFnSpec) -> None:
+    try:
+        fn = spec.resolve()
+    except BaseException:
+        conn.send(("init_error", traceback.format_exc()))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        idx, kwargs = msg
+        try:
+            value = call_score_fn(fn, kwargs)
+            conn.send((idx, OK, value))
+        except BaseException:
+            try:
+                conn.send((idx, ERROR, traceback.format_exc()))
+            except BaseException:  # the connection itself broke: nothing left to report to
+                return
+
+
+class _Worker:
+    def __init__(self, ctx, spec: ScoreFnSpec, start_timeout_s: float):
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, spec), daemon=True, name="hybridflow-reward")
+        self.proc.start()
+        child.close()
+        if not self.conn.poll(start_timeout_s):
+            self.kill()
+            raise RuntimeError(f"reward worker did not start within {start_timeout_s:.0f}s")
+        kind, detail = self.conn.recv()
+        if kind != "ready":
+            self.kill()
+            raise RuntimeError(f"reward worker failed to load the scoring function:\n{detail}")
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except (OSError, BrokenPipeError):
+            pass
+        self.proc.join(timeout=2)
+        self.kill()
+
+
+def _shutdown(workers: list[_Worker]) -> None:
+    for w in workers:
+        w.stop()
+    workers.clear()
+
+
+class ScoringPool:
+    """Runs ``fn(**kwargs)`` for many kwargs dicts on ``num_workers`` processes, each with ``timeout_s``."""
+
+    def __init__(self, spec: ScoreFnSpec, num_workers: int, timeout_s: float, start_timeout_s: float = 120.0):
+        if num_workers < 0:
+            raise ValueError(f"reward scoring num_workers must be >= 0, got {num_workers}")
+        if timeout_s <= 0:
+            raise ValueError(f"reward scoring timeout_s must be > 0, got {timeout_s}")
+        self.spec = spec
+        self.num_workers = num_workers
+        self.timeout_s = timeout_s
+        self.start_timeout_s = start_timeout_s
+        self._fn = spec.resolve()  # fail fast in the parent on a bad path / name
+        self._ctx = mp.get_context("spawn")
+        self._workers: list[_Worker] = []
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def run(self, tasks: list[dict[str, Any]]) -> list[TaskResult]:
+        if self.num_workers == 0:
+            return [self._run_inline(kwargs) for kwargs in tasks]
+        while len(self._workers) < min(self.num_workers, len(tasks)):
+            self._workers.append(_Worker(self._ctx, self.spec, self.start_timeout_s))
+        results: list[TaskResult | None] = [None] * len(tasks)
+        pending = deque(range(len(tasks)))
+        busy: dict[int, tuple[int, float]] = {}  # worker slot -> (task index, deadline)
+        while pending or busy:
+            for slot in range(len(self._workers)):
+                if slot not in busy and pending:
+                    idx = pending.popleft()
+                    self._workers[slot].conn.send((idx, tasks[idx]))
+                    busy[slot] = (idx, time.monotonic() + self.timeout_s)
+            next_deadline = min(deadline for _, deadline in busy.values())
+            ready = wait([self._workers[s].conn for s in busy], timeout=max(0.0, next_deadline - time.monotonic()))
+            for slot in [s for s in busy if self._workers[s].conn in ready]:
+                idx, _ = busy.pop(slot)
+                results[idx] = self._receive(slot)
+            now = time.monotonic()
+            for slot in [s for s, (_, deadline) in busy.items() if deadline <= now]:
+                idx, _ = busy.pop(slot)
+                results[idx] = TaskResult(TIMEOUT, error=f"scoring exceeded timeout_s={self.timeout_s}")
+                self._replace(slot)
+        return [r for r in results if r is not None]
+
+    def _run_inline(self, kwargs: dict[str, Any]) -> TaskResult:
+        try:
+            return TaskResult(OK, call_score_fn(self._fn, kwargs))
+        except Exception:
+            return TaskResult(ERROR, error=traceback.format_exc())
+
+    def _receive(self, slot: int) -> TaskResult:
+        worker = self._workers[slot]
+        try:
+            _, status, payload = worker.conn.recv()
+        except (EOFError, OSError):
+            code = worker.proc.exitcode
+            self._replace(slot)
+            return TaskResult(ERROR, error=f"reward worker process died (exit code {code}) while scoring")
+        return TaskResult(OK, payload) if status == OK else TaskResult(ERROR, error=payload)
+
+    def _replace(self, slot: int) -> None:
+        self._workers[slot].kill()
+        self._workers[slot] = _Worker(self._ctx, self.spec, self.start_timeout_s)

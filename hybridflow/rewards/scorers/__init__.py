@@ -1,0 +1,48 @@
+"""Built-in rule scorers, dispatched by ``data_source`` as verl's ``default_compute_score`` does.
+
+Each entry of :data:`SCORERS` maps a data source (or, for names ending in ``*``, a prefix) to a function
+``f(solution_str, ground_truth, **kwargs) -> float | dict``. Users add their own through
+``custom_reward_function.path`` (see :mod:`hybridflow.rewards.custom`) or by registering here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from hybridflow.rewards.scorers import countdown, gsm8k, math_dapo, math_reward, synthetic
+from hybridflow.utils.registry import Registry
+
+SCORERS: Registry[Callable[..., Any]] = Registry("reward scorer (data_source)")
+
+SCORERS.register("openai/gsm8k", gsm8k.compute_score)
+for _name in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"):
+    SCORERS.register(_name, math_reward.compute_score)
+for _name in ("math_dapo", "math", "math_dapo_reasoning", "aime*"):
+    SCORERS.register(_name, math_dapo.compute_score)
+SCORERS.register("countdown", countdown.compute_score)
+for _name in ("synthetic/addition", "synthetic/reverse", "synthetic/sort"):
+    SCORERS.register(_name, synthetic.exact_match)
+SCORERS.register("synthetic/countdown", synthetic.countdown_lite)
+
+
+def _lookup(data_source: str) -> Callable[..., Any]:
+    if data_source in SCORERS:
+        return SCORERS.get(data_source)
+    for name, fn in SCORERS.items():
+        if name.endswith("*") and data_source.startswith(name[:-1]):
+            return fn
+    raise NotImplementedError(
+        f"No built-in reward scorer for data_source '{data_source}'. Built-in sources: "
+        f"{', '.join(SCORERS.names())}. Point custom_reward_function.path (and .name) at a Python file defining "
+        "compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)."
+    )
+
+
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
+) -> float | dict:
+    """Score one response with the built-in scorer for ``data_source`` (verl's signature and names)."""
+    return _lookup(str(data_source))(solution_str, ground_truth, **kwargs)
+
+
+__all__ = ["SCORERS", "default_compute_score"]
