@@ -1,0 +1,172 @@
+"""The ``hybridflow`` console script: train, sft, quickstart, generate, merge, data.
+
+Each sub-command is a thin front door to a library function so everything a command does can also
+be called from Python (and debugged there). Heavy imports happen inside the sub-command so that
+``hybridflow train --dry-run`` answers in about a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+EXIT_CONFIG_ERROR = 2
+
+USAGE = """hybridflow <command> [args]
+
+commands:
+  train [--dry-run] [--config-path DIR --config-name NAME] key=value ...
+                     PPO/GRPO training with verl's config keys (same as python -m hybridflow.trainer.main_ppo)
+  sft key=value ...  supervised fine-tuning (also used to warm up models before RL)
+  quickstart [--output-dir DIR]
+                     train a built-in tiny model on a built-in task on this CPU and report before/after
+  generate / eval    generate from a model for a dataset and score it
+  merge CKPT_DIR TARGET_DIR
+                     export a checkpoint (LoRA merged) to a Hugging Face folder
+  data NAME ...      write verl-format parquet for a dataset (gsm8k, math, countdown, synthetic tasks)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    handlers = {
+        "train": cmd_train,
+        "sft": cmd_sft,
+        "quickstart": cmd_quickstart,
+        "generate": cmd_generate,
+        "eval": cmd_generate,
+        "merge": cmd_merge,
+        "data": cmd_data,
+    }
+    if cmd not in handlers:
+        from hybridflow.utils.registry import closest
+
+        hint = closest(cmd, list(handlers))
+        print(f"hybridflow: unknown command '{cmd}'" + (f"; did you mean '{hint}'?" if hint else ""), file=sys.stderr)
+        print(USAGE, file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    return int(handlers[cmd](rest) or 0)
+
+
+def load_trainer_config(argv: list[str]):
+    """Parse a verl-style command line into (PPOConfig, CommandLine); exits 2 with messages on error."""
+    from hybridflow.config import ConfigError, ConfigWarning, load_config, parse_command_line
+
+    try:
+        cl = parse_command_line(argv)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConfigWarning)
+            cfg = load_config(cl.overrides, cl.config_path, cl.config_name)
+    except ConfigError as e:
+        print(f"hybridflow: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
+    for w in caught:
+        if issubclass(w.category, ConfigWarning):
+            print(f"hybridflow: note: {w.message}", file=sys.stderr)
+    return cfg, cl
+
+
+def describe_batch_sizes(cfg) -> str:
+    """One paragraph in plain words: what a step and a mini-batch contain, with the user's numbers."""
+    from hybridflow.config import n_devices
+
+    actor = cfg.actor_rollout_ref.actor
+    n = cfg.actor_rollout_ref.rollout.n
+    devs = n_devices(cfg)
+    tb, mb = cfg.data.train_batch_size, actor.ppo_mini_batch_size
+    lines = [
+        f"one step: {tb} prompts x rollout.n={n} = {tb * n} trajectories on {devs} device(s)",
+        f"policy update: {max(1, tb // mb)} mini-batch(es) of {mb} prompts = {mb * n} trajectories "
+        f"({mb * n // devs} per device) x ppo_epochs={actor.ppo_epochs}",
+    ]
+    if actor.use_dynamic_bsz:
+        lines.append(f"micro-batches: dynamic, up to {actor.ppo_max_token_len_per_gpu} tokens per device")
+    else:
+        lines.append(f"micro-batches: {actor.ppo_micro_batch_size_per_gpu} trajectories per device")
+    return "\n".join("# " + line for line in lines)
+
+
+def cmd_train(argv: list[str]) -> int:
+    cfg, cl = load_trainer_config(argv)
+    if cl.dry_run:
+        from omegaconf import OmegaConf
+
+        from hybridflow.config import config_to_dict
+
+        print(OmegaConf.to_yaml(OmegaConf.create(config_to_dict(cfg))), end="")
+        print(describe_batch_sizes(cfg))
+        print("# dry run: configuration is valid; nothing was loaded or trained")
+        return 0
+    from hybridflow.trainer.main_ppo import run_ppo
+
+    return run_ppo(cfg) or 0
+
+
+def cmd_sft(argv: list[str]) -> int:
+    from hybridflow.trainer.sft_trainer import main as sft_main
+
+    return sft_main(argv) or 0
+
+
+def cmd_quickstart(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="hybridflow quickstart", description="Train a tiny model on CPU.")
+    parser.add_argument("--output-dir", default="outputs/quickstart")
+    parser.add_argument("--backend", default="local", choices=["local", "ray"])
+    parser.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget for RL")
+    args = parser.parse_args(argv)
+    from hybridflow.trainer.quickstart import run_quickstart
+
+    kwargs = {"output_dir": args.output_dir, "backend": args.backend}
+    if args.max_seconds is not None:
+        kwargs["max_seconds"] = args.max_seconds
+    run_quickstart(**kwargs)
+    return 0
+
+
+def cmd_generate(argv: list[str]) -> int:
+    from hybridflow.trainer.generation import main as gen_main
+
+    return gen_main(argv) or 0
+
+
+def cmd_merge(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="hybridflow merge", description="Export a checkpoint to an HF folder.")
+    parser.add_argument("local_dir", help="checkpoint folder, e.g. checkpoints/proj/exp/global_step_10/actor")
+    parser.add_argument("target_dir", help="where to write the Hugging Face model")
+    args = parser.parse_args(argv)
+    from hybridflow.trainer.checkpoint import merge_checkpoint
+
+    path = merge_checkpoint(args.local_dir, args.target_dir)
+    print(f"wrote Hugging Face model to {path}")
+    return 0
+
+
+def cmd_data(argv: list[str]) -> int:
+    from hybridflow.data.preprocess import DATA_COMMANDS
+
+    if not argv or argv[0] in ("-h", "--help"):
+        print("hybridflow data NAME [options]\n\ndatasets:")
+        for name, spec in DATA_COMMANDS.items():
+            print(f"  {name:<14} {spec[0]}")
+        return 0
+    name = argv[0]
+    if name not in DATA_COMMANDS:
+        from hybridflow.utils.registry import closest
+
+        hint = closest(name, list(DATA_COMMANDS))
+        print(f"hybridflow data: unknown dataset '{name}'" + (f"; did you mean '{hint}'?" if hint else "")
+              + f". Known: {', '.join(DATA_COMMANDS)}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    description, setup, run = DATA_COMMANDS[name]
+    parser = argparse.ArgumentParser(prog=f"hybridflow data {name}", description=description)
+    setup(parser)
+    return run(parser.parse_args(argv[1:])) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""Load the trainer config: YAML defaults + verl's Hydra override grammar -> typed ``PPOConfig``.
+
+Steps: (1) split ``--config-path/--config-name`` from the key=value overrides, (2) check every plain
+override names an existing key (a typo gets the closest valid key, not Hydra's generic message),
+(3) compose with Hydra so ``a.b=v``, ``+a.b=v``, ``++a.b=v``, ``~a.b`` and lists behave exactly as in
+verl, (4) resolve interpolations, (5) build the dataclasses with type checks. Semantic rules
+(batch sizes, supported choices) live in ``validate.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Union
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.schema import PPOConfig
+from hybridflow.utils.registry import closest
+
+CONFIG_DIR = Path(__file__).resolve().parent
+DEFAULT_CONFIG_NAME = "ppo_trainer"
+
+
+@dataclasses.dataclass
+class CommandLine:
+    """A trainer command line split into its parts."""
+
+    overrides: list[str]
+    config_path: str | None = None
+    config_name: str | None = None
+    dry_run: bool = False
+
+
+def parse_command_line(argv: list[str]) -> CommandLine:
+    """Separate ``--config-path``, ``--config-name`` and ``--dry-run`` from Hydra overrides."""
+    cl = CommandLine(overrides=[])
+    it = iter(argv)
+    for arg in it:
+        for flag, attr in (("--config-path", "config_path"), ("--config-name", "config_name"),
+                           ("--config_path", "config_path"), ("--config_name", "config_name"),
+                           ("-cp", "config_path"), ("-cn", "config_name")):
+            if arg == flag:
+                try:
+                    setattr(cl, attr, next(it))
+                except StopIteration:
+                    raise ConfigError([f"{flag} needs a value"]) from None
+                break
+            if arg.startswith(flag + "="):
+                setattr(cl, attr, arg.split("=", 1)[1])
+                break
+        else:
+            if arg == "--dry-run":
+                cl.dry_run = True
+            elif arg.startswith("-"):
+                raise ConfigError([f"unknown option '{arg}'. Options: --config-path, --config-name, --dry-run; "
+                                   "everything else must be a key=value override"])
+            else:
+                cl.overrides.append(arg)
+    return cl
+
+
+def load_config(
+    overrides: list[str] | None = None,
+    config_path: str | None = None,
+    config_name: str | None = None,
+) -> PPOConfig:
+    """Compose, resolve and type-check the trainer config. Raises ``ConfigError`` with every problem."""
+    from hybridflow.config.validate import validate_config
+
+    raw = compose_raw(overrides or [], config_path, config_name)
+    cfg = build_dataclass(PPOConfig, OmegaConf.to_container(raw, resolve=True), "")
+    validate_config(cfg)
+    return cfg
+
+
+def compose_raw(overrides: list[str], config_path: str | None = None, config_name: str | None = None) -> DictConfig:
+    """Hydra compose with our defaults on the search path; returns the resolved DictConfig."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    name = config_name or DEFAULT_CONFIG_NAME
+    if name in ("ppo_megatron_trainer", "ppo_megatron_trainer.yaml"):
+        raise ConfigError([
+            f"--config-name={name}: Megatron-LM training is not supported. hybridflow trains with FSDP2; "
+            "use the default config (drop --config-name) with actor_rollout_ref.actor.strategy=fsdp2."
+        ])
+    if config_path is not None:
+        cfg_dir = Path(os.path.expanduser(config_path))
+        if not cfg_dir.is_absolute():
+            cfg_dir = Path.cwd() / cfg_dir
+        if not (cfg_dir / f"{name.removesuffix('.yaml')}.yaml").exists() and name == DEFAULT_CONFIG_NAME:
+            cfg_dir = CONFIG_DIR  # a verl-style --config-path pointing at verl's own folder
+        if not cfg_dir.is_dir():
+            raise ConfigError([f"--config-path '{config_path}' is not a directory"])
+    else:
+        cfg_dir = CONFIG_DIR
+    if not (cfg_dir / f"{name.removesuffix('.yaml')}.yaml").exists():
+        raise ConfigError([f"--config-name '{name}': no file {name.removesuffix('.yaml')}.yaml in {cfg_dir}"])
+
+    _check_override_keys(overrides, cfg_dir, name)
+    # verl scripts write '+key=v' for keys that may or may not exist; Hydra rejects '+' on an existing
+    # key, so treat '+' as '++' (add or override), which is what those command lines mean.
+    overrides = ["+" + o if o.startswith("+") and not o.startswith("++") else o for o in overrides]
+    extra = [] if cfg_dir == CONFIG_DIR else [f"hydra.searchpath=[file://{CONFIG_DIR}]"]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(cfg_dir), version_base=None):
+            cfg = compose(config_name=name, overrides=list(overrides) + extra)
+    except HydraException as e:
+        raise ConfigError([f"could not apply the overrides: {_first_line(e)}"]) from None
+    finally:
+        GlobalHydra.instance().clear()
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # drop the 'hydra' node
+    cfg.pop("hydra", None)
+    try:
+        OmegaConf.resolve(cfg)
+    except Exception as e:  # interpolation to a missing key, etc.
+        raise ConfigError([f"could not resolve the config: {_first_line(e)}"]) from None
+    return cfg
+
+
+def _first_line(e: Exception) -> str:
+    msg = str(e).strip().splitlines()
+    return msg[0] if msg else type(e).__name__
+
+
+def _check_override_keys(overrides: list[str], cfg_dir: Path, name: str) -> None:
+    """A plain ``a.b=v`` must name an existing key: report the closest one instead of Hydra's error."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+    except Exception as e:
+        raise ConfigError([f"could not parse the overrides: {_first_line(e)}"]) from None
+    base = OmegaConf.load(CONFIG_DIR / f"{DEFAULT_CONFIG_NAME}.yaml") if cfg_dir == CONFIG_DIR else None
+    if base is None:
+        return  # a user config may add keys through its defaults list; Hydra checks those itself
+    known = _all_key_paths(base)
+    errors = []
+    for ov in parsed:
+        key = ov.key_or_group
+        if ov.is_add() or ov.is_force_add() or ov.is_delete() or key.startswith("hydra"):
+            continue
+        if key in known or _under_free_form(base, key):
+            continue
+        hint = closest(key, sorted(known))
+        msg = f"unknown config key '{key}'"
+        if hint:
+            msg += f"; did you mean '{hint}'?"
+        msg += f" (to add a new key on purpose write '+{key}=...')"
+        errors.append(msg)
+    if errors:
+        raise ConfigError(errors)
+
+
+def _all_key_paths(node: Any, prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    if isinstance(node, DictConfig):
+        for k in node.keys():
+            path = f"{prefix}.{k}" if prefix else str(k)
+            out.add(path)
+            child = node._get_node(k)
+            if isinstance(child, DictConfig):
+                out |= _all_key_paths(child, path)
+    return out
+
+
+def _under_free_form(base: DictConfig, key: str) -> bool:
+    """True when ``key`` lies under a node that is an empty dict in the defaults (free-form)."""
+    parts = key.split(".")
+    node: Any = base
+    for p in parts[:-1]:
+        if not isinstance(node, DictConfig) or p not in node:
+            return False
+        node = node._get_node(p)
+        if isinstance(node, DictConfig) and len(node) == 0:
+            return True
+    return False
+
+
+# ----------------------------------------------------------------------------- dataclass building
+def build_dataclass(cls: type, data: Any, path: str) -> Any:
+    """Instantiate ``cls`` from a plain dict, checking unknown / missing keys and value types."""
+    where = path or "<root>"
+    if not isinstance(data, dict):
+        raise ConfigError([f"'{where}' must be a mapping of keys, got {type(data).__name__}: {data!r}"])
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    errors: list[str] = []
+    for key in data:
+        if key not in fields:
+            full = f"{path}.{key}" if path else str(key)
+            hint = closest(str(key), list(fields))
+            msg = f"unknown config key '{full}'"
+            if hint:
+                msg += f"; did you mean '{path + '.' if path else ''}{hint}'?"
+            else:
+                msg += f"; valid keys under '{where}': {', '.join(sorted(fields))}"
+            errors.append(msg)
+    kwargs = {}
+    for name in fields:
+        full = f"{path}.{name}" if path else name
+        if name not in data:
+            errors.append(f"missing config key '{full}' (the defaults file and schema disagree)")
+            continue
+        try:
+            kwargs[name] = _coerce(hints[name], data[name], full)
+        except ConfigError as e:
+            errors.extend(e.messages)
+    if errors:
+        raise ConfigError(errors)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(args[0], value, path)
+    if dataclasses.is_dataclass(tp):
+        return build_dataclass(tp, value, path)
+    if value is None:
+        raise ConfigError([f"'{path}' must not be null (expected {getattr(tp, '__name__', tp)})"])
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError([f"'{path}' expects true/false, got {value!r}"])
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError([f"'{path}' expects an integer, got {value!r}"])
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError([f"'{path}' expects a number, got {value!r}"])
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError([f"'{path}' expects a string, got {value!r}"])
+        return str(value)
+    if tp is list or origin is list:
+        if isinstance(value, (list, tuple, ListConfig)):
+            return list(value)
+        raise ConfigError([f"'{path}' expects a list like [a,b], got {value!r}"])
+    if tp is dict or origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError([f"'{path}' expects a mapping like {{k: v}}, got {value!r}"])
+    return value
+
+
+def config_to_dict(cfg: Any) -> dict:
+    """Plain nested dict of a typed config (for logging, checkpoints and the dry run)."""
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,142 @@
+"""Config loading: verl override grammar, interpolation, typing, and the error messages users see."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hybridflow.config import ConfigError, load_config, parse_command_line
+
+MICRO = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4"]
+
+
+def errors_of(overrides):
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides)
+    return "\n".join(e.value.messages)
+
+
+def test_defaults_load_and_interpolate():
+    cfg = load_config(MICRO + ["data.max_prompt_length=77", "data.max_response_length=33"])
+    assert cfg.actor_rollout_ref.rollout.prompt_length == 77
+    assert cfg.actor_rollout_ref.rollout.response_length == 33
+    # critic follows the actor where verl does
+    assert cfg.critic.ppo_mini_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    assert cfg.critic.ppo_epochs == 1 and cfg.critic.loss_agg_mode == "token-mean"
+    assert cfg.use_critic  # gae by default
+    assert cfg.trainer.default_local_dir == "checkpoints/verl_examples/gsm8k"
+
+
+def test_override_grammar_add_delete_lists():
+    cfg = load_config(MICRO + [
+        "trainer.logger=[console,file]",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=2",
+        "~actor_rollout_ref.model.override_config",
+        "+actor_rollout_ref.model.override_config.attn_implementation=eager",
+        "+trainer.val_before_train=False",  # '+' on an existing key, as some verl scripts write it
+    ])
+    assert cfg.trainer.logger == ["console", "file"]
+    assert cfg.reward_model.reward_kwargs == {"overlong_buffer_cfg": {"len": 4}}
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs["vllm"] == {"swap_space": 2}
+    assert cfg.actor_rollout_ref.model.override_config == {"attn_implementation": "eager"}
+    assert cfg.trainer.val_before_train is False
+
+
+def test_critic_follows_actor_and_types_are_coerced():
+    cfg = load_config(MICRO + ["actor_rollout_ref.actor.ppo_epochs=3", "actor_rollout_ref.actor.optim.lr=1",
+                               "trainer.experiment_name=123"])
+    assert cfg.critic.ppo_epochs == 3
+    assert isinstance(cfg.actor_rollout_ref.actor.optim.lr, float)
+    assert cfg.trainer.experiment_name == "123"
+
+
+def test_unknown_key_names_closest():
+    msg = errors_of(MICRO + ["actor_rollout_ref.actor.ppo_mini_batch_sz=3"])
+    assert "unknown config key 'actor_rollout_ref.actor.ppo_mini_batch_sz'" in msg
+    assert "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'" in msg
+
+
+def test_added_unknown_key_in_typed_node_is_rejected():
+    msg = errors_of(MICRO + ["+actor_rollout_ref.actor.clip_ratoi_high=0.3"])
+    assert "did you mean 'actor_rollout_ref.actor.clip_ratio_high'" in msg
+
+
+def test_wrong_type_names_field():
+    msg = errors_of(MICRO + ["actor_rollout_ref.rollout.temperature=hot"])
+    assert "'actor_rollout_ref.rollout.temperature' expects a number, got 'hot'" in msg
+
+
+def test_megatron_refused_with_supported_options():
+    msg = errors_of(MICRO + ["actor_rollout_ref.actor.strategy=megatron"])
+    assert "megatron is not supported" in msg and "fsdp2" in msg
+    with pytest.raises(ConfigError, match="Megatron-LM training is not supported"):
+        load_config(MICRO, config_name="ppo_megatron_trainer")
+
+
+def test_unsupported_choices_list_alternatives():
+    msg = errors_of(MICRO + ["actor_rollout_ref.rollout.name=trtllm", "data.truncation=sideways",
+                             "actor_rollout_ref.actor.loss_agg_mode=mean"])
+    assert "rollout.name='trtllm' is not supported; choose one of: hf, vllm, sglang" in msg
+    assert "data.truncation='sideways'" in msg and "error, left, right, middle" in msg
+    assert "loss_agg_mode='mean' is not a loss aggregation mode" in msg
+
+
+def test_batch_size_vocabulary_uses_users_numbers():
+    msg = errors_of(["algorithm.adv_estimator=grpo", "data.train_batch_size=3", "actor_rollout_ref.rollout.n=5",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.n_gpus_per_node=2"])
+    assert "data.train_batch_size=3 prompts x rollout.n=5 = 15 trajectories" in msg
+    assert "ppo_mini_batch_size=4 is larger than data.train_batch_size=3; both count prompts" in msg
+    assert "ppo_micro_batch_size_per_gpu is not set" in msg
+
+
+def test_micro_batch_must_divide_per_device_share():
+    msg = errors_of(["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.n_gpus_per_node=2",
+                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
+    assert "4 prompts x rollout.n=4 / 2 devices = 8 trajectories per device" in msg
+
+
+def test_deprecated_global_micro_batch_is_converted():
+    with pytest.warns(UserWarning, match="deprecated"):
+        cfg = load_config(["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_micro_batch_size=64"])
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8  # 64 over 8 devices
+
+
+def test_parse_command_line_splits_hydra_flags():
+    cl = parse_command_line(["--config-path", "/x", "--config-name=my", "--dry-run", "a.b=1"])
+    assert (cl.config_path, cl.config_name, cl.dry_run, cl.overrides) == ("/x", "my", True, ["a.b=1"])
+
+
+def test_user_config_file_with_defaults_list(tmp_path):
+    (tmp_path / "my_grpo.yaml").write_text(textwrap.dedent("""
+        defaults:
+          - ppo_trainer
+          - _self_
+        algorithm:
+          adv_estimator: grpo
+        actor_rollout_ref:
+          rollout: {n: 4}
+          actor: {ppo_micro_batch_size_per_gpu: 2}
+    """))
+    cfg = load_config(["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8"], config_path=str(tmp_path), config_name="my_grpo")
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 4
+    assert cfg.data.train_batch_size == 16
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "hybridflow", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_dry_run_ok_and_error_exit_codes():
+    ok = run_cli("train", "--dry-run", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=5",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8")
+    assert ok.returncode == 0, ok.stderr
+    assert "adv_estimator: grpo" in ok.stdout and "1024 prompts x rollout.n=5 = 5120 trajectories" in ok.stdout
+    bad = run_cli("train", "--dry-run", "actor_rollout_ref.actor.ppo_mini_batch_sz=3")
+    assert bad.returncode == 2
+    assert "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'" in bad.stderr
+    assert "Traceback" not in bad.stderr
