@@ -1,0 +1,279 @@
+"""The single controller: the PPO/GRPO training loop over worker groups (HybridFlow, Sheng et al. 2025).
+
+One step (``train_step``) is the paper's dataflow, written as calls to the stages of ``stages.py``, each timed
+into ``timing_s/<stage>``.  The loop around it (``fit``) handles epochs, validation, checkpoints and resume.
+Algorithm variants are options of the stages:
+
+* ReMax (Li et al. 2024): a greedy ``gen_max`` generation gives ``reward_baselines``;
+* DAPO dynamic sampling (Yu et al. 2025): ``collect_batch`` keeps generating prompt batches until enough
+  groups with reward variance are found (``dynamic_sampling.py``);
+* critic warm-up: the actor is not updated during the first ``trainer.critic_warmup`` steps;
+* KL in reward (Ziegler et al. 2019) with a fixed/adaptive controller whose state is checkpointed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.tracking.metrics import (
+    compute_data_metrics,
+    compute_memory_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+)
+from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer import stages
+from hybridflow.trainer.balance import balance_batch
+from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator
+from hybridflow.trainer.stages import StepPlan, WorkerGroups, timed
+from hybridflow.trainer.validation import Validator
+
+
+def resolve_total_training_steps(config, steps_per_epoch: int) -> int:
+    """``trainer.total_training_steps`` if set, else epochs x loader length; written into the optim configs.
+
+    The LR schedule of every worker needs the total, so this runs before the workers are built (as verl).
+    """
+    if steps_per_epoch <= 0:
+        raise ValueError(
+            f"the training dataloader yields no batch: the dataset is smaller than data.train_batch_size="
+            f"{config.data.train_batch_size} (or data.gen_batch_size); lower the batch size or add data"
+        )
+    total = steps_per_epoch * config.trainer.total_epochs
+    if config.trainer.total_training_steps is not None:
+        total = int(config.trainer.total_training_steps)
+    if total <= 0:
+        raise ValueError(f"total training steps is {total}; set trainer.total_epochs or trainer.total_training_steps > 0")
+    config.actor_rollout_ref.actor.optim.total_training_steps = total
+    config.critic.optim.total_training_steps = total
+    return total
+
+
+@dataclass
+class RunHistory:
+    """What the run report and tests read back: metrics per step and sample generations."""
+
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+class PPOTrainer:
+    """Drives one training run; holds no model state itself (that lives in the worker groups)."""
+
+    def __init__(self, config, tokenizer, groups: WorkerGroups, train_dataloader, val_dataloader,
+                 reward_fn: Callable, val_reward_fn: Callable, logger=None, n_devices: int = 1, dp_size: int = 1):
+        from hybridflow.algorithms import get_kl_controller
+
+        self.config = config
+        self.tokenizer = tokenizer
+        self.groups = groups
+        self.train_dataloader = train_dataloader
+        self.val_dataloader = val_dataloader
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn
+        self.logger = logger
+        self.n_devices = n_devices
+        self.dp_size = dp_size
+        self.plan = StepPlan.from_config(config)
+        self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl) if self.plan.use_kl_in_reward else None
+        self.total_training_steps = resolve_total_training_steps(config, len(train_dataloader))
+        self.global_steps = 0
+        self.epoch = 0
+        self.history = RunHistory()
+        self.validator = None
+        if val_dataloader is not None:
+            trainer_cfg = config.trainer
+            self.validator = Validator(groups, val_dataloader, val_reward_fn, tokenizer,
+                                       config.actor_rollout_ref.rollout.val_kwargs,
+                                       trainer_cfg.log_val_generations, seed=trainer_cfg.seed)
+
+    # ------------------------------------------------------------------------------------------ loop
+    def fit(self) -> RunHistory:
+        """Train until ``total_training_steps``; validation and checkpoints at their frequencies."""
+        tcfg = self.config.trainer
+        self.load_checkpoint()
+        if self.validator is not None and tcfg.val_before_train:
+            self._validate()
+            if tcfg.val_only:
+                return self.history
+        prompts = self._prompt_stream()
+        while self.global_steps < self.total_training_steps:
+            metrics = self.train_step(prompts)
+            if metrics is None:
+                break  # data exhausted (total_epochs reached)
+            self.global_steps += 1
+            last = self.global_steps >= self.total_training_steps
+            timing: dict[str, float] = {}
+            if self.validator is not None and tcfg.test_freq > 0 and (last or self.global_steps % tcfg.test_freq == 0):
+                with timed("testing", timing):
+                    metrics.update(self._validate(log=False))
+            if tcfg.save_freq > 0 and (last or self.global_steps % tcfg.save_freq == 0):
+                with timed("save_checkpoint", timing):
+                    self.save_checkpoint()
+            metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
+            self._log(metrics)
+        if self.logger is not None:
+            self.logger.finish()
+        return self.history
+
+    def _prompt_stream(self) -> Iterator[dict[str, Any]]:
+        """Prompt batches across epochs; ``self.epoch`` advances when an epoch's loader is exhausted.
+
+        The loader restores its own position on resume (``data.pt``), so a run stopped at the end of an
+        epoch starts the next one instead of training zero steps (verl issue #7401).
+        """
+        while self.epoch < self.config.trainer.total_epochs or self.config.trainer.total_training_steps:
+            set_epoch = getattr(self.train_dataloader, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(self.epoch)
+            yield from self.train_dataloader
+            self.epoch += 1
+
+    # ------------------------------------------------------------------------------------------ step
+    def train_step(self, prompts: Iterator[dict[str, Any]]) -> dict[str, float] | None:
+        """One PPO step on the next prompt batch(es); returns its metrics (``None`` when data ran out)."""
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        cfg, plan, groups = self.config, self.plan, self.groups
+        with timed("step", timing):
+            batch = self.collect_batch(prompts, timing, metrics)
+            if batch is None:
+                return None
+            if cfg.trainer.balance_batch:
+                metrics.update(balance_batch(batch, self.dp_size))
+            batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+            with timed("old_log_prob", timing):
+                metrics.update(stages.compute_old_log_prob(groups, batch, plan, cfg.actor_rollout_ref.actor.loss_agg_mode))
+            if plan.use_ref:
+                with timed("ref", timing):
+                    stages.compute_ref_log_prob(groups, batch)
+            if plan.use_critic:
+                with timed("values", timing):
+                    stages.compute_values(groups, batch)
+            with timed("adv", timing):
+                metrics.update(stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl))
+            if plan.use_critic:
+                with timed("update_critic", timing):
+                    metrics.update(stages.update_critic(groups, batch))
+            if self.global_steps >= plan.critic_warmup:  # the first critic_warmup steps train the critic only
+                with timed("update_actor", timing):
+                    metrics.update(stages.update_actor(groups, batch, cfg.actor_rollout_ref.rollout.temperature))
+                with timed("update_weights", timing):
+                    stages.sync_rollout_weights(groups)
+        metrics.update(compute_data_metrics(batch, use_critic=plan.use_critic))
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(compute_throughput_metrics(batch, timing, self.n_devices))
+        metrics.update(compute_memory_metrics())
+        metrics["training/global_step"] = float(self.global_steps + 1)
+        metrics["training/epoch"] = float(self.epoch)
+        return metrics
+
+    def collect_batch(self, prompts: Iterator[dict[str, Any]], timing: dict[str, float],
+                      metrics: dict[str, float]) -> DataProto | None:
+        """Generate and score one training batch; with DAPO filtering, as many rounds as needed."""
+        plan = self.plan
+        fg = self.config.algorithm.filter_groups
+        acc = None
+        if plan.filter_groups:
+            acc = GroupFilterAccumulator(target_prompts=self.config.data.train_batch_size, n=plan.n,
+                                         metric=fg.metric or "seq_reward", max_num_gen_batches=fg.max_num_gen_batches)
+        while True:
+            batch_dict = next(prompts, None)
+            if batch_dict is None:
+                return None
+            batch = self.generate_and_score(stages.prompts_from_loader(batch_dict), timing, metrics)
+            if acc is None:
+                return batch
+            acc.add(batch)
+            if acc.full:
+                metrics.update(acc.metrics())
+                return acc.take()
+            acc.check_budget()
+
+    def generate_and_score(self, prompts: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
+        plan = self.plan
+        rollout_cfg = self.config.actor_rollout_ref.rollout
+        meta = {"do_sample": bool(rollout_cfg.do_sample), "validate": False, "global_steps": self.global_steps + 1}
+        with timed("gen", timing):
+            batch = stages.generate(self.groups, prompts, plan.n, meta)
+        if plan.remax_baseline:
+            with timed("gen_max", timing):
+                baselines = stages.generate_remax_baseline(self.groups, prompts, self.reward_fn, meta)
+            batch.batch["reward_baselines"] = baselines.repeat_interleave(plan.n)
+        with timed("reward", timing):
+            metrics.update(stages.compute_reward(self.groups, batch, self.reward_fn, plan.use_rm))
+        return batch
+
+    # ------------------------------------------------------------------------------------------ validation
+    def _validate(self, log: bool = True) -> dict[str, float]:
+        start = time.perf_counter()
+        result = self.validator.run(self.global_steps)
+        metrics = dict(result.metrics)
+        self.history.samples.extend(result.samples)
+        if log:
+            metrics["timing_s/testing"] = time.perf_counter() - start
+            self._log(metrics)
+        return metrics
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        self.history.metrics.append({"step": self.global_steps, **metrics})
+        if self.logger is not None:
+            self.logger.log(data=metrics, step=self.global_steps)
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> None:
+        """Atomic ``global_step_N`` (actor, critic, data.pt, trainer state), then keep-last-K rotation."""
+        tcfg = self.config.trainer
+        root = tcfg.default_local_dir
+        with ckpt.CheckpointWriter(root, self.global_steps) as writer:
+            components = ["actor"]
+            self.groups.actor_rollout.save_checkpoint(str(writer.tmp_dir / "actor"), self.global_steps, None)
+            if self.plan.use_critic:
+                self.groups.critic.save_checkpoint(str(writer.tmp_dir / "critic"), self.global_steps, None)
+                components.append("critic")
+            state_dict = getattr(self.train_dataloader, "state_dict", None)
+            if callable(state_dict):
+                writer.save_data_state(state_dict())
+            writer.save_trainer_state(ckpt.TrainerState(
+                global_step=self.global_steps,
+                epoch=self.epoch,
+                rng=ckpt.capture_rng_state(),
+                kl_ctrl=self.kl_ctrl.state_dict() if self.kl_ctrl is not None else {},
+            ))
+            writer.commit(components)
+        ckpt.rotate_checkpoints(root, "actor", tcfg.max_actor_ckpt_to_keep)
+        ckpt.rotate_checkpoints(root, "critic", tcfg.max_critic_ckpt_to_keep)
+
+    def load_checkpoint(self) -> None:
+        """Restore everything from the folder ``trainer.resume_mode`` selects (no-op on a fresh start)."""
+        tcfg = self.config.trainer
+        ckpt.clean_stale_temp_dirs(tcfg.default_local_dir)
+        folder = ckpt.find_resume_dir(tcfg.default_local_dir, tcfg.resume_mode, tcfg.resume_from_path)
+        if folder is None:
+            return
+        manifest = ckpt.read_manifest(folder)
+        if self.plan.use_critic and "critic" not in manifest["components"]:
+            raise ckpt.CheckpointError(
+                f"{folder} has no critic checkpoint but this run uses a critic; resume from a PPO checkpoint "
+                "or set trainer.resume_mode=disable"
+            )
+        self.groups.actor_rollout.load_checkpoint(str(folder / "actor"))
+        if self.plan.use_critic:
+            self.groups.critic.load_checkpoint(str(folder / "critic"))
+        state = ckpt.load_trainer_state(folder)
+        self.global_steps, self.epoch = state.global_step, state.epoch
+        ckpt.restore_rng_state(state.rng)
+        if self.kl_ctrl is not None and state.kl_ctrl:
+            self.kl_ctrl.load_state_dict(state.kl_ctrl)
+        data_state = ckpt.load_data_state(folder)
+        load_state_dict = getattr(self.train_dataloader, "load_state_dict", None)
+        if data_state is not None and callable(load_state_dict):
+            load_state_dict(data_state)
+
+
+__all__ = ["PPOTrainer", "RunHistory", "resolve_total_training_steps"]

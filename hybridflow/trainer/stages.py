@@ -1,0 +1,276 @@
+"""The stages of one PPO/GRPO step, each a small function over a ``DataProto`` (HybridFlow, Sheng et al. 2025).
+
+The step is the dataflow of the HybridFlow paper (§3, Fig. 4): generate -> reward -> old log-prob -> ref ->
+values -> advantage -> update critic -> update actor -> weight sync.  Each stage reads the batch keys of the
+contract in ``docs/architecture.md`` and adds its own; worker calls go through worker groups whose methods
+dispatch over data-parallel ranks.  The trainer (``ppo_trainer.py``) times and orders them; variants such as
+ReMax's greedy baseline or DAPO's group filtering are options here, not copies of the loop.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.tracking.metrics import reduce_metrics
+
+# Keys the rollout needs from a prompt batch; everything else stays on the controller's copy.
+PROMPT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+@contextmanager
+def timed(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
+    """Add the wall time of the block to ``timing_raw[name]`` (reported as ``timing_s/<name>``)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timing_raw[name] = timing_raw.get(name, 0.0) + time.perf_counter() - start
+
+
+@dataclass
+class WorkerGroups:
+    """The controller's handles on the role worker groups (``None`` = role not used in this run).
+
+    ``ref`` may be the same object as ``actor_rollout`` (actor_rollout_ref role, or LoRA where the
+    reference is the actor with its adapter disabled).
+    """
+
+    actor_rollout: Any
+    ref: Any = None
+    critic: Any = None
+    reward_model: Any = None
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Which stages this configuration needs; decided once from the config, read by every step."""
+
+    n: int
+    use_critic: bool
+    use_ref: bool
+    use_rm: bool
+    use_kl_in_reward: bool
+    reuse_rollout_log_probs: bool
+    remax_baseline: bool
+    filter_groups: bool
+    critic_warmup: int
+
+    @classmethod
+    def from_config(cls, config) -> "StepPlan":
+        arr = config.actor_rollout_ref
+        actor, rollout = arr.actor, arr.rollout
+        one_mini_batch = actor.ppo_mini_batch_size >= config.data.train_batch_size and actor.ppo_epochs == 1
+        # Exactly on-policy (one optimiser step on the batch the rollout sampled from), and the rollout was
+        # asked for the log-probs of its samples: the actor's recomputation would give the same numbers.
+        reuse = bool(rollout.calculate_log_probs) and (
+            one_mini_batch or bool(config.algorithm.rollout_correction.bypass_mode)
+        )
+        return cls(
+            n=int(rollout.n),
+            use_critic=bool(config.use_critic),
+            use_ref=bool(config.use_reference_policy),
+            use_rm=bool(config.reward_model.enable),
+            use_kl_in_reward=bool(config.algorithm.use_kl_in_reward),
+            reuse_rollout_log_probs=reuse,
+            remax_baseline=config.algorithm.adv_estimator == "remax",
+            filter_groups=bool(config.algorithm.filter_groups.enable),
+            critic_warmup=int(config.trainer.critic_warmup),
+        )
+
+
+# ---------------------------------------------------------------------------------------------- prepare
+def prompts_from_loader(batch_dict: dict[str, Any]) -> DataProto:
+    """A collated loader batch as a ``DataProto`` with a fresh ``uid`` per prompt (GRPO group id)."""
+    batch = DataProto.from_single_dict(batch_dict)
+    batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+    return batch
+
+
+def split_generation_input(batch: DataProto) -> DataProto:
+    """Move the prompt tensors out of ``batch`` into the rollout's input (non-tensors are shared).
+
+    The rollout returns ``input_ids`` etc. for prompt+response; keeping the prompt-only versions on the
+    controller copy would make the later union conflict.
+    """
+    gen = batch.pop(batch_keys=[k for k in PROMPT_TENSOR_KEYS if k in batch.batch])
+    gen.non_tensor_batch = dict(batch.non_tensor_batch)
+    gen.meta_info = dict(batch.meta_info)
+    return gen
+
+
+def merge_generation_output(batch: DataProto, output: DataProto) -> DataProto:
+    """Add the rollout's tensors (and any new non-tensor columns) to ``batch``; returns ``batch``."""
+    new_non_tensor = {k: v for k, v in output.non_tensor_batch.items() if k not in batch.non_tensor_batch}
+    extra = DataProto.from_dict(dict(output.batch), new_non_tensor)
+    batch.union(extra)
+    for key in ("timing", "metrics"):
+        if key in output.meta_info:
+            batch.meta_info[f"gen_{key}"] = output.meta_info[key]
+    if "response_mask" not in batch.batch:
+        batch.batch["response_mask"] = compute_response_mask(batch)
+    return batch
+
+
+def compute_response_mask(batch: DataProto) -> torch.Tensor:
+    """1 for response positions the attention mask covers (rollouts without tool turns)."""
+    response_length = batch.batch["responses"].shape[-1]
+    return batch.batch["attention_mask"][:, -response_length:]
+
+
+# ---------------------------------------------------------------------------------------------- generate
+def generate(groups: WorkerGroups, batch: DataProto, n: int, meta: dict[str, Any]) -> DataProto:
+    """Repeat prompts ``n`` times (interleaved, so a group is contiguous) and sample one response per row."""
+    batch = batch.repeat(n, interleave=True)
+    gen_input = split_generation_input(batch)
+    gen_input.meta_info.update(meta)
+    output = groups.actor_rollout.generate_sequences(gen_input)
+    return merge_generation_output(batch, output)
+
+
+def generate_remax_baseline(groups: WorkerGroups, prompts: DataProto, reward_fn: Callable, meta: dict[str, Any]) -> torch.Tensor:
+    """ReMax (Li et al. 2024, "ReMax", Alg. 1): reward of the greedy response of each prompt, a per-prompt baseline.
+
+    Returns one scalar per prompt; the caller repeats it ``n`` times as ``reward_baselines``.
+    """
+    greedy = prompts.select(deepcopy=False)
+    greedy.meta_info = dict(greedy.meta_info)
+    out = generate(groups, greedy, n=1, meta={**meta, "do_sample": False})
+    scored = reward_fn(out, return_dict=True)
+    return scored["reward_tensor"].sum(dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------- reward
+def compute_reward(groups: WorkerGroups, batch: DataProto, reward_fn: Callable, use_rm: bool) -> dict[str, float]:
+    """``token_level_scores`` from a reward model (``rm_scores``) or the rule reward manager.
+
+    Reward extra info (``acc``, ``pred``, ``overlong``...) becomes non-tensor columns so DAPO filtering and
+    validation can read it; numeric columns are also logged as ``reward_extra/<key>/mean``.
+    """
+    if use_rm and "rm_scores" not in batch.batch:
+        batch.union(groups.reward_model.compute_rm_score(batch).select(batch_keys=["rm_scores"], non_tensor_batch_keys=[]))
+    if use_rm:
+        batch.batch["token_level_scores"] = batch.batch["rm_scores"]
+        return {}
+    result = reward_fn(batch, return_dict=True)
+    batch.batch["token_level_scores"] = result["reward_tensor"]
+    metrics: dict[str, float] = {}
+    for key, values in result.get("reward_extra_info", {}).items():
+        if len(values) != len(batch):
+            continue  # batch-level info (e.g. error counts) is reported through metrics below
+        batch.non_tensor_batch[key] = np.asarray(list(values), dtype=object)
+        numeric = [float(v) for v in values if isinstance(v, (bool, int, float, np.number))]
+        if len(numeric) == len(values):
+            metrics[f"reward_extra/{key}/mean"] = float(np.mean(numeric))
+    for key, value in result.get("reward_metrics", {}).items():
+        metrics[key] = float(value)
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------- log-probs
+def compute_old_log_prob(groups: WorkerGroups, batch: DataProto, plan: StepPlan, loss_agg_mode: str) -> dict[str, float]:
+    """``old_log_probs`` (pi_old of the PPO ratio, Schulman et al. 2017) and the entropy metric.
+
+    When the step is exactly on-policy and the rollout returned the log-probs of its samples, they *are*
+    pi_old and the forward pass is skipped.
+    """
+    if plan.reuse_rollout_log_probs and "rollout_log_probs" in batch.batch:
+        batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+        return {}
+    from hybridflow.algorithms import agg_loss
+
+    out = groups.actor_rollout.compute_log_prob(batch)
+    metrics = {}
+    if "entropys" in out.batch:
+        entropys = out.batch.pop("entropys")
+        metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"], loss_agg_mode).item()
+    batch.union(DataProto.from_dict({"old_log_probs": out.batch["old_log_probs"]}))
+    if "rollout_log_probs" in batch.batch:
+        from hybridflow.tracking.metrics import compute_rollout_probs_diff_metrics
+
+        metrics.update(compute_rollout_probs_diff_metrics(batch))
+    return metrics
+
+
+def compute_ref_log_prob(groups: WorkerGroups, batch: DataProto) -> None:
+    out = groups.ref.compute_ref_log_prob(batch)
+    batch.union(DataProto.from_dict({"ref_log_prob": out.batch["ref_log_prob"]}))
+
+
+def compute_values(groups: WorkerGroups, batch: DataProto) -> None:
+    out = groups.critic.compute_values(batch)
+    batch.union(DataProto.from_dict({"values": out.batch["values"]}))
+
+
+# ---------------------------------------------------------------------------------------------- advantage
+def compute_advantages(batch: DataProto, algorithm_config, plan: StepPlan, kl_ctrl) -> dict[str, float]:
+    """``token_level_rewards`` (scores minus the KL penalty when KL is in the reward) then advantages/returns."""
+    from hybridflow.algorithms import apply_kl_penalty, compute_advantage
+
+    metrics: dict[str, float] = {}
+    if plan.use_kl_in_reward:
+        batch, kl_metrics = apply_kl_penalty(batch, kl_ctrl=kl_ctrl, kl_penalty=algorithm_config.kl_penalty)
+        metrics.update(kl_metrics)
+    else:
+        batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+    compute_advantage(
+        batch,
+        adv_estimator=algorithm_config.adv_estimator,
+        gamma=algorithm_config.gamma,
+        lam=algorithm_config.lam,
+        num_repeat=plan.n,
+        norm_adv_by_std_in_grpo=algorithm_config.norm_adv_by_std_in_grpo,
+        config=algorithm_config,
+    )
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------- updates
+def update_critic(groups: WorkerGroups, batch: DataProto) -> dict[str, float]:
+    out = groups.critic.update_critic(batch)
+    return reduce_metrics(out.meta_info.get("metrics", {}))
+
+
+def update_actor(groups: WorkerGroups, batch: DataProto, temperature: float) -> dict[str, float]:
+    batch.meta_info["temperature"] = temperature
+    out = groups.actor_rollout.update_actor(batch)
+    return reduce_metrics(out.meta_info.get("metrics", {}))
+
+
+def sync_rollout_weights(groups: WorkerGroups) -> None:
+    """Make the rollout see the updated actor weights.
+
+    The colocated hf rollout generates with the actor's own module, so there is nothing to move; engines
+    that hold a separate copy (vLLM/SGLang) expose ``update_weights`` on the worker group.
+    """
+    updater = getattr(groups.actor_rollout, "update_weights", None)
+    if callable(updater):
+        updater()
+
+
+__all__ = [
+    "StepPlan",
+    "WorkerGroups",
+    "compute_advantages",
+    "compute_old_log_prob",
+    "compute_ref_log_prob",
+    "compute_response_mask",
+    "compute_reward",
+    "compute_values",
+    "generate",
+    "generate_remax_baseline",
+    "merge_generation_output",
+    "prompts_from_loader",
+    "split_generation_input",
+    "sync_rollout_weights",
+    "timed",
+    "update_actor",
+    "update_critic",
+]

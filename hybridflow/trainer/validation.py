@@ -1,0 +1,89 @@
+"""Validation: generate on the held-out set with ``rollout.val_kwargs``, score, aggregate per data source.
+
+Runs before training (``trainer.val_before_train``), every ``trainer.test_freq`` steps and after the last
+step.  Each prompt is answered ``val_kwargs.n`` times; per data source we report verl's
+``val-core/<source>/<acc|reward>/mean@N`` (plus ``best@N`` / ``maj@N`` bootstrap estimates, see
+``hybridflow.tracking.validation``).  ``trainer.log_val_generations`` samples (input, output, score) are
+returned for the logger and the run report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from hybridflow.protocol import DataProto
+from hybridflow.tracking.validation import process_validation_metrics
+from hybridflow.trainer.stages import WorkerGroups, generate, prompts_from_loader
+
+
+@dataclass
+class ValidationResult:
+    metrics: dict[str, float]
+    samples: list[dict[str, Any]]
+
+
+class Validator:
+    """Validation over a fixed loader; stateless between calls so it never disturbs training RNG streams."""
+
+    def __init__(self, groups: WorkerGroups, dataloader: Iterable, reward_fn: Callable, tokenizer, val_kwargs,
+                 num_log_samples: int, seed: int):
+        self.groups = groups
+        self.dataloader = dataloader
+        self.reward_fn = reward_fn
+        self.tokenizer = tokenizer
+        self.val_kwargs = val_kwargs
+        self.num_log_samples = num_log_samples
+        self.seed = seed
+
+    def generation_meta(self) -> dict[str, Any]:
+        vk = self.val_kwargs
+        return {"validate": True, "do_sample": bool(vk.do_sample), "temperature": vk.temperature,
+                "top_p": vk.top_p, "top_k": vk.top_k, "recompute_log_prob": False}
+
+    def run(self, global_step: int) -> ValidationResult:
+        sources: list[str] = []
+        inputs: list[str] = []
+        outputs: list[str] = []
+        infos: dict[str, list[Any]] = {"reward": []}
+        extra_cols: dict[str, list[Any]] = {}
+        n = int(self.val_kwargs.n)
+        for batch_dict in self.dataloader:
+            prompts = prompts_from_loader(batch_dict)
+            batch = generate(self.groups, prompts, n=n, meta=self.generation_meta())
+            result = self.reward_fn(batch, return_dict=True)
+            scores = result["reward_tensor"].sum(-1).tolist()
+            infos["reward"].extend(scores)
+            for key, values in result.get("reward_extra_info", {}).items():
+                if len(values) == len(batch):
+                    extra_cols.setdefault(key, []).extend(values)
+            sources.extend(str(s) for s in batch.non_tensor_batch["data_source"])
+            inputs.extend(self._decode_prompts(batch))
+            outputs.extend(self._decode_responses(batch))
+        for key, values in extra_cols.items():
+            if len(values) == len(infos["reward"]) and key not in infos:
+                infos[key] = values
+        metrics = process_validation_metrics(sources, inputs, infos, seed=self.seed)
+        metrics["val/num_samples"] = float(len(outputs))
+        return ValidationResult(metrics=metrics, samples=self._samples(inputs, outputs, infos["reward"], global_step))
+
+    def _decode_prompts(self, batch: DataProto) -> list[str]:
+        return self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True)
+
+    def _decode_responses(self, batch: DataProto) -> list[str]:
+        responses = batch.batch["responses"]
+        lengths = batch.batch["response_mask"].sum(-1).tolist()
+        return [self.tokenizer.decode(r[: int(n)], skip_special_tokens=True) for r, n in zip(responses, lengths)]
+
+    def _samples(self, inputs, outputs, scores, step: int) -> list[dict[str, Any]]:
+        """A fixed, seeded selection so the same prompts are shown at every validation (as verl does)."""
+        k = min(self.num_log_samples, len(outputs))
+        if k <= 0:
+            return []
+        order = np.random.RandomState(self.seed).permutation(len(outputs))[:k]
+        return [{"step": step, "input": inputs[i], "output": outputs[i], "score": float(scores[i])} for i in order]
+
+
+__all__ = ["ValidationResult", "Validator"]
