@@ -1,0 +1,225 @@
+"""End-of-run report: one self-contained ``report.html`` with plots over steps, the last metrics and samples.
+
+The report answers "did it learn, how fast, and what does it write?" without a tracking server: score and
+reward, response length, KL, entropy, losses, throughput/MFU, stage times, memory and validation curves
+(each panel drawn only if its metrics were logged), a table of the last value of every metric, and sample
+generations. PNGs are embedded as base64 so the file can be mailed or attached to an issue as-is; all text
+from the model is HTML-escaped. The file is written to a temp name and renamed, so a reader never sees half.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+__all__ = ["write_report", "load_history", "load_samples", "PLOT_PANELS"]
+
+# (panel title, y label, metric names or prefixes ending in "/" or "*").
+PLOT_PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("Score and reward", "per sequence", ("critic/score/mean", "critic/rewards/mean")),
+    ("Response length", "tokens", ("response_length/mean", "response_length/max", "response_length/min")),
+    ("KL", "nats", ("actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty")),
+    ("Entropy", "nats / token", ("actor/entropy",)),
+    ("Losses", "loss", ("actor/pg_loss", "critic/vf_loss")),
+    ("Throughput", "tokens / s / device", ("perf/throughput",)),
+    ("MFU", "fraction of peak", ("perf/mfu/*",)),
+    ("Time per stage", "seconds", ("timing_s/*",)),
+    ("Memory", "GiB", ("perf/cpu_memory_used_gb", "perf/max_memory_allocated_gb")),
+    ("Validation", "value", ("val-core/*",)),
+)
+MAX_SAMPLES = 32
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _panel_keys(history: Sequence[Mapping[str, Any]], patterns: Sequence[str]) -> list[str]:
+    present: dict[str, None] = {}
+    for rec in history:
+        for k, v in rec.items():
+            if _is_number(v):
+                present.setdefault(k)
+    keys = []
+    for p in patterns:
+        if p.endswith("*"):
+            keys += sorted(k for k in present if k.startswith(p[:-1]) and k not in keys)
+        elif p in present:
+            keys.append(p)
+    return keys
+
+
+def _series(history: Sequence[Mapping[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for i, rec in enumerate(history):
+        v = rec.get(key)
+        if _is_number(v):
+            xs.append(rec.get("step", i + 1))
+            ys.append(float(v))
+    return xs, ys
+
+
+def _plot_png(title: str, ylabel: str, history: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> str:
+    """One panel as a base64 PNG. A bare ``Figure`` renders with Agg and never touches pyplot's global
+    backend or a display, so this is safe in headless workers and inside user notebooks."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.0, 3.4), dpi=90)
+    ax = fig.add_subplot(1, 1, 1)
+    for key in keys:
+        xs, ys = _series(history, key)
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=key)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _fmt(v: Any) -> str:
+    if _is_number(v):
+        f = float(v)
+        return f"{f:.4g}"
+    return str(v)
+
+
+def _table(rows: Sequence[Sequence[Any]], header: Sequence[str], cls: str = "") -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _last_metrics(history: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, Any]]:
+    last: dict[str, tuple[int, Any]] = {}
+    for i, rec in enumerate(history):
+        for k, v in rec.items():
+            if k != "step":
+                last[k] = (rec.get("step", i + 1), v)
+    return dict(sorted(last.items()))
+
+
+def _samples_html(samples: Sequence[Mapping[str, Any]]) -> str:
+    if not samples:
+        return "<p>No sample generations were logged.</p>"
+    shown = list(samples)[-MAX_SAMPLES:]
+    rows = [
+        [
+            html.escape(str(s.get("step", ""))),
+            f"<pre>{html.escape(str(s.get('prompt', '')))}</pre>",
+            f"<pre>{html.escape(str(s.get('response', '')))}</pre>",
+            html.escape(_fmt(s.get("score", ""))),
+        ]
+        for s in shown
+    ]
+    note = f"<p>Last {len(shown)} of {len(samples)} samples.</p>" if len(samples) > len(shown) else ""
+    return note + _table(rows, ["step", "prompt", "response", "score"], "samples")
+
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+h1{font-size:1.5em} h2{font-size:1.2em;margin-top:1.5em;border-bottom:1px solid #ddd}
+.plots{display:flex;flex-wrap:wrap;gap:8px} .plots img{border:1px solid #eee}
+table{border-collapse:collapse;font-size:0.85em} td,th{border:1px solid #ddd;padding:3px 6px;vertical-align:top}
+th{background:#f5f5f5;text-align:left} pre{white-space:pre-wrap;word-break:break-word;margin:0;max-width:60em}
+"""
+
+
+def _render(history: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]], summary: Mapping[str, Any] | None, title: str) -> str:
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    steps = [rec.get("step", i + 1) for i, rec in enumerate(history)]
+    span = f"steps {steps[0]}–{steps[-1]}" if steps else "no steps"
+    parts.append(f"<p>{len(history)} logged records, {html.escape(span)}.</p>")
+    if summary:
+        rows = [[html.escape(str(k)), html.escape(_fmt(v))] for k, v in summary.items()]
+        parts.append("<h2>Summary</h2>" + _table(rows, ["", "value"]))
+    parts.append("<h2>Curves</h2><div class='plots'>")
+    drawn = 0
+    for panel_title, ylabel, patterns in PLOT_PANELS:
+        keys = _panel_keys(history, patterns)
+        if keys:
+            png = _plot_png(panel_title, ylabel, history, keys)
+            parts.append(f"<img alt='{html.escape(panel_title)}' src='data:image/png;base64,{png}'>")
+            drawn += 1
+    parts.append("</div>" if drawn else "</div><p>No plottable metrics were logged.</p>")
+    rows = [[html.escape(k), html.escape(str(step)), html.escape(_fmt(v))] for k, (step, v) in _last_metrics(history).items()]
+    parts.append("<h2>Last metrics</h2>" + (_table(rows, ["metric", "step", "value"]) if rows else "<p>None.</p>"))
+    parts.append("<h2>Sample generations</h2>" + _samples_html(samples))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(
+    output_dir: str | Path,
+    history: Sequence[Mapping[str, Any]],
+    samples: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Any] | None = None,
+    title: str = "hybridflow run report",
+) -> Path:
+    """Write ``<output_dir>/report.html`` atomically and return its path.
+
+    ``history``: one dict per logged step (``{"step": N, metric: value, ...}``, e.g. from :func:`load_history`);
+    ``samples``: dicts with ``prompt``, ``response``, ``score`` (and optionally ``step``); ``summary``: a few
+    headline numbers (before/after accuracy, wall time) shown first.
+    """
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    text = _render(history, samples, summary, title)
+    target = out / "report.html"
+    fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".html.tmp", dir=out)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No such metrics file: {path}. Enable the 'file' logger (trainer.logger=[console,file]).")
+    records = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            # A torn last line is what a killed run leaves behind; anything else is worth a warning.
+            if n != len(lines):
+                warnings.warn(f"{path}:{n}: skipping a line that is not valid JSON", stacklevel=3)
+    return records
+
+
+def load_history(metrics_jsonl_path: str | Path) -> list[dict[str, Any]]:
+    """Metric records from a ``metrics.jsonl``, one per step, sorted by step.
+
+    Records logged for the same step (training and validation metrics, or a step re-logged after resuming)
+    are merged, later values winning; a torn last line from a crashed run is ignored.
+    """
+    by_step: dict[int, dict[str, Any]] = {}
+    for rec in _read_jsonl(metrics_jsonl_path):
+        if "step" not in rec:
+            continue
+        by_step.setdefault(int(rec["step"]), {}).update(rec)
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def load_samples(generations_jsonl_path: str | Path) -> list[dict[str, Any]]:
+    """Sample generations written by the ``file`` logger (``generations.jsonl``), in logging order."""
+    return _read_jsonl(generations_jsonl_path)
