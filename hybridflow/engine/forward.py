@@ -1,0 +1,160 @@
+"""Per-token forward passes over a micro-batch without spending compute on padding.
+
+Rows arrive as ``[left pad | prompt | response | right pad]`` (``input_ids``, ``attention_mask``,
+``position_ids`` of shape (B, L), ``responses`` (B, R)).  Two ways to skip the padding:
+
+* **packed** (``use_remove_padding=True``): all valid tokens of the micro-batch are laid end to end in
+  one row of length N = Σ mask, with ``position_ids`` restarting at 0 for every sequence and no
+  attention mask.  transformers 5 derives a block-diagonal causal mask from the restarts (flash-attn
+  varlen on GPU, a packed mask for sdpa/eager on CPU), so sequences do not see each other and the
+  result equals the padded forward (checked in ``tests/engine/test_forward.py``).
+* **trimmed** (``use_remove_padding=False``, or models whose attention ignores packing): the columns
+  that are padding in every row are cut off, so at most the ragged part of the batch is padding.
+
+Outputs are computed in that compact layout, scattered back to (B, L) and sliced to the response:
+the output at position t is the prediction for token t+1, so response token j (at P + j) reads
+position P + j - 1, i.e. ``[:, -R-1:-1]``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+__all__ = ["response_log_probs", "response_values", "last_token_scores", "per_position_outputs", "logprob_entropy"]
+
+HeadFn = Callable[[nn.Module, torch.Tensor, torch.Tensor | None, torch.Tensor], dict[str, torch.Tensor]]
+
+_CHUNK_ROWS = 2048  # tokens per chunk when turning logits into log-probs / entropy
+
+
+def _logit_fns():
+    from hybridflow.algorithms import entropy_from_logits, logprobs_from_logits
+
+    return logprobs_from_logits, entropy_from_logits
+
+
+def logprob_entropy(logits: torch.Tensor, labels: torch.Tensor, calculate_entropy: bool, chunk: int = _CHUNK_ROWS):
+    """Log-probs of ``labels`` and (optionally) entropies for (N, V) logits, ``chunk`` rows at a time.
+
+    Chunking bounds the fp32 softmax temporaries to ``chunk x V`` instead of ``N x V``.
+    """
+    logprobs_from_logits, entropy_from_logits = _logit_fns()
+    lps, ents = [], []
+    for start in range(0, logits.shape[0], chunk):
+        part = logits[start : start + chunk].float()
+        lps.append(logprobs_from_logits(part, labels[start : start + chunk]))
+        if calculate_entropy:
+            ents.append(entropy_from_logits(part))
+    log_probs = torch.cat(lps) if lps else logits.new_zeros(0)
+    entropy = (torch.cat(ents) if ents else logits.new_zeros(0)) if calculate_entropy else None
+    return log_probs, entropy
+
+
+def per_position_outputs(
+    module: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    head_fn: HeadFn,
+    use_remove_padding: bool,
+) -> dict[str, torch.Tensor]:
+    """Run ``head_fn`` on the compact (packed or trimmed) batch; return its outputs as (B, L) tensors.
+
+    ``head_fn(module, ids, attention_mask_or_None, position_ids)`` returns a dict of per-position
+    tensors shaped like ``ids``; labels for next-token heads are ``ids`` shifted left by one.
+    """
+    mask = attention_mask.bool()
+    B, L = input_ids.shape
+    if use_remove_padding:
+        ids = input_ids[mask].unsqueeze(0)
+        pos = position_ids[mask].unsqueeze(0)
+        outs = head_fn(module, ids, None, pos)
+        full = {}
+        for k, v in outs.items():
+            buf = v.new_zeros((B, L) + tuple(v.shape[2:]))
+            buf[mask] = v[0]
+            full[k] = buf
+        return full
+    cols = mask.any(dim=0).nonzero().flatten()
+    lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
+    outs = head_fn(module, input_ids[:, lo:hi], attention_mask[:, lo:hi], position_ids[:, lo:hi])
+    full = {}
+    for k, v in outs.items():
+        buf = v.new_zeros((B, L) + tuple(v.shape[2:]))
+        buf[:, lo:hi] = v
+        full[k] = buf
+    return full
+
+
+def _lm_head(temperature: float, calculate_entropy: bool) -> HeadFn:
+    def head(module, ids, attn, pos):
+        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+        logits = logits / temperature
+        labels = torch.roll(ids, shifts=-1, dims=1)  # the last column's label is never read
+        b, l, v = logits.shape
+        lp, ent = logprob_entropy(logits.reshape(b * l, v), labels.reshape(b * l), calculate_entropy)
+        out = {"log_probs": lp.view(b, l)}
+        if ent is not None:
+            out["entropy"] = ent.view(b, l)
+        return out
+
+    return head
+
+
+def response_log_probs(
+    module: nn.Module,
+    batch: dict[str, torch.Tensor],
+    temperature: float = 1.0,
+    calculate_entropy: bool = False,
+    use_remove_padding: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π(response_t | context) / T-scaled, and optionally the entropy of π_T at each response step."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to compute log-probs, got {temperature}")
+    R = batch["responses"].shape[-1]
+    outs = per_position_outputs(
+        module,
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["position_ids"],
+        _lm_head(float(temperature), calculate_entropy),
+        use_remove_padding,
+    )
+    log_probs = outs["log_probs"][:, -R - 1 : -1]
+    entropy = outs["entropy"][:, -R - 1 : -1] if calculate_entropy else None
+    return log_probs, entropy
+
+
+def _token_value_head(module, ids, attn, pos):
+    logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+    return {"values": logits[..., 0].float()}
+
+
+def response_values(module: nn.Module, batch: dict[str, torch.Tensor], use_remove_padding: bool = False) -> torch.Tensor:
+    """Critic values V(s_t) of the state before each response token (B, R)."""
+    R = batch["responses"].shape[-1]
+    outs = per_position_outputs(
+        module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], _token_value_head, use_remove_padding
+    )
+    return outs["values"][:, -R - 1 : -1]
+
+
+def _sequence_score_head(module, ids, attn, pos):
+    backbone = getattr(module, module.base_model_prefix)
+    hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+    return {"scores": module.score(hidden)[..., 0].float()}
+
+
+def last_token_scores(module: nn.Module, input_ids, attention_mask, position_ids, use_remove_padding: bool = False):
+    """Sequence-classification score read at each row's last attended token (B,).
+
+    We apply the classifier head at every position and pick the last valid one ourselves instead of
+    relying on HF's pad-token search, which is wrong when pad == eos and the response ends with EOS.
+    """
+    outs = per_position_outputs(module, input_ids, attention_mask, position_ids, _sequence_score_head, use_remove_padding)
+    L = attention_mask.shape[1]
+    last = L - 1 - attention_mask.flip(-1).long().argmax(-1)
+    return outs["scores"].gather(1, last.unsqueeze(1)).squeeze(1)

@@ -1,0 +1,160 @@
+"""FSDP2 wrapping and the operations on a sharded module that do not depend on the RL role.
+
+Sharding follows the layout recommended for FSDP2 (``torch.distributed.fsdp.fully_shard``): one
+FSDP unit per transformer decoder layer, then one for the root (embeddings, final norm, head), so
+only one layer's full parameters exist at a time during forward/backward.  The same code runs on
+CPU ranks (gloo, fp32) and GPUs (NCCL, bf16 compute with fp32 gradient reduction); a process with
+no ``torch.distributed`` group (the local backend) keeps a plain module and skips sharding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridflow.engine import device as dev
+
+__all__ = [
+    "is_distributed",
+    "build_device_mesh",
+    "decoder_layer_classes",
+    "apply_fsdp2",
+    "fsdp_modules",
+    "full_params",
+    "full_state_dict",
+    "move_module",
+    "move_optimizer_state",
+    "unwrap_peft",
+]
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def build_device_mesh(fsdp_size: int = -1):
+    """A ``("fsdp",)`` mesh over all ranks, or ``("ddp", "fsdp")`` (HSDP) when ``fsdp_size`` divides it.
+
+    Returns ``None`` when torch.distributed is not initialised (local, single-process backend).
+    """
+    if not is_distributed():
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if fsdp_size in (-1, 0, None) or fsdp_size >= world:
+        return init_device_mesh(dev.device_type(), (world,), mesh_dim_names=("fsdp",))
+    if world % fsdp_size:
+        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must divide the world size {world} (or be -1)")
+    return init_device_mesh(dev.device_type(), (world // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+
+
+def unwrap_peft(model: nn.Module) -> nn.Module:
+    """The underlying HF model of a peft ``PeftModel`` (the model itself otherwise)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def decoder_layer_classes(model: nn.Module) -> set[type]:
+    """Classes of the repeated transformer blocks, from HF's ``_no_split_modules`` declaration."""
+    names = set(getattr(unwrap_peft(model), "_no_split_modules", None) or [])
+    found = {type(m) for m in model.modules() if type(m).__name__ in names}
+    if not found:  # architectures without the declaration: the elements of the layer list
+        for m in model.modules():
+            if isinstance(m, nn.ModuleList) and len(m) > 0:
+                found = {type(m[0])}
+                break
+    return found
+
+
+def apply_fsdp2(
+    model: nn.Module,
+    mesh,
+    param_dtype: torch.dtype = torch.float32,
+    reduce_dtype: torch.dtype = torch.float32,
+    reshard_after_forward: bool = True,
+    cpu_offload: bool = False,
+) -> nn.Module:
+    """``fully_shard`` every decoder layer and then the root module over ``mesh`` (in place).
+
+    ``param_dtype`` is the compute dtype of the unsharded parameters (bf16 on GPU), gradients are
+    reduced in ``reduce_dtype`` (fp32) and the sharded master weights stay in their load dtype.
+    ``cpu_offload`` uses FSDP2's ``CPUOffloadPolicy`` (GPU only: on CPU the shards already live there).
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if param_dtype != torch.float32 or reduce_dtype != torch.float32:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=True)
+    if cpu_offload and dev.is_cuda():
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+    layer_types = tuple(decoder_layer_classes(model))
+    if not layer_types:
+        raise ValueError(f"cannot find decoder layers to shard in {type(model).__name__}")
+    for module in model.modules():
+        if isinstance(module, layer_types):
+            fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def fsdp_modules(model: nn.Module) -> list[nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def full_params(model: nn.Module) -> Iterator[nn.Module]:
+    """Hold every FSDP unit unsharded for the duration of the block (e.g. autoregressive generation).
+
+    Generation runs a data-dependent number of forward passes (ranks stop at different EOS), which
+    would deadlock if each pass all-gathered the layers.  So we all-gather once on entry (a
+    collective every rank reaches), turn off resharding after forward, and reshard on exit: inside
+    the block forward passes issue no collectives.  No-op for an unsharded (local) module.
+    """
+    units = fsdp_modules(model)
+    if not units:
+        yield model
+        return
+    for unit in units:
+        unit.unshard()
+        unit.set_reshard_after_forward(False)
+    try:
+        yield model
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True)
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full (unsharded) CPU state dict: on rank 0 for a sharded model (``{}`` elsewhere), always locally."""
+    if not fsdp_modules(model):
+        return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def move_module(model: nn.Module, device: torch.device | str) -> None:
+    """Move (sharded) parameters and gradients to ``device``: the param-offload round-trip.
+
+    On a CPU-only machine the target is the CPU either way, so the move is free but exercised.
+    """
+    model.to(device)
+    for p in model.parameters():
+        if p.grad is not None and p.grad.device != torch.device(device):
+            p.grad = p.grad.to(device)
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
+    """Move the optimizer's tensor state (Adam moments) to ``device``; the step counter stays put."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device, non_blocking=True)

@@ -1,0 +1,208 @@
+"""Load HF tokenizers and models for the training roles (actor/ref, critic, reward model).
+
+* actor / ref: ``AutoModelForCausalLM``.
+* critic: as verl, the critic is a *causal-LM checkpoint* loaded as
+  ``AutoModelForTokenClassification(num_labels=1)``: the backbone weights come from the checkpoint
+  and the one-output ``score`` head is freshly initialised; per-token values are ``logits[..., 0]``.
+  This keeps one loading path for every HF architecture that has a token-classification class
+  (Llama, Qwen2/3, Mistral, Gemma...), with no hand-written value-head module to keep in sync.
+* reward model: ``AutoModelForSequenceClassification(num_labels=1)``; the score is read at the last
+  valid token (the RM worker does that, see ``workers/reward_model.py``).
+
+Dtype defaults to fp32 (the master weights FSDP keeps; the GPU computes in bf16 through FSDP's
+mixed-precision policy), the attention kernel is chosen by ``engine/device.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+import torch
+
+from hybridflow.engine import device as dev
+
+__all__ = [
+    "ModelLoadError",
+    "load_tokenizer",
+    "load_hf_config",
+    "load_causal_lm",
+    "load_value_model",
+    "load_reward_model",
+    "apply_lora",
+    "enable_gradient_checkpointing",
+]
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer could not be loaded; the message names the config field to fix."""
+
+
+def _resolve_path(path: str, field: str) -> str:
+    if not path:
+        raise ModelLoadError(f"{field} is empty; set it to a local HF model folder or a hub id")
+    expanded = os.path.expanduser(path)
+    return expanded if os.path.exists(expanded) else path
+
+
+def load_tokenizer(
+    path: str,
+    trust_remote_code: bool = False,
+    custom_chat_template: str | None = None,
+    require_chat_template: bool = True,
+    field: str = "actor_rollout_ref.model.tokenizer_path",
+):
+    """Load a tokenizer, attach ``custom_chat_template`` if given, and make sure padding works.
+
+    RL prompts are chat messages, so a tokenizer without a chat template cannot render them:
+    that is an error at start-up (naming the config key to set) rather than a crash mid-run.
+    A missing pad token falls back to EOS, as verl does, because batched rollout needs one.
+    """
+    from transformers import AutoTokenizer
+
+    src = _resolve_path(path, field)
+    try:
+        tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(
+            f"cannot load a tokenizer from {field}={path!r}: {e}. Point it at a folder holding "
+            "tokenizer.json/tokenizer_config.json or at a hub id reachable from this machine."
+        ) from e
+    if custom_chat_template:
+        tok.chat_template = custom_chat_template
+    if require_chat_template and not getattr(tok, "chat_template", None):
+        raise ModelLoadError(
+            f"the tokenizer at {path!r} has no chat template, so chat prompts cannot be rendered. "
+            "Set actor_rollout_ref.model.custom_chat_template to a Jinja chat template "
+            "(e.g. ChatML) or use a chat/instruct checkpoint."
+        )
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_hf_config(path: str, trust_remote_code: bool = False, override_config: dict | None = None,
+                   field: str = "model.path"):
+    """``AutoConfig`` with ``override_config`` applied (verl's ``model.override_config``)."""
+    from transformers import AutoConfig
+
+    src = _resolve_path(path, field)
+    try:
+        cfg = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(
+            f"cannot load a model config from {field}={path!r}: {e}. It must be a local HF folder "
+            "with config.json or a hub id reachable from this machine."
+        ) from e
+    for key, value in dict(override_config or {}).items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def _from_pretrained(auto_cls, path: str, cfg, dtype, trust_remote_code: bool, field: str, **kwargs):
+    src = _resolve_path(path, field)
+    try:
+        return auto_cls.from_pretrained(
+            src,
+            config=cfg,
+            dtype=dtype,
+            attn_implementation=dev.attn_implementation(),
+            trust_remote_code=trust_remote_code,
+            **kwargs,
+        )
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot load {auto_cls.__name__} weights from {field}={path!r}: {e}") from e
+
+
+def load_causal_lm(
+    path: str,
+    dtype: str | torch.dtype | None = "fp32",
+    trust_remote_code: bool = False,
+    override_config: dict | None = None,
+    field: str = "actor_rollout_ref.model.path",
+):
+    """The policy / reference model. ``dtype`` is the *parameter* dtype (fp32 master weights by default)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = load_hf_config(path, trust_remote_code, override_config, field)
+    return _from_pretrained(AutoModelForCausalLM, path, cfg, dev.resolve_dtype(dtype), trust_remote_code, field)
+
+
+def load_value_model(
+    path: str,
+    dtype: str | torch.dtype | None = "fp32",
+    trust_remote_code: bool = False,
+    override_config: dict | None = None,
+    field: str = "critic.model.path",
+):
+    """Critic: causal-LM backbone + freshly initialised scalar head (token classification, 1 label).
+
+    Dropout on the head is switched off (``classifier_dropout=0``) so values are deterministic
+    and the recomputed values in ``update_critic`` match ``compute_values``.
+    """
+    from transformers import AutoModelForTokenClassification
+
+    overrides = {"num_labels": 1, "classifier_dropout": 0.0, **dict(override_config or {})}
+    cfg = load_hf_config(path, trust_remote_code, overrides, field)
+    return _from_pretrained(AutoModelForTokenClassification, path, cfg, dev.resolve_dtype(dtype), trust_remote_code, field)
+
+
+def load_reward_model(
+    path: str,
+    dtype: str | torch.dtype | None = "fp32",
+    trust_remote_code: bool = False,
+    override_config: dict | None = None,
+    field: str = "reward_model.model.path",
+):
+    """Sequence-classification reward model with one output (the scalar score)."""
+    from transformers import AutoModelForSequenceClassification
+
+    overrides = {"num_labels": 1, **dict(override_config or {})}
+    cfg = load_hf_config(path, trust_remote_code, overrides, field)
+    model = _from_pretrained(AutoModelForSequenceClassification, path, cfg, dev.resolve_dtype(dtype), trust_remote_code, field)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = model.config.eos_token_id
+    return model
+
+
+def _as_target_modules(target_modules: str | Iterable[str] | None) -> Any:
+    if target_modules is None:
+        return "all-linear"
+    if isinstance(target_modules, str):
+        return target_modules  # "all-linear" or a regex, both understood by peft
+    return list(target_modules)
+
+
+def apply_lora(
+    model,
+    lora_rank: int,
+    lora_alpha: float,
+    target_modules: str | Iterable[str] | None = "all-linear",
+    exclude_modules: str | Iterable[str] | None = None,
+    task_type: str = "CAUSAL_LM",
+):
+    """Wrap ``model`` with peft LoRA adapters (Hu et al. 2021, arXiv:2106.09685).
+
+    Only adapter weights are trainable afterwards; ``with model.disable_adapter():`` gives the base
+    model back, which is how the reference policy is computed without a second copy of the weights.
+    """
+    if lora_rank <= 0:
+        raise ValueError(f"lora_rank must be > 0 to apply LoRA, got {lora_rank}")
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(
+        r=int(lora_rank),
+        lora_alpha=float(lora_alpha),
+        target_modules=_as_target_modules(target_modules),
+        exclude_modules=_as_target_modules(exclude_modules) if exclude_modules else None,
+        bias="none",
+        task_type=task_type,
+    )
+    return get_peft_model(model, cfg)
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute activations in backward (non-reentrant, so frozen inputs such as LoRA bases work)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "config"):
+        model.config.use_cache = False

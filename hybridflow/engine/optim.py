@@ -1,0 +1,83 @@
+"""AdamW and the learning-rate schedules verl users configure (``*.optim.*``).
+
+Schedules are multiplicative factors on ``optim.lr`` as a function of the optimizer step ``s``
+(warm-up length ``W``, total steps ``T``, ``m = min_lr_ratio``, ``c = num_cycles``):
+
+* ``constant``: ``s / W`` during warm-up, then 1.
+* ``cosine``:   ``m + (1 - m) * s / W`` during warm-up, then
+  ``m + (1 - m) * 0.5 * (1 + cos(2 pi c p))`` with ``p = (s - W) / (T - W)`` (half-cosine decay
+  to ``m`` for the default ``c = 0.5``; Loshchilov & Hutter 2017, SGDR).
+
+``W = lr_warmup_steps`` when it is > 0, else ``int(lr_warmup_steps_ratio * T)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+__all__ = ["build_optimizer", "build_lr_scheduler", "warmup_steps", "constant_factor", "cosine_factor"]
+
+_SCHEDULES = ("constant", "cosine")
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], optim_config: Any, field: str = "actor.optim"):
+    """AdamW over the trainable ``params`` from an ``OptimConfig`` (lr, betas, weight_decay...)."""
+    name = str(optim_config.optimizer)
+    if name.lower() != "adamw":
+        raise ValueError(f"{field}.optimizer={name!r} is not supported; use 'AdamW'")
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        raise ValueError(f"{field}: the model has no trainable parameters (frozen model or LoRA misconfigured)")
+    kwargs = dict(lr=float(optim_config.lr), betas=tuple(optim_config.betas), weight_decay=float(optim_config.weight_decay))
+    kwargs.update(dict(optim_config.override_optimizer_config or {}))
+    # foreach=False keeps per-parameter kernels, which also works with FSDP2 DTensor shards on gloo.
+    return torch.optim.AdamW(params, foreach=False, **kwargs)
+
+
+def warmup_steps(optim_config: Any, total_steps: int) -> int:
+    if int(optim_config.lr_warmup_steps) > 0:
+        return int(optim_config.lr_warmup_steps)
+    return int(float(optim_config.lr_warmup_steps_ratio) * total_steps)
+
+
+def constant_factor(step: int, warmup: int) -> float:
+    if step < warmup:
+        return float(step) / float(max(1, warmup))
+    return 1.0
+
+
+def cosine_factor(step: int, warmup: int, total: int, min_lr_ratio: float = 0.0, num_cycles: float = 0.5) -> float:
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"optim.min_lr_ratio must lie in [0, 1], got {min_lr_ratio}")
+    if step < warmup:
+        return min_lr_ratio + (1.0 - min_lr_ratio) * float(step) / float(max(1, warmup))
+    progress = float(step - warmup) / float(max(1, total - warmup))
+    cos = math.cos(math.pi * float(num_cycles) * 2.0 * progress)
+    return max(min_lr_ratio, min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + cos))
+
+
+def _schedule_type(optim_config: Any, field: str) -> str:
+    kind = optim_config.warmup_style or optim_config.lr_scheduler_type  # warmup_style: verl's deprecated alias
+    if kind not in _SCHEDULES:
+        raise ValueError(f"{field}.lr_scheduler_type={kind!r} is not supported; use one of {list(_SCHEDULES)}")
+    return kind
+
+
+def build_lr_scheduler(optimizer, optim_config: Any, total_steps: int | None = None, field: str = "actor.optim"):
+    """A ``LambdaLR`` implementing the schedule above (its state dict saves/restores the step)."""
+    total = int(total_steps if total_steps is not None else optim_config.total_training_steps)
+    kind = _schedule_type(optim_config, field)
+    warm = warmup_steps(optim_config, max(total, 0))
+    if kind == "cosine":
+        if total <= 0:
+            raise ValueError(
+                f"{field}.total_training_steps must be set (> 0) for the cosine schedule; the trainer "
+                "fills it from trainer.total_training_steps or the dataset size"
+            )
+        m, c = float(optim_config.min_lr_ratio), float(optim_config.num_cycles)
+        return LambdaLR(optimizer, lambda s: cosine_factor(s, warm, total, m, c))
+    return LambdaLR(optimizer, lambda s: constant_factor(s, warm))

@@ -1,0 +1,201 @@
+"""``TrainEngine``: one role's model + optimizer + LR schedule over the data-parallel group.
+
+The role workers (actor, critic, ref, reward model) only speak to this object: they hand it
+micro-batch losses and ask it to step, to gather weights, to offload between phases and to
+save/load checkpoints.  It hides whether the module is FSDP2-sharded over N ranks or a plain
+module in a single process (the local backend, where torch.distributed is not initialised).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridflow.engine import device as dev
+from hybridflow.engine.fsdp import (
+    apply_fsdp2,
+    build_device_mesh,
+    full_params,
+    full_state_dict,
+    is_distributed,
+    move_module,
+    move_optimizer_state,
+)
+from hybridflow.engine.optim import build_lr_scheduler, build_optimizer
+
+__all__ = ["TrainEngine", "StepResult"]
+
+
+@dataclass
+class StepResult:
+    """Outcome of one optimizer step: the pre-clip gradient norm and whether the step was applied."""
+
+    grad_norm: float
+    stepped: bool
+    lr: float
+
+
+class TrainEngine:
+    """Wrap ``module`` for training (``optim_config`` given) or inference only (``optim_config=None``).
+
+    ``fsdp_config`` is the role's ``fsdp_config`` node (``param_offload``, ``optimizer_offload``,
+    ``offload_policy``, ``reshard_after_forward``, ``fsdp_size``, ``dtype``); ``total_training_steps``
+    fills the LR schedule's horizon when the config leaves it at -1.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        fsdp_config: Any,
+        optim_config: Any | None = None,
+        total_training_steps: int | None = None,
+        role: str = "actor",
+        mesh=None,
+    ):
+        self.role = role
+        self.fsdp_config = fsdp_config
+        self.device = dev.get_device()
+        self.mesh = mesh if mesh is not None else build_device_mesh(fsdp_config.fsdp_size)
+        module.to(self.device)
+        if self.mesh is not None:
+            # CPU has no fast bf16: compute stays fp32 there whatever fsdp_config.dtype says.
+            compute = dev.resolve_dtype(fsdp_config.dtype, f"{role}.fsdp_config.dtype") if dev.is_cuda() else torch.float32
+            apply_fsdp2(
+                module,
+                self.mesh,
+                param_dtype=compute,
+                reduce_dtype=torch.float32,
+                reshard_after_forward=bool(fsdp_config.reshard_after_forward),
+                cpu_offload=bool(fsdp_config.offload_policy),
+            )
+        self.module = module
+        self.optimizer = None
+        self.lr_scheduler = None
+        if optim_config is not None:
+            self.optimizer = build_optimizer(module.parameters(), optim_config, f"{role}.optim")
+            total = optim_config.total_training_steps if total_training_steps is None else total_training_steps
+            self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_config, total, f"{role}.optim")
+        self.param_offload = bool(fsdp_config.param_offload)
+        self.optimizer_offload = bool(fsdp_config.optimizer_offload) and self.optimizer is not None
+        self._params_on_device = True
+        self._optimizer_on_device = True
+        if self.param_offload:
+            self.offload_params()
+        if self.optimizer_offload:
+            self.offload_optimizer()
+
+    # ------------------------------------------------------------------ data-parallel group
+    @property
+    def dp_size(self) -> int:
+        return dist.get_world_size() if is_distributed() else 1
+
+    @property
+    def dp_rank(self) -> int:
+        return dist.get_rank() if is_distributed() else 0
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.mesh is not None
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Sum a few scalars over the DP group (the global loss normalisers)."""
+        if self.dp_size == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.tolist()
+
+    # ------------------------------------------------------------------ optimisation
+    def zero_grad(self) -> None:
+        self._require_optimizer().zero_grad(set_to_none=True)
+
+    def optimizer_step(self, grad_clip: float | None) -> StepResult:
+        """Clip gradients to ``grad_clip`` and step; skip (and report) when the norm is not finite.
+
+        A single inf/nan gradient would corrupt the Adam moments for good, so a non-finite total norm
+        zeroes the gradients and leaves weights and optimizer state untouched.
+        """
+        optimizer = self._require_optimizer()
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        max_norm = float(grad_clip) if grad_clip is not None and grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+        if hasattr(norm, "full_tensor"):  # DTensor norm of sharded gradients
+            norm = norm.full_tensor()
+        grad_norm = float(norm.item())
+        stepped = math.isfinite(grad_norm)
+        if stepped:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult(grad_norm=grad_norm, stepped=stepped, lr=self.current_lr())
+
+    def lr_scheduler_step(self) -> float:
+        """Advance the schedule by one training step; returns the LR used for the step just taken."""
+        lr = self.current_lr()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        return lr
+
+    def current_lr(self) -> float:
+        optimizer = self._require_optimizer()
+        return float(optimizer.param_groups[0]["lr"])
+
+    def _require_optimizer(self):
+        if self.optimizer is None:
+            raise RuntimeError(f"the {self.role} engine was built without an optimizer (inference only)")
+        return self.optimizer
+
+    # ------------------------------------------------------------------ offload between phases
+    def offload_params(self) -> None:
+        move_module(self.module, "cpu")
+        self._params_on_device = False
+        dev.empty_cache()
+
+    def load_params(self) -> None:
+        move_module(self.module, self.device)
+        self._params_on_device = True
+
+    def offload_optimizer(self) -> None:
+        if self.optimizer is not None:
+            move_optimizer_state(self.optimizer, "cpu")
+            self._optimizer_on_device = False
+            dev.empty_cache()
+
+    def load_optimizer(self) -> None:
+        if self.optimizer is not None:
+            move_optimizer_state(self.optimizer, self.device)
+            self._optimizer_on_device = True
+
+    @contextlib.contextmanager
+    def on_device(self, with_optimizer: bool = False) -> Iterator[None]:
+        """Bring offloaded weights (and optimizer state) to the device for one phase, then offload again."""
+        load_p = self.param_offload and not self._params_on_device
+        load_o = with_optimizer and self.optimizer_offload and not self._optimizer_on_device
+        if load_p:
+            self.load_params()
+        if load_o:
+            self.load_optimizer()
+        try:
+            yield
+        finally:
+            if load_o:
+                self.offload_optimizer()
+            if load_p:
+                self.offload_params()
+
+    # ------------------------------------------------------------------ weights
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full CPU weights (rank 0 of a sharded group; ``{}`` on other ranks)."""
+        with self.on_device():
+            return full_state_dict(self.module)
+
+    @contextlib.contextmanager
+    def full_params(self) -> Iterator[nn.Module]:
+        """The module with all parameters unsharded on every rank (for generation)."""
+        with self.on_device(), full_params(self.module) as module:
+            yield module
