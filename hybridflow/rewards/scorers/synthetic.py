@@ -15,6 +15,18 @@ def exact_match(solution_str: str, ground_truth: str) -> float:
     return 1.0 if solution_str.strip() == str(ground_truth).strip() else 0.0
 
 
-def countdown_lite(solution_str: str, ground_truth: dict) -> float:
+def parse_countdown_ground_truth(ground_truth: str) -> tuple[int, list[int]]:
+    """``"target:14;numbers:3,4,2"`` -> ``(14, [3, 4, 2])``."""
+    try:
+        fields = dict(part.split(":", 1) for part in str(ground_truth).split(";"))
+        return int(fields["target"]), [int(n) for n in fields["numbers"].split(",")]
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"synthetic/countdown ground_truth must look like 'target:14;numbers:3,4,2', got {ground_truth!r}"
+        ) from None
+
+
+def countdown_lite(solution_str: str, ground_truth: str) -> float:
     """1.0 when the response is an expression using each given number once that equals the target."""
-    return 1.0 if check_equation(solution_str.strip(), int(ground_truth["target"]), list(ground_truth["numbers"])) else 0.0
+    target, numbers = parse_countdown_ground_truth(ground_truth)
+    return 1.0 if check_equation(solution_str.strip(), target, numbers) else 0.0

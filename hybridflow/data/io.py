@@ -1,0 +1,116 @@
+"""Reading verl-format row files (parquet / json / jsonl, or a hub dataset name) into Python dicts.
+
+The RL datasets are small (thousands of prompts), so rows are held as a list of plain dicts: indexing is then
+trivial, pickles cheaply into dataloader workers, and there is no Arrow/pandas type juggling later. Parquet is
+read with pyarrow directly (fast, no cache directory); hub names go through ``datasets.load_dataset`` so users
+coming from verl can still pass e.g. ``openai/gsm8k``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+_LOCAL_SUFFIXES = (".parquet", ".json", ".jsonl")
+
+
+class DataFileError(ValueError):
+    """A data file is missing, unreadable or not in the expected format."""
+
+
+def as_file_list(files: Any, field: str) -> list[str]:
+    if isinstance(files, str):
+        return [files]
+    if isinstance(files, (list, tuple)) and files and all(isinstance(f, str) for f in files):
+        return list(files)
+    raise DataFileError(f"{field} must be a path or a non-empty list of paths, got {files!r}")
+
+
+def read_rows(path: str) -> list[dict[str, Any]]:
+    """All rows of one file (or hub dataset ``name`` / ``name:split``) as dicts."""
+    full = os.path.expanduser(path)
+    suffix = os.path.splitext(full)[1].lower()
+    if os.path.exists(full) or suffix in _LOCAL_SUFFIXES:
+        if not os.path.isfile(full):
+            raise DataFileError(f"data file '{path}' does not exist; check data.train_files / data.val_files")
+        if suffix == ".parquet":
+            return _read_parquet(full)
+        if suffix in (".json", ".jsonl"):
+            return _read_json(full)
+        raise DataFileError(f"data file '{path}' has unsupported suffix '{suffix}'; use .parquet, .json or .jsonl")
+    return _read_hub(path)
+
+
+def _read_parquet(path: str) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises several types for corrupt / non-parquet files
+        raise DataFileError(
+            f"cannot read parquet file '{path}': {type(exc).__name__}: {exc}. The file is corrupt or not parquet; "
+            "re-run the preprocessing (e.g. `hybridflow data gsm8k`) to regenerate it"
+        ) from exc
+
+
+def _read_json(path: str) -> list[dict[str, Any]]:
+    """A JSON array / ``{column: [values]}`` object, or JSON lines."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataFileError(f"cannot read '{path}': {exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    if isinstance(data, list):
+        rows = data
+    elif isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
+        n = {len(v) for v in data.values()}
+        if len(n) != 1:
+            raise DataFileError(f"'{path}' is a column-oriented JSON object whose columns differ in length")
+        rows = [dict(zip(data, values)) for values in zip(*data.values())]
+    else:
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataFileError(
+                    f"'{path}' line {lineno} is not valid JSON ({exc.msg}); expected a JSON array or one JSON "
+                    "object per line (jsonl)"
+                ) from None
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise DataFileError(f"'{path}' row {bad} is a {type(rows[bad]).__name__}, expected an object per row")
+    return rows
+
+
+def _read_hub(name: str) -> list[dict[str, Any]]:
+    repo, _, split = name.partition(":")
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(repo, split=split or "train")
+    except Exception as exc:
+        raise DataFileError(
+            f"'{name}' is neither a local file nor a loadable hub dataset ({type(exc).__name__}: {exc}). "
+            "Pass a local .parquet/.json/.jsonl path, or 'owner/name:split' with network access"
+        ) from exc
+    return [dict(r) for r in ds]
+
+
+def write_parquet(rows: list[dict[str, Any]], path: str) -> str:
+    """Write rows to parquet (parent directories created); returns the path."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not rows:
+        raise DataFileError(f"refusing to write an empty dataset to '{path}'")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path

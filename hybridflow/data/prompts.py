@@ -1,0 +1,64 @@
+"""Prompt tokenisation helpers: chat template, truncation to ``max_prompt_length``, left padding.
+
+Truncation modes follow verl's ``data.truncation``: ``error`` (refuse), ``left`` (keep the end, which holds the
+question and the generation prompt), ``right`` (keep the beginning), ``middle`` (keep both ends, drop the
+middle: the first ``max//2`` and last ``max - max//2`` tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+
+
+class PromptTooLongError(ValueError):
+    """A prompt exceeds ``data.max_prompt_length`` while ``data.truncation=error``."""
+
+
+def check_chat_messages(prompt: Any, where: str, prompt_key: str) -> list[dict[str, Any]]:
+    """``prompt`` as a list of ``{"role", "content"}`` dicts, or a clear error naming the row."""
+    if hasattr(prompt, "tolist"):  # numpy arrays from pandas-written parquet
+        prompt = prompt.tolist()
+    ok = isinstance(prompt, list) and prompt and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in prompt
+    )
+    if not ok:
+        shown = repr(prompt)
+        shown = shown if len(shown) <= 120 else shown[:117] + "..."
+        raise ValueError(
+            f"{where}: column '{prompt_key}' must be a non-empty list of chat messages "
+            f'[{{"role": "user", "content": "..."}}], got {shown}. Wrap plain text as '
+            f'[{{"role": "user", "content": text}}] when preprocessing.'
+        )
+    return prompt
+
+
+def truncate(ids: list[int], max_len: int, mode: str, where: str) -> list[int]:
+    if len(ids) <= max_len:
+        return ids
+    if mode == "left":
+        return ids[-max_len:]
+    if mode == "right":
+        return ids[:max_len]
+    if mode == "middle":
+        head = max_len // 2
+        return ids[:head] + ids[len(ids) - (max_len - head) :]
+    if mode == "error":
+        raise PromptTooLongError(
+            f"{where}: prompt is {len(ids)} tokens, longer than data.max_prompt_length={max_len}. Either raise "
+            f"data.max_prompt_length, or set data.filter_overlong_prompts=true to drop such rows (or "
+            f"data.truncation=left|right|middle to cut them)."
+        )
+    raise ValueError(f"data.truncation must be one of {', '.join(TRUNCATION_MODES)}, got '{mode}'")
+
+
+def left_pad(ids: list[int], max_len: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """``input_ids``/``attention_mask``/``position_ids`` of shape (max_len,), padding on the left."""
+    n_pad = max_len - len(ids)
+    input_ids = torch.tensor([pad_id] * n_pad + list(ids), dtype=torch.long)
+    attention_mask = torch.tensor([0] * n_pad + [1] * len(ids), dtype=torch.long)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}

@@ -1,0 +1,134 @@
+"""The RL prompt dataset: verl-format rows -> left-padded prompt tensors + the row's non-tensor fields.
+
+Rows follow verl's schema (``data_source``, ``prompt`` chat messages, ``ability``, ``reward_model``
+{``style``, ``ground_truth``}, ``extra_info`` with ``tools_kwargs`` / ``interaction_kwargs``, optional
+``agent_name``), so users bring their verl parquet files unchanged. An item is the prompt batch contract of
+``docs/architecture.md`` ("Batch keys"). Rows are validated when the dataset is built, so a wrong column
+name or a malformed prompt fails before any model is loaded, with the file, row and fix in the message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hybridflow.data.io import DataFileError, as_file_list, read_rows
+from hybridflow.data.prompts import TRUNCATION_MODES, check_chat_messages, left_pad, truncate
+from hybridflow.utils.registry import closest
+
+_REQUIRED_EXTRA = ("reward_model",)
+
+
+class RLHFDataset(torch.utils.data.Dataset):
+    """verl-compatible RL dataset over parquet / json / jsonl files (or hub names).
+
+    ``config`` is the ``data`` config section read by attribute (``prompt_key``, ``reward_fn_key``,
+    ``max_prompt_length``, ``truncation``, ``filter_overlong_prompts``, ``apply_chat_template_kwargs``).
+    ``max_samples`` > 0 keeps only the first that many rows (``data.train_max_samples`` /
+    ``val_max_samples``; see :func:`create_rl_dataset`).
+    """
+
+    def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
+        self.files = as_file_list(data_files, "data files")
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.prompt_key = config.prompt_key
+        self.reward_fn_key = config.reward_fn_key
+        self.max_prompt_length = int(config.max_prompt_length)
+        self.truncation = config.truncation
+        self.template_kwargs = dict(config.apply_chat_template_kwargs or {})
+        if self.truncation not in TRUNCATION_MODES:
+            raise ValueError(f"data.truncation must be one of {', '.join(TRUNCATION_MODES)}, got '{self.truncation}'")
+        if self.max_prompt_length <= 0:
+            raise ValueError(f"data.max_prompt_length must be positive, got {self.max_prompt_length}")
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token; set one (e.g. tokenizer.pad_token = tokenizer.eos_token)")
+
+        self.rows: list[dict[str, Any]] = []
+        self.origins: list[tuple[str, int]] = []  # (file, row index in that file) for error messages
+        for path in self.files:
+            rows = read_rows(path)
+            self._check_columns(rows, path)
+            self.rows.extend(rows)
+            self.origins.extend((path, i) for i in range(len(rows)))
+        if max_samples is not None and max_samples > 0:
+            self.rows, self.origins = self.rows[:max_samples], self.origins[:max_samples]
+        self.columns = list(dict.fromkeys(k for r in self.rows for k in r))
+        for i, row in enumerate(self.rows):
+            check_chat_messages(row[self.prompt_key], self._where(i), self.prompt_key)
+            if not isinstance(row["reward_model"], dict):
+                raise ValueError(f"{self._where(i)}: column 'reward_model' must be a dict with 'style' and "
+                                 f"'ground_truth', got {type(row['reward_model']).__name__}")
+        self._ids_cache: dict[int, list[int]] = {}
+        if config.filter_overlong_prompts:
+            self._filter_overlong()
+
+    # ------------------------------------------------------------------ validation
+    def _check_columns(self, rows: list[dict[str, Any]], path: str) -> None:
+        if not rows:
+            raise DataFileError(f"data file '{path}' contains no rows; check the preprocessing output")
+        columns = list(dict.fromkeys(k for r in rows[:100] for k in r))
+        for required in (self.prompt_key, self.reward_fn_key, *_REQUIRED_EXTRA):
+            missing = [i for i, r in enumerate(rows) if required not in r]
+            if missing:
+                guess = closest(required, [c for c in columns if c != required])
+                hint = f" Did you mean '{guess}'? Rename that column" if guess else " Add the column"
+                field = {self.prompt_key: " (data.prompt_key)", self.reward_fn_key: " (data.reward_fn_key)"}.get(required, "")
+                raise DataFileError(
+                    f"data file '{path}' has no column '{required}'{field} in {len(missing)} of {len(rows)} rows "
+                    f"(first: row {missing[0]}). Columns found: {', '.join(columns)}.{hint}"
+                    + (f" or set data.prompt_key='{guess}'." if required == self.prompt_key and guess else ".")
+                )
+
+    def _where(self, index: int) -> str:
+        path, local = self.origins[index]
+        return f"row {local} of '{path}'"
+
+    def _filter_overlong(self) -> None:
+        keep = []
+        for i in range(len(self.rows)):
+            ids = self._tokenize(i)
+            if len(ids) <= self.max_prompt_length:
+                keep.append((i, ids))
+        if not keep:
+            raise DataFileError(
+                f"data.filter_overlong_prompts removed all {len(self.rows)} rows of {self.files}: every prompt is "
+                f"longer than data.max_prompt_length={self.max_prompt_length}; raise it"
+            )
+        self.rows = [self.rows[i] for i, _ in keep]
+        self.origins = [self.origins[i] for i, _ in keep]
+        self._ids_cache = {new: ids for new, (_, ids) in enumerate(keep)}
+
+    # ------------------------------------------------------------------ items
+    def _tokenize(self, index: int) -> list[int]:
+        if index in self._ids_cache:
+            return self._ids_cache[index]
+        messages = check_chat_messages(self.rows[index][self.prompt_key], self._where(index), self.prompt_key)
+        templater = self.processor if self.processor is not None else self.tokenizer
+        text = templater.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                             **self.template_kwargs)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row = self.rows[index]
+        ids = truncate(self._tokenize(index), self.max_prompt_length, self.truncation, self._where(index))
+        item: dict[str, Any] = {c: row.get(c) for c in self.columns if c != self.prompt_key}
+        item.update(left_pad(ids, self.max_prompt_length, self.tokenizer.pad_token_id))
+        extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+        item["extra_info"] = extra
+        item["raw_prompt_ids"] = ids
+        item["raw_prompt"] = check_chat_messages(row[self.prompt_key], self._where(index), self.prompt_key)
+        item["index"] = extra["index"] if extra.get("index") is not None else index
+        item["tools_kwargs"] = extra.get("tools_kwargs") or {}
+        item["interaction_kwargs"] = extra.get("interaction_kwargs") or {}
+        return item
+
+
+def create_rl_dataset(data_files, data_config, tokenizer, processor=None, is_train: bool = True) -> RLHFDataset:
+    """The train or validation dataset, honouring ``data.train_max_samples`` / ``data.val_max_samples``."""
+    max_samples = data_config.train_max_samples if is_train else data_config.val_max_samples
+    return RLHFDataset(data_files, tokenizer, data_config, processor=processor, max_samples=max_samples)
