@@ -1,0 +1,136 @@
+"""The one rollout-engine interface: async, token-in / token-out, plus hybrid-engine lifecycle hooks.
+
+HybridFlow (Sheng et al. 2024, "HybridFlow: A Flexible and Efficient RLHF Framework") colocates the
+actor's training engine and the rollout engine in the same processes and switches between them every
+step.  An engine therefore exposes, besides ``generate``:
+
+* ``update_weights(named_tensors)`` -- receive the actor's latest weights (a no-op when the engine runs
+  the actor's own module, as the ``hf`` engine does when colocated);
+* ``sleep()`` / ``wake_up()`` -- release / reclaim inference memory (KV cache, and for vLLM/SGLang the
+  weights) while the trainer updates the actor.
+
+Engines work on token ids only; chat templates, tools and padding live above them (agent loops and the
+batch front-end in ``hybridflow.rollout.batch``).  Engines are looked up by verl's
+``actor_rollout_ref.rollout.name`` through :data:`ROLLOUT_ENGINES`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.utils.registry import Registry
+
+__all__ = ["TokenOutput", "RolloutEngine", "ROLLOUT_ENGINES", "create_rollout_engine"]
+
+
+@dataclass
+class TokenOutput:
+    """What an engine returns for one request.
+
+    ``finish_reason`` is ``"stop"`` (a stop/EOS token was emitted; it is the last entry of
+    ``token_ids``) or ``"length"`` (``max_tokens`` reached), as in vLLM/OpenAI.  ``log_probs`` holds one
+    value per token when the request asked for them, else ``None``.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    log_probs: list[float] | None
+    finish_reason: str
+
+
+class RolloutEngine(ABC):
+    """Token-in / token-out generation engine driven by the rollout worker and agent loops."""
+
+    @abstractmethod
+    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams, request_id: str) -> TokenOutput:
+        """Generate one response (``sampling_params.n`` must be 1: callers expand groups themselves)."""
+
+    def generate_batch(
+        self, prompts: Sequence[list[int]], sampling_params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[TokenOutput]:
+        """Generate for many prompts from synchronous code; outputs follow the input order.
+
+        The default submits every request concurrently through :meth:`generate` on a private event
+        loop, so an engine that batches concurrent requests batches these too.  Engines with a faster
+        direct path (the ``hf`` engine) override it.
+        """
+        params = _per_request(sampling_params, len(prompts))
+
+        async def run_all():
+            return await asyncio.gather(
+                *(self.generate(list(p), sp, f"batch-{i}") for i, (p, sp) in enumerate(zip(prompts, params)))
+            )
+
+        return asyncio.run(run_all())
+
+    @abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load the actor's latest weights; returns how many tensors were actually copied."""
+
+    @abstractmethod
+    def sleep(self) -> None:
+        """Release inference memory before the training phase (KV cache; weights for server engines)."""
+
+    @abstractmethod
+    def wake_up(self) -> None:
+        """Reclaim what :meth:`sleep` released, before the next rollout."""
+
+    @abstractmethod
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling random stream (same seed + same requests => same samples)."""
+
+
+def _per_request(params: SamplingParams | Sequence[SamplingParams], n: int) -> list[SamplingParams]:
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} SamplingParams for {n} prompts; pass one, or one per prompt")
+    return params
+
+
+ROLLOUT_ENGINES: Registry[Callable[..., RolloutEngine]] = Registry("rollout engine")
+
+
+def _lazy_engine(module: str, attr: str, requirement: str | None, extra: str | None) -> Callable[..., RolloutEngine]:
+    """A factory importing the engine only when it is asked for (vLLM/SGLang cost seconds and GBs)."""
+
+    def factory(**kwargs: Any) -> RolloutEngine:
+        if requirement is not None and importlib.util.find_spec(requirement) is None:
+            raise ImportError(
+                f"rollout engine needs the '{requirement}' package, which is not installed; "
+                f"install it with: pip install hybridflow[{extra}] (or use actor_rollout_ref.rollout.name=hf)"
+            )
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
+            raise NotImplementedError(
+                f"'{requirement}' is installed but this hybridflow version ships no adapter for it yet "
+                f"({module}); use actor_rollout_ref.rollout.name=hf"
+            ) from None
+        return getattr(mod, attr)(**kwargs)
+
+    factory.__qualname__ = f"lazy[{module}.{attr}]"
+    return factory
+
+
+ROLLOUT_ENGINES.register("hf", _lazy_engine("hybridflow.rollout.hf_engine", "HFRolloutEngine", None, None))
+ROLLOUT_ENGINES.register("vllm", _lazy_engine("hybridflow.rollout.vllm_engine", "VLLMRolloutEngine", "vllm", "vllm"))
+ROLLOUT_ENGINES.register(
+    "sglang", _lazy_engine("hybridflow.rollout.sglang_engine", "SGLangRolloutEngine", "sglang", "sglang")
+)
+
+
+def create_rollout_engine(name: str, **kwargs: Any) -> RolloutEngine:
+    """Build the engine registered as ``name`` (verl's ``rollout.name``) with engine-specific kwargs."""
+    return ROLLOUT_ENGINES.get(name)(**kwargs)
