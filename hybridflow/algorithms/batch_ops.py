@@ -1,0 +1,110 @@
+"""The two algorithm stages the trainer runs on the controller over a whole batch (``DataProto``).
+
+* :func:`apply_kl_penalty`  token_level_rewards = token_level_scores − β·KL(old_log_probs ‖ ref_log_prob)
+* :func:`compute_advantage` dispatches to the registered estimator and writes ``advantages``/``returns``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hybridflow.protocol import DataProto
+
+from .kl import kl_penalty as kl_estimate
+from .masked import masked_mean
+from .pf_ppo import compute_pf_ppo_reweight_data
+from .registries import AdvantageEstimator, get_adv_estimator_fn
+
+__all__ = ["AdvantageSettings", "apply_kl_penalty", "compute_advantage", "compute_response_mask"]
+
+
+class AdvantageSettings:
+    """The estimator's ``config``: explicit ``gamma``/``lam``/``norm_adv_by_std_in_grpo`` over the
+    algorithm config, whose other attributes (custom estimators may read them) fall through."""
+
+    def __init__(self, gamma: float, lam: float, norm_adv_by_std_in_grpo: bool, base: Any = None):
+        self.gamma = gamma
+        self.lam = lam
+        self.norm_adv_by_std_in_grpo = norm_adv_by_std_in_grpo
+        self.base = base
+
+    def __getattr__(self, name: str):
+        if name == "base" or self.base is None:
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+
+def compute_response_mask(data: DataProto) -> torch.Tensor:
+    """``response_mask`` from the batch, or the response part of ``attention_mask`` when it is missing."""
+    if "response_mask" in data.batch:
+        return data.batch["response_mask"]
+    if "responses" not in data.batch or "attention_mask" not in data.batch:
+        raise KeyError("the batch needs 'response_mask' (or 'responses' and 'attention_mask' to derive it)")
+    length = data.batch["responses"].shape[-1]
+    return data.batch["attention_mask"][:, -length:]
+
+
+def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl") -> tuple[DataProto, dict[str, float]]:
+    """KL-in-reward (Ziegler et al. 2019; Ouyang et al. 2022): r_t = s_t − β·kl_t on valid tokens, with
+    kl_t = ``kl_penalty(old_log_probs, ref_log_prob)`` and β = ``kl_ctrl.value``.
+
+    The controller is then updated with the batch KL (mean over sequences of the per-sequence token
+    mean) and n_steps = batch size.  Metrics: ``actor/reward_kl_penalty`` (that KL) and
+    ``actor/reward_kl_penalty_coeff`` (the β used).
+    """
+    for key in ("token_level_scores", "old_log_probs", "ref_log_prob"):
+        if key not in data.batch:
+            raise KeyError(f"apply_kl_penalty needs '{key}' in the batch")
+    mask = compute_response_mask(data)
+    kld = kl_estimate(data.batch["old_log_probs"], data.batch["ref_log_prob"], kl_penalty)
+    kld = torch.where(mask.bool(), kld, 0.0)
+    beta = kl_ctrl.value
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"] - beta * kld
+    current_kl = masked_mean(kld, mask, axis=-1).mean().item()
+    kl_ctrl.update(current_kl=current_kl, n_steps=len(data))
+    return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+
+def compute_advantage(
+    data: DataProto,
+    adv_estimator: str | AdvantageEstimator,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    num_repeat: int = 1,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
+) -> DataProto:
+    """Compute ``advantages`` and ``returns`` with the estimator registered as ``adv_estimator``.
+
+    Reads ``token_level_rewards``, ``response_mask`` and, when present, ``values``,
+    ``reward_baselines`` and the non-tensor ``uid`` (group ids).  ``config`` is the algorithm config;
+    with ``config.use_pf_ppo`` the batch is then resampled by PF-PPO (for every estimator; verl does so
+    only for ``gae``), seeded by ``meta_info['global_steps']`` when present.  ``num_repeat`` (rollout.n)
+    is accepted for verl compatibility; groups come from ``uid``.
+    """
+    if "token_level_rewards" not in data.batch:
+        raise KeyError("compute_advantage needs 'token_level_rewards' (run the reward stage / apply_kl_penalty first)")
+    mask = compute_response_mask(data)
+    data.batch["response_mask"] = mask
+    estimator = get_adv_estimator_fn(adv_estimator)
+    kwargs: dict[str, Any] = {
+        "token_level_rewards": data.batch["token_level_rewards"],
+        "response_mask": mask,
+        "config": AdvantageSettings(gamma, lam, norm_adv_by_std_in_grpo, base=config),
+    }
+    if "uid" in data.non_tensor_batch:
+        kwargs["index"] = data.non_tensor_batch["uid"]
+    for key in ("values", "reward_baselines"):
+        if key in data.batch:
+            kwargs[key] = data.batch[key]
+    advantages, returns = estimator(**kwargs)
+    data.batch["advantages"] = advantages
+    data.batch["returns"] = returns
+    if config is not None and config.use_pf_ppo:
+        steps = data.meta_info.get("global_steps")
+        data = compute_pf_ppo_reweight_data(
+            data, config.pf_ppo.reweight_method, config.pf_ppo.weight_pow, seed=None if steps is None else int(steps)
+        )
+    return data

@@ -1,0 +1,176 @@
+"""Train/rollout mismatch correction: truncated importance sampling and rejection of outliers.
+
+The rollout engine (vLLM/SGLang, bf16, different kernels) samples from a policy μ that is not exactly
+the trainer's π_old, so on-policy losses are silently off-policy.  With
+log w_t = log π_old(y_t) − log μ(y_t) (``old_log_prob − rollout_log_probs``):
+
+* Truncated IS (TIS; Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
+  training", https://fengyao.notion.site/off-policy-rl): w is capped at ``rollout_is_threshold`` and
+  multiplies the per-token policy loss (``rollout_is_weights``).  ``token`` level uses w_t (biased, low
+  variance); ``sequence`` level the product Π_t w_t (unbiased, high variance).
+* Rejection (masked IS, Liu et al. 2025, "When speed kills stability", https://richardli.xyz/rl-collapse):
+  tokens (``token``) or whole sequences (``sequence`` = product, ``geometric`` = exp of the mean
+  log-ratio) whose ratio leaves [lower, upper] are removed from ``response_mask``.
+* Veto: a sequence containing any token with w_t < ``rollout_token_veto_threshold`` is rejected whole.
+
+All exponentials clamp the log-ratio to [−20, 20].  Weights are detached (they change the measure,
+not the objective).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .masked import masked_mean, masked_sum
+
+__all__ = [
+    "ROLLOUT_IS_LEVELS",
+    "ROLLOUT_RS_LEVELS",
+    "compute_rollout_is_weights",
+    "compute_rollout_rejection_mask",
+    "compute_offpolicy_metrics",
+    "compute_rollout_correction_weights",
+]
+
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+ROLLOUT_RS_LEVELS = ("token", "sequence", "geometric")
+_BOUND = 20.0
+
+
+def _aggregated_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        return masked_sum(log_ratio, mask, axis=-1).unsqueeze(-1).expand_as(log_ratio)
+    if level == "geometric":
+        return masked_mean(log_ratio, mask, axis=-1).unsqueeze(-1).expand_as(log_ratio)
+    raise ValueError(f"unknown aggregation level '{level}'")
+
+
+def compute_rollout_is_weights(
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_is: str = "token",
+    rollout_is_threshold: float = 2.0,
+    rollout_is_batch_normalize: bool = False,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated IS weights min(w, threshold) at token or sequence level, zero on masked positions."""
+    if rollout_is not in ROLLOUT_IS_LEVELS:
+        raise ValueError(
+            f"algorithm.rollout_correction.rollout_is must be null or one of {ROLLOUT_IS_LEVELS}, got '{rollout_is}'"
+        )
+    if rollout_is_threshold <= 0:
+        raise ValueError(f"algorithm.rollout_correction.rollout_is_threshold must be > 0, got {rollout_is_threshold}")
+    mask = response_mask.bool()
+    raw = _aggregated_log_ratio(log_ratio, mask, rollout_is).clamp(-_BOUND, _BOUND).exp()
+    weights = torch.where(mask, raw.clamp(max=rollout_is_threshold), 0.0).detach()
+    metrics = {
+        "rollout_is_mean": masked_mean(weights, mask).item(),
+        "rollout_is_max": weights.masked_fill(~mask, float("-inf")).max().item(),
+        "rollout_is_min": weights.masked_fill(~mask, float("inf")).min().item(),
+        "rollout_is_fraction_truncated": masked_mean((raw > rollout_is_threshold).float(), mask).item(),
+    }
+    if rollout_is_batch_normalize:
+        if rollout_is == "token":
+            mean = masked_mean(weights, mask)
+        else:
+            has_tokens = mask.any(dim=-1)
+            mean = masked_mean(weights, mask, axis=-1)[has_tokens].mean()
+        if mean > 1e-8:
+            weights = weights / mean
+        metrics["rollout_is_batch_norm_factor"] = float(mean)
+    return weights, metrics
+
+
+def compute_rollout_rejection_mask(
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_rs: str = "token",
+    rollout_rs_threshold: float | None = None,
+    rollout_rs_threshold_lower: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``response_mask`` with the tokens/sequences whose ratio is outside [lower, upper] set to 0;
+    ``lower`` defaults to 1/upper."""
+    if rollout_rs not in ROLLOUT_RS_LEVELS:
+        raise ValueError(
+            f"algorithm.rollout_correction.rollout_rs must be null or one of {ROLLOUT_RS_LEVELS}, got '{rollout_rs}'"
+        )
+    if rollout_rs_threshold is None or rollout_rs_threshold <= 0:
+        raise ValueError("algorithm.rollout_correction.rollout_rs_threshold must be set (> 0) to use rejection")
+    upper = float(rollout_rs_threshold)
+    lower = 1.0 / upper if rollout_rs_threshold_lower is None else float(rollout_rs_threshold_lower)
+    mask = response_mask.bool()
+    ratio = _aggregated_log_ratio(log_ratio, mask, rollout_rs).clamp(-_BOUND, _BOUND).exp()
+    keep = (ratio >= lower) & (ratio <= upper)
+    new_mask = mask & keep
+    seq_rejected = (mask & ~keep).any(dim=-1)
+    metrics = {
+        "rollout_rs_masked_fraction": masked_mean((~keep).float(), mask).item(),
+        "rollout_rs_seq_masked_fraction": seq_rejected.float().mean().item(),
+    }
+    return new_mask.to(response_mask.dtype), metrics
+
+
+def compute_offpolicy_metrics(
+    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """Mismatch diagnostics: KL(μ‖π_old) by k1 and k3 over valid tokens, and the mean per-sequence
+    difference of log-perplexities (training minus rollout)."""
+    mask = response_mask.bool()
+    delta = rollout_log_prob - old_log_prob  # log μ − log π on samples from μ
+    k3 = (-delta).clamp(-_BOUND, _BOUND).exp() - 1.0 + delta
+    has_tokens = mask.any(dim=-1)
+    log_ppl_train = -masked_mean(old_log_prob, mask, axis=-1)
+    log_ppl_rollout = -masked_mean(rollout_log_prob, mask, axis=-1)
+    return {
+        "kl": masked_mean(delta, mask).item(),
+        "k3_kl": masked_mean(k3, mask).item(),
+        "log_ppl_diff": (log_ppl_train - log_ppl_rollout)[has_tokens].mean().item() if has_tokens.any() else 0.0,
+    }
+
+
+def compute_rollout_correction_weights(
+    old_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_is: str | None = "token",
+    rollout_is_threshold: float = 2.0,
+    rollout_rs: str | None = None,
+    rollout_rs_threshold: float | None = None,
+    rollout_rs_threshold_lower: float | None = None,
+    rollout_token_veto_threshold: float | None = None,
+    rollout_is_batch_normalize: bool = False,
+) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """IS weights, rejection and veto in one call (names as ``algorithm.rollout_correction.*``).
+
+    Returns ``(rollout_is_weights or None, response_mask after rejection/veto, metrics)`` with metric
+    names prefixed ``rollout_corr/``.  The weights are computed on the original mask and then zeroed
+    wherever the new mask rejects a token.
+    """
+    if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != response_mask.shape:
+        raise ValueError(
+            f"old_log_prob {tuple(old_log_prob.shape)}, rollout_log_probs {tuple(rollout_log_prob.shape)} and "
+            f"response_mask {tuple(response_mask.shape)} must have the same (B, R) shape"
+        )
+    log_ratio = (old_log_prob - rollout_log_prob).detach()
+    metrics = compute_offpolicy_metrics(old_log_prob, rollout_log_prob, response_mask)
+    new_mask = response_mask
+    if rollout_rs is not None:
+        new_mask, rs_metrics = compute_rollout_rejection_mask(
+            log_ratio, response_mask, rollout_rs, rollout_rs_threshold, rollout_rs_threshold_lower
+        )
+        metrics.update(rs_metrics)
+    if rollout_token_veto_threshold is not None:
+        mask = response_mask.bool()
+        token_ratio = log_ratio.clamp(-_BOUND, _BOUND).exp()
+        vetoed = (mask & (token_ratio < rollout_token_veto_threshold)).any(dim=-1, keepdim=True)
+        new_mask = torch.where(vetoed, torch.zeros_like(new_mask), new_mask)
+        metrics["rollout_veto_fraction"] = vetoed.float().mean().item()
+    weights = None
+    if rollout_is is not None:
+        weights, is_metrics = compute_rollout_is_weights(
+            log_ratio, response_mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize
+        )
+        weights = torch.where(new_mask.bool(), weights, 0.0)
+        metrics.update(is_metrics)
+    return weights, new_mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}
