@@ -103,6 +103,7 @@ def compose_raw(overrides: list[str], config_path: str | None = None, config_nam
     if not (cfg_dir / f"{name.removesuffix('.yaml')}.yaml").exists():
         raise ConfigError([f"--config-name '{name}': no file {name.removesuffix('.yaml')}.yaml in {cfg_dir}"])
 
+    overrides = _apply_aliases(list(overrides))
     _check_override_keys(overrides, cfg_dir, name)
     # verl scripts write '+key=v' for keys that may or may not exist; Hydra rejects '+' on an existing
     # key, so treat '+' as '++' (add or override), which is what those command lines mean.
@@ -123,6 +124,27 @@ def compose_raw(overrides: list[str], config_path: str | None = None, config_nam
     except Exception as e:  # interpolation to a missing key, etc.
         raise ConfigError([f"could not resolve the config: {_first_line(e)}"]) from None
     return cfg
+
+
+# Old verl spellings still found in published launch scripts -> the current key.
+KEY_ALIASES = {"use_rmpad": "use_remove_padding"}
+
+
+def _apply_aliases(overrides: list[str]) -> list[str]:
+    import warnings
+
+    from hybridflow.config.validate import ConfigWarning
+
+    out = []
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        parts = key.split(".")
+        if sep and parts[-1] in KEY_ALIASES:
+            new_key = ".".join(parts[:-1] + [KEY_ALIASES[parts[-1]]])
+            warnings.warn(f"{key} is an old spelling; using {new_key}", ConfigWarning, stacklevel=3)
+            ov = f"{new_key}={value}"
+        out.append(ov)
+    return out
 
 
 def _first_line(e: Exception) -> str:
