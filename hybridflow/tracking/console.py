@@ -82,19 +82,22 @@ class ConsoleLogger:
         if self._progress is not None:
             return
         from rich.console import Console
+        from rich.table import Column
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         console = Console(file=self.stream, force_terminal=True)
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
+            BarColumn(bar_width=24),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TextColumn("eta"),
             TimeRemainingColumn(),
-            TextColumn("{task.fields[metrics]}"),
+            # the metrics take the width left over and are cut last, so the counts and ETA always show
+            TextColumn("{task.fields[metrics]}", table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
             console=console,
             transient=False,
+            expand=True,
         )
         self._progress.start()
         # The ETA is extrapolated from steps done in *this* process (a resumed run starts mid-way).
