@@ -30,26 +30,15 @@ HeadFn = Callable[[nn.Module, torch.Tensor, torch.Tensor | None, torch.Tensor], 
 _CHUNK_ROWS = 2048  # tokens per chunk when turning logits into log-probs / entropy
 
 
-def _logit_fns():
-    from hybridflow.algorithms import entropy_from_logits, logprobs_from_logits
-
-    return logprobs_from_logits, entropy_from_logits
-
-
 def logprob_entropy(logits: torch.Tensor, labels: torch.Tensor, calculate_entropy: bool, chunk: int = _CHUNK_ROWS):
     """Log-probs of ``labels`` and (optionally) entropies for (N, V) logits, ``chunk`` rows at a time.
 
-    Chunking bounds the fp32 softmax temporaries to ``chunk x V`` instead of ``N x V``.
+    Chunking (in ``algorithms/entropy.py``) bounds the fp32 softmax temporaries to ``chunk x V``.
     """
-    logprobs_from_logits, entropy_from_logits = _logit_fns()
-    lps, ents = [], []
-    for start in range(0, logits.shape[0], chunk):
-        part = logits[start : start + chunk].float()
-        lps.append(logprobs_from_logits(part, labels[start : start + chunk]))
-        if calculate_entropy:
-            ents.append(entropy_from_logits(part))
-    log_probs = torch.cat(lps) if lps else logits.new_zeros(0)
-    entropy = (torch.cat(ents) if ents else logits.new_zeros(0)) if calculate_entropy else None
+    from hybridflow.algorithms.entropy import entropy_from_logits_with_chunking, logprobs_from_logits
+
+    log_probs = logprobs_from_logits(logits, labels, chunk_size=chunk)
+    entropy = entropy_from_logits_with_chunking(logits, chunk_size=chunk) if calculate_entropy else None
     return log_probs, entropy
 
 

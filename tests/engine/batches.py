@@ -1,0 +1,53 @@
+"""Rollout-shaped batches for engine/worker tests: left-padded prompts + right-padded responses."""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow.protocol import DataProto
+
+
+def make_rollout_batch(
+    vocab_size: int,
+    batch_size: int = 4,
+    prompt_len: int = 6,
+    response_len: int = 5,
+    seed: int = 0,
+    pad_id: int = 0,
+    low_id: int = 5,
+) -> DataProto:
+    """Random token ids with ragged prompt/response lengths laid out as the rollout returns them."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.full((batch_size, prompt_len), pad_id, dtype=torch.long)
+    responses = torch.full((batch_size, response_len), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros(batch_size, prompt_len, dtype=torch.long)
+    response_mask = torch.zeros(batch_size, response_len, dtype=torch.long)
+    for i in range(batch_size):
+        p = int(torch.randint(1, prompt_len + 1, (1,), generator=g))
+        r = int(torch.randint(1, response_len + 1, (1,), generator=g))
+        prompts[i, prompt_len - p :] = torch.randint(low_id, vocab_size, (p,), generator=g)
+        prompt_mask[i, prompt_len - p :] = 1
+        responses[i, :r] = torch.randint(low_id, vocab_size, (r,), generator=g)
+        response_mask[i, :r] = 1
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+        }
+    )
+
+
+def padded_reference_log_probs(model, batch: DataProto, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of the response tokens from a plain padded forward (the ground truth)."""
+    b = batch.batch
+    R = b["responses"].shape[1]
+    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"],
+                   use_cache=False).logits
+    logits = logits[:, -R - 1 : -1] / temperature
+    return torch.log_softmax(logits.float(), -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,64 @@
+"""Padding-free (packed) and trimmed forwards give the padded forward's log-probs, entropies, values."""
+
+import torch
+
+from hybridflow.engine.forward import last_token_scores, response_log_probs, response_values
+
+
+def test_packed_and_trimmed_log_probs_match_padded(tiny_causal_lm, batches):
+    model = tiny_causal_lm
+    data = batches.make_rollout_batch(model.config.vocab_size, batch_size=5, prompt_len=7, response_len=6, seed=1)
+    with torch.no_grad():
+        ref = batches.padded_reference_log_probs(model, data, temperature=0.7)
+        packed, ent_p = response_log_probs(model, data.batch, 0.7, calculate_entropy=True, use_remove_padding=True)
+        trimmed, ent_t = response_log_probs(model, data.batch, 0.7, calculate_entropy=True, use_remove_padding=False)
+    mask = data.batch["response_mask"].bool()
+    assert torch.allclose(packed[mask], ref[mask], atol=1e-5)
+    assert torch.allclose(trimmed[mask], ref[mask], atol=1e-5)
+    assert torch.allclose(ent_p[mask], ent_t[mask], atol=1e-5)
+    assert (ent_p[mask] > 0).all()
+
+
+def test_packed_log_probs_have_gradients(tiny_causal_lm, batches):
+    model = tiny_causal_lm
+    data = batches.make_rollout_batch(model.config.vocab_size, batch_size=3, seed=2)
+    lp, _ = response_log_probs(model, data.batch, 1.0, use_remove_padding=True)
+    (lp * data.batch["response_mask"]).sum().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    model.zero_grad(set_to_none=True)
+
+
+def test_temperature_must_be_positive(tiny_causal_lm, batches):
+    data = batches.make_rollout_batch(tiny_causal_lm.config.vocab_size, batch_size=2)
+    try:
+        response_log_probs(tiny_causal_lm, data.batch, 0.0)
+    except ValueError as e:
+        assert "temperature" in str(e)
+    else:
+        raise AssertionError("temperature 0 must be rejected")
+
+
+def test_values_and_last_token_scores_match_padded(tiny_model_dir, batches):
+    from hybridflow.engine.model_loader import load_reward_model, load_value_model
+
+    critic = load_value_model(tiny_model_dir).eval()
+    data = batches.make_rollout_batch(critic.config.vocab_size, batch_size=4, seed=3)
+    b = data.batch
+    with torch.no_grad():
+        padded = critic(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits[..., 0]
+        R = b["responses"].shape[1]
+        expect = padded[:, -R - 1 : -1]
+        mask = b["response_mask"].bool()
+        for packed in (True, False):
+            got = response_values(critic, b, use_remove_padding=packed)
+            assert torch.allclose(got[mask], expect[mask], atol=1e-5)
+
+    rm = load_reward_model(tiny_model_dir).eval()
+    with torch.no_grad():
+        scores = last_token_scores(rm, b["input_ids"], b["attention_mask"], b["position_ids"])
+        for i in range(4):  # each row alone, unpadded: the score of its last token
+            keep = b["attention_mask"][i].bool()
+            ids = b["input_ids"][i][keep][None]
+            alone = rm(input_ids=ids).logits[0, 0]
+            assert torch.allclose(scores[i], alone, atol=1e-5)
