@@ -1,0 +1,191 @@
+"""Code-task scorer: run the response's program against the sample's tests in the sandbox; score = pass fraction.
+
+The continuous pass fraction (as verl's ``prime_code`` with ``continuous=True``) gives RL a denser signal than
+all-or-nothing. Ground truth is JSON (a string, as stored in verl parquet files, or an already-parsed dict):
+
+* ``{"inputs": [...], "outputs": [...]}`` - stdin/stdout pairs (APPS / CodeContests / TACO style). Each case
+  feeds ``inputs[i]`` on stdin and compares stdout with ``outputs[i]`` (trailing whitespace ignored; numbers
+  compared with 1e-6 tolerance). With ``"fn_name"`` (LeetCode style), ``inputs[i]`` is the argument list of
+  ``fn_name`` (a top-level function or a method of ``class Solution``) and ``outputs[i]`` its return value.
+* ``{"assert": "assert f(1) == 2\\nassert f(2) == 3"}`` (a string or a list of strings) - every top-level
+  ``assert`` is one test case; other statements (imports, helpers) run before each of them.
+
+Every case is a separate sandbox run, so a crash, hang or ``sys.exit(0)`` affects only that case and the
+program cannot see or tamper with other cases' expectations.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
+
+_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
+_PYTHON_TAGS = ("python", "py", "python3")
+
+
+def extract_code(solution_str: str) -> str | None:
+    """The last ```python fenced block (or, if none is tagged python, the last untagged block)."""
+    blocks = _FENCE.findall(solution_str or "")
+    python = [body for tag, body in blocks if tag.lower() in _PYTHON_TAGS]
+    if python:
+        return python[-1]
+    untagged = [body for tag, body in blocks if not tag]
+    return untagged[-1] if untagged else None
+
+
+@dataclass
+class _Case:
+    code_suffix: str = ""
+    stdin: str = ""
+    expected_stdout: str | None = None
+    expected_return: object = None
+    compare_return: bool = False
+
+
+@dataclass
+class CodeEvalResult:
+    """Per-case sandbox statuses and whether each case passed; ``score`` is the pass fraction."""
+
+    passed: list[bool] = field(default_factory=list)
+    statuses: list[str] = field(default_factory=list)
+
+    @property
+    def score(self) -> float:
+        return sum(self.passed) / len(self.passed) if self.passed else 0.0
+
+
+def _text(value) -> str:
+    return "\n".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _parse_ground_truth(ground_truth) -> dict:
+    if isinstance(ground_truth, (bytes, str)):
+        try:
+            ground_truth = json.loads(ground_truth)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"code ground_truth is not valid JSON ({e.msg}); expected "
+                             '{"inputs": [...], "outputs": [...]} or {"assert": "..."}') from None
+    if not isinstance(ground_truth, dict) or not ({"inputs", "outputs"} <= set(ground_truth) or "assert" in ground_truth):
+        raise ValueError('code ground_truth must be {"inputs": [...], "outputs": [...]} (stdin/stdout pairs) or '
+                         f'{{"assert": "..."}}; got {str(ground_truth)[:200]!r}')
+    return ground_truth
+
+
+def _io_cases(gt: dict) -> list[_Case]:
+    inputs, outputs = gt["inputs"], gt["outputs"]
+    if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
+        raise ValueError(f"code ground_truth: 'inputs' and 'outputs' must be lists of equal length, got "
+                         f"{type(inputs).__name__}[{len(inputs)}] and {type(outputs).__name__}[{len(outputs)}]")
+    fn_name = gt.get("fn_name")
+    if not fn_name:
+        return [_Case(stdin=_text(i), expected_stdout=_text(o)) for i, o in zip(inputs, outputs)]
+    call = (
+        "\n\nimport json as _json, sys as _sys\n"
+        "_args = _json.loads(_sys.stdin.read())\n"
+        f"_fn = getattr(Solution(), {fn_name!r}) if 'Solution' in globals() else globals()[{fn_name!r}]\n"
+        "print(_json.dumps(_fn(*_args)))\n"
+    )
+    return [_Case(code_suffix=call, stdin=json.dumps(i if isinstance(i, list) else [i]), expected_return=o,
+                     compare_return=True) for i, o in zip(inputs, outputs)]
+
+
+def _assert_cases(source) -> list[_Case]:
+    source = "\n".join(source) if isinstance(source, list) else str(source)
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise ValueError(f"code ground_truth 'assert' is not valid Python: {e.msg} (line {e.lineno})") from None
+    setup = [ast.get_source_segment(source, n) for n in tree.body if not isinstance(n, ast.Assert)]
+    asserts = [ast.get_source_segment(source, n) for n in tree.body if isinstance(n, ast.Assert)]
+    if not asserts:
+        raise ValueError("code ground_truth 'assert' contains no assert statement")
+    prelude = "\n".join(setup)
+    return [_Case(code_suffix=f"\n\n{prelude}\n{a}\n") for a in asserts]
+
+
+def _tokens_equal(a: str, b: str) -> bool:
+    ta, tb = a.split(), b.split()
+    if len(ta) != len(tb):
+        return False
+    for x, y in zip(ta, tb):
+        if x == y:
+            continue
+        try:
+            fx, fy = float(x), float(y)
+        except ValueError:
+            return False
+        if not math.isclose(fx, fy, rel_tol=1e-6, abs_tol=1e-6):
+            return False
+    return True
+
+
+def stdout_matches(actual: str, expected: str) -> bool:
+    """Same lines up to trailing whitespace, else same whitespace-separated tokens (numbers within 1e-6)."""
+    norm = lambda s: "\n".join(line.rstrip() for line in s.strip().splitlines())  # noqa: E731
+    return norm(actual) == norm(expected) or _tokens_equal(actual, expected)
+
+
+def _return_matches(stdout: str, expected) -> bool:
+    lines = stdout.strip().splitlines()
+    if not lines:
+        return False
+    try:
+        value = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return False
+    # APPS stores some expected return values wrapped in a one-element list.
+    return value == expected or (isinstance(expected, list) and len(expected) == 1 and value == expected[0])
+
+
+def _case_passed(case: _Case, result: SandboxResult) -> bool:
+    if result.status != "pass":
+        return False
+    if case.compare_return:
+        return _return_matches(result.stdout, case.expected_return)
+    if case.expected_stdout is not None:
+        return stdout_matches(result.stdout, case.expected_stdout)
+    return True
+
+
+def evaluate_code(code: str, ground_truth, timeout_s: float = 5.0, memory_mb: int = 512, max_workers: int = 2,
+                  sandbox_config: SandboxConfig | None = None) -> CodeEvalResult:
+    """Run ``code`` against every case of ``ground_truth`` (cases in parallel, ``max_workers`` at a time)."""
+    gt = _parse_ground_truth(ground_truth)
+    cases = _assert_cases(gt["assert"]) if "assert" in gt else _io_cases(gt)
+    config = sandbox_config or SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb)
+
+    def run(case: _Case) -> SandboxResult:
+        return run_python(code + case.code_suffix, stdin=case.stdin, config=config)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(cases)))) as pool:
+        results = list(pool.map(run, cases))
+    return CodeEvalResult(passed=[_case_passed(c, r) for c, r in zip(cases, results)],
+                          statuses=[r.status for r in results])
+
+
+def compute_score(solution_str: str, ground_truth, extra_info: dict | None = None, **kwargs) -> float:
+    """Pass fraction of the last ```python block of ``solution_str`` on the tests in ``ground_truth``.
+
+    0.0 when the response has no code block. Keywords used: ``timeout_s`` (per case, default 5),
+    ``memory_mb`` (or verl's ``memory_limit_mb``, default 512), ``max_workers`` (parallel cases, default 2),
+    ``sandbox_config``. Other keywords (reward managers forward ``reward_kwargs`` meant for every scorer, and
+    verl passes ``sandbox_fusion_url``/``concurrent_semaphore`` for its remote service) are not used here.
+    Invalid ground truth raises ``ValueError`` (a data problem, reported by the reward manager), never a
+    silent 0.
+    """
+    gt = _parse_ground_truth(ground_truth)  # validate even when there is no code, so bad data is noticed
+    code = extract_code(solution_str)
+    if code is None:
+        return 0.0
+    memory_mb = kwargs["memory_mb"] if "memory_mb" in kwargs else kwargs.get("memory_limit_mb", 512)
+    return evaluate_code(code, gt, timeout_s=kwargs.get("timeout_s", 5.0), memory_mb=memory_mb,
+                         max_workers=kwargs.get("max_workers", 2), sandbox_config=kwargs.get("sandbox_config")).score
+
+
+__all__ = ["compute_score", "evaluate_code", "extract_code", "stdout_matches", "CodeEvalResult"]
