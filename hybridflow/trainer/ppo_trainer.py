@@ -100,6 +100,7 @@ class PPOTrainer:
         if self.validator is not None and tcfg.val_before_train:
             self._validate()
             if tcfg.val_only:
+                self._finish()
                 return self.history
         prompts = self._prompt_stream()
         while self.global_steps < self.total_training_steps:
@@ -117,22 +118,38 @@ class PPOTrainer:
                     self.save_checkpoint()
             metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
             self._log(metrics)
-        if self.logger is not None:
-            self.logger.finish()
+        self._finish()
         return self.history
 
-    def _prompt_stream(self) -> Iterator[dict[str, Any]]:
-        """Prompt batches across epochs; ``self.epoch`` advances when an epoch's loader is exhausted.
+    def _finish(self) -> None:
+        if self.logger is None:
+            return
+        if self.config.trainer.report:
+            from hybridflow.tracking.report import write_report
 
-        The loader restores its own position on resume (``data.pt``), so a run stopped at the end of an
-        epoch starts the next one instead of training zero steps (verl issue #7401).
+            write_report(self.logger.output_dir, self.history.metrics, self.history.samples,
+                         title=f"{self.config.trainer.project_name}/{self.config.trainer.experiment_name}")
+        self.logger.finish()
+
+    def _prompt_stream(self) -> Iterator[dict[str, Any]]:
+        """Prompt batches across epochs, for as long as the step budget asks.
+
+        The loader owns the epoch counter and its position (``data.pt``): a run stopped right after the
+        last batch of an epoch resumes with the first batch of the next one instead of training zero steps
+        (verl issue #7401). ``self.epoch`` mirrors the loader's epoch for logging and the trainer state.
         """
-        while self.epoch < self.config.trainer.total_epochs or self.config.trainer.total_training_steps:
-            set_epoch = getattr(self.train_dataloader, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(self.epoch)
-            yield from self.train_dataloader
-            self.epoch += 1
+        while True:
+            produced = False
+            for batch_dict in self.train_dataloader:
+                produced = True
+                self.epoch = self._loader_epoch()
+                yield batch_dict
+            if not produced:
+                return
+
+    def _loader_epoch(self) -> int:
+        state_dict = getattr(self.train_dataloader, "state_dict", None)
+        return int(state_dict()["epoch"]) if callable(state_dict) else self.epoch
 
     # ------------------------------------------------------------------------------------------ step
     def train_step(self, prompts: Iterator[dict[str, Any]]) -> dict[str, float] | None:
@@ -215,6 +232,8 @@ class PPOTrainer:
         result = self.validator.run(self.global_steps)
         metrics = dict(result.metrics)
         self.history.samples.extend(result.samples)
+        if self.logger is not None and result.samples:
+            self.logger.log_generations(result.samples, step=self.global_steps)
         if log:
             metrics["timing_s/testing"] = time.perf_counter() - start
             self._log(metrics)

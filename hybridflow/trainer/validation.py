@@ -83,7 +83,7 @@ class Validator:
         if k <= 0:
             return []
         order = np.random.RandomState(self.seed).permutation(len(outputs))[:k]
-        return [{"step": step, "input": inputs[i], "output": outputs[i], "score": float(scores[i])} for i in order]
+        return [{"step": step, "prompt": inputs[i], "response": outputs[i], "score": float(scores[i])} for i in order]
 
 
 __all__ = ["ValidationResult", "Validator"]
