@@ -25,6 +25,7 @@ import torch
 __all__ = [
     "DataProto",
     "DataProtoFuture",
+    "FutureChunk",
     "TensorBatch",
     "BatchSizeError",
     "pad_dataproto_to_divisor",
@@ -373,16 +374,76 @@ class DataProtoFuture:
 
     Returned by non-blocking worker-group calls; passing it to another worker-group call
     resolves it there (the controller never has to wait in between).
+
+    * ``futures``     -- Ray object refs (or, on the in-process backend, already computed values)
+    * ``collect_fn``  -- ``list of outputs -> DataProto`` (concatenation, dropping auto-padding)
+    * ``dispatch_fn`` -- optional selection applied after collecting, e.g. a :class:`FutureChunk`
+      (``chunk()`` builds those so each rank of the next group resolves only its own part)
+    * ``resolve_fn``  -- optional ``list of futures -> list of values``; worker groups pass one that
+      turns remote failures into errors naming the role and rank. Defaults to ``ray.get``.
     """
 
     collect_fn: Any
     futures: list
     dispatch_fn: Any = None
+    resolve_fn: Any = None
 
     def get(self) -> DataProto:
-        import ray
+        return self.resolve()[0]
 
-        out = self.collect_fn(ray.get(self.futures))
+    def resolve(self) -> tuple[DataProto, int]:
+        """``(data, padded_rows)``: ``padded_rows`` counts trailing rows added by auto-padding."""
+        values = self.resolve_fn(self.futures) if self.resolve_fn is not None else _resolve_refs(self.futures)
+        out = self.collect_fn(values)
+        if self.dispatch_fn is None:
+            return out, 0
+        if isinstance(self.dispatch_fn, FutureChunk):
+            return self.dispatch_fn.select(out)
+        return self.dispatch_fn(out), 0
+
+    def chunk(self, chunks: int, auto_pad: bool = False) -> list["DataProtoFuture"]:
+        """One future per part; with ``auto_pad`` the data is padded to a multiple of ``chunks`` first."""
         if self.dispatch_fn is not None:
-            out = self.dispatch_fn(out)
-        return out
+            raise ValueError("DataProtoFuture.chunk: this future is already one part of a chunked future")
+        return [
+            DataProtoFuture(self.collect_fn, self.futures, FutureChunk(i, chunks, auto_pad), self.resolve_fn)
+            for i in range(chunks)
+        ]
+
+
+@dataclass(frozen=True)
+class FutureChunk:
+    """Part ``index`` of ``chunks`` equal parts of a future's value (padded first when ``auto_pad``)."""
+
+    index: int
+    chunks: int
+    auto_pad: bool = False
+
+    def select(self, data: DataProto) -> tuple[DataProto, int]:
+        """The part and how many of its trailing rows are padding (to drop from per-row outputs)."""
+        pad = 0
+        if self.auto_pad:
+            data, pad = data.pad_to_divisor(self.chunks)
+        part = data.chunk(self.chunks)[self.index]
+        real_rows = len(data) - pad
+        end = (self.index + 1) * len(part)
+        return part, max(0, min(len(part), end - real_rows))
+
+    def __call__(self, data: DataProto) -> DataProto:
+        return self.select(data)[0]
+
+
+def _resolve_refs(items: list) -> list:
+    """Replace Ray object refs by their values; other items (local backend results) pass through."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return list(items)
+    idx = [i for i, x in enumerate(items) if isinstance(x, ray.ObjectRef)]
+    if not idx:
+        return list(items)
+    out = list(items)
+    for i, v in zip(idx, ray.get([items[i] for i in idx])):
+        out[i] = v
+    return out
