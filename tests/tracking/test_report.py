@@ -1,0 +1,99 @@
+"""report.html: embedded PNG plots for the metrics that exist, last-metrics table, escaped samples, atomic write."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+from hybridflow.tracking.report import load_history, load_samples, write_report
+from hybridflow.tracking.tracking import Tracking
+
+
+def _history(n: int = 3) -> list[dict]:
+    hist = []
+    for step in range(1, n + 1):
+        hist.append({
+            "step": step,
+            "critic/score/mean": 0.1 * step,
+            "critic/rewards/mean": 0.1 * step,
+            "response_length/mean": 10.0 + step,
+            "actor/ppo_kl": 0.01 * step,
+            "actor/kl_loss": 0.02 * step,
+            "actor/entropy": 2.0 - 0.1 * step,
+            "perf/throughput": 500.0,
+            "timing_s/gen": 1.0,
+            "timing_s/step": 3.0,
+        })
+    hist[-1]["val-core/arith/acc/mean@4"] = 0.5
+    return hist
+
+
+def _images(text: str) -> dict[str, bytes]:
+    found = re.findall(r"<img alt='([^']+)' src='data:image/png;base64,([A-Za-z0-9+/=]+)'>", text)
+    return {alt: base64.b64decode(data) for alt, data in found}
+
+
+def test_report_plots_tables_and_escaped_samples(tmp_path):
+    samples = [
+        {"step": 3, "prompt": "What is 2<3? <script>alert('x')</script>", "response": "yes & <b>sure</b>", "score": 1.0},
+        {"step": 3, "prompt": "plain", "response": "text", "score": 0.0},
+    ]
+    path = write_report(tmp_path, _history(), samples, summary={"accuracy before": 0.1, "accuracy after": 0.6})
+    assert path == tmp_path / "report.html"
+    text = path.read_text()
+    images = _images(text)
+    assert set(images) == {"Score and reward", "Response length", "KL", "Entropy", "Throughput", "Time per stage", "Validation"}
+    assert all(png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000 for png in images.values())
+    assert "<script>alert" not in text and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in text
+    assert "yes &amp; &lt;b&gt;sure&lt;/b&gt;" in text
+    assert "accuracy after" in text and "0.6" in text
+    # last-metrics table: every metric with its last value
+    assert "<td>val-core/arith/acc/mean@4</td><td>3</td><td>0.5</td>" in text
+    assert "<td>actor/entropy</td><td>3</td><td>1.7</td>" in text
+    assert [p.name for p in tmp_path.iterdir()] == ["report.html"]  # no temp file left behind
+
+
+def test_report_with_one_step_and_missing_metrics(tmp_path):
+    path = write_report(tmp_path, [{"step": 5, "critic/score/mean": 0.3}], [])
+    text = path.read_text()
+    assert set(_images(text)) == {"Score and reward"}
+    assert "No sample generations" in text
+    # nothing at all still gives a valid page
+    empty = write_report(tmp_path / "empty", [], []).read_text()
+    assert "No plottable metrics" in empty and empty.rstrip().endswith("</html>")
+
+
+def test_report_overwrites_atomically(tmp_path):
+    write_report(tmp_path, [{"step": 1, "actor/entropy": 1.0}], [])
+    write_report(tmp_path, [{"step": 1, "actor/entropy": 1.0}, {"step": 2, "actor/entropy": 0.9}], [])
+    assert "steps 1–2" in (tmp_path / "report.html").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
+
+
+def test_load_history_merges_steps_and_skips_torn_last_line(tmp_path):
+    f = tmp_path / "metrics.jsonl"
+    lines = [
+        json.dumps({"step": 1, "critic/score/mean": 0.1}),
+        json.dumps({"step": 2, "critic/score/mean": 0.2}),
+        json.dumps({"step": 2, "val-core/a/acc/mean@1": 0.7}),  # validation logged separately for the same step
+        '{"step": 3, "critic/sc',  # a run killed mid-write
+    ]
+    f.write_text("\n".join(lines))
+    hist = load_history(f)
+    assert hist == [
+        {"step": 1, "critic/score/mean": 0.1},
+        {"step": 2, "critic/score/mean": 0.2, "val-core/a/acc/mean@1": 0.7},
+    ]
+
+
+def test_tracking_file_backend_to_report_end_to_end(tmp_path):
+    with Tracking("p", "e", ["file"], output_dir=tmp_path) as tr:
+        for step in (1, 2):
+            tr.log({"critic/score/mean": 0.5 * step, "actor/entropy": 1.0 / step, "lr": 1e-6}, step=step)
+        tr.log_generations([{"prompt": "1+2=", "response": "3", "score": 1.0}], step=3)
+    hist = load_history(tmp_path / "metrics.jsonl")
+    assert hist == tr.history
+    samples = load_samples(tmp_path / "generations.jsonl")
+    text = write_report(tmp_path, hist, samples).read_text()
+    assert "1+2=" in text and set(_images(text)) == {"Score and reward", "Entropy"}
