@@ -173,7 +173,8 @@ class PPOTrainer:
                 with timed("values", timing):
                     stages.compute_values(groups, batch)
             with timed("adv", timing):
-                metrics.update(stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl))
+                batch, adv_metrics = stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl)
+                metrics.update(adv_metrics)
             if plan.use_critic:
                 with timed("update_critic", timing):
                     metrics.update(stages.update_critic(groups, batch))
@@ -216,6 +217,7 @@ class PPOTrainer:
         plan = self.plan
         rollout_cfg = self.config.actor_rollout_ref.rollout
         meta = {"do_sample": bool(rollout_cfg.do_sample), "validate": False, "global_steps": self.global_steps + 1}
+        prompts.meta_info["global_steps"] = self.global_steps + 1
         with timed("gen", timing):
             batch = stages.generate(self.groups, prompts, plan.n, meta)
         if plan.remax_baseline:

@@ -210,8 +210,11 @@ def compute_values(groups: WorkerGroups, batch: DataProto) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- advantage
-def compute_advantages(batch: DataProto, algorithm_config, plan: StepPlan, kl_ctrl) -> dict[str, float]:
-    """``token_level_rewards`` (scores minus the KL penalty when KL is in the reward) then advantages/returns."""
+def compute_advantages(batch: DataProto, algorithm_config, plan: StepPlan, kl_ctrl) -> tuple[DataProto, dict[str, float]]:
+    """``token_level_rewards`` (scores minus the KL penalty when KL is in the reward) then advantages/returns.
+
+    Returns the batch to continue with: PF-PPO (``algorithm.use_pf_ppo``) resamples it.
+    """
     from hybridflow.algorithms import apply_kl_penalty, compute_advantage
 
     metrics: dict[str, float] = {}
@@ -220,7 +223,8 @@ def compute_advantages(batch: DataProto, algorithm_config, plan: StepPlan, kl_ct
         metrics.update(kl_metrics)
     else:
         batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-    compute_advantage(
+    batch.meta_info.setdefault("global_steps", 0)
+    batch = compute_advantage(
         batch,
         adv_estimator=algorithm_config.adv_estimator,
         gamma=algorithm_config.gamma,
@@ -229,7 +233,7 @@ def compute_advantages(batch: DataProto, algorithm_config, plan: StepPlan, kl_ct
         norm_adv_by_std_in_grpo=algorithm_config.norm_adv_by_std_in_grpo,
         config=algorithm_config,
     )
-    return metrics
+    return batch, metrics
 
 
 # ---------------------------------------------------------------------------------------------- updates

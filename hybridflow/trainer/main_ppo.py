@@ -1,0 +1,172 @@
+"""verl-compatible entry point: ``python -m hybridflow.trainer.main_ppo key=value ...``.
+
+``run_ppo(config)`` wires one run: Ray (a lean local instance unless ``ray_kwargs.ray_init.address`` names a
+cluster) or the in-process ``local`` backend, the resource pool (``trainer.nnodes x trainer.n_gpus_per_node``
+devices; on CPU one process per "device" with one torch thread each so N workers never oversubscribe N
+cores), the worker groups (actor+rollout+ref colocated in one process per device; critic and reward model
+as their own groups on the same pool), tokenizer, datasets, reward managers -- then ``PPOTrainer.fit()``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from hybridflow.trainer.ppo_trainer import PPOTrainer, RunHistory, resolve_total_training_steps
+from hybridflow.trainer.stages import WorkerGroups
+
+
+@dataclass
+class Runtime:
+    """What ``build_runtime`` created; ``close()`` releases worker groups, reward pools and Ray."""
+
+    groups: WorkerGroups
+    n_devices: int
+    dp_size: int
+    _closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        while self._closers:
+            closer = self._closers.pop()
+            try:
+                closer()
+            except Exception as e:  # noqa: BLE001 - shutting down; report and keep closing the rest
+                print(f"hybridflow: warning: shutdown step failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+def resolve_device(config) -> str:
+    """``trainer.device``: ``auto`` picks cuda when torch sees a GPU, else cpu."""
+    wanted = config.trainer.device
+    if wanted == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu (or auto)")
+    return wanted
+
+
+def _actor_role(config) -> str:
+    return "actor_rollout_ref" if config.use_reference_policy else "actor_rollout"
+
+
+def build_runtime(config, tokenizer=None) -> Runtime:
+    """Start the backend and the role worker groups; ``init_model`` runs actor last (as verl)."""
+    from hybridflow.controller import ClassWithInitArgs, create_resource_pool, create_worker_group
+    from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+
+    tcfg = config.trainer
+    backend = tcfg.backend
+    use_gpu = resolve_device(config) == "cuda"
+    closers: list[Callable[[], None]] = []
+    if backend == "ray":
+        from hybridflow.controller import init_ray
+
+        import ray
+
+        started_here = not ray.is_initialized()
+        init_ray(dict(config.ray_kwargs.ray_init))
+        if started_here:
+            closers.append(ray.shutdown)
+    process_on_nodes = [1] if backend == "local" else [tcfg.n_gpus_per_node] * tcfg.nnodes
+    roles_in_pool = 1 + int(config.use_critic) + int(config.reward_model.enable)
+    pool_kwargs: dict[str, Any] = {} if backend == "local" else {"max_colocate_count": roles_in_pool}
+    pool = create_resource_pool(backend, process_on_nodes, use_gpu=use_gpu, **pool_kwargs)
+    release = getattr(pool, "release", None)
+    if callable(release):
+        closers.append(release)
+
+    def group(cls, role, *args):
+        wg = create_worker_group(backend, pool, ClassWithInitArgs(cls, *args), role=role)
+        closers.append(wg.shutdown)
+        return wg
+
+    critic = group(CriticWorker, "critic", config.critic) if config.use_critic else None
+    rm = group(RewardModelWorker, "reward_model", config.reward_model) if config.reward_model.enable else None
+    actor = group(ActorRolloutRefWorker, "actor_rollout", config.actor_rollout_ref, _actor_role(config))
+    for wg in (critic, rm, actor):
+        if wg is not None:
+            wg.init_model()
+    groups = WorkerGroups(actor_rollout=actor, ref=actor if config.use_reference_policy else None,
+                          critic=critic, reward_model=rm)
+    return Runtime(groups=groups, n_devices=pool.world_size, dp_size=pool.world_size, _closers=closers)
+
+
+def build_data(config, tokenizer):
+    """Train / validation datasets and loaders (``data.*``); validation is skipped without ``val_files``."""
+    from hybridflow.data.loaders import create_train_dataloader, create_val_dataloader
+    from hybridflow.data.rl_dataset import create_rl_dataset
+
+    train = create_rl_dataset(config.data.train_files, config.data, tokenizer, is_train=True)
+    train_loader = create_train_dataloader(train, config.data)
+    val_loader = None
+    if config.data.val_files:
+        val = create_rl_dataset(config.data.val_files, config.data, tokenizer, is_train=False)
+        val_loader = create_val_dataloader(val, config.data)
+    return train_loader, val_loader
+
+
+def build_reward_fns(config, tokenizer):
+    """Training manager (``num_examine=0``) and validation manager (``num_examine=1``), as verl."""
+    from hybridflow.rewards import load_reward_manager
+
+    train_fn = load_reward_manager(config, tokenizer, num_examine=0)
+    val_fn = load_reward_manager(config, tokenizer, num_examine=1)
+    return train_fn, val_fn
+
+
+def build_logger(config, total_steps: int):
+    from hybridflow.config import config_to_dict
+    from hybridflow.tracking import Tracking
+
+    tcfg = config.trainer
+    return Tracking(project_name=tcfg.project_name, experiment_name=tcfg.experiment_name,
+                    default_backend=tcfg.logger, config=config_to_dict(config), total_steps=total_steps)
+
+
+def load_tokenizer_for(config):
+    from hybridflow.engine.model_loader import load_tokenizer
+
+    model = config.actor_rollout_ref.model
+    return load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template,
+                          field="actor_rollout_ref.model.path")
+
+
+def run_ppo(config) -> None:
+    """verl's entry: one training run from a loaded ``PPOConfig`` (see ``train_ppo`` for the history)."""
+    train_ppo(config)
+
+
+def train_ppo(config, logger=None) -> RunHistory:
+    """One training run; returns the metrics history (also sent to ``logger`` / ``trainer.logger``)."""
+    torch.manual_seed(config.trainer.seed)
+    tokenizer = load_tokenizer_for(config)
+    train_loader, val_loader = build_data(config, tokenizer)
+    # The workers' LR schedules need the horizon at construction time.
+    total = resolve_total_training_steps(config, len(train_loader))
+    reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
+    runtime = None
+    try:
+        runtime = build_runtime(config, tokenizer)
+        if logger is None:
+            logger = build_logger(config, total)
+        trainer = PPOTrainer(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn, val_reward_fn,
+                             logger=logger, n_devices=runtime.n_devices, dp_size=runtime.dp_size)
+        return trainer.fit()
+    finally:
+        for fn in (reward_fn, val_reward_fn):
+            fn.close()
+        if runtime is not None:
+            runtime.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from hybridflow.cli import load_trainer_config
+
+    config, _ = load_trainer_config(list(sys.argv[1:] if argv is None else argv))
+    run_ppo(config)
+
+
+if __name__ == "__main__":
+    main()
