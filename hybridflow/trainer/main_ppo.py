@@ -138,7 +138,7 @@ def run_ppo(config) -> None:
     train_ppo(config)
 
 
-def train_ppo(config, logger=None) -> RunHistory:
+def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None) -> RunHistory:
     """One training run; returns the metrics history (also sent to ``logger`` / ``trainer.logger``)."""
     torch.manual_seed(config.trainer.seed)
     tokenizer = load_tokenizer_for(config)
@@ -153,7 +153,7 @@ def train_ppo(config, logger=None) -> RunHistory:
             logger = build_logger(config, total)
         trainer = PPOTrainer(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn, val_reward_fn,
                              logger=logger, n_devices=runtime.n_devices, dp_size=runtime.dp_size)
-        return trainer.fit()
+        return trainer.fit(should_stop=should_stop)
     finally:
         for fn in (reward_fn, val_reward_fn):
             fn.close()

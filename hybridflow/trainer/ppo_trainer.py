@@ -93,8 +93,12 @@ class PPOTrainer:
                                        trainer_cfg.log_val_generations, seed=trainer_cfg.seed)
 
     # ------------------------------------------------------------------------------------------ loop
-    def fit(self) -> RunHistory:
-        """Train until ``total_training_steps``; validation and checkpoints at their frequencies."""
+    def fit(self, should_stop: Callable[[], bool] | None = None) -> RunHistory:
+        """Train until ``total_training_steps``; validation and checkpoints at their frequencies.
+
+        ``should_stop`` (checked after each step) ends the run early, e.g. on a wall-clock budget; the step
+        it stops after is treated as the last one (validated and saved).
+        """
         tcfg = self.config.trainer
         self.load_checkpoint()
         if self.validator is not None and tcfg.val_before_train:
@@ -108,7 +112,7 @@ class PPOTrainer:
             if metrics is None:
                 break  # data exhausted (total_epochs reached)
             self.global_steps += 1
-            last = self.global_steps >= self.total_training_steps
+            last = self.global_steps >= self.total_training_steps or (should_stop is not None and should_stop())
             timing: dict[str, float] = {}
             if self.validator is not None and tcfg.test_freq > 0 and (last or self.global_steps % tcfg.test_freq == 0):
                 with timed("testing", timing):
@@ -118,6 +122,8 @@ class PPOTrainer:
                     self.save_checkpoint()
             metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
             self._log(metrics)
+            if last:
+                break
         self._finish()
         return self.history
 
