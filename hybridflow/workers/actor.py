@@ -1,0 +1,212 @@
+"""The data-parallel PPO actor: log-prob recomputation and the clipped policy-gradient update.
+
+One instance lives on every rank of the actor group and sees that rank's share of the batch.  The
+update follows PPO (Schulman et al. 2017, arXiv:1707.06347) as verl runs it:
+
+    for epoch in ppo_epochs:
+        for mini-batch of ppo_mini_batch_size prompts x rollout.n trajectories (split over DP ranks):
+            for micro-batch (fixed size or token budget):
+                loss = pg_loss - entropy_coeff * H + kl_loss_coef * KL(pi || pi_ref)
+                loss.backward()            # gradients accumulate over micro-batches
+            clip grad norm, optimizer step (skipped when the norm is not finite)
+    lr_scheduler.step()
+
+Every term is aggregated with the mini-batch's *global* token/sequence counts (summed over
+micro-batches and all-reduced over ranks, see ``algorithms/aggregation.py``), so the gradient does
+not depend on how rows were split into micro-batches or ranks.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from hybridflow.algorithms.aggregation import agg_loss, check_loss_agg_mode, count_loss_normalizers
+from hybridflow.algorithms.kl import kl_penalty
+from hybridflow.algorithms.loss_config import with_global_batch_info
+from hybridflow.algorithms.registries import get_policy_loss_fn
+from hybridflow.engine.forward import response_log_probs
+from hybridflow.engine.train_engine import TrainEngine
+from hybridflow.protocol import DataProto
+from hybridflow.workers.micro_batching import (
+    MicroBatchSpec,
+    gather_in_order,
+    normalize_mini_batch_size,
+    split_micro_batches,
+)
+
+__all__ = ["PPOActor", "NonFiniteGradientError", "compute_log_prob"]
+
+_MODEL_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
+
+
+class NonFiniteGradientError(RuntimeError):
+    """Too many consecutive optimizer steps were skipped because gradients were inf/nan."""
+
+
+def compute_log_prob(
+    engine: TrainEngine,
+    data: DataProto,
+    spec: MicroBatchSpec,
+    temperature: float,
+    calculate_entropy: bool,
+    use_remove_padding: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """No-grad log-probs (B, R) and optional entropies of the response tokens with ``engine``'s module.
+
+    Shared by the actor (``old_log_probs``) and the reference policy (``ref_log_prob``).
+    """
+    module = engine.module
+    batch = data.select(batch_keys=list(_MODEL_KEYS))
+    micro_batches, parts = split_micro_batches(batch, spec)
+    log_probs, entropies = [], []
+    was_training = module.training
+    module.eval()
+    with torch.no_grad(), engine.on_device():
+        for mb in micro_batches:
+            lp, ent = response_log_probs(module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding)
+            log_probs.append(lp.float().cpu())
+            if calculate_entropy:
+                entropies.append(ent.float().cpu())
+    module.train(was_training)
+    entropy = gather_in_order(entropies, parts) if calculate_entropy else None
+    return gather_in_order(log_probs, parts), entropy
+
+
+def _mini_batch_seed(base: int, global_step: int, epoch: int) -> int:
+    return (int(base) * 1_000_003 + int(global_step) * 1009 + int(epoch)) % (2**63 - 1)
+
+
+class PPOActor:
+    """PPO actor over a ``TrainEngine`` (``config`` is an ``ActorConfig``)."""
+
+    def __init__(self, config: Any, engine: TrainEngine, use_remove_padding: bool, rollout_n: int = 1):
+        self.config = config
+        self.engine = engine
+        self.use_remove_padding = bool(use_remove_padding)
+        check_loss_agg_mode(config.loss_agg_mode)
+        self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+        self.mini_batch_size = normalize_mini_batch_size(
+            config.ppo_mini_batch_size, rollout_n, engine.dp_size, "actor_rollout_ref.actor.ppo_mini_batch_size"
+        )
+        self.update_spec = MicroBatchSpec(
+            use_dynamic_bsz=bool(config.use_dynamic_bsz),
+            micro_batch_size=config.ppo_micro_batch_size_per_gpu,
+            max_token_len=int(config.ppo_max_token_len_per_gpu),
+            field="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        )
+        if not config.use_dynamic_bsz and not config.ppo_micro_batch_size_per_gpu:
+            raise ValueError(
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must be set when use_dynamic_bsz=false "
+                "(or enable actor_rollout_ref.actor.use_dynamic_bsz with ppo_max_token_len_per_gpu)"
+            )
+        self._skipped_in_a_row = 0
+
+    # ------------------------------------------------------------------ log-probs
+    def compute_log_prob(
+        self, data: DataProto, spec: MicroBatchSpec, temperature: float, calculate_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of ``data``'s response tokens, in ``data``'s row order."""
+        return compute_log_prob(self.engine, data, spec, temperature, calculate_entropy, self.use_remove_padding)
+
+    # ------------------------------------------------------------------ update
+    def update_policy(self, data: DataProto) -> dict[str, list[float]]:
+        """PPO epochs over mini-batches of ``data``; returns verl-named metrics (lists, one per step)."""
+        cfg = self.config
+        temperature = float(data.meta_info["temperature"])
+        keys = list(_MODEL_KEYS) + ["response_mask", "old_log_probs", "advantages"]
+        if cfg.use_kl_loss:
+            if "ref_log_prob" not in data.batch:
+                raise KeyError("actor.use_kl_loss=true needs 'ref_log_prob' in the batch; compute it with the ref worker")
+            keys.append("ref_log_prob")
+        if "rollout_is_weights" in data.batch:
+            keys.append("rollout_is_weights")
+        batch = data.select(batch_keys=keys)
+        global_step = int(data.meta_info.get("global_steps", 0))
+        metrics: dict[str, list[float]] = defaultdict(list)
+        module = self.engine.module
+        module.train()
+        with self.engine.on_device(with_optimizer=True):
+            for epoch in range(int(cfg.ppo_epochs)):
+                if cfg.shuffle:
+                    gen = torch.Generator().manual_seed(_mini_batch_seed(cfg.data_loader_seed, global_step, epoch))
+                    batch_e = batch.select_idxs(torch.randperm(len(batch), generator=gen))
+                else:
+                    batch_e = batch
+                for mini_batch in batch_e.split(self.mini_batch_size):
+                    self._train_mini_batch(mini_batch, temperature, metrics)
+        metrics["actor/lr"].append(self.engine.lr_scheduler_step())
+        return dict(metrics)
+
+    def _global_normalizers(self, micro_batches: list[DataProto]) -> dict[str, int]:
+        tokens, seqs = 0, 0
+        for mb in micro_batches:
+            counts = count_loss_normalizers(mb.batch["response_mask"])
+            tokens += counts["global_token_num"]
+            seqs += counts["global_batch_size"]
+        tokens, seqs = self.engine.all_reduce_sum([float(tokens), float(seqs)])
+        return {"global_token_num": int(tokens), "global_batch_size": int(seqs)}
+
+    def _train_mini_batch(self, mini_batch: DataProto, temperature: float, metrics: dict[str, list[float]]) -> None:
+        cfg = self.config
+        micro_batches, _ = split_micro_batches(mini_batch, self.update_spec)
+        normalizers = self._global_normalizers(micro_batches)
+        view = with_global_batch_info(
+            cfg, loss_scale_factor=cfg.loss_scale_factor, dp_size=self.engine.dp_size, **normalizers
+        )
+        agg = {k: v for k, v in view.global_batch_info.items() if v is not None}
+        want_entropy = bool(cfg.entropy_coeff != 0 or cfg.calculate_entropy)
+        sums: dict[str, float] = defaultdict(float)
+        per_micro: dict[str, list[float]] = defaultdict(list)
+        self.engine.zero_grad()
+        for mb in micro_batches:
+            b = mb.batch.to(self.engine.device)
+            mask = b["response_mask"]
+            log_prob, entropy = response_log_probs(
+                self.engine.module, b, temperature, want_entropy, self.use_remove_padding
+            )
+            pg_loss, pg_metrics = self.policy_loss_fn(
+                b["old_log_probs"], log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, b.get("rollout_is_weights")
+            )
+            loss = pg_loss
+            sums["actor/pg_loss"] += float(pg_loss.detach())
+            if want_entropy:
+                entropy_term = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
+                sums["actor/entropy"] += float(entropy_term.detach())
+                if cfg.entropy_coeff != 0:
+                    loss = loss - cfg.entropy_coeff * entropy_term
+            if cfg.use_kl_loss:
+                kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.kl_loss_type)
+                kl_term = agg_loss(kld, mask, cfg.loss_agg_mode, **agg)
+                loss = loss + cfg.kl_loss_coef * kl_term
+                sums["actor/kl_loss"] += float(kl_term.detach())
+            loss.backward()
+            for name, value in pg_metrics.items():
+                per_micro[name].append(float(value))
+        step = self.engine.optimizer_step(cfg.grad_clip)
+        self._track_skips(step.stepped, step.grad_norm)
+        # Micro-batch terms carry global normalisers x dp_size: their sum on a rank, averaged over
+        # ranks (the trainer's mean of the collected lists), is the mini-batch value.
+        for name, total in sums.items():
+            metrics[name].append(total)
+        for name, values in per_micro.items():
+            metrics[name].append(sum(values) / len(values))
+        if cfg.use_kl_loss:
+            metrics["actor/kl_coef"].append(float(cfg.kl_loss_coef))
+        metrics["actor/grad_norm"].append(step.grad_norm)
+        metrics["actor/nonfinite_grad_skipped"].append(0.0 if step.stepped else 1.0)
+
+    def _track_skips(self, stepped: bool, grad_norm: float) -> None:
+        if stepped:
+            self._skipped_in_a_row = 0
+            return
+        self._skipped_in_a_row += 1
+        limit = int(self.config.max_consecutive_skipped_steps)
+        if limit > 0 and self._skipped_in_a_row >= limit:
+            raise NonFiniteGradientError(
+                f"the actor's gradient norm was {grad_norm} for {self._skipped_in_a_row} optimizer steps in a row, "
+                "so those steps were skipped; lower actor.optim.lr, check rewards/advantages for inf/nan, or raise "
+                "actor_rollout_ref.actor.max_consecutive_skipped_steps (0 disables the abort)"
+            )

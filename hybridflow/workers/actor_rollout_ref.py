@@ -1,0 +1,232 @@
+"""``ActorRolloutRefWorker``: the policy in its three roles, colocated in one SPMD worker.
+
+``role`` is one of ``actor``, ``rollout``, ``ref``, ``actor_rollout``, ``actor_rollout_ref``.  When the
+role holds both actor and rollout this is the *hybrid engine* of HybridFlow (Sheng et al. 2024,
+arXiv:2409.19256): the ``hf`` rollout engine generates with the very ``nn.Module`` the actor trains,
+so after every update the rollout already sees the new weights -- nothing is copied.  With FSDP over
+several ranks the module is unsharded once for the whole generation (``TrainEngine.full_params``).
+
+The reference policy is a separate frozen model, or -- when the actor trains LoRA adapters -- the
+actor itself with its adapters disabled (no second copy of the base weights).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Any
+
+import torch
+
+from hybridflow.algorithms.masked import masked_mean
+from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.engine.checkpoint import load_engine_checkpoint, save_engine_checkpoint
+from hybridflow.engine.model_loader import (
+    apply_lora,
+    enable_gradient_checkpointing,
+    load_causal_lm,
+    load_tokenizer,
+)
+from hybridflow.engine.train_engine import TrainEngine
+from hybridflow.protocol import DataProto
+from hybridflow.workers.actor import PPOActor, compute_log_prob
+from hybridflow.workers.micro_batching import MicroBatchSpec
+
+__all__ = ["ActorRolloutRefWorker", "ROLES"]
+
+ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+
+
+def _import_external_lib(name: str | None) -> None:
+    """``model.external_lib``: a module whose import registers custom HF architectures."""
+    if name:
+        importlib.import_module(name)
+
+
+def rollout_probs_diff(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Train/rollout mismatch: |p_rollout - p_actor| over response tokens (verl's ``training/rollout_probs_diff_*``)."""
+    diff = (rollout_log_probs.exp() - old_log_probs.exp()).abs()
+    valid = diff[mask.bool()]
+    return {
+        "training/rollout_probs_diff_mean": float(masked_mean(diff, mask)),
+        "training/rollout_probs_diff_max": float(valid.max()) if valid.numel() else 0.0,
+    }
+
+
+class ActorRolloutRefWorker(Worker):
+    """Actor / rollout / reference worker built from an ``ActorRolloutRefConfig``."""
+
+    def __init__(self, config: Any, role: str):
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"ActorRolloutRefWorker role must be one of {ROLES}, got {role!r}")
+        self.config = config
+        self.role = role
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref")
+        if self.world_size > 1:
+            self.init_distributed(timeout_s=float(config.nccl_timeout))
+        for mesh in ("actor", "rollout", "ref"):
+            self._register_dispatch_collect_info(mesh, dp_rank=self.rank, is_collect=True)
+        self.tokenizer = None
+        self.actor_engine: TrainEngine | None = None
+        self.actor: PPOActor | None = None
+        self.ref_engine: TrainEngine | None = None
+        self.rollout_engine = None
+        self._lora = int(config.model.lora_rank) > 0
+
+    # ------------------------------------------------------------------ construction
+    def _load_policy_module(self, fsdp_config, trainable: bool):
+        mc = self.config.model
+        module = load_causal_lm(
+            mc.path, dtype=fsdp_config.model_dtype, trust_remote_code=mc.trust_remote_code,
+            override_config=mc.override_config, field="actor_rollout_ref.model.path",
+        )
+        if trainable and self._lora:
+            module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, mc.exclude_modules)
+        if trainable and mc.enable_gradient_checkpointing:
+            enable_gradient_checkpointing(module)
+        if not trainable:
+            module.requires_grad_(False)
+        return module
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_training_steps: int | None = None) -> None:
+        """Load tokenizer and models, shard them, build optimizer/schedule and the rollout engine."""
+        mc = self.config.model
+        _import_external_lib(mc.external_lib)
+        self.tokenizer = load_tokenizer(
+            mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
+            field="actor_rollout_ref.model.tokenizer_path",
+        )
+        torch.manual_seed(int(self.config.actor.fsdp_config.seed))
+        if self._is_actor:
+            ac = self.config.actor
+            module = self._load_policy_module(ac.fsdp_config, trainable=True)
+            self.actor_engine = TrainEngine(module, ac.fsdp_config, ac.optim, total_training_steps, role="actor")
+            self.actor = PPOActor(ac, self.actor_engine, mc.use_remove_padding, rollout_n=self.config.rollout.n)
+        if self._is_ref and not (self._lora and self._is_actor):
+            module = self._load_policy_module(self.config.ref.fsdp_config, trainable=False)
+            self.ref_engine = TrainEngine(module, self.config.ref.fsdp_config, None, role="ref")
+        if self._is_rollout:
+            self._build_rollout()
+
+    def _build_rollout(self) -> None:
+        from hybridflow.rollout import SamplingParams, create_rollout_engine
+
+        rc = self.config.rollout
+        if rc.name not in ("hf", "???", None):
+            raise ValueError(
+                f"actor_rollout_ref.rollout.name={rc.name!r}: the colocated ActorRolloutRefWorker drives the 'hf' "
+                "engine; vllm/sglang run as separate rollout servers"
+            )
+        if self.actor_engine is None:  # rollout-only role: a frozen copy to generate with
+            module = self._load_policy_module(self.config.actor.fsdp_config, trainable=False)
+            self.actor_engine = TrainEngine(module, self.config.actor.fsdp_config, None, role="rollout")
+        eos = self.tokenizer.eos_token_id
+        self.rollout_engine = create_rollout_engine(
+            "hf", model=self.actor_engine.module, tokenizer=self.tokenizer,
+            max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank,
+        )
+        eos_ids = [eos] if eos is not None else []
+        self.sampling = SamplingParams.from_rollout_config(rc, eos_token_ids=eos_ids)
+        self.val_sampling = SamplingParams.from_rollout_config(rc, validate=True, eos_token_ids=eos_ids)
+
+    # ------------------------------------------------------------------ rollout
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Generate ``rollout.n`` responses per prompt with the actor's current weights."""
+        from hybridflow.rollout import generate_sequences
+
+        if self.rollout_engine is None:
+            raise RuntimeError(f"generate_sequences needs a role with 'rollout' (this worker is {self.role!r})")
+        start = time.perf_counter()
+        with self.actor_engine.full_params():
+            out = generate_sequences(
+                self.rollout_engine, prompts, self.sampling, self.tokenizer.pad_token_id, self.val_sampling
+            )
+        out.meta_info.setdefault("timing", {})["gen"] = time.perf_counter() - start
+        return out
+
+    # ------------------------------------------------------------------ log-probs
+    def _temperature(self, data: DataProto) -> float:
+        return float(data.meta_info.get("temperature", self.config.rollout.temperature))
+
+    def _log_prob_spec(self, node: Any, field: str) -> MicroBatchSpec:
+        return MicroBatchSpec(
+            use_dynamic_bsz=bool(node.log_prob_use_dynamic_bsz),
+            micro_batch_size=node.log_prob_micro_batch_size_per_gpu,
+            max_token_len=int(node.log_prob_max_token_len_per_gpu),
+            field=f"{field}.log_prob_micro_batch_size_per_gpu",
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` and ``entropys`` of the responses under the current actor (temperature-scaled)."""
+        if self.actor is None:
+            raise RuntimeError(f"compute_log_prob needs a role with 'actor' (this worker is {self.role!r})")
+        temperature = self._temperature(data)
+        spec = self._log_prob_spec(self.config.rollout, "actor_rollout_ref.rollout")
+        log_probs, entropy = self.actor.compute_log_prob(data, spec, temperature, calculate_entropy=True)
+        metrics: dict[str, float] = {}
+        if "rollout_log_probs" in data.batch:
+            metrics.update(rollout_probs_diff(data.batch["rollout_log_probs"], log_probs, data.batch["response_mask"]))
+        return DataProto.from_dict(
+            {"old_log_probs": log_probs, "entropys": entropy},
+            meta_info={"temperature": temperature, "metrics": metrics},
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob``: the frozen reference model, or the LoRA actor with adapters disabled."""
+        if not self._is_ref:
+            raise RuntimeError(f"compute_ref_log_prob needs a role with 'ref' (this worker is {self.role!r})")
+        temperature = self._temperature(data)
+        spec = self._log_prob_spec(self.config.ref, "actor_rollout_ref.ref")
+        use_rmpad = self.config.model.use_remove_padding
+        if self.ref_engine is None:  # LoRA: the base model is the actor without its adapters
+            with self.actor_engine.module.disable_adapter():
+                log_probs, _ = compute_log_prob(self.actor_engine, data, spec, temperature, False, use_rmpad)
+        else:
+            log_probs, _ = compute_log_prob(self.ref_engine, data, spec, temperature, False, use_rmpad)
+        return DataProto.from_dict({"ref_log_prob": log_probs}, meta_info={"temperature": temperature})
+
+    # ------------------------------------------------------------------ update
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """One PPO update on this rank's share; metrics in ``meta_info["metrics"]`` (verl names)."""
+        if self.actor is None:
+            raise RuntimeError(f"update_actor needs a role with 'actor' (this worker is {self.role!r})")
+        data.meta_info.setdefault("temperature", self.config.rollout.temperature)
+        start = time.perf_counter()
+        metrics: dict[str, Any] = self.actor.update_policy(data)
+        metrics["perf/update_actor_s"] = time.perf_counter() - start
+        return DataProto(meta_info={"metrics": metrics})
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep: int | None = None) -> None:
+        """Save the actor's shards under ``local_path`` (``global_step_N/actor``).
+
+        Keeping only the last ``max_ckpt_to_keep`` step folders is done by the trainer, which owns
+        the ``global_step_N`` directories; the argument is accepted for verl's call signature.
+        """
+        engine = self._checkpoint_engine()
+        save_engine_checkpoint(
+            engine, local_path, self.tokenizer, self.config.actor.checkpoint.save_contents,
+            field="actor_rollout_ref.actor.checkpoint.save_contents",
+        )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, del_local_after_load: bool = False) -> None:
+        engine = self._checkpoint_engine()
+        load_engine_checkpoint(
+            engine, local_path, self.config.actor.checkpoint.load_contents,
+            field="actor_rollout_ref.actor.checkpoint.load_contents",
+        )
+
+    def _checkpoint_engine(self) -> TrainEngine:
+        if self.actor_engine is None or self.actor is None:
+            raise RuntimeError(f"checkpoints are saved by the actor; this worker's role is {self.role!r}")
+        return self.actor_engine
