@@ -2,8 +2,8 @@
 
 Rule scorers are arbitrary user Python: they may raise, loop forever (a pathological regex, sympy on a huge
 expression) or crash the interpreter. ``concurrent.futures.ProcessPoolExecutor`` cannot cancel a running task,
-and a hung task blocks its worker for good, so we keep a small pool of our own: each worker is a *spawned*
-process (safe next to Ray, CUDA and OpenMP threads, unlike fork) fed one task at a time over a pipe; the
+and a hung task blocks its worker for good, so we keep a small pool of our own: each worker is a fresh
+interpreter (safe next to Ray, CUDA and OpenMP threads, unlike fork) fed one task at a time over a pipe; the
 supervisor waits with a deadline and kills + replaces a worker that overruns it. Worker start-up (imports,
 loading the user file) is not charged to any task.
 
@@ -13,7 +13,9 @@ interrupted (use it for debugging with breakpoints).
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import os
+import subprocess
+import sys
 import time
 import traceback
 import weakref
@@ -36,57 +38,53 @@ class TaskResult:
     error: str | None = None
 
 
-def _worker_main(conn: Connection, spec: ScoreFnSpec) -> None:
-    try:
-        fn = spec.resolve()
-    except BaseException:
-        conn.send(("init_error", traceback.format_exc()))
-        return
-    conn.send(("ready", None))
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        if msg is None:
-            return
-        idx, kwargs = msg
-        try:
-            value = call_score_fn(fn, kwargs)
-            conn.send((idx, OK, value))
-        except BaseException:
-            try:
-                conn.send((idx, ERROR, traceback.format_exc()))
-            except BaseException:  # the connection itself broke: nothing left to report to
-                return
-
-
 class _Worker:
-    def __init__(self, ctx, spec: ScoreFnSpec, start_timeout_s: float):
-        self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child, spec), daemon=True, name="hybridflow-reward")
-        self.proc.start()
-        child.close()
+    """One scoring process started with ``python -m hybridflow.rewards.worker_main`` over two OS pipes.
+
+    Not ``multiprocessing``'s spawn: that re-imports the user's ``__main__`` in the child, so a training
+    script without an ``if __name__ == "__main__"`` guard would start training again inside every worker.
+    """
+
+    def __init__(self, spec: ScoreFnSpec, start_timeout_s: float):
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hybridflow.rewards.worker_main", str(to_child_r), str(from_child_w)],
+            pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL,
+        )
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.send_conn = Connection(to_child_w, readable=False)
+        self.conn = Connection(from_child_r, writable=False)
+        self.send_conn.send(spec)
         if not self.conn.poll(start_timeout_s):
             self.kill()
             raise RuntimeError(f"reward worker did not start within {start_timeout_s:.0f}s")
-        kind, detail = self.conn.recv()
+        try:
+            kind, detail = self.conn.recv()
+        except EOFError:
+            kind, detail = "init_error", f"worker exited with code {self.proc.wait()}"
         if kind != "ready":
             self.kill()
             raise RuntimeError(f"reward worker failed to load the scoring function:\n{detail}")
 
+    def send(self, msg: Any) -> None:
+        self.send_conn.send(msg)
+
     def kill(self) -> None:
-        if self.proc.is_alive():
+        if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.join(timeout=5)
+        self.proc.wait(timeout=10)
+        self.send_conn.close()
         self.conn.close()
 
     def stop(self) -> None:
         try:
-            self.conn.send(None)
-        except (OSError, BrokenPipeError):
+            self.send_conn.send(None)
+            self.proc.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
             pass
-        self.proc.join(timeout=2)
         self.kill()
 
 
@@ -109,7 +107,6 @@ class ScoringPool:
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
         self._fn = spec.resolve()  # fail fast in the parent on a bad path / name
-        self._ctx = mp.get_context("spawn")
         self._workers: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _shutdown, self._workers)
 
@@ -120,7 +117,7 @@ class ScoringPool:
         if self.num_workers == 0:
             return [self._run_inline(kwargs) for kwargs in tasks]
         while len(self._workers) < min(self.num_workers, len(tasks)):
-            self._workers.append(_Worker(self._ctx, self.spec, self.start_timeout_s))
+            self._workers.append(_Worker(self.spec, self.start_timeout_s))
         results: list[TaskResult | None] = [None] * len(tasks)
         pending = deque(range(len(tasks)))
         busy: dict[int, tuple[int, float]] = {}  # worker slot -> (task index, deadline)
@@ -128,7 +125,7 @@ class ScoringPool:
             for slot in range(len(self._workers)):
                 if slot not in busy and pending:
                     idx = pending.popleft()
-                    self._workers[slot].conn.send((idx, tasks[idx]))
+                    self._workers[slot].send((idx, tasks[idx]))
                     busy[slot] = (idx, time.monotonic() + self.timeout_s)
             next_deadline = min(deadline for _, deadline in busy.values())
             ready = wait([self._workers[s].conn for s in busy], timeout=max(0.0, next_deadline - time.monotonic()))
@@ -153,11 +150,11 @@ class ScoringPool:
         try:
             _, status, payload = worker.conn.recv()
         except (EOFError, OSError):
-            code = worker.proc.exitcode
+            code = worker.proc.poll()
             self._replace(slot)
             return TaskResult(ERROR, error=f"reward worker process died (exit code {code}) while scoring")
         return TaskResult(OK, payload) if status == OK else TaskResult(ERROR, error=payload)
 
     def _replace(self, slot: int) -> None:
         self._workers[slot].kill()
-        self._workers[slot] = _Worker(self._ctx, self.spec, self.start_timeout_s)
+        self._workers[slot] = _Worker(self.spec, self.start_timeout_s)
