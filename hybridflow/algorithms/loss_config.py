@@ -106,11 +106,17 @@ def clip_range(config: Any) -> tuple[float, float]:
 
 
 def agg_kwargs(config: Any) -> dict[str, Any]:
-    """Keyword arguments for ``agg_loss`` carried by ``config.global_batch_info`` (empty when absent)."""
-    info = getattr(config, "global_batch_info", None) if config is not None else None
-    if info is None:
+    """Keyword arguments for ``agg_loss``: ``config.global_batch_info`` when the config carries it, plus
+    the actor's ``loss_scale_factor`` when that is set and the info does not override it."""
+    if config is None:
         return {}
+    info = getattr(config, "global_batch_info", None) or {}
     unknown = sorted(set(info) - set(NORMALIZER_KEYS))
     if unknown:
         raise ValueError(f"global_batch_info has unknown keys {unknown}; allowed: {', '.join(NORMALIZER_KEYS)}")
-    return {k: v for k, v in info.items() if v is not None}
+    kwargs = {k: v for k, v in info.items() if v is not None}
+    base = config.base if isinstance(config, GlobalBatchConfig) else config
+    if "loss_scale_factor" not in kwargs and base is not None and hasattr(base, "loss_scale_factor"):
+        if base.loss_scale_factor is not None:
+            kwargs["loss_scale_factor"] = base.loss_scale_factor
+    return kwargs

@@ -214,3 +214,13 @@ def test_global_batch_info_rejects_verl_key_with_hint():
         GlobalBatchConfig(actor_cfg(), {"batch_num_tokens": 3})
     view = with_global_batch_info(actor_cfg(clip_ratio=0.3), global_token_num=4)
     assert view.clip_ratio == 0.3 and view.global_batch_info["global_token_num"] == 4
+
+
+def test_actor_loss_scale_factor_is_honoured():
+    # Dr.GRPO aggregation: Σ_i Σ_t L / (N · loss_scale_factor); on-policy A = 1 → L = −1 on 2 tokens of 1 row
+    cfg = actor_cfg(loss_scale_factor=4.0)
+    loss, _, _ = run("vanilla", torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), mode="seq-mean-token-sum-norm", config=cfg)
+    assert loss.item() == pytest.approx(-2.0 / 4.0)
+    view = with_global_batch_info(cfg, global_batch_size=2, loss_scale_factor=8.0)  # explicit value wins
+    loss, _, _ = run("vanilla", torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), mode="seq-mean-token-sum-norm", config=view)
+    assert loss.item() == pytest.approx(-2.0 / (2 * 8.0))
