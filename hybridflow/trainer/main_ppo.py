@@ -54,7 +54,7 @@ def _actor_role(config) -> str:
 def build_runtime(config, tokenizer=None) -> Runtime:
     """Start the backend and the role worker groups; ``init_model`` runs actor last (as verl)."""
     from hybridflow.controller import ClassWithInitArgs, create_resource_pool, create_worker_group
-    from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+    from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
     tcfg = config.trainer
     backend = tcfg.backend
@@ -82,8 +82,15 @@ def build_runtime(config, tokenizer=None) -> Runtime:
         closers.append(wg.shutdown)
         return wg
 
-    critic = group(CriticWorker, "critic", config.critic) if config.use_critic else None
-    rm = group(RewardModelWorker, "reward_model", config.reward_model) if config.reward_model.enable else None
+    critic = rm = None
+    if config.use_critic:
+        from hybridflow.workers.critic import CriticWorker
+
+        critic = group(CriticWorker, "critic", config.critic)
+    if config.reward_model.enable:
+        from hybridflow.workers.reward_model import RewardModelWorker
+
+        rm = group(RewardModelWorker, "reward_model", config.reward_model)
     actor = group(ActorRolloutRefWorker, "actor_rollout", config.actor_rollout_ref, _actor_role(config))
     for wg in (critic, rm, actor):
         if wg is not None:

@@ -225,11 +225,13 @@ class PPOTrainer:
         meta = {"do_sample": bool(rollout_cfg.do_sample), "validate": False, "global_steps": self.global_steps + 1}
         prompts.meta_info["global_steps"] = self.global_steps + 1
         with timed("gen", timing):
-            batch = stages.generate(self.groups, prompts, plan.n, meta)
+            if plan.remax_baseline:
+                baseline_prompts = prompts.select(deepcopy=True)
+            batch = stages.generate(self.groups, prompts, meta)
         if plan.remax_baseline:
             with timed("gen_max", timing):
-                baselines = stages.generate_remax_baseline(self.groups, prompts, self.reward_fn, meta)
-            batch.batch["reward_baselines"] = baselines.repeat_interleave(plan.n)
+                baselines = stages.generate_remax_baseline(self.groups, baseline_prompts, self.reward_fn)
+            batch.batch["reward_baselines"] = baselines.repeat_interleave(len(batch) // len(baselines))
         with timed("reward", timing):
             metrics.update(stages.compute_reward(self.groups, batch, self.reward_fn, plan.use_rm))
         return batch

@@ -73,6 +73,14 @@ class StepPlan:
         reuse = bool(rollout.calculate_log_probs) and (
             one_mini_batch or bool(config.algorithm.rollout_correction.bypass_mode)
         )
+        remax = config.algorithm.adv_estimator == "remax"
+        vk = rollout.val_kwargs
+        if remax and (vk.do_sample and vk.temperature > 0):
+            raise ValueError(
+                "algorithm.adv_estimator=remax draws its greedy baseline with actor_rollout_ref.rollout.val_kwargs, "
+                f"which sample (do_sample={vk.do_sample}, temperature={vk.temperature}); set "
+                "actor_rollout_ref.rollout.val_kwargs.do_sample=false"
+            )
         return cls(
             n=int(rollout.n),
             use_critic=bool(config.use_critic),
@@ -80,7 +88,7 @@ class StepPlan:
             use_rm=bool(config.reward_model.enable),
             use_kl_in_reward=bool(config.algorithm.use_kl_in_reward),
             reuse_rollout_log_probs=reuse,
-            remax_baseline=config.algorithm.adv_estimator == "remax",
+            remax_baseline=remax,
             filter_groups=bool(config.algorithm.filter_groups.enable),
             critic_warmup=int(config.trainer.critic_warmup),
         )
@@ -126,25 +134,34 @@ def compute_response_mask(batch: DataProto) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- generate
-def generate(groups: WorkerGroups, batch: DataProto, n: int, meta: dict[str, Any]) -> DataProto:
-    """Repeat prompts ``n`` times (interleaved, so a group is contiguous) and sample one response per row."""
-    batch = batch.repeat(n, interleave=True)
+def generate(groups: WorkerGroups, batch: DataProto, meta: dict[str, Any]) -> DataProto:
+    """Sample responses; the rollout answers each prompt ``rollout.n`` times (``val_kwargs.n`` when validating).
+
+    Its rows come back interleaved (the n samples of a prompt adjacent), so the controller's copy of the
+    prompt batch is repeated the same way before the two are merged.
+    """
+    if len(batch) == 0:
+        raise ValueError("generate: the prompt batch is empty")
     gen_input = split_generation_input(batch)
     gen_input.meta_info.update(meta)
     output = groups.actor_rollout.generate_sequences(gen_input)
-    return merge_generation_output(batch, output)
+    n, rest = divmod(len(output), len(batch))
+    if rest or n < 1:
+        raise RuntimeError(f"the rollout returned {len(output)} rows for {len(batch)} prompts (not a multiple)")
+    return merge_generation_output(batch.repeat(n, interleave=True), output)
 
 
-def generate_remax_baseline(groups: WorkerGroups, prompts: DataProto, reward_fn: Callable, meta: dict[str, Any]) -> torch.Tensor:
+def generate_remax_baseline(groups: WorkerGroups, prompts: DataProto, reward_fn: Callable) -> torch.Tensor:
     """ReMax (Li et al. 2024, "ReMax", Alg. 1): reward of the greedy response of each prompt, a per-prompt baseline.
 
-    Returns one scalar per prompt; the caller repeats it ``n`` times as ``reward_baselines``.
+    The greedy sample is drawn with the rollout's validation sampling (``rollout.val_kwargs``), which
+    ``StepPlan`` checks is greedy.  Returns one scalar per prompt; the caller repeats it ``n`` times.
     """
-    greedy = prompts.select(deepcopy=False)
-    greedy.meta_info = dict(greedy.meta_info)
-    out = generate(groups, greedy, n=1, meta={**meta, "do_sample": False})
+    greedy = prompts.select()
+    out = generate(groups, greedy, meta={"validate": True})
     scored = reward_fn(out, return_dict=True)
-    return scored["reward_tensor"].sum(dim=-1)
+    per_row = scored["reward_tensor"].sum(dim=-1)
+    return per_row.view(len(prompts), -1).mean(dim=-1)
 
 
 # ---------------------------------------------------------------------------------------------- reward

@@ -49,10 +49,9 @@ class Validator:
         outputs: list[str] = []
         infos: dict[str, list[Any]] = {"reward": []}
         extra_cols: dict[str, list[Any]] = {}
-        n = int(self.val_kwargs.n)
         for batch_dict in self.dataloader:
             prompts = prompts_from_loader(batch_dict)
-            batch = generate(self.groups, prompts, n=n, meta=self.generation_meta())
+            batch = generate(self.groups, prompts, meta=self.generation_meta())
             result = self.reward_fn(batch, return_dict=True)
             scores = result["reward_tensor"].sum(-1).tolist()
             infos["reward"].extend(scores)
