@@ -51,3 +51,27 @@ def padded_reference_log_probs(model, batch: DataProto, temperature: float = 1.0
                    use_cache=False).logits
     logits = logits[:, -R - 1 : -1] / temperature
     return torch.log_softmax(logits.float(), -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+def make_update_batch(vocab_size: int, seed: int, rows: int = 8, prompt_len: int = 6, response_len: int = 5) -> DataProto:
+    """A rollout batch with random advantages and a sampling temperature, ready for update_actor."""
+    data = make_rollout_batch(vocab_size, batch_size=rows, prompt_len=prompt_len, response_len=response_len, seed=seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    data.batch["advantages"] = torch.randn(rows, response_len, generator=g)
+    data.meta_info["temperature"] = 0.9
+    return data
+
+
+def prompts_of(data: DataProto) -> DataProto:
+    """The left-padded prompt batch (what the dataloader gives the rollout) of a rollout batch."""
+    P = data.batch["prompts"].shape[1]
+    b = data.batch
+    return DataProto.from_dict(
+        {"input_ids": b["prompts"], "attention_mask": b["attention_mask"][:, :P], "position_ids": b["position_ids"][:, :P]}
+    )
+
+
+def run_update(worker, data: DataProto) -> dict:
+    """compute_log_prob -> update_actor on an ActorRolloutRefWorker; returns the update metrics."""
+    data = data.union(worker.compute_log_prob(data))
+    return worker.update_actor(data).meta_info["metrics"]
