@@ -142,7 +142,8 @@ def _relay_exit(pid):
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     return os.waitstatus_to_exitcode(status)
 
@@ -158,6 +159,10 @@ def _run_namespace(spec):
         except BaseException:
             _report_setup_error(spec)
         os._exit(SETUP_FAILED_EXIT)
+    # The host kills the init by this pid on timeout: the kernel then kills and reaps the whole namespace
+    # before our waitpid returns, so nothing outlives the host's call.
+    with open(os.path.join(spec["host_workdir"], "init.pid"), "w") as f:
+        f.write(str(pid))
     sys.exit(_relay_exit(pid))
 
 

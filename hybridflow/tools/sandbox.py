@@ -231,25 +231,50 @@ def _pump(proc: subprocess.Popen, stdin: bytes, deadline: float, out: _CappedBuf
         sel.close()
 
 
-def _wait_until(pid: int, deadline: float):
-    """``os.wait4`` with a deadline; None when the process is still running at the deadline."""
+def _exited_by(pid: int, deadline: float) -> bool:
+    """Wait (without reaping) until ``pid`` has exited or ``deadline`` passes; True when it exited.
+
+    Not reaping keeps the launcher a zombie, so its process-group id cannot be reused before we ``killpg`` it.
+    """
     delay = 0.001
     while True:
-        reaped = os.wait4(pid, os.WNOHANG)
-        if reaped[0] == pid:
-            return reaped
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if info is not None:
+            return True
         if time.monotonic() >= deadline:
-            return None
+            return False
         time.sleep(delay)
         delay = min(delay * 2, 0.02)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+def _stop(proc: subprocess.Popen, workdir: str) -> None:
+    """Kill a run that is still going (without reaping it).
+
+    In namespace mode the PID-namespace init is killed first: the kernel then kills every process of the
+    namespace and the launcher exits only after they are all gone. Killing the launcher's process group is
+    the fallback (and the whole story in audit mode, where the program *is* the launcher process).
+    """
+    try:
+        with open(os.path.join(workdir, "init.pid")) as f:
+            init_pid = int(f.read() or 0)
+    except (OSError, ValueError):
+        init_pid = 0
+    if init_pid > 0 and not _exited_by(proc.pid, 0):
         try:
-            kill()
-        except (ProcessLookupError, PermissionError):
+            os.kill(init_pid, signal.SIGKILL)
+        except ProcessLookupError:
             pass
+        if _exited_by(proc.pid, time.monotonic() + 5.0):
+            return
+    _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher's session/process group (the launcher leads it: ``start_new_session=True``)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _classify(returncode: int | None, timed_out: bool, cpu_s: float, cpu_limit: int, stderr: str) -> Status:
@@ -307,20 +332,20 @@ def _run_in(workdir: str, code: str, stdin: str, config: SandboxConfig, isolatio
         start_new_session=True, cwd=workdir, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
     )
     deadline = start + config.timeout_s
-    reaped = None
+    exited = False
     try:
         timed_out = _pump(proc, stdin.encode("utf-8"), deadline, out, err)
-        if not timed_out:  # pipes closed; the program may still run (it can close its own stdout)
-            reaped = _wait_until(proc.pid, deadline)
-            timed_out = reaped is None
+        # Pipes closed, but the program may still run (it can close its own stdout).
+        exited = not timed_out and _exited_by(proc.pid, deadline)
+        timed_out = not exited
     finally:
-        _kill_group(proc)
-        if reaped is None:
-            reaped = os.wait4(proc.pid, 0)
+        if not exited:
+            _stop(proc, workdir)
+        _kill_group(proc)  # stragglers of the group; safe: the unreaped launcher still holds the group id
+        _, status, usage = os.wait4(proc.pid, 0)
         for f in (proc.stdin, proc.stdout, proc.stderr):
             if not f.closed:
                 f.close()
-    _, status, usage = reaped
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.monotonic() - start
     setup_error = os.path.join(workdir, "setup_error.txt")
