@@ -85,7 +85,7 @@ class SamplingParams:
 
         Training uses ``temperature, top_p, top_k, n, do_sample``; validation (``validate=True``) uses
         ``val_kwargs.{temperature, top_p, top_k, n, do_sample}``.  Both use ``response_length`` as the
-        token budget and ``calculate_log_probs`` for the log-prob flag.
+        token budget, ``calculate_log_probs`` for the log-prob flag and ``ignore_eos``.
         """
         src = rollout.val_kwargs if validate else rollout
         return cls(
@@ -96,5 +96,6 @@ class SamplingParams:
             do_sample=bool(src.do_sample),
             max_tokens=int(rollout.response_length),
             stop_token_ids=tuple(int(t) for t in eos_token_ids),
+            ignore_eos=bool(rollout.ignore_eos),
             logprobs=bool(rollout.calculate_log_probs),
         )
