@@ -47,7 +47,7 @@ def _zero_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def _require(name: str, value, estimator: str):
     if value is None:
-        raise ValueError(f"advantage estimator '{estimator}' needs '{name}' (B, R) in the batch")
+        raise ValueError(f"advantage estimator '{estimator}' needs '{name}' in the batch")
     return value
 
 
@@ -55,11 +55,11 @@ def _require(name: str, value, estimator: str):
 @torch.no_grad()
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
     values: torch.Tensor | None = None,
-    config: Any = None,
+    response_mask: torch.Tensor | None = None,
     gamma: float | None = None,
     lam: float | None = None,
+    config: Any = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised Advantage Estimation (Schulman et al. 2015, arXiv 1506.02438), backwards in time:
@@ -69,10 +69,11 @@ def compute_gae_advantage_return(
     Masked positions inside a response (tool observations in multi-turn rollouts) are skipped: the
     "next" value and advantage are carried across them unchanged, so an action's advantage sees the
     next *action* token's value.  Advantages are then whitened over the batch
-    (``masked_whiten``: masked mean, unbiased masked variance).  ``gamma``/``lam`` keywords override
-    ``config`` (verl's old positional form).
+    (``masked_whiten``: masked mean, unbiased masked variance).  The positional order is verl's;
+    explicit ``gamma``/``lam`` override ``config``.
     """
     values = _require("values", values, "gae")
+    response_mask = _require("response_mask", response_mask, "gae")
     gamma = algo_setting(config, "gamma") if gamma is None else gamma
     lam = algo_setting(config, "lam") if lam is None else lam
     mask = response_mask.bool()
@@ -116,8 +117,8 @@ def compute_reinforce_plus_plus_outcome_advantage(
 @torch.no_grad()
 def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
     reward_baselines: torch.Tensor | None = None,
+    response_mask: torch.Tensor | None = None,
     config: Any = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,6 +126,7 @@ def compute_remax_outcome_advantage(
     the same prompt, b_i (``reward_baselines``, (B,)).  returns_t = Σ_{s≥t} r_s·m_s (reverse cumsum),
     A_t = returns_t − b_i on valid tokens."""
     reward_baselines = _require("reward_baselines", reward_baselines, "remax")
+    response_mask = _require("response_mask", response_mask, "remax")
     mask = response_mask.bool()
     returns = _zero_masked(token_level_rewards, mask).flip(-1).cumsum(-1).flip(-1)
     advantages = _zero_masked(returns - reward_baselines.reshape(-1, 1).to(returns.dtype), mask)

@@ -4,6 +4,8 @@ R_i = Σ_t token_level_rewards[i, t] is response i's score; its group is the set
 ``index`` (the ``uid`` the trainer gives the ``rollout.n`` samples of a prompt).  Each estimator turns
 the group's scores into one scalar advantage per response, broadcast over its valid tokens.  The
 calling convention is the one described in :mod:`.advantages`; returns equal the advantages.
+Positional parameter orders follow verl's functions, so ``epsilon`` is accepted wherever verl accepts
+it, even by estimators whose formula does not use it.
 """
 
 from __future__ import annotations
@@ -96,13 +98,14 @@ def compute_grpo_passk_outcome_advantage(
     response_mask: torch.Tensor,
     index: Any = None,
     epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool | None = None,
     config: Any = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k training (Chen et al. 2025, arXiv 2503.19595): only the best response of each group is
     credited, A = R_max − R_second (÷ (std_g + ε) when ``norm_adv_by_std_in_grpo``); all others get 0.
     Ties go to the first row.  Needs ≥ 2 responses per group."""
-    norm = algo_setting(config, "norm_adv_by_std_in_grpo")
+    norm = algo_setting(config, "norm_adv_by_std_in_grpo") if norm_adv_by_std_in_grpo is None else norm_adv_by_std_in_grpo
     scores, ids, num_groups = _scores_and_groups(token_level_rewards, response_mask, index)
     _, std, counts = group_mean_std(scores, ids, num_groups)
     if bool((counts < 2).any()):
@@ -120,7 +123,12 @@ def compute_grpo_passk_outcome_advantage(
 @register_adv_est(AdvantageEstimator.RLOO)
 @torch.no_grad()
 def compute_rloo_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None, config: Any = None, **kwargs
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any = None,
+    epsilon: float = 1e-6,
+    config: Any = None,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (Ahmadian et al. 2024, arXiv 2402.14740; Kool et al. 2019): leave-one-out baseline
     A_i = R_i − mean_{j≠i} R_j = n/(n−1)·(R_i − mean_g); a singleton keeps A_i = R_i."""
@@ -133,7 +141,12 @@ def compute_rloo_outcome_advantage(
 @register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None, config: Any = None, **kwargs
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any = None,
+    epsilon: float = 1e-6,
+    config: Any = None,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline (Hu 2025, arXiv 2501.03262): subtract the group mean (singleton: 0), broadcast
     over tokens, then whiten over the whole batch: A = masked_whiten(R_i − mean_g)·m."""
@@ -147,7 +160,12 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
 @register_adv_est(AdvantageEstimator.OPO)
 @torch.no_grad()
 def compute_opo_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None, config: Any = None, **kwargs
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any = None,
+    epsilon: float = 1e-6,
+    config: Any = None,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO (Hao et al. 2025, arXiv 2505.23585), the optimal baseline for on-policy outcome rewards:
     A_i = R_i − Σ_j |o_j|·R_j / Σ_j |o_j| (length-weighted group mean); a singleton's baseline is 0."""
@@ -166,13 +184,16 @@ def compute_gpg_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: Any = None,
+    epsilon: float = 1e-6,
     f_norm: float = 1.0,
+    alpha: float | None = None,
     config: Any = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG (Chu et al. 2025, arXiv 2504.02546): A_i = α·(R_i − mean_g)/F_norm with α = B / #{i: R_i ≠ 0}
     (batch-level correction for groups that give no signal) and F_norm = 1; singleton mean 0.
-    Pairs with the ``gpg`` policy loss."""
+    Pairs with the ``gpg`` policy loss.  ``alpha`` is accepted for verl's signature but, as there,
+    always recomputed from the batch."""
     scores, ids, num_groups = _scores_and_groups(token_level_rewards, response_mask, index)
     mean, _, _ = group_mean_std(scores, ids, num_groups)
     alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)

@@ -292,3 +292,14 @@ def test_apply_kl_penalty_fixed_and_adaptive():
     # e = clip(0.1667/0.1 − 1, ±.2) = .2, n_steps = 1 → β = .1·(1 + .2/10) = .102
     assert metrics["actor/reward_kl_penalty_coeff"] == pytest.approx(0.1)
     assert ctrl.value == pytest.approx(0.102)
+
+
+def test_verl_positional_orders():
+    from hybridflow.algorithms import compute_gae_advantage_return, compute_remax_outcome_advantage
+
+    # verl: (token_level_rewards, values, response_mask, gamma, lam)
+    adv, ret = compute_gae_advantage_return(T([[0.0, 0.0, 1.0]]), T([[0.5, 0.6, 0.7]]), T([[1.0, 1.0, 1.0]]), 1.0, 1.0)
+    assert torch.allclose(ret, T([[1.0, 1.0, 1.0]]), atol=1e-6)
+    # verl: (token_level_rewards, reward_baselines, response_mask)
+    adv, _ = compute_remax_outcome_advantage(T([[0.0, 1.0]]), T([0.25]), T([[1.0, 1.0]]))
+    assert torch.allclose(adv, T([[0.75, 0.75]]))
