@@ -1,0 +1,47 @@
+"""Each algorithm's example settings train a few real steps in-process (local backend, tiny model)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from .conftest import run, small_overrides
+
+A = "actor_rollout_ref"
+DENSE_REWARD = f"custom_reward_function.path={Path(__file__).with_name('reward_fns.py')}"
+
+ALGORITHMS = {
+    "grpo": ["algorithm.adv_estimator=grpo", f"{A}.actor.use_kl_loss=true", f"{A}.actor.kl_loss_type=low_var_kl"],
+    "rloo": ["algorithm.adv_estimator=rloo", "algorithm.use_kl_in_reward=true"],
+    "reinforce_plus_plus": ["algorithm.adv_estimator=reinforce_plus_plus", f"{A}.actor.use_kl_loss=true"],
+    "remax": ["algorithm.adv_estimator=remax", "algorithm.use_kl_in_reward=true"],
+    "drgrpo": ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=false",
+               f"{A}.actor.loss_agg_mode=seq-mean-token-sum-norm"],
+    "gspo": ["algorithm.adv_estimator=grpo", f"{A}.actor.policy_loss.loss_mode=gspo",
+             f"{A}.actor.loss_agg_mode=seq-mean-token-mean", f"{A}.actor.clip_ratio_low=0.0003",
+             f"{A}.actor.clip_ratio_high=0.0004"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_algorithm_trains_two_steps(name, nano_model_dir, addition_data, tmp_path):
+    extra = [DENSE_REWARD, "reward_model.num_workers=0", *ALGORITHMS[name]]
+    history = run(small_overrides(nano_model_dir, addition_data, tmp_path, extra=extra), tmp_path)
+    steps = [m for m in history.metrics if "timing_s/step" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert math.isfinite(m["actor/pg_loss"]) and m["actor/grad_norm"] > 0
+        assert m["response_length/mean"] > 0
+        assert 0.0 <= m["critic/score/mean"] <= 1.0
+    if name == "remax":
+        assert steps[0]["timing_s/gen_max"] > 0
+    if "algorithm.use_kl_in_reward=true" in ALGORITHMS[name]:
+        assert "actor/reward_kl_penalty" in steps[0] and "timing_s/ref" in steps[0]
+    if name == "grpo":
+        assert "actor/kl_loss" in steps[0] and "timing_s/ref" in steps[0]
+    if name == "drgrpo":
+        assert "timing_s/ref" not in steps[0]  # no KL anywhere: the reference stage is skipped
+    assert (tmp_path / "metrics.jsonl").is_file()
