@@ -41,10 +41,9 @@ def _to_error(exc: BaseException, info: CallInfo, rank: int) -> Exception:
     from ray import exceptions as rex
 
     if isinstance(exc, rex.RayActorError):
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, rex.RayTaskError):  # the constructor raised: a code error, not a crash
-            return WorkerError(info.role, info.worker_class, "__init__", rank, _traceback_of(cause))
-        return WorkerDiedError(info.role, info.worker_class, info.method, rank, str(exc))
+        if exc.actor_init_failed:  # the constructor raised: a code error, not a crash
+            return WorkerError(info.role, info.worker_class, "__init__", rank, _traceback_of(exc))
+        return WorkerDiedError(info.role, info.worker_class, info.method, rank, _traceback_of(exc))
     if isinstance(exc, rex.RayTaskError):
         return WorkerError(info.role, info.worker_class, info.method, rank, _traceback_of(exc))
     if isinstance(exc, rex.RayError):
