@@ -27,6 +27,7 @@ from typing import Any
 from hybridflow.rewards.custom import ScoreFnSpec, call_score_fn
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
+_WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_main.py")
 
 
 @dataclass
@@ -39,10 +40,12 @@ class TaskResult:
 
 
 class _Worker:
-    """One scoring process started with ``python -m hybridflow.rewards.worker_main`` over two OS pipes.
+    """One scoring process running ``worker_main.py`` (as a script) over two OS pipes.
 
     Not ``multiprocessing``'s spawn: that re-imports the user's ``__main__`` in the child, so a training
     script without an ``if __name__ == "__main__"`` guard would start training again inside every worker.
+    Start-up is asynchronous (:attr:`ready` turns true when the child has loaded the function), so replacing
+    a killed worker never delays the other samples of the batch.
     """
 
     def __init__(self, spec: ScoreFnSpec, start_timeout_s: float):
@@ -50,7 +53,7 @@ class _Worker:
         from_child_r, from_child_w = os.pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hybridflow.rewards.worker_main", str(to_child_r), str(from_child_w)],
+            [sys.executable, _WORKER_SCRIPT, str(to_child_r), str(from_child_w)],
             pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL,
         )
         os.close(to_child_r)
@@ -58,16 +61,19 @@ class _Worker:
         self.send_conn = Connection(to_child_w, readable=False)
         self.conn = Connection(from_child_r, writable=False)
         self.send_conn.send(spec)
-        if not self.conn.poll(start_timeout_s):
-            self.kill()
-            raise RuntimeError(f"reward worker did not start within {start_timeout_s:.0f}s")
+        self.ready = False
+        self.start_deadline = time.monotonic() + start_timeout_s
+
+    def handshake(self) -> None:
+        """Consume the child's start-up message; raise if it could not load the scoring function."""
         try:
             kind, detail = self.conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             kind, detail = "init_error", f"worker exited with code {self.proc.wait()}"
         if kind != "ready":
             self.kill()
             raise RuntimeError(f"reward worker failed to load the scoring function:\n{detail}")
+        self.ready = True
 
     def send(self, msg: Any) -> None:
         self.send_conn.send(msg)
@@ -97,7 +103,7 @@ def _shutdown(workers: list[_Worker]) -> None:
 class ScoringPool:
     """Runs ``fn(**kwargs)`` for many kwargs dicts on ``num_workers`` processes, each with ``timeout_s``."""
 
-    def __init__(self, spec: ScoreFnSpec, num_workers: int, timeout_s: float, start_timeout_s: float = 120.0):
+    def __init__(self, spec: ScoreFnSpec, num_workers: int, timeout_s: float, start_timeout_s: float = 300.0):
         if num_workers < 0:
             raise ValueError(f"reward scoring num_workers must be >= 0, got {num_workers}")
         if timeout_s <= 0:
@@ -122,22 +128,33 @@ class ScoringPool:
         pending = deque(range(len(tasks)))
         busy: dict[int, tuple[int, float]] = {}  # worker slot -> (task index, deadline)
         while pending or busy:
-            for slot in range(len(self._workers)):
-                if slot not in busy and pending:
+            for slot, worker in enumerate(self._workers):
+                if worker.ready and slot not in busy and pending:
                     idx = pending.popleft()
-                    self._workers[slot].send((idx, tasks[idx]))
+                    worker.send((idx, tasks[idx]))
                     busy[slot] = (idx, time.monotonic() + self.timeout_s)
-            next_deadline = min(deadline for _, deadline in busy.values())
-            ready = wait([self._workers[s].conn for s in busy], timeout=max(0.0, next_deadline - time.monotonic()))
-            for slot in [s for s in busy if self._workers[s].conn in ready]:
-                idx, _ = busy.pop(slot)
-                results[idx] = self._receive(slot)
-            now = time.monotonic()
-            for slot in [s for s, (_, deadline) in busy.items() if deadline <= now]:
-                idx, _ = busy.pop(slot)
-                results[idx] = TaskResult(TIMEOUT, error=f"scoring exceeded timeout_s={self.timeout_s}")
-                self._replace(slot)
+            watched = [s for s, w in enumerate(self._workers) if s in busy or (pending and not w.ready)]
+            deadlines = [busy[s][1] if s in busy else self._workers[s].start_deadline for s in watched]
+            readable = wait([self._workers[s].conn for s in watched],
+                            timeout=max(0.0, min(deadlines) - time.monotonic()))
+            for slot in [s for s in watched if self._workers[s].conn in readable]:
+                if not self._workers[slot].ready:
+                    self._workers[slot].handshake()
+                else:
+                    idx, _ = busy.pop(slot)
+                    results[idx] = self._receive(slot)
+            self._expire(busy, results)
         return [r for r in results if r is not None]
+
+    def _expire(self, busy: dict[int, tuple[int, float]], results: list[TaskResult | None]) -> None:
+        now = time.monotonic()
+        for slot in [s for s, (_, deadline) in busy.items() if deadline <= now]:
+            idx, _ = busy.pop(slot)
+            results[idx] = TaskResult(TIMEOUT, error=f"scoring exceeded timeout_s={self.timeout_s}")
+            self._replace(slot)
+        for worker in self._workers:
+            if not worker.ready and worker.start_deadline <= now and worker.conn.poll() is False:
+                raise RuntimeError(f"reward worker did not start within {self.start_timeout_s:.0f}s")
 
     def _run_inline(self, kwargs: dict[str, Any]) -> TaskResult:
         try:

@@ -7,12 +7,45 @@ answers ``("ready", None)`` (or ``("init_error", traceback)``), then serves ``(i
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
+import types
 from multiprocessing.connection import Connection
 
-from hybridflow.rewards.custom import call_score_fn
-from hybridflow.rewards.pool import ERROR, OK
+
+def _light_package() -> None:
+    """Register ``hybridflow`` without running its ``__init__`` (which imports torch: 3-10 s per worker).
+
+    Scorers are pure Python; paying a torch import for every (re)started worker would make a timed-out
+    sample cost seconds of start-up. Package attributes still work: the first one asked for runs the real
+    ``__init__`` into the same module object.
+    """
+    pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    init_file = os.path.join(pkg_dir, "__init__.py")
+    pkg = types.ModuleType("hybridflow")
+    pkg.__path__ = [pkg_dir]
+    pkg.__file__ = init_file
+
+    def __getattr__(name: str):
+        del pkg.__getattr__  # run the real __init__ once
+        with open(init_file, encoding="utf-8") as f:
+            exec(compile(f.read(), init_file, "exec"), pkg.__dict__)
+        if name in pkg.__dict__:
+            return pkg.__dict__[name]
+        raise AttributeError(f"module 'hybridflow' has no attribute '{name}'")
+
+    pkg.__getattr__ = __getattr__
+    sys.modules.setdefault("hybridflow", pkg)
+
+
+if __name__ == "__main__":
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]  # run as a script: this folder's modules must not shadow top-level names
+    _light_package()
+
+from hybridflow.rewards.custom import call_score_fn  # noqa: E402
+from hybridflow.rewards.pool import ERROR, OK  # noqa: E402
 
 
 def serve(recv: Connection, send: Connection) -> None:
