@@ -91,6 +91,8 @@ def _build_root(spec):
     os.makedirs(root, exist_ok=True)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['disk_mb']}m,mode=755")
     for path in spec["readonly_paths"]:
+        if os.path.realpath(path) == "/":
+            raise ValueError("refusing to expose the host's / inside the sandbox")
         if not os.path.lexists(path):
             continue
         dst = root + path
@@ -217,17 +219,21 @@ def _run_audit(spec):
     os.execve(spec["python"], [spec["python"], "-I", "-B", "-c", AUDIT_BOOTSTRAP], env)
 
 
+_error_fd = -1  # opened before chroot (close-on-exec), so the namespace child can still report
+
+
 def _report_setup_error(spec):
     try:
-        with open(os.path.join(spec["host_workdir"], "setup_error.txt"), "w") as f:
-            f.write(traceback.format_exc())
+        os.write(_error_fd, traceback.format_exc().encode("utf-8", "replace"))
     except OSError:
         pass
 
 
 def main():
+    global _error_fd
     with open(sys.argv[1]) as f:
         spec = json.load(f)
+    _error_fd = os.open(os.path.join(spec["host_workdir"], "setup_error.txt"), os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         if spec["isolation"] == "namespace":
             _run_namespace(spec)

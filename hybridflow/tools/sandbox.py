@@ -130,11 +130,18 @@ def _python_executable(config: SandboxConfig) -> str:
     return os.path.realpath(exe)
 
 
+def _host_python() -> str:
+    """The launcher always runs on this interpreter (stdlib only), whatever runs the user code."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
 def _readonly_paths(python: str) -> list[str]:
     """System dirs plus the interpreter's prefix when it lives outside them (pyenv, conda, toolcache)."""
     prefix = os.path.realpath(sys.base_prefix)
     paths = list(_SYSTEM_DIRS)
     for extra in (prefix, os.path.dirname(os.path.dirname(python))):
+        if extra in ("", "/"):
+            continue  # never expose the whole host tree (e.g. python_executable="/bin/python3")
         if not any(extra == p or extra.startswith(p + "/") for p in paths):
             paths.append(extra)
     return paths
@@ -327,7 +334,7 @@ def _run_in(workdir: str, code: str, stdin: str, config: SandboxConfig, isolatio
     err = _CappedBuffer(config.max_output_bytes, keep_tail=True)
     start = time.monotonic()
     proc = subprocess.Popen(
-        [spec["python"], "-I", "-S", "-B", _LAUNCHER, spec_path],
+        [_host_python(), "-I", "-S", "-B", _LAUNCHER, spec_path],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True, cwd=workdir, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
     )
@@ -349,7 +356,7 @@ def _run_in(workdir: str, code: str, stdin: str, config: SandboxConfig, isolatio
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.monotonic() - start
     setup_error = os.path.join(workdir, "setup_error.txt")
-    if os.path.exists(setup_error):
+    if os.path.exists(setup_error) and os.path.getsize(setup_error) > 0:
         with open(setup_error) as f:
             message = f"sandbox setup failed ({isolation} mode):\n{f.read()}"
         return SandboxResult("error", None, "", message, wall, isolation=isolation)
