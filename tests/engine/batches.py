@@ -72,6 +72,10 @@ def prompts_of(data: DataProto) -> DataProto:
 
 
 def run_update(worker, data: DataProto) -> dict:
-    """compute_log_prob -> update_actor on an ActorRolloutRefWorker; returns the update metrics."""
+    """compute_log_prob -> update_actor on an ActorRolloutRefWorker; returns the update metrics.
+
+    Works on a shallow copy: ``DataProto.union`` adds keys in place and ``data`` may be reused.
+    """
+    data = DataProto.from_dict(dict(data.batch), dict(data.non_tensor_batch), dict(data.meta_info))
     data = data.union(worker.compute_log_prob(data))
     return worker.update_actor(data).meta_info["metrics"]

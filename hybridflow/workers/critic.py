@@ -1,0 +1,166 @@
+"""The PPO critic: per-token values and the clipped value-regression update.
+
+``CriticWorker(config: CriticConfig)`` loads the critic as a causal-LM backbone with a scalar head
+(``engine/model_loader.load_value_model``), shards it like the actor, and trains it on the
+``returns`` of GAE (Schulman et al. 2016, arXiv:1506.02438) with PPO's clipped value loss
+(``algorithms/value_loss.compute_value_loss``), normalised by the mini-batch's global token counts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from hybridflow.algorithms.aggregation import check_loss_agg_mode, count_loss_normalizers
+from hybridflow.algorithms.masked import masked_mean
+from hybridflow.algorithms.value_loss import compute_value_loss
+from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.engine.checkpoint import load_engine_checkpoint, save_engine_checkpoint
+from hybridflow.engine.forward import response_values
+from hybridflow.engine.model_loader import apply_lora, enable_gradient_checkpointing, load_tokenizer, load_value_model
+from hybridflow.engine.train_engine import TrainEngine
+from hybridflow.protocol import DataProto
+from hybridflow.workers.micro_batching import (
+    MicroBatchSpec,
+    gather_in_order,
+    normalize_mini_batch_size,
+    split_micro_batches,
+)
+
+__all__ = ["CriticWorker", "PPOCritic"]
+
+_MODEL_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
+
+
+class PPOCritic:
+    """Value computation and update over a ``TrainEngine`` (``config`` is a ``CriticConfig``)."""
+
+    def __init__(self, config: Any, engine: TrainEngine):
+        self.config = config
+        self.engine = engine
+        check_loss_agg_mode(config.loss_agg_mode)
+        self.use_remove_padding = bool(config.model.use_remove_padding)
+        self.mini_batch_size = normalize_mini_batch_size(
+            config.ppo_mini_batch_size, config.rollout_n, engine.dp_size, "critic.ppo_mini_batch_size"
+        )
+        self.update_spec = MicroBatchSpec(
+            bool(config.use_dynamic_bsz), config.ppo_micro_batch_size_per_gpu,
+            int(config.ppo_max_token_len_per_gpu), "critic.ppo_micro_batch_size_per_gpu",
+        )
+        self.forward_spec = MicroBatchSpec(
+            bool(config.use_dynamic_bsz), config.forward_micro_batch_size_per_gpu,
+            int(config.forward_max_token_len_per_gpu), "critic.forward_micro_batch_size_per_gpu",
+        )
+
+    def compute_values(self, data: DataProto) -> torch.Tensor:
+        module = self.engine.module
+        micro_batches, parts = split_micro_batches(data.select(batch_keys=list(_MODEL_KEYS)), self.forward_spec)
+        outs = []
+        module.eval()
+        with torch.no_grad(), self.engine.on_device():
+            for mb in micro_batches:
+                outs.append(response_values(module, mb.batch.to(self.engine.device), self.use_remove_padding).cpu())
+        return gather_in_order(outs, parts) * data.batch["response_mask"]
+
+    def update_critic(self, data: DataProto) -> dict[str, list[float]]:
+        cfg = self.config
+        batch = data.select(batch_keys=list(_MODEL_KEYS) + ["response_mask", "values", "returns"])
+        metrics: dict[str, list[float]] = defaultdict(list)
+        self.engine.module.train()
+        with self.engine.on_device(with_optimizer=True):
+            for epoch in range(int(cfg.ppo_epochs)):
+                batch_e = batch
+                if cfg.shuffle:
+                    gen = torch.Generator().manual_seed(int(cfg.data_loader_seed) * 1009 + epoch)
+                    batch_e = batch.select_idxs(torch.randperm(len(batch), generator=gen))
+                for mini_batch in batch_e.split(self.mini_batch_size):
+                    self._train_mini_batch(mini_batch, metrics)
+        metrics["critic/lr"].append(self.engine.lr_scheduler_step())
+        return dict(metrics)
+
+    def _train_mini_batch(self, mini_batch: DataProto, metrics: dict[str, list[float]]) -> None:
+        cfg = self.config
+        micro_batches, _ = split_micro_batches(mini_batch, self.update_spec)
+        tokens = sum(count_loss_normalizers(mb.batch["response_mask"])["global_token_num"] for mb in micro_batches)
+        seqs = sum(count_loss_normalizers(mb.batch["response_mask"])["global_batch_size"] for mb in micro_batches)
+        tokens, seqs = self.engine.all_reduce_sum([float(tokens), float(seqs)])
+        norm = {"global_token_num": int(tokens), "global_batch_size": int(seqs), "dp_size": self.engine.dp_size}
+        self.engine.zero_grad()
+        vf_loss_sum, clipfracs, vpred_means = 0.0, [], []
+        for mb in micro_batches:
+            b = mb.batch.to(self.engine.device)
+            mask = b["response_mask"]
+            vpreds = response_values(self.engine.module, b, self.use_remove_padding)
+            vf_loss, vf_clipfrac = compute_value_loss(
+                vpreds, b["returns"], b["values"], mask, float(cfg.cliprange_value), cfg.loss_agg_mode, **norm
+            )
+            vf_loss.backward()
+            vf_loss_sum += float(vf_loss.detach())
+            clipfracs.append(float(vf_clipfrac))
+            vpred_means.append(float(masked_mean(vpreds.detach(), mask)))
+        step = self.engine.optimizer_step(cfg.grad_clip)
+        metrics["critic/vf_loss"].append(vf_loss_sum)
+        metrics["critic/vf_clipfrac"].append(sum(clipfracs) / len(clipfracs))
+        metrics["critic/vpred_mean"].append(sum(vpred_means) / len(vpred_means))
+        metrics["critic/grad_norm"].append(step.grad_norm)
+        metrics["critic/nonfinite_grad_skipped"].append(0.0 if step.stepped else 1.0)
+
+
+class CriticWorker(Worker):
+    """``@register``-ed critic role: ``init_model``, ``compute_values``, ``update_critic``, checkpoints."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        self.config = config
+        if self.world_size > 1:
+            self.init_distributed()
+        self._register_dispatch_collect_info("critic", dp_rank=self.rank, is_collect=True)
+        self.engine: TrainEngine | None = None
+        self.critic: PPOCritic | None = None
+        self.tokenizer = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_training_steps: int | None = None) -> None:
+        mc = self.config.model
+        if mc.external_lib:
+            import importlib
+
+            importlib.import_module(mc.external_lib)
+        self.tokenizer = load_tokenizer(
+            mc.tokenizer_path or mc.path, mc.trust_remote_code, require_chat_template=False,
+            field="critic.model.tokenizer_path",
+        )
+        torch.manual_seed(int(mc.fsdp_config.seed))
+        module = load_value_model(mc.path, mc.fsdp_config.model_dtype, mc.trust_remote_code, mc.override_config)
+        if int(mc.lora_rank) > 0:
+            module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, task_type="TOKEN_CLS")
+        if mc.enable_gradient_checkpointing:
+            enable_gradient_checkpointing(module)
+        self.engine = TrainEngine(module, mc.fsdp_config, self.config.optim, total_training_steps, role="critic")
+        self.critic = PPOCritic(self.config, self.engine)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values`` (B, R): V of the state before each response token (0 on padding)."""
+        return DataProto.from_dict({"values": self.critic.compute_values(data)})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        start = time.perf_counter()
+        metrics: dict[str, Any] = self.critic.update_critic(data)
+        metrics["perf/update_critic_s"] = time.perf_counter() - start
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep: int | None = None) -> None:
+        """Save under ``global_step_N/critic`` (step-folder rotation is the trainer's job)."""
+        save_engine_checkpoint(self.engine, local_path, self.tokenizer, self.config.checkpoint.save_contents,
+                               field="critic.checkpoint.save_contents")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, del_local_after_load: bool = False) -> None:
+        load_engine_checkpoint(self.engine, local_path, self.config.checkpoint.load_contents,
+                               field="critic.checkpoint.load_contents")
