@@ -22,8 +22,10 @@ class DataFileError(ValueError):
 def as_file_list(files: Any, field: str) -> list[str]:
     if isinstance(files, str):
         return [files]
-    if isinstance(files, (list, tuple)) and files and all(isinstance(f, str) for f in files):
-        return list(files)
+    if not isinstance(files, (bytes, dict)) and hasattr(files, "__iter__"):  # list, tuple, omegaconf ListConfig
+        paths = list(files)
+        if paths and all(isinstance(f, str) for f in paths):
+            return paths
     raise DataFileError(f"{field} must be a path or a non-empty list of paths, got {files!r}")
 
 
@@ -33,7 +35,8 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     suffix = os.path.splitext(full)[1].lower()
     if os.path.exists(full) or suffix in _LOCAL_SUFFIXES:
         if not os.path.isfile(full):
-            raise DataFileError(f"data file '{path}' does not exist; check data.train_files / data.val_files")
+            what = "is a directory, not a file" if os.path.isdir(full) else "does not exist"
+            raise DataFileError(f"data file '{path}' {what}; check data.train_files / data.val_files")
         if suffix == ".parquet":
             return _read_parquet(full)
         if suffix in (".json", ".jsonl"):

@@ -74,7 +74,8 @@ class RLHFDataset(torch.utils.data.Dataset):
             if missing:
                 guess = closest(required, [c for c in columns if c != required])
                 hint = f" Did you mean '{guess}'? Rename that column" if guess else " Add the column"
-                field = {self.prompt_key: " (data.prompt_key)", self.reward_fn_key: " (data.reward_fn_key)"}.get(required, "")
+                names = {self.prompt_key: " (data.prompt_key)", self.reward_fn_key: " (data.reward_fn_key)"}
+                field = names.get(required, "")
                 raise DataFileError(
                     f"data file '{path}' has no column '{required}'{field} in {len(missing)} of {len(rows)} rows "
                     f"(first: row {missing[0]}). Columns found: {', '.join(columns)}.{hint}"

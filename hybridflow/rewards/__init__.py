@@ -22,6 +22,7 @@ _EXPORTS = {
     "BatchRewardManager": "hybridflow.rewards.managers",
     "DAPORewardManager": "hybridflow.rewards.managers",
     "OverlongBufferConfig": "hybridflow.rewards.managers",
+    "compute_reward": "hybridflow.rewards.managers",
     "load_reward_manager": "hybridflow.rewards.factory",
 }
 

@@ -182,7 +182,8 @@ class BatchRewardManager(RewardManager):
         if result.status != OK:
             pairs = [self.errors.resolve(result, "batch call") for _ in range(n)]
         else:
-            pairs = [self.errors.resolve(TaskResult(OK, v), decoded.data_sources[i]) for i, v in enumerate(result.value)]
+            pairs = [self.errors.resolve(TaskResult(OK, value), source)
+                     for value, source in zip(result.value, decoded.data_sources)]
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
@@ -234,5 +235,17 @@ class DAPORewardManager(NaiveRewardManager):
         return scores, extras
 
 
-__all__ = ["REWARD_MANAGERS", "RewardManager", "NaiveRewardManager", "BatchRewardManager", "DAPORewardManager",
+def compute_reward(data: DataProto, reward_fn: RewardManager) -> tuple[torch.Tensor, dict[str, list], dict[str, float]]:
+    """Trainer-side reward stage: ``(token_level_scores, reward_extra_info, reward_metrics)``.
+
+    With ``reward_model.enable`` the RM worker has already put ``rm_scores`` in the batch and the manager returns
+    them unchanged; otherwise the rule scorer runs. Either way the trainer stores the tensor as
+    ``token_level_scores`` and merges the metrics into its step metrics.
+    """
+    out = reward_fn(data, return_dict=True)
+    return out["reward_tensor"], out["reward_extra_info"], out["reward_metrics"]
+
+
+__all__ = ["REWARD_MANAGERS", "compute_reward", "RewardManager", "NaiveRewardManager", "BatchRewardManager",
+           "DAPORewardManager",
            "OverlongBufferConfig", "as_score"]

@@ -60,7 +60,8 @@ def test_math_local_jsonl(tmp_path):
     assert [r["reward_model"]["ground_truth"] for r in out] == ["\\frac{3}{4}", "8"]
     assert out[0]["data_source"] == "DigitalLearningGmbH/MATH-lighteval"
     assert out[0]["prompt"][0]["content"].endswith("within \\boxed{}.")
-    assert default_compute_score(out[0]["data_source"], "so \\boxed{0.75}", out[0]["reward_model"]["ground_truth"]) == 1.0
+    gt = out[0]["reward_model"]["ground_truth"]
+    assert default_compute_score(out[0]["data_source"], "so \\boxed{0.75}", gt) == 1.0
 
 
 def test_countdown_generated_and_solvable(tmp_path):

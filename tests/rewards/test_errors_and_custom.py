@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from hybridflow.rewards import NaiveRewardManager, RewardFunctionError, ScoreFnSpec, ScoringConfig, load_custom_reward_fn
+from hybridflow.rewards import (
+    NaiveRewardManager, RewardFunctionError, ScoreFnSpec, ScoringConfig, load_custom_reward_fn,
+)
 from tests.rewards.conftest import make_batch
 
 REWARD_FILE = '''
@@ -97,7 +99,8 @@ def test_load_errors_name_the_config_field(reward_file, tmp_path):
         load_custom_reward_fn(str(tmp_path / "missing.py"))
     with pytest.raises(RewardFunctionError) as err:
         load_custom_reward_fn(reward_file, "score_it")
-    assert "custom_reward_function.name='score_it'" in str(err.value) and "batch_score, compute_score, judge" in str(err.value)
+    assert "custom_reward_function.name='score_it'" in str(err.value)
+    assert "batch_score, compute_score, judge" in str(err.value)
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_real_module_xyz\n")
     with pytest.raises(RewardFunctionError, match="importing custom_reward_function.path=.*ModuleNotFoundError"):
@@ -124,7 +127,8 @@ def test_builtin_scorers_and_batch_function_in_a_worker(char_tokenizer, reward_f
     finally:
         mgr.close()
     assert mgr.pool._workers == []
-    batch = BatchRewardManager(char_tokenizer, compute_score=ScoreFnSpec(reward_file, "batch_score"), scoring=ScoringConfig(num_workers=1))
+    batch = BatchRewardManager(char_tokenizer, compute_score=ScoreFnSpec(reward_file, "batch_score"),
+                               scoring=ScoringConfig(num_workers=1))
     try:
         assert batch(data)[:, :].sum().item() == 1.0  # only the exact "9" == "9" matches
     finally:

@@ -7,6 +7,7 @@ import torch
 
 from hybridflow.rewards import (
     REWARD_MANAGERS, BatchRewardManager, DAPORewardManager, NaiveRewardManager, OverlongBufferConfig, ScoringConfig,
+    compute_reward,
     load_reward_manager,
 )
 from tests.rewards.conftest import make_batch
@@ -57,6 +58,11 @@ def test_rm_scores_are_used_when_present(char_tokenizer):
     data.batch["rm_scores"] = rm
     out = NaiveRewardManager(char_tokenizer, scoring=INLINE)(data, return_dict=True)
     assert out["reward_tensor"] is rm
+    scores, extra, metrics = compute_reward(data, NaiveRewardManager(char_tokenizer, scoring=INLINE))
+    assert scores is rm and extra == {} and metrics == {}
+    del data.batch["rm_scores"]
+    scores, _, metrics = compute_reward(data, NaiveRewardManager(char_tokenizer, scoring=INLINE))
+    assert scores[0, 2].item() == 1.0 and metrics["reward/error_count"] == 0.0
 
 
 def batch_score(data_sources, solution_strs, ground_truths, extra_infos, bonus=0.0):

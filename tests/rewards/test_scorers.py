@@ -99,3 +99,8 @@ def test_unknown_data_source_points_to_custom_function():
     with pytest.raises(NotImplementedError) as err:
         default_compute_score("my/dataset", "x", "y")
     assert "'my/dataset'" in str(err.value) and "custom_reward_function.path" in str(err.value)
+
+
+def test_code_sources_dispatch_to_the_sandbox_scorer():
+    gt = '{"inputs": ["2\\n"], "outputs": ["4\\n"]}'
+    assert default_compute_score("apps", "```python\nprint(int(input()) * 2)\n```", gt) == 1.0

@@ -25,6 +25,17 @@ for _name in ("synthetic/addition", "synthetic/reverse", "synthetic/sort"):
 SCORERS.register("synthetic/countdown", synthetic.countdown_lite)
 
 
+def _code_score(solution_str: str, ground_truth: Any, **kwargs: Any) -> float:
+    """Pass fraction of the response's program in the sandbox (imported on first use: it starts processes)."""
+    from hybridflow.rewards.code import compute_score
+
+    return compute_score(solution_str, ground_truth, **kwargs)
+
+
+for _name in ("codecontests", "apps", "codeforces", "taco"):
+    SCORERS.register(_name, _code_score)
+
+
 def _lookup(data_source: str) -> Callable[..., Any]:
     if data_source in SCORERS:
         return SCORERS.get(data_source)
