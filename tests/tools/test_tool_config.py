@@ -1,0 +1,96 @@
+"""Tool-config YAML in verl's format -> tool objects; bad files give errors naming the entry and the fix."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+
+import pytest
+
+from hybridflow.tools import CalculatorTool, CodeInterpreterTool, Gsm8kTool, SearchTool, initialize_tools_from_config
+
+VERL_GSM8K_YAML = """
+tools:
+  - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
+    config:
+      type: native
+    tool_schema:
+      type: "function"
+      function:
+        name: "calc_gsm8k_reward"
+        description: "A tool for calculating the reward of gsm8k"
+        parameters:
+          type: "object"
+          properties:
+            answer:
+              type: "string"
+              description: "The model's answer to the GSM8K math problem, must be a digits"
+          required: ["answer"]
+"""
+
+
+def write(tmp_path, text: str, name="tools.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_verl_gsm8k_tool_config_loads_unchanged(tmp_path):
+    (tool,) = initialize_tools_from_config(write(tmp_path, VERL_GSM8K_YAML))
+    assert isinstance(tool, Gsm8kTool) and tool.name == "calc_gsm8k_reward"
+    assert tool.tool_schema.function.description == "A tool for calculating the reward of gsm8k"
+    schema = tool.get_openai_tool_schema().model_dump(exclude_none=True)
+    assert schema["function"]["parameters"]["required"] == ["answer"]
+
+    async def go():
+        iid = await tool.create(ground_truth="42")
+        await tool.execute(iid, {"answer": "42"})
+        return await tool.calc_reward(iid)
+
+    assert asyncio.run(go()) == 1.0
+
+
+def test_names_paths_and_default_schemas(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "contents": "alpha"}\n')
+    path = write(tmp_path, f"""
+        tools:
+          - class_name: calculator
+          - class_name: hybridflow.tools.sandbox_fusion_tools.SandboxFusionTool
+            config: {{type: native, default_timeout: 3}}
+          - class_name: verl.tools.search_tool.SearchTool
+            config: {{corpus_path: {corpus}, topk: 1}}
+          - class_name: hybridflow.tools.calculator.CalculatorTool
+            tool_schema:
+              type: function
+              function: {{name: calc2, description: d, parameters: {{type: object, properties: {{expression: {{type: string}}}}, required: [expression]}}}}
+    """)
+    tools = initialize_tools_from_config(path)
+    assert [type(t) for t in tools] == [CalculatorTool, CodeInterpreterTool, SearchTool, CalculatorTool]
+    assert [t.name for t in tools] == ["calculator", "code_interpreter", "search", "calc2"]
+    assert tools[1].sandbox_config.timeout_s == 3
+
+
+@pytest.mark.parametrize("body, message", [
+    ("tools: {a: 1}", "top-level 'tools:' list"),
+    ("tools:\n  - config: {}", "each tool needs 'class_name'"),
+    ("tools:\n  - class_name: calculater", "neither a registered tool"),
+    ("tools:\n  - class_name: no_such_pkg.mod.Tool", "cannot import module 'no_such_pkg.mod'"),
+    ("tools:\n  - class_name: hybridflow.tools.calculator.evaluate", "must be a subclass"),
+    ("tools:\n  - class_name: hybridflow.tools.calculator.Nope", "has no attribute 'Nope'"),
+    ("tools:\n  - class_name: calculator\n    config: {type: mcp}", "config.type='mcp' is not supported"),
+    ("tools:\n  - class_name: calculator\n    config: {max_exponnent: 3}", "did you mean 'max_exponent'"),
+    ("tools:\n  - class_name: calculator\n    schema: {}", "unknown key(s) ['schema']"),
+    ("tools:\n  - class_name: calculator\n  - class_name: calculator", "duplicated: ['calculator']"),
+    ("tools:\n  - class_name: calculator\n    tool_schema: {type: function, function: {description: x}}",
+     "tools[0] (calculator)"),
+])
+def test_bad_tool_configs(tmp_path, body, message):
+    with pytest.raises((ValueError, ImportError, TypeError)) as info:
+        initialize_tools_from_config(write(tmp_path, body))
+    assert message in str(info.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="tool_config_path"):
+        initialize_tools_from_config(tmp_path / "nope.yaml")
