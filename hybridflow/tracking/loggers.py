@@ -197,12 +197,16 @@ def _mlflow_key(key: str) -> str:
 
 
 class MlflowLogger:
-    """MLflow run in experiment ``project_name``; local ``<output_dir>/mlruns`` unless ``MLFLOW_TRACKING_URI`` is set."""
+    """MLflow run in experiment ``project_name``; a local ``<output_dir>/mlflow.db`` unless ``MLFLOW_TRACKING_URI`` is set."""
 
     def __init__(self, ctx: BackendContext):
         self.mlflow = _import_optional("mlflow", "mlflow", "mlflow")
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or (Path(ctx.output_dir).resolve() / "mlruns").as_uri()
-        self.mlflow.set_tracking_uri(uri)
+        out = Path(ctx.output_dir).resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        # MLflow 3 refuses the ./mlruns file store; a local SQLite file needs no server.
+        self.mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{out / 'mlflow.db'}")
+        if self.mlflow.get_experiment_by_name(ctx.project_name) is None:
+            self.mlflow.create_experiment(ctx.project_name, artifact_location=(out / "mlartifacts").as_uri())
         self.mlflow.set_experiment(ctx.project_name)
         self.run = self.mlflow.start_run(run_name=ctx.experiment_name)
         params = {_mlflow_key(k): str(v)[:500] for k, v in flatten_dict(ctx.config).items()}
