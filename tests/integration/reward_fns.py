@@ -7,7 +7,5 @@ Exact-match rewards are all zero for an untrained model, which would make every 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     text = solution_str.strip()
-    if not text:
-        return 0.0
     digits = sum(ch.isdigit() for ch in text)
     return {"score": digits / max(len(text), 1), "acc": float(text == str(ground_truth))}
