@@ -129,7 +129,13 @@ class RLHFDataset(torch.utils.data.Dataset):
         return item
 
 
-def create_rl_dataset(data_files, data_config, tokenizer, processor=None, is_train: bool = True) -> RLHFDataset:
-    """The train or validation dataset, honouring ``data.train_max_samples`` / ``data.val_max_samples``."""
+def create_rl_dataset(data_files, data_config, tokenizer, processor=None, is_train: bool = True):
+    """The train or validation dataset, honouring ``data.train_max_samples`` / ``data.val_max_samples``.
+
+    ``data.custom_cls.{path,name}`` replaces :class:`RLHFDataset` with a user class taking the same arguments.
+    """
+    from hybridflow.data.custom import custom_dataset_class
+
     max_samples = data_config.train_max_samples if is_train else data_config.val_max_samples
-    return RLHFDataset(data_files, tokenizer, data_config, processor=processor, max_samples=max_samples)
+    cls = custom_dataset_class(data_config) or RLHFDataset
+    return cls(data_files, tokenizer, data_config, processor=processor, max_samples=max_samples)

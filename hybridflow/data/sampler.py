@@ -45,8 +45,33 @@ class ResumableSampler(Sampler[int]):
         return self.num_samples
 
 
+class ExternalSampler(ResumableSampler):
+    """Adapts a user sampler (``data.sampler.class_path``) to the epoch-order interface.
+
+    The order of epoch ``e`` is whatever the user sampler yields after ``set_epoch(e)`` (when it has one);
+    resuming is exact only if that order is deterministic, which is the user sampler's contract.
+    """
+
+    def __init__(self, sampler: Sampler[int], num_samples: int):
+        super().__init__(num_samples, shuffle=False, seed=0)
+        self.inner = sampler
+
+    def order(self, epoch: int) -> list[int]:
+        if hasattr(self.inner, "set_epoch"):
+            self.inner.set_epoch(epoch)
+        return list(iter(self.inner))
+
+
 def create_rl_sampler(data_config, dataset: Dataset) -> ResumableSampler:
-    """Sampler for the training set: shuffled with ``data.seed`` (1 when null, as verl) if ``data.shuffle``."""
+    """Sampler for the training set: shuffled with ``data.seed`` (1 when null, as verl) if ``data.shuffle``.
+
+    A user sampler class from ``data.sampler.{class_path,class_name}`` is used instead when set.
+    """
+    from hybridflow.data.custom import custom_sampler
+
+    user = custom_sampler(data_config, dataset)
+    if user is not None:
+        return ExternalSampler(user, len(dataset))
     seed = data_config.seed if data_config.seed is not None else 1
     return ResumableSampler(len(dataset), shuffle=bool(data_config.shuffle), seed=seed)
 

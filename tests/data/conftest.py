@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
@@ -26,6 +27,8 @@ class DataCfg:
     validation_shuffle: bool = False
     seed: int | None = 7
     dataloader_num_workers: int = 0
+    custom_cls: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(path=None, name=None))
+    sampler: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(class_path=None, class_name=None))
 
 
 @pytest.fixture

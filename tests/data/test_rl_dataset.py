@@ -177,3 +177,20 @@ def test_bad_truncation_value(parquet_file, bpe_tokenizer, data_cfg):
 def test_items_are_tensors_of_long(parquet_file, bpe_tokenizer, data_cfg):
     item = RLHFDataset(parquet_file, bpe_tokenizer, data_cfg)[1]
     assert all(item[k].dtype == torch.long for k in ("input_ids", "attention_mask", "position_ids"))
+
+
+def test_custom_dataset_class(parquet_file, bpe_tokenizer, data_cfg, tmp_path):
+    (tmp_path / "my_ds.py").write_text(
+        "from hybridflow.data import RLHFDataset\n"
+        "class Doubled(RLHFDataset):\n"
+        "    def __len__(self):\n"
+        "        return 2 * super().__len__()\n"
+        "    def __getitem__(self, i):\n"
+        "        return super().__getitem__(i % len(self.rows))\n"
+    )
+    data_cfg.custom_cls.path, data_cfg.custom_cls.name = str(tmp_path / "my_ds.py"), "Doubled"
+    ds = create_rl_dataset(parquet_file, data_cfg, bpe_tokenizer)
+    assert type(ds).__name__ == "Doubled" and len(ds) == 12 and ds[7]["index"] == 1
+    data_cfg.custom_cls.path = str(tmp_path / "nope.py")
+    with pytest.raises(FileNotFoundError, match="data.custom_cls path '.*nope.py' does not exist"):
+        create_rl_dataset(parquet_file, data_cfg, bpe_tokenizer)

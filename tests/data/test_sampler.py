@@ -110,3 +110,23 @@ def test_config_driven_loaders(data_cfg):
     assert sorted(sum((b["x"].tolist() for b in train), [])) == list(range(8))
     (val,) = list(create_val_dataloader(Rows(5), data_cfg))
     assert val["x"].tolist() == [0, 1, 2, 3, 4] and list(val["tag"]) == [f"row{i}" for i in range(5)]
+
+
+def test_user_sampler_class(tmp_path, data_cfg):
+    (tmp_path / "my_sampler.py").write_text(
+        "from torch.utils.data import Sampler\n"
+        "class Reverse(Sampler):\n"
+        "    def __init__(self, data_source, data_config):\n"
+        "        self.n = len(data_source)\n"
+        "    def __iter__(self):\n"
+        "        return iter(range(self.n - 1, -1, -1))\n"
+        "    def __len__(self):\n"
+        "        return self.n\n"
+    )
+    data_cfg.sampler.class_path, data_cfg.sampler.class_name = str(tmp_path / "my_sampler.py"), "Reverse"
+    data_cfg.train_batch_size = data_cfg.gen_batch_size = 2
+    loader = create_train_dataloader(Rows(4), data_cfg)
+    assert [b["x"].tolist() for b in loader] == [[3, 2], [1, 0]]
+    data_cfg.sampler.class_name = "Forward"
+    with pytest.raises(ValueError, match="data.sampler: 'Forward' is not a class"):
+        create_train_dataloader(Rows(4), data_cfg)
