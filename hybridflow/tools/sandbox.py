@@ -108,7 +108,7 @@ def _require(ok: bool, field: str, value, fix: str) -> None:
 @functools.lru_cache(maxsize=1)
 def namespaces_available() -> bool:
     """True when this process may create mount/network/PID namespaces (checked once by a real attempt)."""
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+    if not sys.platform.startswith("linux") or os.geteuid() != 0 or shutil.which("unshare") is None:
         return False
     probe = subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "true"], capture_output=True)
     return probe.returncode == 0
