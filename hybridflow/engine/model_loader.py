@@ -203,6 +203,10 @@ def apply_lora(
 
 def enable_gradient_checkpointing(model) -> None:
     """Recompute activations in backward (non-reentrant, so frozen inputs such as LoRA bases work)."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if hasattr(model, "config"):
         model.config.use_cache = False

@@ -1,0 +1,61 @@
+"""LR schedules: hand-computed golden values; AdamW construction errors."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hybridflow.engine.optim import build_lr_scheduler, build_optimizer, constant_factor, cosine_factor, warmup_steps
+
+
+def _optim(**kw):
+    base = dict(optimizer="AdamW", lr=1.0, betas=[0.9, 0.999], weight_decay=0.0, override_optimizer_config=None,
+                lr_warmup_steps=-1, lr_warmup_steps_ratio=0.0, total_training_steps=10, min_lr_ratio=0.0,
+                num_cycles=0.5, lr_scheduler_type="constant", warmup_style=None)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_constant_with_warmup_golden():
+    assert [constant_factor(s, 4) for s in range(6)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    assert constant_factor(0, 0) == 1.0
+
+
+def test_cosine_golden():
+    # W=2, T=10, m=0.1: warm-up 0.1 -> 0.55; then 0.1 + 0.9 * 0.5 * (1 + cos(pi * p)), p = (s-2)/8
+    assert cosine_factor(0, 2, 10, 0.1) == pytest.approx(0.1)
+    assert cosine_factor(1, 2, 10, 0.1) == pytest.approx(0.55)
+    assert cosine_factor(2, 2, 10, 0.1) == pytest.approx(1.0)
+    assert cosine_factor(6, 2, 10, 0.1) == pytest.approx(0.55)  # p = 0.5: cos(pi/2) = 0
+    assert cosine_factor(10, 2, 10, 0.1) == pytest.approx(0.1)
+    assert cosine_factor(4, 0, 8, 0.0) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
+
+
+def test_scheduler_steps_follow_the_factor_and_warmup_ratio():
+    cfg = _optim(lr_scheduler_type="cosine", lr_warmup_steps_ratio=0.2, min_lr_ratio=0.0)
+    assert warmup_steps(cfg, 10) == 2
+    assert warmup_steps(_optim(lr_warmup_steps=3, lr_warmup_steps_ratio=0.5), 10) == 3  # explicit steps win
+    param = torch.nn.Parameter(torch.zeros(2))
+    opt = build_optimizer([param], cfg)
+    sched = build_lr_scheduler(opt, cfg)
+    lrs = []
+    for _ in range(11):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:3] == pytest.approx([0.0, 0.5, 1.0])
+    assert lrs[10] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_bad_optimizer_settings_name_the_field():
+    param = torch.nn.Parameter(torch.zeros(2))
+    with pytest.raises(ValueError, match="actor.optim.optimizer"):
+        build_optimizer([param], _optim(optimizer="SGD"))
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        build_optimizer([torch.nn.Parameter(torch.zeros(1), requires_grad=False)], _optim())
+    opt = build_optimizer([param], _optim())
+    with pytest.raises(ValueError, match="lr_scheduler_type"):
+        build_lr_scheduler(opt, _optim(lr_scheduler_type="linear"))
+    with pytest.raises(ValueError, match="total_training_steps"):
+        build_lr_scheduler(opt, _optim(lr_scheduler_type="cosine", total_training_steps=-1))
