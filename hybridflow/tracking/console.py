@@ -83,7 +83,14 @@ class ConsoleLogger:
             return
         from rich.console import Console
         from rich.table import Column
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         console = Console(file=self.stream, force_terminal=True)
         self._progress = Progress(

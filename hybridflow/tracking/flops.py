@@ -53,7 +53,7 @@ _GPU_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
     ("910B", 354e12),
 )
 
-_SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "qwen2_5", "olmo", "olmo2", "internlm2", "gemma", "gemma2")
+_SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "olmo2", "internlm2", "gemma2")
 _REQUIRED_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
@@ -147,7 +147,9 @@ def measure_cpu_peak_flops(size: int = 512, repeats: int = 5) -> float:
     mean, because the question is what the hardware can do, and shared machines only ever add delay.
     """
     if size < 16 or repeats < 1:
-        raise ValueError(f"measure_cpu_peak_flops needs size >= 16 and repeats >= 1, got size={size}, repeats={repeats}")
+        raise ValueError(
+            f"measure_cpu_peak_flops needs size >= 16 and repeats >= 1, got size={size}, repeats={repeats}"
+        )
     return _cpu_peak(torch.get_num_threads(), size, repeats)
 
 

@@ -130,7 +130,10 @@ def _generations_markdown(samples: Sequence[Mapping[str, Any]]) -> str:
 
 
 class TensorboardLogger:
-    """Scalars and generation tables as tensorboard events under ``$TENSORBOARD_DIR`` or ``<output_dir>/tensorboard``."""
+    """Scalars and generation tables as tensorboard events.
+
+    Written under ``$TENSORBOARD_DIR`` (verl's variable) or ``<output_dir>/tensorboard``.
+    """
 
     def __init__(self, output_dir: str | Path):
         _import_optional("tensorboard", "tensorboard", "tensorboard")
@@ -197,7 +200,10 @@ def _mlflow_key(key: str) -> str:
 
 
 class MlflowLogger:
-    """MLflow run in experiment ``project_name``; a local ``<output_dir>/mlflow.db`` unless ``MLFLOW_TRACKING_URI`` is set."""
+    """MLflow run in experiment ``project_name``.
+
+    Stored in a local ``<output_dir>/mlflow.db`` unless ``MLFLOW_TRACKING_URI`` points elsewhere.
+    """
 
     def __init__(self, ctx: BackendContext):
         self.mlflow = _import_optional("mlflow", "mlflow", "mlflow")
@@ -244,7 +250,9 @@ class SwanlabLogger:
 
     def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
         texts = [
-            self.swanlab.Text(f"prompt: {s['prompt']}\nresponse: {s['response']}\nscore: {s['score']}", caption=f"sample {i}")
+            self.swanlab.Text(
+                f"prompt: {s['prompt']}\nresponse: {s['response']}\nscore: {s['score']}", caption=f"sample {i}"
+            )
             for i, s in enumerate(samples)
         ]
         self.swanlab.log({"val/generations": texts}, step=step)
@@ -253,7 +261,9 @@ class SwanlabLogger:
         self.swanlab.finish()
 
 
-LOGGER_BACKENDS.register("console", lambda ctx: ConsoleLogger(ctx.project_name, ctx.experiment_name, total_steps=ctx.total_steps))
+LOGGER_BACKENDS.register(
+    "console", lambda ctx: ConsoleLogger(ctx.project_name, ctx.experiment_name, total_steps=ctx.total_steps)
+)
 LOGGER_BACKENDS.register("file", lambda ctx: FileLogger(ctx.output_dir))
 LOGGER_BACKENDS.register("tensorboard", lambda ctx: TensorboardLogger(ctx.output_dir))
 LOGGER_BACKENDS.register("wandb", WandbLogger)

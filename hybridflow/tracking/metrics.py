@@ -29,6 +29,7 @@ __all__ = [
     "compute_timing_metrics",
     "compute_throughput_metrics",
     "compute_memory_metrics",
+    "compute_mfu_metrics",
     "compute_rollout_probs_diff_metrics",
     "compute_response_info",
     "reduce_metrics",
@@ -129,8 +130,8 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
     metrics |= _stats("prompt_length", prompt_length)
     metrics["prompt_length/clip_ratio"] = _clip_ratio(prompt_length, info["max_prompt_length"])
 
-    for key, name in (("__num_turns__", "num_turns"), ("num_turns", "num_turns"), ("tool_call_counts", "tool_call_counts")):
-        if key in batch.non_tensor_batch and f"{name}/mean" not in metrics:
+    for key, name in (("__num_turns__", "num_turns"), ("tool_call_counts", "tool_call_counts")):
+        if key in batch.non_tensor_batch:
             values = torch.as_tensor(np.asarray(batch.non_tensor_batch[key], dtype=np.float64))
             metrics |= _stats(name, values)
     return metrics
@@ -191,6 +192,28 @@ def compute_throughput_metrics(batch: DataProto, timing_raw: Mapping[str, float]
     }
 
 
+def compute_mfu_metrics(
+    batch: DataProto,
+    timing_raw: Mapping[str, float],
+    counters: Mapping[str, FlopsCounter],
+    n_devices: int,
+    ppo_epochs: int = 1,
+) -> dict[str, float]:
+    """``perf/mfu/<role>`` for each role in ``counters`` (``actor``, ``critic``) that has an update timing.
+
+    The update of role r runs ``ppo_epochs`` forward+backward sweeps over every sequence of the batch in
+    ``timing_raw["update_<r>"]`` seconds, on ``n_devices`` devices (verl computes the same inside its workers).
+    """
+    _require(batch, "attention_mask")
+    seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+    metrics = {}
+    for role, counter in counters.items():
+        seconds = timing_raw.get(f"update_{role}")
+        if seconds is not None and seconds > 0:
+            metrics[f"perf/mfu/{role}"] = counter.mfu(seqlens, float(seconds), n_devices=n_devices, passes=ppo_epochs)
+    return metrics
+
+
 def compute_memory_metrics(device: str | torch.device | None = None) -> dict[str, float]:
     """Peak accelerator memory (GiB) on GPU, and this process's resident memory (GiB) always.
 
@@ -229,7 +252,8 @@ def compute_rollout_probs_diff_metrics(batch: DataProto) -> dict[str, float]:
         "training/rollout_probs_diff_std": diff.std().item() if diff.numel() > 1 else 0.0,
     }
     if rollout_p.numel() > 1 and rollout_p.std() > 0 and actor_p.std() > 0:
-        metrics["training/rollout_actor_probs_pearson_corr"] = torch.corrcoef(torch.stack([rollout_p, actor_p]))[0, 1].item()
+        corr = torch.corrcoef(torch.stack([rollout_p, actor_p]))[0, 1]
+        metrics["training/rollout_actor_probs_pearson_corr"] = corr.item()
     return metrics
 
 

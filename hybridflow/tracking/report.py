@@ -136,7 +136,12 @@ th{background:#f5f5f5;text-align:left} pre{white-space:pre-wrap;word-break:break
 """
 
 
-def _render(history: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]], summary: Mapping[str, Any] | None, title: str) -> str:
+def _render(
+    history: Sequence[Mapping[str, Any]],
+    samples: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Any] | None,
+    title: str,
+) -> str:
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
     steps = [rec.get("step", i + 1) for i, rec in enumerate(history)]
@@ -154,7 +159,10 @@ def _render(history: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str,
             parts.append(f"<img alt='{html.escape(panel_title)}' src='data:image/png;base64,{png}'>")
             drawn += 1
     parts.append("</div>" if drawn else "</div><p>No plottable metrics were logged.</p>")
-    rows = [[html.escape(k), html.escape(str(step)), html.escape(_fmt(v))] for k, (step, v) in _last_metrics(history).items()]
+    rows = [
+        [html.escape(k), html.escape(str(step)), html.escape(_fmt(v))]
+        for k, (step, v) in _last_metrics(history).items()
+    ]
     parts.append("<h2>Last metrics</h2>" + (_table(rows, ["metric", "step", "value"]) if rows else "<p>None.</p>"))
     parts.append("<h2>Sample generations</h2>" + _samples_html(samples))
     parts.append("</body></html>")
@@ -192,7 +200,9 @@ def write_report(
 def _read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"No such metrics file: {path}. Enable the 'file' logger (trainer.logger=[console,file]).")
+        raise FileNotFoundError(
+            f"No such metrics file: {path}. Enable the 'file' logger (trainer.logger=[console,file])."
+        )
     records = []
     lines = path.read_text(encoding="utf-8").splitlines()
     for n, line in enumerate(lines, 1):

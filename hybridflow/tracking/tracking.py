@@ -49,7 +49,9 @@ def normalize_samples(samples: Sequence[Any]) -> list[dict[str, Any]]:
         if isinstance(s, Mapping):
             missing = [k for k in ("prompt", "response") if k not in s]
             if missing:
-                raise KeyError(f"Generation sample {i} lacks {missing}; give dicts with 'prompt', 'response' and 'score'.")
+                raise KeyError(
+                    f"Generation sample {i} lacks {missing}; give dicts with 'prompt', 'response' and 'score'."
+                )
             d = dict(s)
         elif isinstance(s, (tuple, list)) and len(s) == 3:
             d = {"prompt": s[0], "response": s[1], "score": s[2]}
@@ -99,7 +101,8 @@ class Tracking:
                 f"trainer.logger has unknown backend(s) {unknown}: " + LOGGER_BACKENDS.unknown_message(unknown[0])
             )
         self.project_name, self.experiment_name = project_name, experiment_name
-        self.output_dir = Path(output_dir) if output_dir is not None else Path("outputs") / project_name / experiment_name
+        default_dir = Path("outputs") / project_name / experiment_name
+        self.output_dir = Path(output_dir) if output_dir is not None else default_dir
         ctx = BackendContext(project_name, experiment_name, self.output_dir, _config_dict(config), total_steps)
         self.backend_names = list(dict.fromkeys("wandb" if n == "tracking" else n for n in names))
         self.loggers: dict[str, LoggerBackend] = {}

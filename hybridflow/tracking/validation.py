@@ -123,6 +123,11 @@ def _group_metrics(var_vals: list[Any], preds: list[Any] | None, seed: int) -> d
     return metric
 
 
+def _nested_lists() -> defaultdict:
+    """``d[a][b][c]`` auto-creates the levels and ends in a list."""
+    return defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+
+
 def compute_validation_group_metrics(
     data_sources: Sequence[str],
     sample_inputs: Sequence[Hashable],
@@ -136,17 +141,21 @@ def compute_validation_group_metrics(
     """
     n = len(data_sources)
     if len(sample_inputs) != n:
-        raise ValueError(f"sample_inputs has {len(sample_inputs)} entries but data_sources has {n}; give one per sample")
+        raise ValueError(
+            f"sample_inputs has {len(sample_inputs)} entries but data_sources has {n}; give one per sample"
+        )
     for name, vals in infos_dict.items():
         if len(vals) != n:
-            raise ValueError(f"infos_dict['{name}'] has {len(vals)} values but there are {n} samples; give one per sample")
-    grouped: dict[str, dict[Hashable, dict[str, list[Any]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+            raise ValueError(
+                f"infos_dict['{name}'] has {len(vals)} values but there are {n} samples; give one per sample"
+            )
+    grouped: dict[str, dict[Hashable, dict[str, list[Any]]]] = _nested_lists()
     for i, source in enumerate(data_sources):
         var2vals = grouped[source][_hashable(sample_inputs[i])]
         for name, vals in infos_dict.items():
             var2vals[name].append(vals[i])
 
-    per_metric: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    per_metric: dict[str, dict[str, dict[str, list[float]]]] = _nested_lists()
     for source, prompts in grouped.items():
         for var2vals in prompts.values():
             preds = var2vals.get("pred")

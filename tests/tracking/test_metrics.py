@@ -59,14 +59,17 @@ def test_data_metrics_golden_values():
     assert m["critic/rewards/mean"] == pytest.approx(0.55)
     assert (m["critic/rewards/max"], m["critic/rewards/min"]) == pytest.approx((0.8, 0.3))
     # masked advantages: [1, 3, 4] and [-1, -2] -> mean 5/5
-    assert (m["critic/advantages/mean"], m["critic/advantages/max"], m["critic/advantages/min"]) == pytest.approx((1.0, 4.0, -2.0))
+    adv = (m["critic/advantages/mean"], m["critic/advantages/max"], m["critic/advantages/min"])
+    assert adv == pytest.approx((1.0, 4.0, -2.0))
     # masked returns [2, 2, 2, 0, 0]; masked values [1, 1, 1, 0, 0]
-    assert (m["critic/returns/mean"], m["critic/returns/max"], m["critic/returns/min"]) == pytest.approx((1.2, 2.0, 0.0))
+    ret = (m["critic/returns/mean"], m["critic/returns/max"], m["critic/returns/min"])
+    assert ret == pytest.approx((1.2, 2.0, 0.0))
     assert (m["critic/values/mean"], m["critic/values/max"], m["critic/values/min"]) == pytest.approx((0.6, 1.0, 0.0))
     # Var(returns - values) = Var([1,1,1,0,0]) = 1.2/4 = 0.3 ; Var(returns) = 4.8/4 = 1.2 (unbiased)
     assert m["critic/vf_explained_var"] == pytest.approx(1 - 0.3 / (1.2 + 1e-5), abs=1e-6)
     # lengths from attention_mask: responses [4, 2] (max 4), prompts [2, 3] (max 3)
-    assert (m["response_length/mean"], m["response_length/max"], m["response_length/min"]) == pytest.approx((3.0, 4.0, 2.0))
+    resp = (m["response_length/mean"], m["response_length/max"], m["response_length/min"])
+    assert resp == pytest.approx((3.0, 4.0, 2.0))
     assert m["response_length/clip_ratio"] == pytest.approx(0.5)
     assert (m["prompt_length/mean"], m["prompt_length/max"], m["prompt_length/min"]) == pytest.approx((2.5, 3.0, 2.0))
     assert m["prompt_length/clip_ratio"] == pytest.approx(0.5)
@@ -145,7 +148,22 @@ def test_reduce_metrics():
         {"actor/pg_loss": [1.0, 2.0, 3.0], "critic/score/max": [1, 5], "x/min": [3, 1], "actor/grad_norm_max": [2, 7],
          "actor/lr": 0.5, "t": [torch.tensor(1.0), torch.tensor(3.0)]}
     )
-    assert out == {"actor/pg_loss": 2.0, "critic/score/max": 5.0, "x/min": 1.0, "actor/grad_norm_max": 7.0, "actor/lr": 0.5, "t": 2.0}
+    assert out == {
+        "actor/pg_loss": 2.0, "critic/score/max": 5.0, "x/min": 1.0,
+        "actor/grad_norm_max": 7.0, "actor/lr": 0.5, "t": 2.0,
+    }
     with pytest.raises(ValueError, match="empty"):
         reduce_metrics({"a": []})
     assert math.isnan(reduce_metrics({"a": [float("nan"), 1.0]})["a"])
+
+
+def test_mfu_metrics_from_update_timing():
+    from hybridflow.tracking.metrics import FlopsCounter, compute_mfu_metrics
+
+    config = {"hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "vocab_size": 10}
+    counter = FlopsCounter(config, device_name="NVIDIA H100")
+    m = compute_mfu_metrics(make_batch(), {"update_actor": 2.0, "gen": 1.0}, {"actor": counter, "critic": counter},
+                            n_devices=1, ppo_epochs=2)
+    # sequences of 6 and 5 tokens, N = 1312 (see test_flops): (6*1312*11 + 6*(36+25)*2*2*4) / 2 s, x2 epochs
+    assert m == {"perf/mfu/actor": pytest.approx((86592 + 5856) / 2.0 * 2 / 989e12)}

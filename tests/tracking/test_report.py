@@ -36,14 +36,16 @@ def _images(text: str) -> dict[str, bytes]:
 
 def test_report_plots_tables_and_escaped_samples(tmp_path):
     samples = [
-        {"step": 3, "prompt": "What is 2<3? <script>alert('x')</script>", "response": "yes & <b>sure</b>", "score": 1.0},
+        {"step": 3, "prompt": "What is 2<3? <script>alert('x')</script>", "response": "yes & <b>sure</b>",
+         "score": 1.0},
         {"step": 3, "prompt": "plain", "response": "text", "score": 0.0},
     ]
     path = write_report(tmp_path, _history(), samples, summary={"accuracy before": 0.1, "accuracy after": 0.6})
     assert path == tmp_path / "report.html"
     text = path.read_text()
     images = _images(text)
-    assert set(images) == {"Score and reward", "Response length", "KL", "Entropy", "Throughput", "Time per stage", "Validation"}
+    expected = {"Score and reward", "Response length", "KL", "Entropy", "Throughput", "Time per stage", "Validation"}
+    assert set(images) == expected
     assert all(png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000 for png in images.values())
     assert "<script>alert" not in text and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in text
     assert "yes &amp; &lt;b&gt;sure&lt;/b&gt;" in text
