@@ -87,6 +87,7 @@ def save_engine_checkpoint(
     contents = _check_contents(save_contents, field)
     world, rank = engine.dp_size, engine.dp_rank
     os.makedirs(path, exist_ok=True)
+    rng = rng_state()  # saving must not perturb the random streams (the HF export initialises a model)
     files = _names(path, world, rank)
     with engine.on_device(with_optimizer=True):
         if "model" in contents:
@@ -95,8 +96,9 @@ def save_engine_checkpoint(
             torch.save(_optim_state(engine), files["optim"])
         if "extra" in contents:
             sched = engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None
-            torch.save({"lr_scheduler": sched, "rng": rng_state()}, files["extra_state"])
+            torch.save({"lr_scheduler": sched, "rng": rng}, files["extra_state"])
     export_hf_model(engine, os.path.join(path, "huggingface"), tokenizer, with_weights="hf_model" in contents)
+    set_rng_state(rng)
     if rank == 0:
         with open(os.path.join(path, "fsdp_config.json"), "w") as f:
             json.dump({"FSDP_version": 2 if engine.is_sharded else 0, "world_size": world}, f)
