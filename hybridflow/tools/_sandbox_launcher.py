@@ -198,8 +198,9 @@ def _hook(event, args):
         if not _inside(args[0], (_WORK,) if writing else (_WORK,) + _READ_OK):
             raise PermissionError(f"sandbox: access to {args[0]!r} outside the working directory is not allowed")
     elif event in _WRITE_EVENTS or event in ("os.listdir", "os.scandir"):
+        roots = (_WORK,) if event in _WRITE_EVENTS else (_WORK,) + _READ_OK  # the import system lists stdlib dirs
         for a in args:
-            if isinstance(a, (str, bytes)) and not _inside(a, (_WORK,)):
+            if isinstance(a, (str, bytes)) and not _inside(a, roots):
                 raise PermissionError(f"sandbox: access to {a!r} outside the working directory is not allowed")
 sys.addaudithook(_hook)
 del _hook

@@ -313,8 +313,8 @@ def run_python(
         raise TypeError(f"run_python(code=...) must be a str, got {type(code).__name__}")
     config = config or SandboxConfig()
     if timeout_s is not None or memory_mb is not None:
-        config = dataclasses.replace(config, timeout_s=timeout_s or config.timeout_s,
-                                     memory_mb=memory_mb or config.memory_mb)
+        config = dataclasses.replace(config, timeout_s=config.timeout_s if timeout_s is None else timeout_s,
+                                     memory_mb=config.memory_mb if memory_mb is None else memory_mb)
     isolation = resolve_isolation(config)
     workdir = tempfile.mkdtemp(prefix="hybridflow-sandbox-")
     try:

@@ -9,7 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, _CappedBuffer, resolve_isolation, run_python
+from hybridflow.tools.sandbox import (
+    SandboxConfig,
+    SandboxResult,
+    _CappedBuffer,
+    namespaces_available,
+    resolve_isolation,
+    run_python,
+)
 
 FAST = SandboxConfig(timeout_s=5.0)
 
@@ -93,3 +100,13 @@ def test_capped_buffer_keeps_head_and_tail():
     head_only = _CappedBuffer(5, keep_tail=False)
     head_only.feed(b"0123456789")
     assert head_only.text().startswith("01234\n...[truncated 5 bytes]")
+
+
+@pytest.mark.parametrize("isolation", ["namespace", "audit"] if namespaces_available() else ["audit"])
+def test_stdlib_imports_work_in_every_mode(isolation):
+    # Regression: the audit hook once refused listing stdlib package dirs, which broke `import json`.
+    code = ("import json, re, collections, itertools, functools, heapq, bisect, math, fractions, decimal, random\n"
+            "import datetime, string, typing, dataclasses, statistics, os\n"
+            "print(json.dumps(sorted(os.listdir('.'))), statistics.mean([1, 2, 3]))")
+    result = run_python(code, config=SandboxConfig(isolation=isolation, timeout_s=10.0, memory_mb=64))
+    assert (result.status, result.stdout) == ("pass", '["main.py"] 2\n'), result.stderr
