@@ -19,6 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hybridflow.tracking.loggers import flatten_dict
+
 __all__ = ["write_report", "load_history", "load_samples", "PLOT_PANELS"]
 
 # (panel title, y label, metric names or prefixes ending in "/" or "*").
@@ -148,7 +150,7 @@ def _render(
     span = f"steps {steps[0]}–{steps[-1]}" if steps else "no steps"
     parts.append(f"<p>{len(history)} logged records, {html.escape(span)}.</p>")
     if summary:
-        rows = [[html.escape(str(k)), html.escape(_fmt(v))] for k, v in summary.items()]
+        rows = [[html.escape(str(k)), html.escape(_fmt(v))] for k, v in flatten_dict(summary, sep=" / ").items()]
         parts.append("<h2>Summary</h2>" + _table(rows, ["", "value"]))
     parts.append("<h2>Curves</h2><div class='plots'>")
     drawn = 0

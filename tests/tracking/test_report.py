@@ -40,7 +40,7 @@ def test_report_plots_tables_and_escaped_samples(tmp_path):
          "score": 1.0},
         {"step": 3, "prompt": "plain", "response": "text", "score": 0.0},
     ]
-    path = write_report(tmp_path, _history(), samples, summary={"accuracy before": 0.1, "accuracy after": 0.6})
+    path = write_report(tmp_path, _history(), samples, summary={"accuracy after": 0.6, "before": {"accuracy": 0.1}})
     assert path == tmp_path / "report.html"
     text = path.read_text()
     images = _images(text)
@@ -49,7 +49,8 @@ def test_report_plots_tables_and_escaped_samples(tmp_path):
     assert all(png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000 for png in images.values())
     assert "<script>alert" not in text and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in text
     assert "yes &amp; &lt;b&gt;sure&lt;/b&gt;" in text
-    assert "accuracy after" in text and "0.6" in text
+    assert "<td>accuracy after</td><td>0.6</td>" in text
+    assert "<td>before / accuracy</td><td>0.1</td>" in text  # nested summaries are flattened
     # last-metrics table: every metric with its last value
     assert "<td>val-core/arith/acc/mean@4</td><td>3</td><td>0.5</td>" in text
     assert "<td>actor/entropy</td><td>3</td><td>1.7</td>" in text
