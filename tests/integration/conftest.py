@@ -19,7 +19,7 @@ def small_overrides(model_dir, data_dir, out_dir, backend="local", steps=2, n=4,
     """A few-second run: ``batch`` prompts x ``n`` samples, 4-token answers, fp32 on CPU."""
     a = "actor_rollout_ref"
     return [
-        f"{a}.model.path={model_dir}", f"data.train_files={data_dir / 'train.parquet'}",
+        f"{a}.model.path={model_dir}", f"critic.model.path={model_dir}", f"data.train_files={data_dir / 'train.parquet'}",
         f"data.val_files={data_dir / 'test.parquet'}", f"data.train_batch_size={batch}",
         "data.max_prompt_length=32", "data.max_response_length=4", "data.seed=1",
         f"{a}.rollout.name=hf", f"{a}.rollout.n={n}", f"{a}.actor.ppo_mini_batch_size={batch // 2}",
