@@ -43,7 +43,13 @@ def bpe_tokenizer(bpe_model_dir):
     return AutoTokenizer.from_pretrained(bpe_model_dir)
 
 
-def verl_row(i: int, content: str, **extra) -> dict:
+@pytest.fixture
+def verl_row():
+    """Builds one verl-format row (``verl_row(i, content, **extra_columns)``)."""
+    return _verl_row
+
+
+def _verl_row(i: int, content: str, **extra) -> dict:
     return {
         "data_source": "openai/gsm8k",
         "prompt": [{"role": "user", "content": content}],

@@ -9,14 +9,13 @@ import torch
 
 from hybridflow.data import DataFileError, PromptTooLongError, RLHFDataset, collate_fn, create_rl_dataset, write_parquet
 from hybridflow.protocol import DataProto
-from tests.data.conftest import verl_row
 
 SHORT = "the sum is 12"
 LONG = " ".join(["the answer is the number of steps"] * 12)
 
 
 @pytest.fixture
-def parquet_file(tmp_path):
+def parquet_file(tmp_path, verl_row):
     rows = [verl_row(i, SHORT if i % 2 == 0 else f"add {i} and {i}", agent_name="single_turn_agent") for i in range(6)]
     return write_parquet(rows, str(tmp_path / "train.parquet"))
 
@@ -57,7 +56,7 @@ def test_collate_to_dataproto(parquet_file, bpe_tokenizer, data_cfg):
     assert list(batch.non_tensor_batch["index"]) == [0, 1, 2]
 
 
-def test_json_and_jsonl_files_and_max_samples(tmp_path, bpe_tokenizer, data_cfg):
+def test_json_and_jsonl_files_and_max_samples(tmp_path, bpe_tokenizer, data_cfg, verl_row):
     rows = [verl_row(i, SHORT) for i in range(5)]
     array_file = tmp_path / "a.json"
     array_file.write_text(json.dumps(rows))
@@ -70,7 +69,7 @@ def test_json_and_jsonl_files_and_max_samples(tmp_path, bpe_tokenizer, data_cfg)
     assert len(create_rl_dataset(str(lines_file), data_cfg, bpe_tokenizer, is_train=True)) == 5
 
 
-def test_chat_template_kwargs_are_passed(tmp_path, bpe_tokenizer, data_cfg):
+def test_chat_template_kwargs_are_passed(tmp_path, bpe_tokenizer, data_cfg, verl_row):
     tok = bpe_tokenizer.__class__.from_pretrained(bpe_tokenizer.name_or_path)
     tok.chat_template = "{% if shout %}HEY {% endif %}{{ messages[0]['content'] }}"
     path = write_parquet([verl_row(0, "hi")], str(tmp_path / "t.parquet"))
@@ -80,7 +79,7 @@ def test_chat_template_kwargs_are_passed(tmp_path, bpe_tokenizer, data_cfg):
 
 
 @pytest.mark.parametrize("mode", ["left", "right", "middle"])
-def test_truncation_modes(tmp_path, bpe_tokenizer, data_cfg, mode):
+def test_truncation_modes(tmp_path, bpe_tokenizer, data_cfg, mode, verl_row):
     path = write_parquet([verl_row(0, LONG)], str(tmp_path / "t.parquet"))
     full = _template_ids(bpe_tokenizer, LONG)
     limit = 11
@@ -93,7 +92,7 @@ def test_truncation_modes(tmp_path, bpe_tokenizer, data_cfg, mode):
     assert item["attention_mask"].sum() == 11
 
 
-def test_truncation_error_names_row_length_limit_and_fixes(tmp_path, bpe_tokenizer, data_cfg):
+def test_truncation_error_names_row_length_limit_and_fixes(tmp_path, bpe_tokenizer, data_cfg, verl_row):
     path = write_parquet([verl_row(0, SHORT), verl_row(1, LONG)], str(tmp_path / "t.parquet"))
     data_cfg.max_prompt_length = 30
     ds = RLHFDataset(path, bpe_tokenizer, data_cfg)
@@ -106,7 +105,7 @@ def test_truncation_error_names_row_length_limit_and_fixes(tmp_path, bpe_tokeniz
     assert "filter_overlong_prompts" in msg and "data.truncation" in msg
 
 
-def test_filter_overlong_prompts(tmp_path, bpe_tokenizer, data_cfg):
+def test_filter_overlong_prompts(tmp_path, bpe_tokenizer, data_cfg, verl_row):
     rows = [verl_row(0, SHORT), verl_row(1, LONG), verl_row(2, SHORT)]
     path = write_parquet(rows, str(tmp_path / "t.parquet"))
     data_cfg.max_prompt_length, data_cfg.filter_overlong_prompts = 30, True
@@ -118,7 +117,7 @@ def test_filter_overlong_prompts(tmp_path, bpe_tokenizer, data_cfg):
         RLHFDataset(path, bpe_tokenizer, data_cfg)
 
 
-def test_misnamed_prompt_column_suggests_closest(tmp_path, bpe_tokenizer, data_cfg):
+def test_misnamed_prompt_column_suggests_closest(tmp_path, bpe_tokenizer, data_cfg, verl_row):
     rows = [verl_row(0, SHORT)]
     rows[0]["prompts"] = rows[0].pop("prompt")
     path = write_parquet(rows, str(tmp_path / "bad.parquet"))
@@ -129,7 +128,7 @@ def test_misnamed_prompt_column_suggests_closest(tmp_path, bpe_tokenizer, data_c
     assert "data.prompt_key" in msg
 
 
-def test_missing_reward_model_column(tmp_path, bpe_tokenizer, data_cfg):
+def test_missing_reward_model_column(tmp_path, bpe_tokenizer, data_cfg, verl_row):
     rows = [verl_row(0, SHORT)]
     rows[0]["reward"] = rows[0].pop("reward_model")
     path = write_parquet(rows, str(tmp_path / "bad.parquet"))
@@ -144,7 +143,7 @@ def test_empty_dataset(tmp_path, bpe_tokenizer, data_cfg):
         RLHFDataset(str(path), bpe_tokenizer, data_cfg)
 
 
-def test_missing_and_corrupt_files(tmp_path, bpe_tokenizer, data_cfg):
+def test_missing_and_corrupt_files(tmp_path, bpe_tokenizer, data_cfg, verl_row):
     with pytest.raises(DataFileError, match="does not exist.*data.train_files"):
         RLHFDataset(str(tmp_path / "nope.parquet"), bpe_tokenizer, data_cfg)
     corrupt = tmp_path / "corrupt.parquet"
@@ -157,7 +156,7 @@ def test_missing_and_corrupt_files(tmp_path, bpe_tokenizer, data_cfg):
         RLHFDataset(str(bad_json), bpe_tokenizer, data_cfg)
 
 
-def test_prompt_not_chat_messages(tmp_path, bpe_tokenizer, data_cfg):
+def test_prompt_not_chat_messages(tmp_path, bpe_tokenizer, data_cfg, verl_row):
     rows = [verl_row(0, SHORT), verl_row(1, SHORT)]
     rows[1]["prompt"] = "What is 2+2?"
     path = tmp_path / "plain.json"

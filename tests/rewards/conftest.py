@@ -16,7 +16,13 @@ def char_tokenizer():
     return build_char_tokenizer()
 
 
-def make_batch(tok, prompts: list[str], responses: list[str], ground_truths: list, data_sources: list[str],
+@pytest.fixture(scope="session")
+def make_batch():
+    """Builds a post-rollout DataProto (``make_batch(tok, prompts, responses, ground_truths, data_sources)``)."""
+    return _make_batch
+
+
+def _make_batch(tok, prompts: list[str], responses: list[str], ground_truths: list, data_sources: list[str],
                prompt_len: int = 8, response_len: int = 8, eos: bool = True) -> DataProto:
     """A post-rollout batch: prompts left-padded, responses (+EOS) right-padded, verl's key names."""
     pad = tok.pad_token_id

@@ -9,7 +9,6 @@ import pytest
 from hybridflow.rewards import (
     NaiveRewardManager, RewardFunctionError, ScoreFnSpec, ScoringConfig, load_custom_reward_fn,
 )
-from tests.rewards.conftest import make_batch
 
 REWARD_FILE = '''
 import asyncio, math, time
@@ -44,7 +43,7 @@ def reward_file(tmp_path_factory):
     return str(path)
 
 
-def test_failures_are_counted_scored_and_never_hang(reward_file, char_tokenizer, caplog):
+def test_failures_are_counted_scored_and_never_hang(reward_file, char_tokenizer, caplog, make_batch):
     sources = ["ok", "raise", "hang", "nan", "text", "ok", "exit", "ok"]
     responses = ["1", "1", "1", "1", "1", "2", "1", "1"]
     data = make_batch(char_tokenizer, ["q"] * 8, responses, ["1"] * 8, sources)
@@ -74,7 +73,7 @@ def test_failures_are_counted_scored_and_never_hang(reward_file, char_tokenizer,
         mgr.close()
 
 
-def test_async_custom_function(reward_file, char_tokenizer):
+def test_async_custom_function(reward_file, char_tokenizer, make_batch):
     data = make_batch(char_tokenizer, ["q", "q"], ["7", "8"], ["7", "7"], ["any", "any"])
     for workers in (0, 1):
         mgr = NaiveRewardManager(char_tokenizer, compute_score=ScoreFnSpec(path=reward_file, name="judge"),
@@ -85,7 +84,7 @@ def test_async_custom_function(reward_file, char_tokenizer):
         assert out["reward_extra_info"]["judge"] == ["async", "async"]
 
 
-def test_in_process_errors_are_caught(reward_file, char_tokenizer):
+def test_in_process_errors_are_caught(reward_file, char_tokenizer, make_batch):
     data = make_batch(char_tokenizer, ["q", "q"], ["1", "1"], ["1", "1"], ["raise", "nan"])
     mgr = NaiveRewardManager(char_tokenizer, compute_score=ScoreFnSpec(path=reward_file),
                              scoring=ScoringConfig(num_workers=0))
@@ -114,7 +113,7 @@ def test_bad_scoring_config():
         ScoringConfig(num_workers=-1)
 
 
-def test_builtin_scorers_and_batch_function_in_a_worker(char_tokenizer, reward_file):
+def test_builtin_scorers_and_batch_function_in_a_worker(char_tokenizer, reward_file, make_batch):
     from hybridflow.rewards import BatchRewardManager
 
     data = make_batch(char_tokenizer, ["q"] * 3, ["#### 7", "\\boxed{0.5}", "9"], ["7", "\\frac{1}{2}", "9"],

@@ -10,7 +10,6 @@ from hybridflow.rewards import (
     compute_reward,
     load_reward_manager,
 )
-from tests.rewards.conftest import make_batch
 
 INLINE = ScoringConfig(num_workers=0)
 
@@ -19,7 +18,7 @@ def test_registry_names():
     assert REWARD_MANAGERS.names() == ["batch", "dapo", "naive"]
 
 
-def test_naive_places_score_on_last_valid_token(char_tokenizer):
+def test_naive_places_score_on_last_valid_token(char_tokenizer, make_batch):
     data = make_batch(char_tokenizer, ["07+45=", "1+1="], ["52", "3"], ["52", "2"], ["synthetic/addition"] * 2)
     mgr = NaiveRewardManager(char_tokenizer, scoring=INLINE)
     out = mgr(data, return_dict=True)
@@ -31,7 +30,7 @@ def test_naive_places_score_on_last_valid_token(char_tokenizer):
     assert torch.equal(mgr(data), expected)  # return_dict=False gives the tensor
 
 
-def test_dict_results_become_extra_info_columns(char_tokenizer):
+def test_dict_results_become_extra_info_columns(char_tokenizer, make_batch):
     data = make_batch(char_tokenizer, ["q", "q"], ["Answer: 5", "Answer: 6"], ["5", "5"], ["math_dapo"] * 2,
                       response_len=12)
     out = NaiveRewardManager(char_tokenizer, scoring=INLINE)(data, return_dict=True)
@@ -39,20 +38,20 @@ def test_dict_results_become_extra_info_columns(char_tokenizer):
     assert out["reward_tensor"][0, 9].item() == 1.0 and out["reward_tensor"][1, 9].item() == -1.0
 
 
-def test_reward_kwargs_reach_the_scorer(char_tokenizer):
+def test_reward_kwargs_reach_the_scorer(char_tokenizer, make_batch):
     data = make_batch(char_tokenizer, ["q"], ["so 42"], ["42"], ["openai/gsm8k"])
     assert NaiveRewardManager(char_tokenizer, scoring=INLINE)(data).sum() == 0.0
     flexible = NaiveRewardManager(char_tokenizer, scoring=INLINE, reward_kwargs={"method": "flexible"})
     assert flexible(data).sum() == 1.0
 
 
-def test_multi_turn_valid_length_uses_attention_mask(char_tokenizer):
+def test_multi_turn_valid_length_uses_attention_mask(char_tokenizer, make_batch):
     data = make_batch(char_tokenizer, ["q"], ["52"], ["52"], ["synthetic/addition"])
     data.batch["response_mask"][0, 1] = 0  # e.g. a tool-output token: not trained on but part of the response
     assert NaiveRewardManager(char_tokenizer, scoring=INLINE)(data)[0, 2].item() == 1.0
 
 
-def test_rm_scores_are_used_when_present(char_tokenizer):
+def test_rm_scores_are_used_when_present(char_tokenizer, make_batch):
     data = make_batch(char_tokenizer, ["q"], ["52"], ["52"], ["synthetic/addition"])
     rm = torch.full((1, 8), 0.25)
     data.batch["rm_scores"] = rm
@@ -73,7 +72,7 @@ def short_batch_score(data_sources, solution_strs, ground_truths, extra_infos):
     return [1.0]
 
 
-def test_batch_manager_one_call_with_lists(char_tokenizer):
+def test_batch_manager_one_call_with_lists(char_tokenizer, make_batch):
     data = make_batch(char_tokenizer, ["a", "b", "c"], ["1", "2", "9"], ["1", "2", "3"], ["x"] * 3)
     mgr = BatchRewardManager(char_tokenizer, compute_score=batch_score, reward_kwargs={"bonus": 0.5}, scoring=INLINE)
     out = mgr(data, return_dict=True)
@@ -94,7 +93,7 @@ class TestDAPO:
         mgr = self.make(char_tokenizer)
         assert [mgr.overlong_reward(n) for n in (5, 6, 7, 8, 10)] == [0.0, 0.0, -0.25, -0.5, -1.0]
 
-    def test_manager_adds_penalty(self, char_tokenizer):
+    def test_manager_adds_penalty(self, char_tokenizer, make_batch):
         # response token counts incl. EOS: "52"+EOS = 3, "52    "+EOS = 7 (exact-match strips spaces), "5"*7+EOS = 8
         data = make_batch(char_tokenizer, ["q"] * 3, ["52", "52    ", "5555555"], ["52", "52", "52"],
                           ["synthetic/addition"] * 3, response_len=10)
