@@ -71,7 +71,8 @@ def _parse_ground_truth(ground_truth) -> dict:
         except json.JSONDecodeError as e:
             raise ValueError(f"code ground_truth is not valid JSON ({e.msg}); expected "
                              '{"inputs": [...], "outputs": [...]} or {"assert": "..."}') from None
-    if not isinstance(ground_truth, dict) or not ({"inputs", "outputs"} <= set(ground_truth) or "assert" in ground_truth):
+    well_formed = isinstance(ground_truth, dict) and ({"inputs", "outputs"} <= set(ground_truth) or "assert" in ground_truth)
+    if not well_formed:
         raise ValueError('code ground_truth must be {"inputs": [...], "outputs": [...]} (stdin/stdout pairs) or '
                          f'{{"assert": "..."}}; got {str(ground_truth)[:200]!r}')
     return ground_truth

@@ -111,8 +111,9 @@ def _build_root(spec):
             _mount(src, dst, None, MS_BIND)
     os.makedirs(root + "/proc", exist_ok=True)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    os.makedirs(root + "/tmp", exist_ok=True)
-    os.chmod(root + "/tmp", 0o1777)
+    for scratch in ("/tmp", "/dev/shm"):  # /dev/shm: multiprocessing's semaphores live there
+        os.makedirs(root + scratch, exist_ok=True)
+        os.chmod(root + scratch, 0o1777)
     work = root + "/sandbox"
     os.makedirs(work)
     shutil.copy(os.path.join(spec["host_workdir"], "main.py"), work + "/main.py")

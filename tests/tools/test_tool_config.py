@@ -63,7 +63,10 @@ def test_names_paths_and_default_schemas(tmp_path):
           - class_name: hybridflow.tools.calculator.CalculatorTool
             tool_schema:
               type: function
-              function: {{name: calc2, description: d, parameters: {{type: object, properties: {{expression: {{type: string}}}}, required: [expression]}}}}
+              function:
+                name: calc2
+                description: d
+                parameters: {{type: object, properties: {{expression: {{type: string}}}}, required: [expression]}}
     """)
     tools = initialize_tools_from_config(path)
     assert [type(t) for t in tools] == [CalculatorTool, CodeInterpreterTool, SearchTool, CalculatorTool]
