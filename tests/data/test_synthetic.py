@@ -63,3 +63,18 @@ def test_write_synthetic_and_all_tasks_share_a_file(tmp_path):
     assert len(read_rows(write_parquet(mixed, str(tmp_path / "mix.parquet")))) == 8
     with pytest.raises(KeyError, match="Unknown synthetic task 'adition'. Did you mean 'addition'"):
         make_rows("adition", 2, 0, "train")
+
+
+@pytest.mark.parametrize("task", ["addition", "reverse", "sort", "countdown"])
+def test_char_tokenizer_prompts_fit_a_small_window(task, tmp_path, data_cfg):
+    """The quickstart uses the char tokenizer: every templated prompt must fit max_prompt_length=40."""
+    from hybridflow.data import RLHFDataset
+    from hybridflow.utils.tiny_model import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    paths = write_synthetic(task, str(tmp_path), train_size=64, test_size=8, seed=0)
+    data_cfg.max_prompt_length = 40
+    ds = RLHFDataset(paths["train"], tok, data_cfg)
+    lengths = [int(ds[i]["attention_mask"].sum()) for i in range(len(ds))]
+    assert max(lengths) <= 40
+    assert tok.decode(ds[0]["raw_prompt_ids"]).endswith("<|im_start|>assistant\n")
