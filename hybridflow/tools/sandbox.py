@@ -147,7 +147,7 @@ def _readonly_paths(python: str) -> list[str]:
     return paths
 
 
-def _spec(config: SandboxConfig, isolation: str, workdir: str, timeout_s: float, memory_mb: int) -> dict:
+def _spec(config: SandboxConfig, isolation: str, workdir: str) -> dict:
     python = _python_executable(config)
     uid = config.uid_base + secrets.randbelow(config.uid_span)
     return {
@@ -158,8 +158,8 @@ def _spec(config: SandboxConfig, isolation: str, workdir: str, timeout_s: float,
         "readonly_paths": _readonly_paths(python),
         "uid": uid,
         "gid": uid,
-        "cpu_limit_s": max(1, math.ceil(timeout_s)),
-        "memory_mb": memory_mb,
+        "cpu_limit_s": max(1, math.ceil(config.timeout_s)),
+        "memory_mb": config.memory_mb,
         "disk_mb": config.disk_mb,
         "max_processes": config.max_processes,
         "max_open_files": config.max_open_files,
@@ -324,7 +324,7 @@ def run_python(
 
 
 def _run_in(workdir: str, code: str, stdin: str, config: SandboxConfig, isolation: str) -> SandboxResult:
-    spec = _spec(config, isolation, workdir, config.timeout_s, config.memory_mb)
+    spec = _spec(config, isolation, workdir)
     with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
         f.write(code)
     spec_path = os.path.join(workdir, "spec.json")
