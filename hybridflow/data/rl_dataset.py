@@ -26,7 +26,10 @@ class RLHFDataset(torch.utils.data.Dataset):
     ``config`` is the ``data`` config section read by attribute (``prompt_key``, ``reward_fn_key``,
     ``max_prompt_length``, ``truncation``, ``filter_overlong_prompts``, ``apply_chat_template_kwargs``).
     ``max_samples`` > 0 keeps only the first that many rows (``data.train_max_samples`` /
-    ``val_max_samples``; see :func:`create_rl_dataset`).
+    ``val_max_samples``; see :func:`create_rl_dataset`). ``raw_prompt`` (the chat messages) is always
+    returned, whatever ``data.return_raw_chat`` says: agent loops need it to re-template multi-turn
+    conversations. ``processor`` (a multimodal processor) only supplies the chat template here; image and
+    video columns pass through to the item untouched.
     """
 
     def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
