@@ -37,7 +37,8 @@ def init_ray(ray_init_kwargs: dict[str, Any] | None = None) -> None:
     if kwargs.get("address") in (None, "", "local"):
         kwargs.pop("address", None)
         kwargs.setdefault("include_dashboard", False)
-    kwargs.setdefault("log_to_driver", True)
+    else:
+        _check_reachable(str(kwargs["address"]))
     try:
         ray.init(**kwargs)
     except Exception as e:  # noqa: BLE001 - re-raised with the request attached
@@ -45,6 +46,24 @@ def init_ray(ray_init_kwargs: dict[str, Any] | None = None) -> None:
         raise RayInitError(
             f"ray.init failed while connecting to {where} with arguments {kwargs}: {type(e).__name__}: {e}. "
             "Check ray_kwargs.ray_init (address, num_cpus, num_gpus) or run `ray status` on the cluster."
+        ) from e
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds on an unreachable ``host:port`` (``ray.init`` itself retries for minutes)."""
+    import socket
+
+    if address == "auto" or "://" in address or ":" not in address:
+        return  # "auto" reads RAY_ADDRESS / the local session; ray:// client addresses are checked by Ray
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as e:
+        raise RayInitError(
+            f"cannot reach the Ray head at ray_kwargs.ray_init.address={address!r} ({type(e).__name__}: {e}). "
+            "Start it with `ray start --head` on that machine, fix the address, or leave the address unset "
+            "to start a local Ray instance."
         ) from e
 
 

@@ -16,7 +16,7 @@ import re
 from typing import Any, Iterable
 
 from hybridflow.controller.decorator import DispatchPlan
-from hybridflow.controller.errors import WorkerDiedError, WorkerError
+from hybridflow.controller.errors import ControllerError, WorkerDiedError, WorkerError
 from hybridflow.controller.ray_resources import RayResourcePool
 from hybridflow.controller.worker import ENV_DEVICE, ENV_NUM_THREADS, ENV_ROLE
 from hybridflow.controller.worker_group import CallInfo, ClassWithInitArgs, WorkerGroup
@@ -166,6 +166,9 @@ class RayWorkerGroup(WorkerGroup):
     # ------------------------------------------------------------------ backend interface
     def _execute(self, method: str, ranks: Iterable[int], plan: DispatchPlan) -> list:
         import ray
+
+        if not self._workers:
+            raise ControllerError(f"worker group '{self.role}' was shut down; '{method}' cannot run")
 
         shared: dict[int, Any] = {}  # one object-store copy of a DataProto sent to several ranks
 

@@ -148,7 +148,7 @@ class WorkerGroup:
     # ------------------------------------------------------------------ binding
     def _bind_worker_methods(self, worker_cls: type) -> None:
         for name, spec in registered_methods(worker_cls).items():
-            if name in self.__dict__ or hasattr(WorkerGroup, name):
+            if name in self.__dict__ or hasattr(type(self), name):
                 raise AttributeError(
                     f"{worker_cls.__name__}.{name} clashes with a WorkerGroup attribute; rename the worker method"
                 )
