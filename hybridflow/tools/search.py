@@ -117,6 +117,12 @@ class SearchTool(BaseTool):
 
     def __init__(self, config: dict | None = None, tool_schema=None):
         super().__init__(config, tool_schema)
+        remote = sorted({"retrieval_service_url", "sandbox_fusion_url"} & set(self.config))
+        if remote:
+            raise ValueError(
+                f"tool '{self.name}': {remote[0]} points at verl's remote retrieval server; hybridflow searches a "
+                "local corpus with BM25: replace it with 'corpus_path: <jsonl of {\"id\", \"contents\"} rows>'"
+            )
         self.settings = parse_tool_config(SearchToolConfig, self.config, self.name)
         if not self.settings.corpus_path:
             raise ValueError(

@@ -97,3 +97,54 @@ def test_bad_tool_configs(tmp_path, body, message):
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="tool_config_path"):
         initialize_tools_from_config(tmp_path / "nope.yaml")
+
+
+def test_verl_sandbox_and_search_examples(tmp_path):
+    # verl's examples/sglang_multiturn tool configs, as shipped (the search schema's 'item' typo included).
+    sandbox = write(tmp_path, """
+        tools:
+          - class_name: "verl.tools.sandbox_fusion_tools.SandboxFusionTool"
+            config: {"sandbox_fusion_url": "https://example.invalid/run_code"}
+            tool_schema:
+              type: "function"
+              function:
+                name: "code_interpreter"
+                description: "A tool for executing code."
+                parameters: {type: "object", properties: {code: {type: "string"}}, required: ["code"]}
+    """, "sandbox.yaml")
+    with pytest.warns(UserWarning, match="local sandbox"):
+        (tool,) = initialize_tools_from_config(sandbox)
+    assert isinstance(tool, CodeInterpreterTool)
+    search_schema = """
+            tool_schema:
+              type: "function"
+              function:
+                name: "search"
+                description: "Searches the web."
+                parameters:
+                  type: "object"
+                  properties:
+                    query_list: {type: "array", item: {type: "string"}, description: "queries"}
+                  required: ["query_list"]
+    """
+    remote = write(tmp_path, """
+        tools:
+          - class_name: "verl.tools.search_tool.SearchTool"
+            config: {"sandbox_fusion_url": "http://127.0.0.1:8000/retrieve"}
+    """ + search_schema, "remote.yaml")
+    with pytest.raises(ValueError, match="replace it with 'corpus_path"):
+        initialize_tools_from_config(remote)
+    corpus = tmp_path / "wiki.jsonl"
+    corpus.write_text('{"id": "1", "contents": "\\"Ada Lovelace\\"\\nFirst programmer."}\n')
+    local = write(tmp_path, f"""
+        tools:
+          - class_name: "verl.tools.search_tool.SearchTool"
+            config: {{corpus_path: {corpus}}}
+    """ + search_schema, "local.yaml")
+    (search,) = initialize_tools_from_config(local)
+
+    async def go():
+        iid = await search.create()
+        return await search.execute(iid, {"query_list": ["who was Ada Lovelace"]})
+
+    assert "First programmer." in asyncio.run(go())[0].text
