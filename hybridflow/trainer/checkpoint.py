@@ -148,16 +148,19 @@ class CheckpointWriter:
     def save_data_state(self, state: dict[str, Any]) -> None:
         torch.save(state, self.tmp_dir / DATA_STATE_FILE)
 
-    def commit(self, components: list[str]) -> Path:
-        """Write the manifest, move the folder into place, then point the tracker file at it."""
+    def commit(self, components: list[str], metadata: dict[str, Any] | None = None) -> Path:
+        """Write the manifest, move the folder into place, then point the tracker file at it.
+
+        ``metadata`` (e.g. the LoRA settings ``merge_checkpoint`` needs) is stored in the manifest.
+        """
         missing = [c for c in components if not (self.tmp_dir / c).exists()]
         if missing:
             raise CheckpointError(
                 f"checkpoint for step {self.global_step} is missing {missing} in {self.tmp_dir}; "
                 "a worker group did not write its part, so the checkpoint was not committed"
             )
-        manifest = {"format": "hybridflow", "version": FORMAT_VERSION, "global_step": self.global_step,
-                    "components": sorted(components)}
+        manifest = {**(metadata or {}), "format": "hybridflow", "version": FORMAT_VERSION,
+                    "global_step": self.global_step, "components": sorted(components)}
         atomic_write_text(self.tmp_dir / MANIFEST_FILE, json.dumps(manifest, indent=2))
         if self.final_dir.exists():  # re-saving the same step (e.g. after a resume): replace it whole
             trash = Path(tempfile.mkdtemp(prefix=f"{self.final_dir.name}.old-", dir=self.root))
@@ -288,7 +291,15 @@ def load_data_state(folder: str | os.PathLike) -> dict[str, Any] | None:
     return torch.load(path, weights_only=False) if path.is_file() else None
 
 
+def merge_checkpoint(ckpt_dir: str, target_dir: str) -> str:
+    """Export an actor checkpoint (LoRA merged) as a Hugging Face folder; see ``hybridflow.trainer.merge``."""
+    from hybridflow.trainer.merge import merge_checkpoint as merge
+
+    return merge(ckpt_dir, target_dir)
+
+
 __all__ = [
+    "merge_checkpoint",
     "CheckpointError",
     "CheckpointWriter",
     "TrainerState",
