@@ -74,6 +74,10 @@ class DPWorker(Worker):
     def add(self, a, b=0):
         return self.rank, a + b
 
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def offset_async(self, base: int) -> int:
+        return base + self.rank
+
     @register(Dispatch.ALL_TO_ALL)
     def echo(self, x, y=None):
         return self.rank, x, y
@@ -221,6 +225,13 @@ def test_futures_chain_without_waiting_and_with_padding(wg4):
     assert out.batch["y"].tolist() == [10.0 * (i + 2) for i in range(7)]
     assert fut2.get().batch["x"].tolist() == [float(i + 2) for i in range(7)]
     assert list(fut2.get().non_tensor_batch["tag"]) == [f"r{i}" for i in range(7)]
+
+
+def test_ray_refs_from_a_non_blocking_call_feed_the_next_call(wg4):
+    refs = wg4.offset_async(100)
+    assert len(refs) == 4 and all(isinstance(r, ray.ObjectRef) for r in refs)
+    # one ref per rank: ALL_TO_ALL hands ref r to rank r, and Ray resolves it there
+    assert wg4.echo(refs) == [(0, 100, None), (1, 101, None), (2, 102, None), (3, 103, None)]
 
 
 def test_gloo_all_reduce_in_group(wg4):
