@@ -1,7 +1,7 @@
 """Two FSDP2 ranks on gloo against one local rank, through ActorRolloutRefWorker.
 
 The two ranks run ``two_rank_actor_scenario.py`` as subprocesses (one launch: imports cost seconds):
-log-probs + a PPO update, generation with the module unsharded while ranks decode different lengths,
+log-probs + a PPO update with token-budget micro-batches, generation with the module unsharded while ranks decode different lengths,
 and a checkpoint save/load round-trip.  The parent repeats the update with world size 1.
 """
 
@@ -28,7 +28,14 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def two_rank_run(tiny_model_dir, config_factory, tmp_path_factory):
-    cfg = config_factory(tiny_model_dir)
+    # token-budget micro-batches: ranks disagree on their count and must all-reduce the MAX
+    cfg = config_factory(
+        tiny_model_dir,
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=12",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=16",
+    )
     cfg.actor_rollout_ref.actor.optim.override_optimizer_config = {"eps": 1.0}  # Adam step ~ linear in the grad
     out_dir = tmp_path_factory.mktemp("two_ranks")
     cfg_path = out_dir / "cfg.pkl"
