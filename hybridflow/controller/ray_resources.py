@@ -106,6 +106,7 @@ class RayResourcePool(ResourcePool):
         self.name_prefix = name_prefix or f"hybridflow_pool{next(_POOL_IDS)}"
         self.ready_timeout_s = float(ready_timeout_s)
         self._pgs: list | None = None
+        self._tenants: list[str] = []  # worker groups whose processes occupy the bundles
 
     def __repr__(self) -> str:
         return (
@@ -180,6 +181,21 @@ class RayResourcePool(ResourcePool):
                     f"{self!r}: {largest} workers must share one node ({v * largest:g} {k}) but the largest node "
                     f"has {max(per_node):g} {k}; split process_on_nodes over more nodes.\nNodes:\n{cluster_summary()}"
                 )
+
+    def acquire(self, role: str) -> None:
+        """Book one process per bundle for group ``role``; an over-full pool is an error, not a silent wait."""
+        if len(self._tenants) >= self.max_colocate_count:
+            raise ResourceUnavailableError(
+                f"{self!r} already hosts {len(self._tenants)} worker group(s) {self._tenants}; '{role}' would be "
+                f"process number {len(self._tenants) + 1} on each bundle, above max_colocate_count="
+                f"{self.max_colocate_count}. Colocate the roles in one process (create_colocated_worker_cls), "
+                "raise max_colocate_count, or use another pool."
+            )
+        self._tenants.append(role)
+
+    def give_back(self, role: str) -> None:
+        if role in self._tenants:
+            self._tenants.remove(role)
 
     def release(self) -> None:
         """Remove the placement groups (kill the pool's worker groups first)."""

@@ -107,7 +107,13 @@ class RayWorkerGroup(WorkerGroup):
         self.resource_pool = resource_pool
         self.poll_interval_s = float(poll_interval_s)
         self._workers: list = []
-        self._create_workers(ray_cls_with_init)
+        self._tenant = self.role  # the pool booking; views of a colocated group share it
+        resource_pool.acquire(self._tenant)
+        try:
+            self._create_workers(ray_cls_with_init)
+        except BaseException:
+            self.shutdown()
+            raise
 
     @property
     def world_size(self) -> int:
@@ -203,4 +209,5 @@ class RayWorkerGroup(WorkerGroup):
 
         for w in self._workers:
             ray.kill(w, no_restart=True)
-        self._workers = []
+        self._workers.clear()  # in place: the colocated views share this list
+        self.resource_pool.give_back(self._tenant)

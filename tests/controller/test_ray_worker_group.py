@@ -335,6 +335,24 @@ def test_colocated_roles_share_a_process_split_pools_do_not(wg4):
         pool.release()
 
 
+def test_max_colocate_count_allows_separate_processes_per_bundle(ray_session):
+    from hybridflow.controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+    pool = RayResourcePool([1], max_colocate_count=2)
+    a = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRole, 1.0), role="actor")
+    b = RayWorkerGroup(pool, RayClassWithInitArgs(CriticRole, 2.0), role="reward_model")
+    try:
+        assert a.get()[0][2] != b.get()[0][2]  # two processes in the one bundle
+        with pytest.raises(ResourceUnavailableError, match=r"already hosts 2 worker group\(s\) \['actor', 'reward_model'\]"):
+            RayWorkerGroup(pool, RayClassWithInitArgs(ActorRole, 3.0), role="ref")
+    finally:
+        a.shutdown()
+        b.shutdown()
+        pool.release()
+    with pytest.raises(Exception, match="was shut down"):
+        a.get()
+
+
 def test_pool_larger_than_cluster_says_what_was_asked_and_what_exists(ray_session):
     from hybridflow.controller import RayResourcePool
 
