@@ -63,9 +63,10 @@ class TrainEngine:
         self.device = dev.get_device()
         self.mesh = mesh if mesh is not None else build_device_mesh(fsdp_config.fsdp_size)
         module.to(self.device)
+        # CPU has no fast bf16: compute stays fp32 there whatever fsdp_config.dtype says.
+        compute = dev.resolve_dtype(fsdp_config.dtype, f"{role}.fsdp_config.dtype") if dev.is_cuda() else torch.float32
+        self.compute_dtype = compute
         if self.mesh is not None:
-            # CPU has no fast bf16: compute stays fp32 there whatever fsdp_config.dtype says.
-            compute = dev.resolve_dtype(fsdp_config.dtype, f"{role}.fsdp_config.dtype") if dev.is_cuda() else torch.float32
             apply_fsdp2(
                 module,
                 self.mesh,
@@ -149,6 +150,17 @@ class TrainEngine:
         if self.optimizer is None:
             raise RuntimeError(f"the {self.role} engine was built without an optimizer (inference only)")
         return self.optimizer
+
+    def autocast(self):
+        """Compute-dtype context for forward passes of an *unsharded* module.
+
+        A sharded module computes in ``compute_dtype`` through FSDP's mixed-precision policy; a
+        single-process module on a GPU (the local backend) gets the same through autocast.  On CPU,
+        or when the compute dtype is fp32, this is a no-op.
+        """
+        if self.is_sharded or self.compute_dtype == torch.float32 or not dev.is_cuda():
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=dev.device_type(), dtype=self.compute_dtype)
 
     # ------------------------------------------------------------------ offload between phases
     def offload_params(self) -> None:

@@ -64,7 +64,7 @@ def compute_log_prob(
     log_probs, entropies = [], []
     was_training = module.training
     module.eval()
-    with torch.no_grad(), engine.on_device():
+    with torch.no_grad(), engine.on_device(), engine.autocast():
         for mb in micro_batches:
             lp, ent = response_log_probs(module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding)
             log_probs.append(lp.float().cpu())
@@ -164,9 +164,10 @@ class PPOActor:
         for mb in micro_batches:
             b = mb.batch.to(self.engine.device)
             mask = b["response_mask"]
-            log_prob, entropy = response_log_probs(
-                self.engine.module, b, temperature, want_entropy, self.use_remove_padding
-            )
+            with self.engine.autocast():
+                log_prob, entropy = response_log_probs(
+                    self.engine.module, b, temperature, want_entropy, self.use_remove_padding
+                )
             pg_loss, pg_metrics = self.policy_loss_fn(
                 b["old_log_probs"], log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, b.get("rollout_is_weights")
             )

@@ -60,7 +60,7 @@ class PPOCritic:
         micro_batches, parts = split_micro_batches(data.select(batch_keys=list(_MODEL_KEYS)), self.forward_spec)
         outs = []
         module.eval()
-        with torch.no_grad(), self.engine.on_device():
+        with torch.no_grad(), self.engine.on_device(), self.engine.autocast():
             for mb in micro_batches:
                 outs.append(response_values(module, mb.batch.to(self.engine.device), self.use_remove_padding).cpu())
         return gather_in_order(outs, parts) * data.batch["response_mask"]
@@ -93,7 +93,8 @@ class PPOCritic:
         for mb in micro_batches:
             b = mb.batch.to(self.engine.device)
             mask = b["response_mask"]
-            vpreds = response_values(self.engine.module, b, self.use_remove_padding)
+            with self.engine.autocast():
+                vpreds = response_values(self.engine.module, b, self.use_remove_padding)
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds, b["returns"], b["values"], mask, float(cfg.cliprange_value), cfg.loss_agg_mode, **norm
             )

@@ -112,7 +112,7 @@ class RewardModelWorker(Worker):
         module = self.engine.module
         module.eval()
         scores = []
-        with torch.no_grad(), self.engine.on_device():
+        with torch.no_grad(), self.engine.on_device(), self.engine.autocast():
             for mb in micro_batches:
                 b = mb.batch.to(self.engine.device)
                 scores.append(last_token_scores(module, b["input_ids"], b["attention_mask"], b["position_ids"]).cpu())
