@@ -18,7 +18,7 @@ import uuid
 from typing import Any, ClassVar
 
 from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse, parse_arguments, validate_arguments
-from hybridflow.utils.registry import Registry
+from hybridflow.utils.registry import Registry, closest
 
 ExecuteResult = tuple[ToolResponse, float, dict]
 
@@ -124,8 +124,6 @@ def parse_tool_config(cls: type, config: dict | None, tool_name: str):
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        from hybridflow.utils.registry import closest
-
         hints = [f"'{k}'" + (f" (did you mean '{closest(k, sorted(known))}'?)" if closest(k, sorted(known)) else "")
                  for k in unknown]
         raise ValueError(f"tool '{tool_name}': unknown config key(s) {', '.join(hints)}; known keys: {sorted(known)}")
