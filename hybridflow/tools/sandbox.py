@@ -10,7 +10,7 @@ Guarantees per call (details and the weaker fallback in docs/sandbox.md):
   * address-space limit (RLIMIT_AS) -> ``status == "memory"`` when the program dies of ``MemoryError``;
   * no network: a fresh network namespace with only a down loopback;
   * a private root: tmpfs with read-only system dirs and the Python prefix; the project, /root, /home and
-    /etc are not there; writable places are ``/sandbox`` (cwd) and ``/tmp``, both on a size-capped tmpfs
+    /etc are not there; writable places are ``/sandbox`` (cwd), ``/tmp`` and ``/dev/shm``, on a size-capped tmpfs
     that vanishes with the namespace;
   * a dedicated random unprivileged uid with RLIMIT_NPROC, so fork bombs stop at ``max_processes``;
   * stdout/stderr read with a byte cap (never unbounded memory), stderr keeps head and tail.
