@@ -116,7 +116,7 @@ class ActorRolloutRefWorker(Worker):
         from hybridflow.rollout import SamplingParams, create_rollout_engine
 
         rc = self.config.rollout
-        if rc.name not in ("hf", "???", None):
+        if rc.name != "hf":
             raise ValueError(
                 f"actor_rollout_ref.rollout.name={rc.name!r}: the colocated ActorRolloutRefWorker drives the 'hf' "
                 "engine; vllm/sglang run as separate rollout servers"

@@ -102,3 +102,29 @@ def test_update_without_ref_log_prob_is_a_clear_error(tiny_model_dir, config_fac
     data = data.union(worker.compute_log_prob(data))
     with pytest.raises(KeyError, match="ref_log_prob"):
         worker.update_actor(data)
+
+
+def test_non_finite_updates_are_skipped_then_abort(tiny_model_dir, config_factory, batches):
+    from hybridflow.workers.actor import NonFiniteGradientError
+
+    worker = _worker(config_factory, tiny_model_dir, "actor_rollout_ref.actor.max_consecutive_skipped_steps=2")
+    data = batches.make_update_batch(_vocab(worker), seed=13, rows=4)  # one mini-batch per update
+    data.batch["advantages"][0, 0] = float("nan")
+    before = {k: v.clone() for k, v in worker.actor_engine.module.state_dict().items()}
+    metrics = batches.run_update(worker, data)
+    assert metrics["actor/nonfinite_grad_skipped"] == [1.0]
+    assert all(torch.equal(before[k], v) for k, v in worker.actor_engine.module.state_dict().items())
+    with pytest.raises(NonFiniteGradientError, match="max_consecutive_skipped_steps"):
+        batches.run_update(worker, data)
+
+
+def test_colocated_worker_refuses_a_server_rollout(tiny_model_dir, config_factory):
+    from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+    cfg = config_factory(tiny_model_dir)
+    cfg.actor_rollout_ref.rollout.name = "vllm"
+    worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor_rollout")
+    with pytest.raises(ValueError, match="rollout.name='vllm'"):
+        worker.init_model()
+    with pytest.raises(ValueError, match="role must be one of"):
+        ActorRolloutRefWorker(cfg.actor_rollout_ref, "critic")
