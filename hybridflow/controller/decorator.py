@@ -61,12 +61,14 @@ class Execute(str, Enum):
 class DispatchPlan:
     """Per-rank arguments: ``args[j][r]`` is positional argument j for rank r (same for ``kwargs``).
 
-    ``pad_size`` rows were appended to DataProto arguments to make them divisible; collect drops them.
+    ``pad_size`` rows were appended to DataProto arguments (``padded_len`` rows in all) to make them
+    divisible; collect drops the outputs of those rows.
     """
 
     args: tuple[list, ...]
     kwargs: dict[str, list]
     pad_size: int = 0
+    padded_len: int = 0
 
     def for_rank(self, rank: int) -> tuple[tuple, dict]:
         return tuple(a[rank] for a in self.args), {k: v[rank] for k, v in self.kwargs.items()}
@@ -133,13 +135,13 @@ def _dp_compute(group, *args, **kwargs) -> DispatchPlan:
     return DispatchPlan(tuple(list(a) for a in args), {k: list(v) for k, v in kwargs.items()})
 
 
-def _split_proto(mode: str, name: str, value: Any, chunks: int) -> tuple[list, int]:
-    """Pad ``value`` to a multiple of ``chunks`` and split it; returns (parts, pad_size)."""
+def _split_proto(mode: str, name: str, value: Any, chunks: int) -> tuple[list, int, int]:
+    """Pad ``value`` to a multiple of ``chunks`` and split it; returns (parts, pad_size, padded_len)."""
     if isinstance(value, DataProtoFuture):
-        return value.chunk(chunks, auto_pad=True), -1  # pad unknown here: the workers drop it themselves
+        return value.chunk(chunks, auto_pad=True), -1, 0  # pad unknown here: the workers drop it themselves
     if isinstance(value, DataProto):
         padded, pad = value.pad_to_divisor(chunks)
-        return padded.chunk(chunks), pad
+        return padded.chunk(chunks), pad, len(padded)
     raise TypeError(
         f"Dispatch.{mode} splits every argument over the data-parallel ranks, but {name} is a "
         f"{type(value).__name__}. Pass a DataProto (put scalar options in data.meta_info) or use "
@@ -147,16 +149,17 @@ def _split_proto(mode: str, name: str, value: Any, chunks: int) -> tuple[list, i
     )
 
 
-def _chunk_all(mode: str, chunks: int, args: Sequence, kwargs: dict) -> tuple[tuple[list, ...], dict[str, list], int]:
+def _chunk_all(mode: str, chunks: int, args: Sequence, kwargs: dict) -> tuple[tuple[list, ...], dict[str, list], int, int]:
     pads: set[int] = set()
+    padded_len = 0
     out_args = []
     for i, a in enumerate(args):
-        parts, pad = _split_proto(mode, f"positional argument {i}", a, chunks)
+        parts, pad, padded_len = _split_proto(mode, f"positional argument {i}", a, chunks)
         out_args.append(parts)
         pads.add(pad)
     out_kwargs = {}
     for k, v in kwargs.items():
-        out_kwargs[k], pad = _split_proto(mode, f"argument '{k}'", v, chunks)
+        out_kwargs[k], pad, padded_len = _split_proto(mode, f"argument '{k}'", v, chunks)
         pads.add(pad)
     known = pads - {-1}
     if known and -1 in pads:
@@ -166,19 +169,18 @@ def _chunk_all(mode: str, chunks: int, args: Sequence, kwargs: dict) -> tuple[tu
         )
     if len(known) > 1:
         raise ValueError(f"Dispatch.{mode}: DataProto arguments have different lengths (padding {sorted(known)})")
-    return tuple(out_args), out_kwargs, known.pop() if known else 0
+    return tuple(out_args), out_kwargs, known.pop() if known else 0, padded_len
 
 
 def _dp_compute_proto(group, *args, **kwargs) -> DispatchPlan:
-    args_p, kwargs_p, pad = _chunk_all(Dispatch.DP_COMPUTE_PROTO.value, group.world_size, args, kwargs)
-    return DispatchPlan(args_p, kwargs_p, pad)
+    return DispatchPlan(*_chunk_all(Dispatch.DP_COMPUTE_PROTO.value, group.world_size, args, kwargs))
 
 
 def _dp_compute_proto_with_func(group, fn, *args, **kwargs) -> DispatchPlan:
     if not callable(fn):
         raise TypeError(f"Dispatch.DP_COMPUTE_PROTO_WITH_FUNC expects a function first, got {type(fn).__name__}")
-    args_p, kwargs_p, pad = _chunk_all(Dispatch.DP_COMPUTE_PROTO_WITH_FUNC.value, group.world_size, args, kwargs)
-    return DispatchPlan(([fn] * group.world_size,) + args_p, kwargs_p, pad)
+    args_p, kwargs_p, pad, padded_len = _chunk_all(Dispatch.DP_COMPUTE_PROTO_WITH_FUNC.value, group.world_size, args, kwargs)
+    return DispatchPlan(([fn] * group.world_size,) + args_p, kwargs_p, pad, padded_len)
 
 
 def _collect_list(group, outputs: list) -> list:
@@ -189,8 +191,25 @@ def _collect_first(group, outputs: list) -> Any:
     return outputs[0]
 
 
-def concat_collect(outputs: list, ranks: Sequence[int] | None = None, pad_size: int = 0) -> DataProto:
-    """Concatenate the DataProto outputs of ``ranks`` (all when None) and drop ``pad_size`` trailing rows.
+def drop_padding(out: DataProto, pad_rows: int, in_rows: int) -> DataProto:
+    """Drop the outputs of the last ``pad_rows`` of ``in_rows`` input rows.
+
+    A method may return k rows per input row (e.g. ``rollout.n`` interleaved samples), so the
+    padding's outputs are the last ``pad_rows * k`` rows.
+    """
+    if pad_rows <= 0:
+        return out
+    if in_rows <= 0 or len(out) % in_rows:
+        raise ValueError(
+            f"cannot drop auto-padding: {len(out)} output rows for {in_rows} padded input rows. With auto-padding a "
+            "method must return a fixed number of rows per input row; otherwise send a batch whose size divides "
+            "the number of data-parallel ranks."
+        )
+    return out.slice(0, len(out) - pad_rows * (len(out) // in_rows))
+
+
+def concat_collect(outputs: list, ranks: Sequence[int] | None = None, pad_size: int = 0, padded_len: int = 0) -> DataProto:
+    """Concatenate the DataProto outputs of ``ranks`` (all when None) and drop the padding's outputs.
 
     Module-level (not a closure) so a ``DataProtoFuture`` holding it pickles to other workers.
     """
@@ -200,8 +219,7 @@ def concat_collect(outputs: list, ranks: Sequence[int] | None = None, pad_size: 
             raise TypeError(
                 f"a DataProto dispatch mode collects DataProto outputs, but rank {r} returned {type(o).__name__}"
             )
-    out = DataProto.concat(picked)
-    return out.unpad(pad_size) if pad_size > 0 else out
+    return drop_padding(DataProto.concat(picked), pad_size, padded_len)
 
 
 _DISPATCH_MODES: Registry[DispatchMode] = Registry("dispatch mode")
@@ -268,12 +286,13 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> DispatchMode:
 def _nd_dispatch(mesh_name: str, group, *args, **kwargs) -> DispatchPlan:
     info = group.dispatch_info(mesh_name)
     dp_size = len({dp for dp, _ in info})
-    args_p, kwargs_p, pad = _chunk_all(f"nd[{mesh_name}]", dp_size, args, kwargs)
+    args_p, kwargs_p, pad, padded_len = _chunk_all(f"nd[{mesh_name}]", dp_size, args, kwargs)
     ranks = range(group.world_size)
     return DispatchPlan(
         tuple([parts[info[r][0]] for r in ranks] for parts in args_p),
         {k: [parts[info[r][0]] for r in ranks] for k, parts in kwargs_p.items()},
         pad,
+        padded_len,
     )
 
 
@@ -334,12 +353,12 @@ def register(
 
         @functools.wraps(fn)
         def inner(*args, **kwargs):
-            padded_rows = 0
+            padded_rows, in_rows = 0, 0
             if spec.materialize_futures:
-                args, kwargs, padded_rows = _materialize(args, kwargs)
+                args, kwargs, padded_rows, in_rows = _materialize(args, kwargs)
             out = fn(*args, **kwargs)
             if padded_rows and isinstance(out, DataProto):
-                out = out.slice(0, len(out) - padded_rows)
+                out = drop_padding(out, padded_rows, in_rows)
             return out
 
         setattr(inner, METHOD_SPEC_ATTR, spec)
@@ -348,18 +367,20 @@ def register(
     return deco
 
 
-def _materialize(args: tuple, kwargs: dict) -> tuple[tuple, dict, int]:
-    padded = 0
+def _materialize(args: tuple, kwargs: dict) -> tuple[tuple, dict, int, int]:
+    """Resolve future arguments; returns (args, kwargs, padding rows in this chunk, chunk rows)."""
+    padded, rows = 0, 0
 
     def one(v):
-        nonlocal padded
+        nonlocal padded, rows
         if isinstance(v, DataProtoFuture):
             data, pad = v.resolve()
-            padded = max(padded, pad)
+            if pad > padded:
+                padded, rows = pad, len(data)
             return data
         return v
 
-    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}, padded
+    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}, padded, rows
 
 
 def registered_methods(cls: type) -> dict[str, MethodSpec]:

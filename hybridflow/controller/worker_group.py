@@ -178,14 +178,16 @@ class WorkerGroup:
         if execute is Execute.RANK_ZERO:
             return outputs[0]
         if mode.returns_dataproto:
-            return concat_collect(outputs, self._collect_ranks(mode), plan.pad_size)
+            return concat_collect(outputs, self._collect_ranks(mode), plan.pad_size, plan.padded_len)
         return mode.collect_fn(self, outputs)
 
     def _future(self, mode: DispatchMode, execute: Execute, plan: DispatchPlan, handles: list, info: CallInfo):
         if execute is Execute.RANK_ZERO:
             return handles[0]
         if mode.returns_dataproto:
-            collect = functools.partial(concat_collect, ranks=self._collect_ranks(mode), pad_size=plan.pad_size)
+            collect = functools.partial(
+                concat_collect, ranks=self._collect_ranks(mode), pad_size=plan.pad_size, padded_len=plan.padded_len
+            )
             return DataProtoFuture(collect_fn=collect, futures=handles, resolve_fn=self._resolver(info))
         return handles
 

@@ -23,7 +23,7 @@ from hybridflow.controller import (
     register,
     register_dispatch_mode,
 )
-from hybridflow.controller.decorator import concat_collect, validate_dispatch_info
+from hybridflow.controller.decorator import concat_collect, drop_padding, validate_dispatch_info
 from hybridflow.protocol import DataProto, DataProtoFuture, FutureChunk
 
 
@@ -173,7 +173,11 @@ def test_future_chunk_padding_golden():
 
 def test_concat_collect_picks_ranks_and_unpads():
     outs = [DataProto.from_dict({"x": torch.tensor([float(r), float(r)])}) for r in range(4)]
-    assert concat_collect(outs, ranks=[0, 2], pad_size=1).batch["x"].tolist() == [0.0, 0.0, 2.0]
+    assert concat_collect(outs, ranks=[0, 2], pad_size=1, padded_len=4).batch["x"].tolist() == [0.0, 0.0, 2.0]
+    # 2 output rows per input row (e.g. rollout.n=2): 1 padded input row -> its 2 outputs dropped
+    assert concat_collect(outs, pad_size=1, padded_len=4).batch["x"].tolist() == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
+    with pytest.raises(ValueError, match="7 output rows for 4 padded input rows"):
+        drop_padding(_rows(7), 1, 4)
     with pytest.raises(TypeError, match="rank 1 returned int"):
         concat_collect([outs[0], 3])
 

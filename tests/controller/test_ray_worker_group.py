@@ -94,6 +94,10 @@ class DPWorker(Worker):
             {"tag": data.non_tensor_batch["tag"]},
         )
 
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def repeat2(self, data: DataProto) -> DataProto:
+        return data.repeat(2, interleave=True)  # k outputs per input row, as rollout.n does
+
     @register(Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def plus_one_async(self, data: DataProto) -> DataProto:
         return DataProto.from_dict({"x": data.batch["x"] + 1}, {"tag": data.non_tensor_batch["tag"]})
@@ -194,6 +198,14 @@ def test_dp_compute_proto_pads_and_unpads(wg4, n, expected_ranks):
     assert out.batch["y"].tolist() == [2.0 * i for i in range(n)]
     assert out.batch["rank"].tolist() == expected_ranks
     assert list(out.non_tensor_batch["tag"]) == [f"r{i}" for i in range(n)]
+
+
+def test_padding_is_dropped_for_methods_returning_k_rows_per_input(wg4):
+    out = wg4.repeat2(_rows(5))  # padded to 8 -> 16 outputs -> the 3 pad rows' 6 outputs dropped
+    assert out.batch["x"].tolist() == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0]
+    chained = wg4.repeat2(wg4.plus_one_async(_rows(5)))  # same through a future (dropped on the workers)
+    assert chained.batch["x"].tolist() == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0, 5.0, 5.0]
+    assert list(chained.non_tensor_batch["tag"]) == [f"r{i // 2}" for i in range(10)]
 
 
 def test_proto_with_func_metric_rank_zero_and_user_mode(wg4):
