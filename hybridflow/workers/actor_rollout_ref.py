@@ -149,6 +149,38 @@ class ActorRolloutRefWorker(Worker):
         out.meta_info.setdefault("timing", {})["gen"] = time.perf_counter() - start
         return out
 
+    # ------------------------------------------------------------------ weight sync (split placement)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def get_actor_weights(self) -> dict[str, torch.Tensor]:
+        """Full CPU weights of the actor (on rank 0; ``{}`` on other ranks of a sharded group).
+
+        Only needed when the rollout runs in another worker group; the colocated hybrid engine
+        generates with the actor's own module and never copies weights.
+        """
+        if self.actor is None:
+            raise RuntimeError(f"get_actor_weights needs a role with 'actor' (this worker is {self.role!r})")
+        return self.actor_engine.full_state_dict()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def update_rollout_weights(self, state_dict: dict[str, torch.Tensor]) -> float:
+        """Load full weights (as ``get_actor_weights`` returns them) into a rollout-only worker.
+
+        With several ranks only rank 0's dict needs to hold the tensors: they are broadcast from it
+        into each rank's shards.  Returns the seconds spent (``timing_s/update_weights``).
+        """
+        if self._is_actor:
+            raise RuntimeError("this worker trains the actor; its rollout already uses the actor's weights")
+        start = time.perf_counter()
+        engine = self.actor_engine
+        if engine.is_sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(engine.module, state_dict, options=options)
+        else:
+            engine.module.load_state_dict(state_dict)
+        return time.perf_counter() - start
+
     # ------------------------------------------------------------------ log-probs
     def _temperature(self, data: DataProto) -> float:
         return float(data.meta_info.get("temperature", self.config.rollout.temperature))

@@ -128,3 +128,18 @@ def test_colocated_worker_refuses_a_server_rollout(tiny_model_dir, config_factor
         worker.init_model()
     with pytest.raises(ValueError, match="role must be one of"):
         ActorRolloutRefWorker(cfg.actor_rollout_ref, "critic")
+
+
+def test_split_placement_weight_sync_into_a_rollout_only_worker(tiny_model_dir, config_factory, batches):
+    from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+    actor = _worker(config_factory, tiny_model_dir, role="actor", eps_one=False)
+    rollout = _worker(config_factory, tiny_model_dir, role="rollout", eps_one=False)
+    batches.run_update(actor, batches.make_update_batch(_vocab(actor), seed=14))
+    seconds = rollout.update_rollout_weights(actor.get_actor_weights())
+    assert seconds >= 0
+    mine, theirs = actor.actor_engine.module.state_dict(), rollout.actor_engine.module.state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert not any(p.requires_grad for p in rollout.actor_engine.module.parameters())
+    with pytest.raises(RuntimeError, match="already uses the actor's weights"):
+        ActorRolloutRefWorker.update_rollout_weights(actor, {})

@@ -44,6 +44,14 @@ def main(rank: int, world: int, port: int, cfg_path: str, out_dir: str) -> None:
     gen = worker.generate_sequences(batches.prompts_of(mine))
     assert gen.batch["responses"].shape == (len(mine) * cfg.actor_rollout_ref.rollout.n, 3 + 4 * rank)
 
+    # Split placement: a second (rollout-only) sharded copy receives the weights broadcast from rank 0.
+    rollout = ActorRolloutRefWorker(cfg.actor_rollout_ref, "rollout")
+    rollout.init_model()
+    rollout.update_rollout_weights(worker.get_actor_weights())
+    synced = rollout.actor_engine.full_state_dict()
+    if rank == 0:
+        assert all(torch.equal(synced[k], state[k]) for k in state)
+
     # Checkpoint round-trip: the update after loading equals the update right after saving.
     ckpt = os.path.join(out_dir, "global_step_1", "actor")
     worker.save_checkpoint(ckpt, global_step=1)
