@@ -201,7 +201,8 @@ class ActorRolloutRefWorker(Worker):
         temperature = self._temperature(data)
         spec = self._log_prob_spec(self.config.rollout, "actor_rollout_ref.rollout")
         log_probs, entropy = self.actor.compute_log_prob(data, spec, temperature, calculate_entropy=True)
-        metrics: dict[str, float] = {}
+        # verl reports the policy entropy of the rollout batch from this pass (token mean over responses)
+        metrics: dict[str, float] = {"actor/entropy": float(masked_mean(entropy, data.batch["response_mask"]))}
         if "rollout_log_probs" in data.batch:
             metrics.update(rollout_probs_diff(data.batch["rollout_log_probs"], log_probs, data.batch["response_mask"]))
         return DataProto.from_dict(

@@ -75,6 +75,7 @@ def test_rollout_log_probs_match_recomputed_actor_log_probs(tiny_model_dir, conf
     lp = worker.compute_log_prob(out)
     mask = out.batch["response_mask"].bool()
     assert torch.allclose(lp.batch["old_log_probs"][mask], out.batch["rollout_log_probs"][mask], atol=1e-4)
+    assert lp.meta_info["metrics"]["actor/entropy"] > 0
     diff = lp.meta_info["metrics"]["training/rollout_probs_diff_mean"]
     assert 0.0 <= diff < 1e-4
 
