@@ -168,12 +168,12 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
             runtime.close()
 
 
-def main(argv: list[str] | None = None) -> None:
-    from hybridflow.cli import load_trainer_config
+def main(argv: list[str] | None = None) -> int:
+    """Same as ``hybridflow train``: verl overrides, plus ``--config-path/--config-name`` and ``--dry-run``."""
+    from hybridflow.cli import cmd_train
 
-    config, _ = load_trainer_config(list(sys.argv[1:] if argv is None else argv))
-    run_ppo(config)
+    return cmd_train(list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -69,7 +69,7 @@ def grpo_overrides(model: str, data_dir: Path, out_dir: Path, backend: str, step
         f"{a}.actor.optim.weight_decay=0.0", f"{a}.actor.use_kl_loss=false", f"{a}.actor.entropy_coeff=0",
         f"{a}.actor.loss_agg_mode=token-mean", f"{a}.model.use_remove_padding=false",
         f"trainer.backend={backend}", "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
-        f"trainer.total_training_steps={steps}", "trainer.test_freq=10", "trainer.val_before_train=true",
+        f"trainer.total_training_steps={steps}", "trainer.test_freq=20", "trainer.val_before_train=true",
         "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.log_val_generations=8",
         "trainer.logger=[file]", "trainer.project_name=quickstart", "trainer.experiment_name=addition_grpo",
         f"trainer.default_local_dir={out_dir / 'checkpoints'}", f"trainer.seed={seed}",
