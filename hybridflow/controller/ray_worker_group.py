@@ -176,18 +176,25 @@ class RayWorkerGroup(WorkerGroup):
         if not self._workers:
             raise ControllerError(f"worker group '{self.role}' was shut down; '{method}' cannot run")
 
-        shared: dict[int, Any] = {}  # one object-store copy of a DataProto sent to several ranks
+        calls = [plan.for_rank(r) for r in ranks]
+        # A DataProto sent to several ranks (ONE_TO_ALL, TP/SP replicas) goes to the object store once;
+        # one sent to a single rank is passed directly (Ray stores large arguments itself).
+        uses: dict[int, int] = {}
+        for args, kwargs in calls:
+            for v in (*args, *kwargs.values()):
+                if isinstance(v, DataProto):
+                    uses[id(v)] = uses.get(id(v), 0) + 1
+        shared: dict[int, Any] = {}
 
         def put(v):
-            if isinstance(v, DataProto):
+            if isinstance(v, DataProto) and uses[id(v)] > 1:
                 if id(v) not in shared:
                     shared[id(v)] = ray.put(v)
                 return shared[id(v)]
             return v
 
         refs = []
-        for r in ranks:
-            args, kwargs = plan.for_rank(r)
+        for r, (args, kwargs) in zip(ranks, calls):
             args = tuple(put(a) for a in args)
             kwargs = {k: put(v) for k, v in kwargs.items()}
             actor = self._workers[r]
