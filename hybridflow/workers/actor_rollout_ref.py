@@ -65,8 +65,6 @@ class ActorRolloutRefWorker(Worker):
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
-        if self.world_size > 1:
-            self.init_distributed(timeout_s=float(config.nccl_timeout))
         for mesh in ("actor", "rollout", "ref"):
             self._register_dispatch_collect_info(mesh, dp_rank=self.rank, is_collect=True)
         self.tokenizer = None
@@ -94,6 +92,10 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_training_steps: int | None = None) -> None:
         """Load tokenizer and models, shard them, build optimizer/schedule and the rollout engine."""
+        # The process group is joined here, not in __init__: rank 0 is constructed before the other
+        # ranks exist, so a rendezvous in the constructor would wait forever.
+        if self.world_size > 1:
+            self.init_distributed(timeout_s=float(self.config.nccl_timeout))
         mc = self.config.model
         _import_external_lib(mc.external_lib)
         self.tokenizer = load_tokenizer(

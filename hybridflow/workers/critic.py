@@ -116,8 +116,6 @@ class CriticWorker(Worker):
     def __init__(self, config: Any):
         super().__init__()
         self.config = config
-        if self.world_size > 1:
-            self.init_distributed()
         self._register_dispatch_collect_info("critic", dp_rank=self.rank, is_collect=True)
         self.engine: TrainEngine | None = None
         self.critic: PPOCritic | None = None
@@ -125,6 +123,8 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_training_steps: int | None = None) -> None:
+        if self.world_size > 1:  # joined here: every rank exists once init_model runs
+            self.init_distributed()
         mc = self.config.model
         if mc.external_lib:
             import importlib

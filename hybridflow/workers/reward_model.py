@@ -46,13 +46,13 @@ class RewardModelWorker(Worker):
     def __init__(self, config: Any):
         super().__init__()
         self.config = config
-        if self.world_size > 1:
-            self.init_distributed()
         self._register_dispatch_collect_info("reward_model", dp_rank=self.rank, is_collect=True)
         self.engine: TrainEngine | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
+        if self.world_size > 1:  # joined here: every rank exists once init_model runs
+            self.init_distributed()
         mc = self.config.model
         if mc.external_lib:
             import importlib
