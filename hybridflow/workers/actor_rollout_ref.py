@@ -138,11 +138,19 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate ``rollout.n`` responses per prompt with the actor's current weights."""
+        """Generate ``rollout.n`` responses per prompt with the actor's current weights.
+
+        ``meta_info["global_steps"]`` (set by the trainer) reseeds the sampler for the step.
+        """
         from hybridflow.rollout import generate_sequences
 
         if self.rollout_engine is None:
             raise RuntimeError(f"generate_sequences needs a role with 'rollout' (this worker is {self.role!r})")
+        if "global_steps" in prompts.meta_info:
+            # The sampling stream is a function of (rollout.seed, step, rank), so a run resumed from a
+            # checkpoint samples exactly what the uninterrupted run sampled at that step.
+            step = int(prompts.meta_info["global_steps"])
+            self.rollout_engine.reseed(int(self.config.rollout.seed) + 7919 * step + self.rank)
         start = time.perf_counter()
         with self.actor_engine.full_params():
             out = generate_sequences(

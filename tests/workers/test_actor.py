@@ -144,3 +144,15 @@ def test_split_placement_weight_sync_into_a_rollout_only_worker(tiny_model_dir, 
     assert not any(p.requires_grad for p in rollout.actor_engine.module.parameters())
     with pytest.raises(RuntimeError, match="already uses the actor's weights"):
         ActorRolloutRefWorker.update_rollout_weights(actor, {})
+
+
+def test_sampling_stream_is_a_function_of_the_step(tiny_model_dir, config_factory, batches):
+    """Resumed runs sample what the uninterrupted run sampled: generation reseeds from global_steps."""
+    worker = _worker(config_factory, tiny_model_dir, role="actor_rollout")
+    prompts = batches.prompts_of(batches.make_rollout_batch(_vocab(worker), batch_size=3, seed=15))
+    outs = {}
+    for step in (3, 4, 3):
+        prompts.meta_info["global_steps"] = step
+        outs.setdefault(step, []).append(worker.generate_sequences(prompts).batch["responses"])
+    assert torch.equal(outs[3][0], outs[3][1])
+    assert not torch.equal(outs[3][0], outs[4][0])
