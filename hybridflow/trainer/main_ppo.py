@@ -53,7 +53,12 @@ def _actor_role(config) -> str:
 
 def build_runtime(config, tokenizer=None) -> Runtime:
     """Start the backend and the role worker groups; ``init_model`` runs actor last (as verl)."""
-    from hybridflow.controller import ClassWithInitArgs, create_resource_pool, create_worker_group
+    from hybridflow.controller import (
+        ClassWithInitArgs,
+        create_colocated_worker_cls,
+        create_resource_pool,
+        create_worker_group,
+    )
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
     tcfg = config.trainer
@@ -70,33 +75,30 @@ def build_runtime(config, tokenizer=None) -> Runtime:
         if started_here:
             closers.append(ray.shutdown)
     process_on_nodes = [1] if backend == "local" else [tcfg.n_gpus_per_node] * tcfg.nnodes
-    roles_in_pool = 1 + int(config.use_critic) + int(config.reward_model.enable)
-    pool_kwargs: dict[str, Any] = {} if backend == "local" else {"max_colocate_count": roles_in_pool}
-    pool = create_resource_pool(backend, process_on_nodes, use_gpu=use_gpu, **pool_kwargs)
+    pool = create_resource_pool(backend, process_on_nodes, use_gpu=use_gpu)
     release = getattr(pool, "release", None)
     if callable(release):
         closers.append(release)
-
-    def group(cls, role, *args):
-        wg = create_worker_group(backend, pool, ClassWithInitArgs(cls, *args), role=role)
-        closers.append(wg.shutdown)
-        return wg
-
-    critic = rm = None
+    # HybridFlow's colocated placement: every role lives in the same process per device, so the models run
+    # one after another on the same devices and never wait for each other's resources.
+    class_dict = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config.actor_rollout_ref, _actor_role(config))}
     if config.use_critic:
         from hybridflow.workers.critic import CriticWorker
 
-        critic = group(CriticWorker, "critic", config.critic)
+        class_dict["critic"] = ClassWithInitArgs(CriticWorker, config.critic)
     if config.reward_model.enable:
         from hybridflow.workers.reward_model import RewardModelWorker
 
-        rm = group(RewardModelWorker, "reward_model", config.reward_model)
-    actor = group(ActorRolloutRefWorker, "actor_rollout", config.actor_rollout_ref, _actor_role(config))
-    for wg in (critic, rm, actor):
-        if wg is not None:
-            wg.init_model()
+        class_dict["reward_model"] = ClassWithInitArgs(RewardModelWorker, config.reward_model)
+    host = create_worker_group(backend, pool, create_colocated_worker_cls(class_dict), role="colocated")
+    closers.append(host.shutdown)
+    views = host.spawn(class_dict)
+    for role in ("critic", "reward_model", "actor_rollout"):  # actor last, as verl
+        if role in views:
+            views[role].init_model()
+    actor = views["actor_rollout"]
     groups = WorkerGroups(actor_rollout=actor, ref=actor if config.use_reference_policy else None,
-                          critic=critic, reward_model=rm)
+                          critic=views.get("critic"), reward_model=views.get("reward_model"))
     return Runtime(groups=groups, n_devices=pool.world_size, dp_size=pool.world_size, _closers=closers)
 
 

@@ -9,3 +9,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     text = solution_str.strip()
     digits = sum(ch.isdigit() for ch in text)
     return {"score": digits / max(len(text), 1), "acc": float(text == str(ground_truth))}
+
+
+def compute_score_spread(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """Any change of any character changes the score: greedy outputs of an untrained model still differ."""
+    return (sum(ord(ch) * (i + 1) for i, ch in enumerate(solution_str)) % 11) / 10.0
