@@ -6,6 +6,13 @@ One Python controller writes the RL dataflow; each model role runs as an SPMD wo
 
 __version__ = "0.1.0"
 
-from hybridflow.protocol import DataProto  # noqa: E402
-
 __all__ = ["DataProto", "__version__"]
+
+
+def __getattr__(name):
+    # Lazy so that light processes (reward scorers, the CLI's dry run) do not pay torch's import.
+    if name == "DataProto":
+        from hybridflow.protocol import DataProto
+
+        return DataProto
+    raise AttributeError(f"module 'hybridflow' has no attribute {name!r}")
