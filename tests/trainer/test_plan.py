@@ -1,0 +1,54 @@
+"""Which stages a configuration runs, and the step budget (pure config logic, no models)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.config import load_config
+from hybridflow.trainer.ppo_trainer import resolve_total_training_steps
+from hybridflow.trainer.stages import StepPlan
+
+A = "actor_rollout_ref"
+BASE = ["data.train_batch_size=8", f"{A}.actor.ppo_mini_batch_size=8", f"{A}.rollout.n=4",
+        f"{A}.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
+        "trainer.n_gpus_per_node=1", f"{A}.rollout.name=hf"]
+
+
+def plan(*overrides):
+    return StepPlan.from_config(load_config([*BASE, *overrides]))
+
+
+def test_stage_selection():
+    grpo = plan("algorithm.adv_estimator=grpo")
+    assert not grpo.use_critic and not grpo.use_ref and not grpo.remax_baseline and grpo.n == 4
+    assert plan("algorithm.adv_estimator=grpo", f"{A}.actor.use_kl_loss=true").use_ref
+    assert plan("algorithm.adv_estimator=rloo", "algorithm.use_kl_in_reward=true").use_ref
+    gae = plan("algorithm.adv_estimator=gae", "trainer.critic_warmup=3")
+    assert gae.use_critic and gae.critic_warmup == 3
+    assert plan("algorithm.adv_estimator=remax").remax_baseline
+
+
+def test_rollout_log_probs_reused_only_when_exactly_on_policy():
+    on_policy = [f"{A}.rollout.calculate_log_probs=true"]
+    assert plan(*on_policy).reuse_rollout_log_probs
+    assert not plan().reuse_rollout_log_probs  # the rollout was not asked for its log-probs
+    assert not plan(*on_policy, f"{A}.actor.ppo_epochs=2").reuse_rollout_log_probs
+    assert not plan(*on_policy, f"{A}.actor.ppo_mini_batch_size=4").reuse_rollout_log_probs
+    assert plan(*on_policy, f"{A}.actor.ppo_mini_batch_size=4",
+                "algorithm.rollout_correction.bypass_mode=true").reuse_rollout_log_probs
+
+
+def test_remax_needs_greedy_baseline_sampling():
+    with pytest.raises(ValueError, match="val_kwargs.do_sample=false"):
+        plan("algorithm.adv_estimator=remax", f"{A}.rollout.val_kwargs.do_sample=true",
+             f"{A}.rollout.val_kwargs.temperature=1.0")
+
+
+def test_total_training_steps_filled_into_optimizers():
+    cfg = load_config([*BASE, "trainer.total_epochs=3"])
+    assert resolve_total_training_steps(cfg, steps_per_epoch=5) == 15
+    assert cfg.actor_rollout_ref.actor.optim.total_training_steps == 15 == cfg.critic.optim.total_training_steps
+    cfg = load_config([*BASE, "trainer.total_training_steps=4"])
+    assert resolve_total_training_steps(cfg, steps_per_epoch=5) == 4
+    with pytest.raises(ValueError, match="train_batch_size=8"):
+        resolve_total_training_steps(cfg, steps_per_epoch=0)
