@@ -177,3 +177,14 @@ def test_flash_attention_models_are_rejected(model_and_tokenizer):
             HFRolloutEngine(model, tok)
     finally:
         model.config._attn_implementation = previous
+
+
+def test_cache_grows_while_rows_are_live(model_and_tokenizer, prompts):
+    """A long request joining a running batch reallocates the KV cache without disturbing live rows."""
+    model, tok = model_and_tokenizer
+    params = [SamplingParams(do_sample=False, max_tokens=m, ignore_eos=True) for m in (3, 40, 90)]
+    engine = HFRolloutEngine(model, tok, max_batch_size=2)
+    small = engine.generate_batch(prompts[:3], params)
+    assert engine._batcher.cache.capacity >= len(prompts[2]) + 90 > 64
+    big = HFRolloutEngine(model, tok).generate_batch(prompts[:3], params)
+    assert [o.token_ids for o in small] == [o.token_ids for o in big]
