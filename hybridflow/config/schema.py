@@ -137,7 +137,6 @@ class ModelConfig:
     target_modules: Any  # "all-linear" or a list of module names
     exclude_modules: Any
     lora_adapter_path: Optional[str]
-    dtype: str
 
 
 @dataclass(**KW)
@@ -331,7 +330,6 @@ class CriticModelConfig:
     lora_rank: int
     lora_alpha: float
     target_modules: Any
-    dtype: str
     fsdp_config: FSDPConfig
 
 
@@ -371,7 +369,6 @@ class RewardModelModelConfig:
     use_shm: bool
     use_remove_padding: bool
     use_fused_kernels: bool
-    dtype: str
     fsdp_config: FSDPConfig
 
 
