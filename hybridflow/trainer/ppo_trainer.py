@@ -138,13 +138,13 @@ class PPOTrainer:
         self.logger.finish()
 
     def _prompt_stream(self) -> Iterator[dict[str, Any]]:
-        """Prompt batches across epochs, for as long as the step budget asks.
+        """Prompt batches across epochs until ``trainer.total_epochs`` passes are done (or steps run out).
 
         The loader owns the epoch counter and its position (``data.pt``): a run stopped right after the
         last batch of an epoch resumes with the first batch of the next one instead of training zero steps
         (verl issue #7401). ``self.epoch`` mirrors the loader's epoch for logging and the trainer state.
         """
-        while True:
+        while self._loader_epoch() < self.config.trainer.total_epochs:
             produced = False
             for batch_dict in self.train_dataloader:
                 produced = True

@@ -44,7 +44,7 @@ def warm_up(base: str, rows: list[dict], out_dir: Path, steps: int, seed: int) -
     sft_rows = [{"prompt": r["prompt"], "response": r["reward_model"]["ground_truth"]} for r in rows]
     cfg = load_sft_config([
         f"model.partial_pretrain={base}", "data.train_batch_size=128", "data.micro_batch_size_per_gpu=128",
-        "data.max_length=32", "optim.lr=1e-3", "optim.lr_scheduler=constant", "optim.weight_decay=0.0",
+        "data.max_length=32", "optim.lr=3e-3", "optim.lr_scheduler=constant", "optim.weight_decay=0.0",
         f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={out_dir}", f"trainer.seed={seed}",
     ])
 
@@ -65,9 +65,9 @@ def grpo_overrides(model: str, data_dir: Path, out_dir: Path, backend: str, step
         "data.max_response_length=4", f"data.seed={seed}", "algorithm.adv_estimator=grpo",
         f"{a}.rollout.name=hf", f"{a}.rollout.n=8", f"{a}.rollout.temperature=1.0",
         f"{a}.actor.ppo_mini_batch_size=32", f"{a}.actor.ppo_micro_batch_size_per_gpu=256",
-        f"{a}.rollout.log_prob_micro_batch_size_per_gpu=256", f"{a}.actor.optim.lr=2e-4",
+        f"{a}.rollout.log_prob_micro_batch_size_per_gpu=256", f"{a}.actor.optim.lr=5e-5",
         f"{a}.actor.optim.weight_decay=0.0", f"{a}.actor.use_kl_loss=false", f"{a}.actor.entropy_coeff=0",
-        f"{a}.actor.loss_agg_mode=token-mean", f"{a}.model.use_remove_padding=false",
+        f"{a}.actor.loss_agg_mode=token-mean", f"{a}.model.use_remove_padding=false", "reward_model.num_workers=0",
         f"trainer.backend={backend}", "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
         f"trainer.total_training_steps={steps}", "trainer.test_freq=20", "trainer.val_before_train=true",
         "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.log_val_generations=8",
@@ -102,8 +102,8 @@ class LiveLogger:
         self.tracking.finish()
 
 
-def run_quickstart(output_dir: str = "outputs/quickstart", backend: str = "local", sft_steps: int = 300,
-                   rl_steps: int = 60, seed: int = 1, train_size: int = 4000, test_size: int = 200,
+def run_quickstart(output_dir: str = "outputs/quickstart", backend: str = "local", sft_steps: int = 800,
+                   rl_steps: int = 200, seed: int = 1, train_size: int = 4000, test_size: int = 200,
                    max_seconds: float | None = None) -> dict[str, Any]:
     """Run the whole demo and return the summary written to ``output_dir/summary.json``.
 
