@@ -90,7 +90,8 @@ class PPOTrainer:
             trainer_cfg = config.trainer
             self.validator = Validator(groups, val_dataloader, val_reward_fn, tokenizer,
                                        config.actor_rollout_ref.rollout.val_kwargs,
-                                       trainer_cfg.log_val_generations, seed=trainer_cfg.seed)
+                                       trainer_cfg.log_val_generations, seed=trainer_cfg.seed,
+                                       dump_dir=trainer_cfg.validation_data_dir)
 
     # ------------------------------------------------------------------------------------------ loop
     def fit(self, should_stop: Callable[[], bool] | None = None) -> RunHistory:
@@ -189,6 +190,12 @@ class PPOTrainer:
                     metrics.update(stages.update_actor(groups, batch, cfg.actor_rollout_ref.rollout.temperature))
                 with timed("update_weights", timing):
                     stages.sync_rollout_weights(groups)
+        if cfg.trainer.rollout_data_dir:
+            from hybridflow.trainer.rollout_dump import dump_generations
+
+            extra = {k: list(batch.non_tensor_batch[k]) for k in self._reward_extra_keys(batch)}
+            dump_generations(cfg.trainer.rollout_data_dir, self.global_steps + 1, self.tokenizer, batch,
+                             batch.batch["token_level_scores"].sum(-1).tolist(), extra)
         metrics.update(compute_data_metrics(batch, use_critic=plan.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, self.n_devices))
@@ -196,6 +203,10 @@ class PPOTrainer:
         metrics["training/global_step"] = float(self.global_steps + 1)
         metrics["training/epoch"] = float(self.epoch)
         return metrics
+
+    @staticmethod
+    def _reward_extra_keys(batch: DataProto) -> list[str]:
+        return [k for k in batch.meta_info.get("reward_extra_keys", []) if k in batch.non_tensor_batch]
 
     def collect_batch(self, prompts: Iterator[dict[str, Any]], timing: dict[str, float],
                       metrics: dict[str, float]) -> DataProto | None:

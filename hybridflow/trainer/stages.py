@@ -183,6 +183,7 @@ def compute_reward(groups: WorkerGroups, batch: DataProto, reward_fn: Callable, 
         if len(values) != len(batch):
             continue  # batch-level info (e.g. error counts) is reported through metrics below
         batch.non_tensor_batch[key] = np.asarray(list(values), dtype=object)
+        batch.meta_info.setdefault("reward_extra_keys", []).append(key)
         numeric = [float(v) for v in values if isinstance(v, (bool, int, float, np.number))]
         if len(numeric) == len(values):
             metrics[f"reward_extra/{key}/mean"] = float(np.mean(numeric))

@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from hybridflow.protocol import DataProto
 from hybridflow.tracking.validation import process_validation_metrics
+from hybridflow.trainer.rollout_dump import decode_batch, dump_generations
 from hybridflow.trainer.stages import WorkerGroups, generate, prompts_from_loader
 
 
@@ -29,7 +29,7 @@ class Validator:
     """Validation over a fixed loader; stateless between calls so it never disturbs training RNG streams."""
 
     def __init__(self, groups: WorkerGroups, dataloader: Iterable, reward_fn: Callable, tokenizer, val_kwargs,
-                 num_log_samples: int, seed: int):
+                 num_log_samples: int, seed: int, dump_dir: str | None = None):
         self.groups = groups
         self.dataloader = dataloader
         self.reward_fn = reward_fn
@@ -37,6 +37,7 @@ class Validator:
         self.val_kwargs = val_kwargs
         self.num_log_samples = num_log_samples
         self.seed = seed
+        self.dump_dir = dump_dir
 
     def generation_meta(self) -> dict[str, Any]:
         vk = self.val_kwargs
@@ -59,22 +60,18 @@ class Validator:
                 if len(values) == len(batch):
                     extra_cols.setdefault(key, []).extend(values)
             sources.extend(str(s) for s in batch.non_tensor_batch["data_source"])
-            inputs.extend(self._decode_prompts(batch))
-            outputs.extend(self._decode_responses(batch))
+            texts_in, texts_out = decode_batch(self.tokenizer, batch)
+            inputs.extend(texts_in)
+            outputs.extend(texts_out)
+            if self.dump_dir:
+                dump_generations(self.dump_dir, global_step, self.tokenizer, batch, scores,
+                                 result.get("reward_extra_info"))
         for key, values in extra_cols.items():
             if len(values) == len(infos["reward"]) and key not in infos:
                 infos[key] = values
         metrics = process_validation_metrics(sources, inputs, infos, seed=self.seed)
         metrics["val/num_samples"] = float(len(outputs))
         return ValidationResult(metrics=metrics, samples=self._samples(inputs, outputs, infos["reward"], global_step))
-
-    def _decode_prompts(self, batch: DataProto) -> list[str]:
-        return self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True)
-
-    def _decode_responses(self, batch: DataProto) -> list[str]:
-        responses = batch.batch["responses"]
-        lengths = batch.batch["response_mask"].sum(-1).tolist()
-        return [self.tokenizer.decode(r[: int(n)], skip_special_tokens=True) for r, n in zip(responses, lengths)]
 
     def _samples(self, inputs, outputs, scores, step: int) -> list[dict[str, Any]]:
         """A fixed, seeded selection so the same prompts are shown at every validation (as verl does)."""

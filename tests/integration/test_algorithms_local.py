@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -29,7 +30,8 @@ ALGORITHMS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_algorithm_trains_two_steps(name, nano_model_dir, addition_data, tmp_path):
-    extra = [DENSE_REWARD, "reward_model.num_workers=0", *ALGORITHMS[name]]
+    extra = [DENSE_REWARD, "reward_model.num_workers=0", *ALGORITHMS[name], "trainer.test_freq=2",
+             f"trainer.rollout_data_dir={tmp_path / 'rollouts'}", f"trainer.validation_data_dir={tmp_path / 'val'}"]
     history = run(small_overrides(nano_model_dir, addition_data, tmp_path, extra=extra), tmp_path)
     steps = [m for m in history.metrics if "timing_s/step" in m]
     assert [m["step"] for m in steps] == [1, 2]
@@ -50,3 +52,7 @@ def test_algorithm_trains_two_steps(name, nano_model_dir, addition_data, tmp_pat
     if name == "drgrpo":
         assert "timing_s/ref" not in steps[0]  # no KL anywhere: the reference stage is skipped
     assert (tmp_path / "metrics.jsonl").is_file()
+    dumped = (tmp_path / "rollouts" / "2.jsonl").read_text().splitlines()
+    assert len(dumped) == 8 * 4 and {"input", "output", "score", "step", "acc"} <= json.loads(dumped[0]).keys()
+    assert (tmp_path / "val" / "2.jsonl").is_file()
+    assert 0.0 <= steps[-1]["val-core/synthetic/addition/acc/mean@1"] <= 1.0
