@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 
 from pathlib import Path
 
@@ -30,27 +29,6 @@ def _stop_after(k):
     return should_stop
 
 
-@pytest.fixture
-def step_seeded_rollout(monkeypatch):
-    """Make the rollout's sampling stream a function of (seed, step).
-
-    The hf rollout engine owns a ``torch.Generator`` that the worker checkpoint does not save yet, so a
-    resumed run would otherwise sample from a fresh stream.  Reseeding per step from ``meta_info`` is the
-    worker-side fix requested in the trainer report; until it lands this fixture applies it here.
-    """
-    from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
-
-    original = ActorRolloutRefWorker.generate_sequences
-
-    @functools.wraps(original)  # keeps the @register dispatch spec
-    def generate_sequences(self, prompts):
-        step = int(prompts.meta_info.get("global_steps", 0))
-        self.rollout_engine.reseed(int(self.config.rollout.seed) + 7919 * step + self.rank)
-        return original(self, prompts)
-
-    monkeypatch.setattr(ActorRolloutRefWorker, "generate_sequences", generate_sequences)
-
-
 @pytest.fixture(scope="module")
 def tiny_epoch_data(tmp_path_factory):
     """16 prompts = 2 steps of 8 per epoch, so step 2 ends epoch 0."""
@@ -63,7 +41,7 @@ def tiny_epoch_data(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("data_name,stop_at", [("addition_data", 2), ("tiny_epoch_data", 2)])
-def test_resumed_run_matches_uninterrupted(request, nano_model_dir, data_name, stop_at, tmp_path, step_seeded_rollout):
+def test_resumed_run_matches_uninterrupted(request, nano_model_dir, data_name, stop_at, tmp_path):
     data = request.getfixturevalue(data_name)
     extra = [DENSE_REWARD, "reward_model.num_workers=0", "algorithm.adv_estimator=grpo",
              "actor_rollout_ref.actor.use_kl_loss=true", "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=2"]
