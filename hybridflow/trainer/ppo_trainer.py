@@ -131,10 +131,11 @@ class PPOTrainer:
     def _finish(self) -> None:
         if self.logger is None:
             return
-        if self.config.trainer.report:
+        output_dir = getattr(self.logger, "output_dir", None)  # loggers without a folder get no report
+        if self.config.trainer.report and output_dir is not None:
             from hybridflow.tracking.report import write_report
 
-            write_report(self.logger.output_dir, self.history.metrics, self.history.samples,
+            write_report(output_dir, self.history.metrics, self.history.samples,
                          title=f"{self.config.trainer.project_name}/{self.config.trainer.experiment_name}")
         self.logger.finish()
 
