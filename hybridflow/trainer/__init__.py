@@ -1,0 +1,35 @@
+"""The single controller: the PPO/GRPO step as stages, validation, checkpoints, SFT and the quickstart.
+
+Public entry points (resolved lazily so ``hybridflow merge`` does not import the whole trainer):
+
+* ``run_ppo(config)`` / ``train_ppo(config, logger=None, should_stop=None) -> RunHistory`` (``main_ppo``)
+* ``PPOTrainer`` (``ppo_trainer``), ``WorkerGroups`` / ``StepPlan`` (``stages``)
+* ``run_sft(config, rows=None)`` / ``load_sft_config(overrides)`` (``sft_trainer``)
+* ``run_quickstart(output_dir, ...)`` (``quickstart``), ``merge_checkpoint(ckpt_dir, target_dir)`` (``merge``)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "run_ppo": "hybridflow.trainer.main_ppo",
+    "train_ppo": "hybridflow.trainer.main_ppo",
+    "PPOTrainer": "hybridflow.trainer.ppo_trainer",
+    "RunHistory": "hybridflow.trainer.ppo_trainer",
+    "WorkerGroups": "hybridflow.trainer.stages",
+    "StepPlan": "hybridflow.trainer.stages",
+    "run_sft": "hybridflow.trainer.sft_trainer",
+    "load_sft_config": "hybridflow.trainer.sft_trainer",
+    "run_quickstart": "hybridflow.trainer.quickstart",
+    "merge_checkpoint": "hybridflow.trainer.merge",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'hybridflow.trainer' has no attribute '{name}'")
