@@ -50,3 +50,13 @@ def gsm8k_dir():
     if not os.path.isdir(path):
         pytest.fail(f"GSM8K data not found at {path}; CI clones the repo beside shared/")
     return path
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_leaked_process_group():
+    """A test module that joins a torch.distributed group in this process must not leak it to the next."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

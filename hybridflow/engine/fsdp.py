@@ -39,9 +39,10 @@ def is_distributed() -> bool:
 def build_device_mesh(fsdp_size: int = -1):
     """A ``("fsdp",)`` mesh over all ranks, or ``("ddp", "fsdp")`` (HSDP) when ``fsdp_size`` divides it.
 
-    Returns ``None`` when torch.distributed is not initialised (local, single-process backend).
+    Returns ``None`` when torch.distributed is not initialised or has one rank (local backend, a
+    1-device run): sharding over a single rank only adds FSDP's hooks and buys nothing.
     """
-    if not is_distributed():
+    if not is_distributed() or dist.get_world_size() == 1:
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
