@@ -66,6 +66,27 @@ def run_engine(engine, prompts, new_tokens: int) -> tuple[float, float]:
     return len(prompts) * new_tokens / elapsed, len(prompts) * new_tokens / cpu
 
 
+def linear_bound_tok_s(model, batch: int, repeats: int = 5) -> float:
+    """Decode tok/s if a step cost only its Linear-layer matmuls (same shapes, no model code): the
+    ceiling any engine running this model in eager PyTorch can reach on this machine."""
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {w.shape[1]: torch.randn(batch, w.shape[1]) for w in linears}
+
+    def step():
+        for w in linears:
+            torch.nn.functional.linear(inputs[w.shape[1]], w)
+
+    best = float("inf")
+    with torch.inference_mode():
+        step()
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(5):
+                step()
+            best = min(best, (time.perf_counter() - start) / 5)
+    return batch / best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2 rounds of 32 new tokens (a smoke run)")
@@ -102,6 +123,8 @@ def main() -> None:
         wall, cpu = [w for w, _ in rates], [c for _, c in rates]
         print(f"{name:<22}{max(wall):>12.1f}{statistics.median(wall):>14.1f}{max(cpu):>16.1f}"
               f"{statistics.median(cpu):>18.1f}")
+    print(f"decode-step matmul bound: {linear_bound_tok_s(model, args.batch):.1f} tok/s (Linear layers only, "
+          f"prefill excluded)")
     print(f"cpu_ratio={max(c for _, c in ours_rates) / max(c for _, c in hf_rates):.2f}")
     print(f"ratio={max(w for w, _ in ours_rates) / max(w for w, _ in hf_rates):.2f}")
 
