@@ -12,6 +12,11 @@ What it does, with nothing to download or configure:
    worker groups, hf rollout, reward manager, validation), printing the reward live;
 5. reports greedy held-out accuracy before RL (right after the warm-up) and after, and writes
    ``summary.json``, ``metrics.jsonl`` and ``report.html`` into ``output_dir``.
+
+Measured on the 2-core CPU (shared with other jobs), defaults, seed 1 -- the run is reproducible: warm-up
+800 SFT steps (~90 s), then 200 GRPO steps of 32 prompts x 8 samples (~70 s): held-out greedy accuracy
+37.5% -> 62% (56% after 40 steps), ~3 min in all.  A policy learning rate above ~1e-4 makes the tiny model
+unstable (Adam's first updates move every weight by ~lr); 5e-5 climbs steadily.
 """
 
 from __future__ import annotations
