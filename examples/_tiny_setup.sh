@@ -21,7 +21,7 @@ COMMON=(
   data.train_batch_size=16 data.max_prompt_length=32 data.max_response_length=4
   actor_rollout_ref.model.path="$MODEL_PATH" actor_rollout_ref.model.enable_gradient_checkpointing=false
   actor_rollout_ref.rollout.name=hf actor_rollout_ref.rollout.n=4
-  actor_rollout_ref.actor.ppo_mini_batch_size=8 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32
+  actor_rollout_ref.actor.ppo_mini_batch_size=8 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=64
   actor_rollout_ref.actor.optim.lr=1e-4
   reward_model.num_workers=0
