@@ -39,12 +39,18 @@ def tiny_epoch_data(tmp_path_factory):
     return d
 
 
+ADAPTIVE_KL = ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.05",
+               "algorithm.kl_ctrl.target_kl=0.001", "algorithm.kl_ctrl.horizon=10"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("data_name,stop_at", [("addition_data", 2), ("tiny_epoch_data", 2)])
-def test_resumed_run_matches_uninterrupted(request, nano_model_dir, data_name, stop_at, tmp_path):
+@pytest.mark.parametrize("data_name,stop_at,kl", [("addition_data", 2, ["actor_rollout_ref.actor.use_kl_loss=true"]),
+                                                   ("tiny_epoch_data", 2, ["actor_rollout_ref.actor.use_kl_loss=true"]),
+                                                   ("addition_data", 3, ADAPTIVE_KL)])
+def test_resumed_run_matches_uninterrupted(request, nano_model_dir, data_name, stop_at, kl, tmp_path):
     data = request.getfixturevalue(data_name)
-    extra = [DENSE_REWARD, "reward_model.num_workers=0", "algorithm.adv_estimator=grpo",
-             "actor_rollout_ref.actor.use_kl_loss=true", "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=2"]
+    extra = [DENSE_REWARD, "reward_model.num_workers=0", "algorithm.adv_estimator=grpo", *kl,
+             "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=2"]
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     full = run(small_overrides(nano_model_dir, data, full_dir, steps=4, extra=extra), full_dir)
     first = run(small_overrides(nano_model_dir, data, part_dir, steps=4, extra=extra), part_dir,
@@ -59,5 +65,8 @@ def test_resumed_run_matches_uninterrupted(request, nano_model_dir, data_name, s
         for key in e:
             assert g[key] == pytest.approx(e[key], rel=1e-5, abs=1e-6), key
     assert ckpt.completed_steps(part_dir / "ckpt") == [3, 4]  # keep-last-2 rotation
+    if kl is ADAPTIVE_KL:  # the adaptive controller's beta moved and was restored, not reset
+        coeffs = [m["actor/reward_kl_penalty_coeff"] for m in _stable(full.metrics)]
+        assert len(set(coeffs)) == len(coeffs)
     if data_name == "tiny_epoch_data":
         assert [m["training/epoch"] for m in got] == [1.0, 1.0]
