@@ -1,0 +1,240 @@
+"""Shared helpers of the performance benchmarks (spec S15): fixtures, run recording, tables, machine state.
+
+Every benchmark measures side by side in one invocation and reports ratios, because absolute numbers on a
+shared 2-core machine move with the load; ``machine_state()`` records that load next to each table so a
+reader can judge how quiet the machine was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+# Bare-text chat template: the prompt is the question itself, as in the quickstart.
+BARE_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+DEFAULT_WORKDIR = Path(os.environ.get("HYBRIDFLOW_BENCH_DIR", "/tmp/hybridflow_bench"))
+
+
+def single_thread_env() -> dict[str, str]:
+    """Environment for child processes: one torch thread, no tokenizer threads, offline hub."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    return env
+
+
+def machine_state() -> dict[str, str]:
+    """Date (UTC), 1/5/15-minute load, git commit and core count, printed with every table."""
+    load = os.getloadavg()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load": "%.2f %.2f %.2f" % load,
+            "commit": commit, "cpus": str(os.cpu_count())}
+
+
+def print_state(title: str) -> dict[str, str]:
+    state = machine_state()
+    print(f"== {title}  [{state['date']}, load {state['load']}, commit {state['commit']}, {state['cpus']} cpus]",
+          flush=True)
+    return state
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set of this process (MiB); Linux reports ``ru_maxrss`` in KiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def current_rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def median(xs: Sequence[float]) -> float:
+    if not xs:
+        raise ValueError("median of an empty sequence: the run recorded no measured steps (raise --steps)")
+    return float(statistics.median(xs))
+
+
+def slope(ys: Sequence[float]) -> float:
+    """Least-squares slope of ``ys`` against their index (units of y per step)."""
+    n = len(ys)
+    if n < 2:
+        return 0.0
+    mx = (n - 1) / 2.0
+    my = sum(ys) / n
+    num = sum((i - mx) * (y - my) for i, y in enumerate(ys))
+    den = sum((i - mx) ** 2 for i in range(n))
+    return num / den
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Markdown table (pasted as is into RESULTS.md); floats get 3 significant digits."""
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.3e}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
+def base_model(workdir: Path, size: str, seed: int = 0) -> str:
+    """Random-init char-level Qwen2 of ``MODEL_SIZES[size]`` with the bare template (cached on disk)."""
+    from hybridflow.utils.tiny_model import build_char_tokenizer, build_tiny_model
+
+    path = workdir / "models" / f"{size}_s{seed}"
+    if not (path / "config.json").exists():
+        tok = build_char_tokenizer(chat_template=BARE_TEMPLATE)
+        model = build_tiny_model(tok, size=size, seed=seed)
+        path.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+    return str(path)
+
+
+def task_data(workdir: Path, task: str = "addition", n_train: int = 4000, n_test: int = 200) -> Path:
+    """verl parquet files of a built-in synthetic task (cached on disk)."""
+    from hybridflow.data.synthetic import write_synthetic
+
+    out = workdir / "data" / f"{task}_{n_train}_{n_test}"
+    if not (out / "test.parquet").exists():
+        write_synthetic(task, str(out), n_train, n_test)
+    return out
+
+
+def warm_model(workdir: Path, size: str, sft_steps: int, seed: int = 0) -> str:
+    """Base model after ``sft_steps`` of hybridflow SFT on addition, so RL starts from a non-zero reward.
+
+    From a random init neither framework reaches a non-zero accuracy in a benchmark's budget, which would
+    make the accuracy column meaningless; both frameworks then start from this same checkpoint.
+    """
+    out = workdir / "models" / f"{size}_sft{sft_steps}_s{seed}"
+    hf_dir = out / "huggingface"
+    if (hf_dir / "config.json").exists():
+        return str(hf_dir)
+    from hybridflow.data.synthetic import make_rows
+    from hybridflow.trainer.sft_trainer import load_sft_config, run_sft
+
+    rows = [{"prompt": r["prompt"], "response": r["reward_model"]["ground_truth"]}
+            for r in make_rows("addition", 4000, seed, "train")]
+    cfg = load_sft_config([
+        f"model.partial_pretrain={base_model(workdir, size, seed)}", "data.train_batch_size=128",
+        "data.micro_batch_size_per_gpu=128", "data.max_length=32", "optim.lr=3e-3", "optim.lr_scheduler=constant",
+        "optim.weight_decay=0.0", f"trainer.total_training_steps={sft_steps}", f"trainer.default_local_dir={out}",
+        f"trainer.seed={seed}",
+    ])
+    result = run_sft(cfg, rows=rows)
+    if result.hf_dir is None:
+        raise RuntimeError(f"SFT warm-up wrote no HF model under {out}")
+    return result.hf_dir
+
+
+@dataclass(frozen=True)
+class GRPOJob:
+    """One GRPO job, described once and run by every framework compared."""
+
+    model: str
+    data_dir: str
+    prompts: int = 8  # prompts per step
+    group: int = 4  # completions per prompt (rollout.n / num_generations)
+    response_length: int = 4
+    prompt_length: int = 8
+    lr: float = 5e-5
+    steps: int = 10
+    seed: int = 0
+    kl_coef: float = 0.0  # 0: no KL (beta=0 in TRL, use_kl_loss=false here)
+    backend: str = "local"
+    extra: tuple[str, ...] = ()
+
+    def overrides(self, test_freq: int = -1) -> list[str]:
+        """The job as verl command-line overrides (one optimizer step per rollout, as TRL's default)."""
+        a = "actor_rollout_ref"
+        kl = ([f"{a}.actor.use_kl_loss=true", f"{a}.actor.kl_loss_coef={self.kl_coef}",
+               f"{a}.actor.kl_loss_type=low_var_kl"] if self.kl_coef > 0 else [f"{a}.actor.use_kl_loss=false"])
+        micro = self.prompts * self.group
+        return [
+            f"{a}.model.path={self.model}", f"data.train_files={self.data_dir}/train.parquet",
+            f"data.val_files={self.data_dir}/test.parquet", f"data.train_batch_size={self.prompts}",
+            f"data.max_prompt_length={self.prompt_length}", f"data.max_response_length={self.response_length}",
+            f"data.seed={self.seed}", "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
+            f"{a}.rollout.name=hf", f"{a}.rollout.n={self.group}", f"{a}.rollout.temperature=1.0",
+            f"{a}.actor.ppo_mini_batch_size={self.prompts}", f"{a}.actor.ppo_micro_batch_size_per_gpu={micro}",
+            f"{a}.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+            f"{a}.ref.log_prob_micro_batch_size_per_gpu={micro}", f"{a}.actor.optim.lr={self.lr}",
+            f"{a}.actor.optim.weight_decay=0.0", f"{a}.actor.entropy_coeff=0", f"{a}.actor.loss_agg_mode=token-mean",
+            f"{a}.model.enable_gradient_checkpointing=false", "reward_model.num_workers=0",
+            f"trainer.backend={self.backend}", "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
+            f"trainer.total_training_steps={self.steps}", f"trainer.test_freq={test_freq}",
+            "trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.resume_mode=disable",
+            "trainer.logger=[console]", "trainer.project_name=bench", "trainer.experiment_name=bench",
+            f"trainer.seed={self.seed}", *kl, *self.extra,
+        ]
+
+
+@dataclass
+class RecordingLogger:
+    """Trainer logger that keeps each step's metrics and the wall-clock second it arrived."""
+
+    start: float = field(default_factory=time.perf_counter)
+    records: list[tuple[float, int, dict[str, float]]] = field(default_factory=list)
+    output_dir: None = None  # no folder: the trainer writes no report
+
+    def log(self, data: dict[str, float], step: int) -> None:
+        self.records.append((time.perf_counter() - self.start, step, dict(data)))
+
+    def log_generations(self, samples, step: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def run_hybridflow(overrides: list[str], budget_s: float | None = None) -> RecordingLogger:
+    """One in-process ``train_ppo`` run; ``budget_s`` stops it after the step that crosses the budget."""
+    from hybridflow.config import load_config
+    from hybridflow.trainer.main_ppo import train_ppo
+
+    config = load_config(overrides)
+    logger = RecordingLogger()
+    stop = None
+    if budget_s is not None:
+        def stop() -> bool:
+            return time.perf_counter() - logger.start >= budget_s
+    train_ppo(config, logger=logger, should_stop=stop)
+    return logger
+
+
+def run_child(script: Path, args: list[str], timeout: float = 900) -> dict[str, Any]:
+    """Run ``script args`` in a fresh interpreter and parse the JSON line it prints last (``RESULT {...}``).
+
+    Each measured run gets its own process so its peak RSS is its own and no state leaks between runs.
+    """
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
+                          env=single_thread_env(), cwd=REPO)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"{script.name} {' '.join(args)} failed (rc={proc.returncode}):\n"
+                       f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def emit_result(result: dict[str, Any]) -> None:
+    """The child's side of ``run_child``."""
+    print("RESULT " + json.dumps(result), flush=True)
