@@ -128,7 +128,12 @@ def child_trl(job: C.GRPOJob, budget_s: float | None) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ parent
+IN_PROCESS = False  # --smoke: run in this process (no interpreter start-up per run; RSS is shared)
+
+
 def run(framework: str, job: C.GRPOJob, budget_s: float | None = None) -> dict:
+    if IN_PROCESS:
+        return child_trl(job, budget_s) if framework == "trl" else child_hybridflow(job, budget_s)
     args = ["--child", framework, "--job", json.dumps(asdict(job))]
     if budget_s is not None:
         args += ["--budget", str(budget_s)]
@@ -176,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         C.emit_result(child_hybridflow(job, args.budget) if args.child == "hybridflow" else child_trl(job, args.budget))
         return 0
 
+    global IN_PROCESS
+    IN_PROCESS = args.smoke
     work = C.DEFAULT_WORKDIR
     state = C.print_state("GRPO step: hybridflow vs TRL GRPOTrainer")
     data = str(C.task_data(work))

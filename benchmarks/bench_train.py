@@ -1,0 +1,139 @@
+"""Actor update throughput and achieved FLOP/s vs this machine's fp32 matmul peak (spec S15).
+
+The update goes through the real path -- ``ActorRolloutRefWorker.update_actor`` -> ``PPOActor.update_policy``
+-> ``TrainEngine`` (forward, GRPO/PPO clipped loss, backward, AdamW step) -- on a synthetic rollout batch
+whose responses have mixed lengths (uniform in [R/4, R]), as RL batches do.
+
+FLOPs follow ``hybridflow.tracking.flops.estimate_flops`` (6·N per token for forward+backward plus the
+attention term, Kaplan et al. 2020 / the PaLM MFU definition), counted on the *valid* tokens only, so
+padding shows up as lost efficiency. The peak is the best fp32 ``n×n`` matmul rate measured in the same
+process with the same thread count. Variants compared side by side (alternating):
+
+* ``packed``  -- ``model.use_remove_padding=true`` (rows concatenated, no pad tokens computed)
+* ``padded``  -- ``model.use_remove_padding=false`` (every row padded to prompt+max response length)
+* ``dynamic`` -- packed + ``actor.use_dynamic_bsz=true`` (micro-batches by token budget)
+
+Run: ``.venv/bin/python benchmarks/bench_train.py [--quick] [--smoke]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import warnings
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+VARIANTS = {
+    "packed": ["actor_rollout_ref.model.use_remove_padding=true"],
+    "padded": ["actor_rollout_ref.model.use_remove_padding=false"],
+    "dynamic": ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true"],
+}
+
+
+def make_worker(model: str, rows: int, micro: int, max_tokens: int, variant: list[str]):
+    from hybridflow.config import load_config
+    from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+    a = "actor_rollout_ref"
+    # The batch brings its own advantages; the GRPO-with-n=1 warning does not apply to this direct update.
+    warnings.filterwarnings("ignore", message=".*rollout.n=1.*")
+    cfg = load_config([
+        f"{a}.model.path={model}", f"{a}.actor.ppo_mini_batch_size={rows}", f"{a}.rollout.n=1",
+        f"{a}.actor.ppo_micro_batch_size_per_gpu={micro}", f"{a}.actor.ppo_max_token_len_per_gpu={max_tokens}",
+        f"{a}.actor.use_kl_loss=false", f"{a}.actor.entropy_coeff=0", f"{a}.model.enable_gradient_checkpointing=false",
+        f"{a}.actor.optim.lr=1e-5", "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
+        "algorithm.adv_estimator=grpo", "data.train_batch_size=" + str(rows), *variant,
+    ])
+    worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor")
+    worker.init_model(total_training_steps=1000)
+    return worker
+
+
+def make_batch(vocab: int, rows: int, prompt_len: int, response_len: int, seed: int):
+    """Left-padded prompts (full length), right-padded responses of mixed lengths, random advantages."""
+    from hybridflow.protocol import DataProto
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(max(1, response_len // 4), response_len + 1, (rows,), generator=g)
+    prompts = torch.randint(10, vocab, (rows, prompt_len), generator=g)
+    responses = torch.randint(10, vocab, (rows, response_len), generator=g)
+    response_mask = (torch.arange(response_len)[None, :] < lengths[:, None]).long()
+    responses = responses * response_mask  # pad id 0 past each row's length
+    attention_mask = torch.cat([torch.ones(rows, prompt_len, dtype=torch.long), response_mask], dim=1)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    data = DataProto.from_dict({
+        "prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
+        "attention_mask": attention_mask, "position_ids": position_ids, "response_mask": response_mask,
+        "old_log_probs": -torch.rand(rows, response_len, generator=g) * 3,
+        "advantages": torch.randn(rows, response_len, generator=g),
+    })
+    data.meta_info["temperature"] = 1.0
+    return data, attention_mask.sum(-1).tolist()
+
+
+def measure(worker, data, steps: int) -> list[float]:
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        worker.update_actor(data)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="nano model, 2 steps (CI smoke test)")
+    p.add_argument("--size", default=None, help="MODEL_SIZES key (default: medium, nano with --smoke)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(int(torch.get_num_threads()))
+    size = args.size or ("nano" if args.smoke else "medium")
+    rows, prompt_len, resp_len, steps, reps = ((8, 8, 16, 2, 1) if args.smoke else
+                                               (16, 32, 128, 3, 2) if args.quick else (32, 32, 224, 4, 3))
+    micro = 4 if args.smoke else 8
+    max_tokens = micro * (prompt_len + resp_len)
+    state = C.print_state(f"actor update throughput ({size} model, torch threads {torch.get_num_threads()})")
+    from hybridflow.tracking.flops import count_dense_params, estimate_flops, measure_cpu_peak_flops
+
+    model = C.base_model(C.DEFAULT_WORKDIR, size)
+    workers = {name: make_worker(model, rows, micro, max_tokens, ov) for name, ov in VARIANTS.items()}
+    mcfg = workers["packed"].actor_engine.module.config
+    n_params = count_dense_params(mcfg)[0]
+    data, seqlens = make_batch(mcfg.vocab_size, rows, prompt_len, resp_len, seed=0)
+    for w in workers.values():  # warm-up: allocator, kernels, optimizer state
+        w.update_actor(data)
+    times: dict[str, list[float]] = {k: [] for k in workers}
+    peaks = []
+    for rep in range(reps):
+        peaks.append(measure_cpu_peak_flops(size=64 if args.smoke else 1024, repeats=3 + rep))
+        for name in (list(workers) if rep % 2 == 0 else list(workers)[::-1]):
+            times[name] += measure(workers[name], data, steps)
+    peak = max(peaks)
+    valid_tokens = sum(seqlens)
+    padded_tokens = rows * (prompt_len + resp_len)
+    out_rows = []
+    for name, ts in times.items():
+        t = C.median(ts)
+        achieved = estimate_flops(mcfg, seqlens, t)
+        out_rows.append([name, rows, f"{prompt_len}+{resp_len}", valid_tokens, padded_tokens, t, valid_tokens / t,
+                         achieved / 1e9, achieved / peak])
+    print(f"model {size}: {n_params / 1e6:.1f}M matmul params; fp32 matmul peak {peak / 1e9:.1f} GFLOP/s; "
+          f"load {state['load']}; valid tokens {valid_tokens} of {padded_tokens} "
+          f"({100 * valid_tokens / padded_tokens:.0f}%)")
+    C.print_table(["variant", "rows", "prompt+max resp", "valid tokens", "padded tokens", "median update s",
+                   "tokens/s", "GFLOP/s", "fraction of peak"], out_rows)
+    med = {r[0]: r[5] for r in out_rows}
+    print(f"padding_cost={med['padded'] / med['packed']:.3f}  (padded / packed update time)")
+    print(f"mfu_packed={out_rows[0][-1]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
