@@ -1,0 +1,118 @@
+"""Checks that run before any model is loaded: every output folder is writable and has room for a checkpoint.
+
+Without them, an unwritable ``trainer.default_local_dir`` or a full disk surfaces at the first
+``save_freq`` step -- after minutes (or hours) of training that is then lost. Checking up front costs a few
+milliseconds: create the folder, write and delete a probe file, and compare ``shutil.disk_usage`` with a
+conservative estimate of one checkpoint's size.
+
+The estimate: a checkpoint holds the actor's parameters, its optimizer state (Adam keeps two
+moments per parameter) and, with a critic, the same again -- about ``3 x`` the fp32 model size per model
+(Kingma & Ba 2015 for Adam's two moments). The model size is read from the ``*.safetensors`` / ``*.bin``
+files in ``model.path`` (their dtype may be bf16, so the estimate doubles it to fp32).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+class PreflightError(ValueError):
+    """An output location cannot be used; the message names the config key, the path and the fix."""
+
+
+@dataclass(frozen=True)
+class OutputDir:
+    """One folder the run will write into, with the config key that sets it (for the error message)."""
+
+    key: str
+    path: str
+
+
+def output_dirs(config, logger_dir: str | os.PathLike | None = None) -> list[OutputDir]:
+    """The folders a run writes into: checkpoints, rollout / validation dumps, and the logger's folder."""
+    tcfg = config.trainer
+    dirs = [OutputDir("trainer.default_local_dir", tcfg.default_local_dir)]
+    if tcfg.rollout_data_dir:
+        dirs.append(OutputDir("trainer.rollout_data_dir", tcfg.rollout_data_dir))
+    if tcfg.validation_data_dir:
+        dirs.append(OutputDir("trainer.validation_data_dir", tcfg.validation_data_dir))
+    if logger_dir is not None:
+        dirs.append(OutputDir("trainer.project_name/trainer.experiment_name (logger folder)", str(logger_dir)))
+    return dirs
+
+
+def check_writable(key: str, path: str | os.PathLike) -> Path:
+    """Create ``path`` if needed and prove a file can be written and removed there; returns the folder."""
+    folder = Path(os.path.expanduser(str(path)))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".hybridflow-write-probe-{uuid.uuid4().hex}"
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as e:
+        raise PreflightError(
+            f"{key}={path} is not a writable folder ({type(e).__name__}: {e.strerror or e}); "
+            f"point {key} at a folder this user can write, or fix its permissions"
+        ) from None
+    return folder
+
+
+def model_bytes(model_path: str | os.PathLike) -> int:
+    """Bytes of weight files in a local model folder (0 for a hub name or a folder without weights)."""
+    folder = Path(os.path.expanduser(str(model_path)))
+    if not folder.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+
+
+def estimate_checkpoint_bytes(config) -> int:
+    """Conservative size of one saved step: fp32 params + two Adam moments, for the actor and the critic."""
+    per_model = lambda path: 2 * model_bytes(path) * 3  # noqa: E731 - bf16 -> fp32 (x2), params + 2 moments (x3)
+    total = per_model(config.actor_rollout_ref.model.path)
+    if config.use_critic:
+        total += per_model(config.critic.model.path)
+    return total
+
+
+def check_free_space(key: str, path: str | os.PathLike, need_bytes: int) -> int:
+    """Raise unless the file system holding ``path`` has ``need_bytes`` free; returns the free bytes."""
+    folder = Path(os.path.expanduser(str(path)))
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if free < need_bytes:
+        raise PreflightError(
+            f"{key}={path}: only {free / 2**20:.1f} MiB free on that disk, but one checkpoint needs about "
+            f"{need_bytes / 2**20:.1f} MiB; free some space, point {key} at a larger disk, or lower "
+            "trainer.max_actor_ckpt_to_keep"
+        )
+    return free
+
+
+def run_preflight(config, logger_dir: str | os.PathLike | None = None) -> None:
+    """All checks, in order; call after the config loaded and before any model or worker is created.
+
+    Space is checked for the checkpoint folder only when checkpoints will be written (``save_freq > 0``);
+    every configured output folder must be writable either way.
+    """
+    for out in output_dirs(config, logger_dir):
+        check_writable(out.key, out.path)
+    tcfg = config.trainer
+    if tcfg.save_freq > 0:
+        keep = tcfg.max_actor_ckpt_to_keep
+        # Rotation deletes the oldest step only after the new one is committed: keep + 1 copies at the peak.
+        copies = (keep + 1) if keep and keep > 0 else 2
+        check_free_space("trainer.default_local_dir", tcfg.default_local_dir, copies * estimate_checkpoint_bytes(config))
+
+
+__all__ = ["PreflightError", "OutputDir", "output_dirs", "check_writable", "check_free_space", "model_bytes",
+           "estimate_checkpoint_bytes", "run_preflight"]

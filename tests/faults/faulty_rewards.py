@@ -1,0 +1,25 @@
+"""Reward functions that misbehave in each way a user's scorer can (loaded via custom_reward_function.path)."""
+
+import time
+
+
+def raises(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    raise RuntimeError("scorer bug: could not parse the answer")
+
+
+def returns_nan(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return float("nan")
+
+
+def returns_text(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return "correct"
+
+
+def hangs(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    time.sleep(60)
+    return 1.0
+
+
+def exact_match(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """A normal 0/1 reward (used by the non-finite-gradient tests, where the loss itself is made non-finite)."""
+    return float(solution_str.strip() == str(ground_truth))
