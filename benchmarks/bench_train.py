@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {k: [] for k in workers}
     peaks = []
     for rep in range(reps):
-        peaks.append(measure_cpu_peak_flops(size=64 if args.smoke else 1024, repeats=3 + rep))
+        peaks.append(measure_cpu_peak_flops(size=64 if args.smoke else 1024, repeats=8 + rep))
         for name in (list(workers) if rep % 2 == 0 else list(workers)[::-1]):
             times[name] += measure(workers[name], data, steps)
     peak = max(peaks)
