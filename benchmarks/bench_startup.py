@@ -83,14 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, float]]] = {b: [] for b in backends}
     imports = []
     for rep in range(reps):
-        imports.append(import_time())
+        if not args.smoke:
+            imports.append(import_time())
         for b in (backends if rep % 2 == 0 else backends[::-1]):
             r = launch(b, model, data)
             runs[b].append(r)
             print(f"  rep {rep} {b:5s} first token {r['first_token_s']:.2f}s  step 1 done {r['first_step_s']:.2f}s  "
                   f"exit {r['exit_s']:.2f}s  load {os.getloadavg()[0]:.2f}", flush=True)
-    print(f"\nmedian of {reps} runs each (load at start {state['load']}); python+imports alone "
-          f"{C.median(imports):.2f}s")
+    alone = f"{C.median(imports):.2f}s" if imports else "not measured"
+    print(f"\nmedian of {reps} runs each (load at start {state['load']}); python+imports alone {alone}")
     rows = [[b, C.median([r["first_token_s"] for r in rs]), C.median([r["first_step_s"] for r in rs]),
              C.median([r["exit_s"] for r in rs])] for b, rs in runs.items()]
     C.print_table(["backend", "command -> first rollout token s", "-> step 1 done s", "-> process exit s"], rows)

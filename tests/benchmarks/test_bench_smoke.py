@@ -1,0 +1,62 @@
+"""Smoke test of the benchmark scripts: each one's smallest configuration runs end to end and prints its
+headline number. Not a performance test (no thresholds on timings): it keeps the scripts from rotting as
+the framework's APIs move. Marked ``slow`` (deselect with ``-m "not slow"``); ``make test`` runs it.
+
+The scripts run in this process (``main(["--smoke"])``) to skip an interpreter start-up per script; only
+``bench_startup`` launches its own subprocess, which is what it measures.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+pytestmark = pytest.mark.slow
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}_smoke", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(name: str, capsys) -> str:
+    assert _load(name).main(["--smoke"]) == 0
+    return capsys.readouterr().out
+
+
+def _number(out: str, key: str) -> float:
+    m = re.search(rf"^{re.escape(key)}=([0-9.]+)", out, re.M)
+    assert m, f"{key}= missing from the output:\n{out[-2000:]}"
+    return float(m.group(1))
+
+
+def test_bench_vs_trl_smoke(capsys):
+    pytest.importorskip("trl", reason="bench_vs_trl needs TRL (pip install trl, with the torch pin)")
+    out = _run("bench_vs_trl", capsys)
+    assert _number(out, "ratio_step_time") > 0
+    assert out.rstrip().splitlines()[-1].startswith("ratio_step_time=")
+
+
+def test_bench_train_smoke(capsys):
+    out = _run("bench_train", capsys)
+    assert 0 < _number(out, "mfu_packed")
+    assert _number(out, "padding_cost") > 0
+
+
+def test_bench_scaling_smoke(capsys):
+    out = _run("bench_scaling", capsys)
+    assert "| model size |" in out
+    assert re.search(r"^rss_slope_mib_per_step=-?[0-9.]+", out, re.M)
+
+
+def test_bench_startup_smoke(capsys):
+    out = _run("bench_startup", capsys)
+    assert 0 < _number(out, "startup_first_token_local_s") < 120
