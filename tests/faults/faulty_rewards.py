@@ -23,3 +23,29 @@ def hangs(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
 def exact_match(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     """A normal 0/1 reward (used by the non-finite-gradient tests, where the loss itself is made non-finite)."""
     return float(solution_str.strip() == str(ground_truth))
+
+
+_signalled = []
+
+
+def _signal_once(signum):
+    import os
+
+    if not _signalled:
+        _signalled.append(signum)
+        os.kill(os.getpid(), signum)
+
+
+def sends_sigterm(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """Delivers SIGTERM to this (controller) process in the middle of the first step's reward stage."""
+    import signal
+
+    _signal_once(signal.SIGTERM)
+    return 0.0
+
+
+def sends_sigint(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    import signal
+
+    _signal_once(signal.SIGINT)
+    return 0.0
