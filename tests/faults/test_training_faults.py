@@ -100,17 +100,12 @@ def test_too_many_nonfinite_steps_in_a_row_abort_with_the_key_to_raise(tmp_path,
 @pytest.mark.parametrize("fn,code", [("sends_sigterm", 143), ("sends_sigint", 130)])
 def test_signal_mid_step_finishes_the_step_saves_and_reports(fn, code, tmp_path, fault_data, nano_model_dir):
     """The real trainer under ``GracefulInterrupt``: the signal lands inside step 1's reward stage."""
-    import importlib.util
-
     from hybridflow.config import load_config
     from hybridflow.tracking import Tracking
     from hybridflow.trainer.main_ppo import train_ppo
     from hybridflow.trainer.signals import GracefulInterrupt
 
-    spec = importlib.util.spec_from_file_location("faulty_rewards_fresh", REWARDS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # a fresh "signal once" flag per test
-    fresh = tmp_path / "rewards.py"
+    fresh = tmp_path / "rewards.py"  # its own module, so its "signal once" flag is fresh in every test
     fresh.write_text(REWARDS.read_text())
     cfg = load_config(base_args(nano_model_dir, fault_data / "train.parquet", tmp_path, steps=5,
                                 extra=[f"custom_reward_function.path={fresh}", f"custom_reward_function.name={fn}",
