@@ -70,6 +70,17 @@ def import_time() -> float:
     return time.perf_counter() - start
 
 
+RAY_INIT = ("import time, ray; t = time.perf_counter(); ray.init(include_dashboard=False, num_cpus=2); "
+            "print(f'RAYINIT {time.perf_counter() - t:.3f}'); ray.shutdown()")
+
+
+def ray_init_time() -> float:
+    """``ray.init`` of a lean local instance alone (the Ray row's fixed cost before any worker exists)."""
+    out = subprocess.run([sys.executable, "-c", RAY_INIT], capture_output=True, text=True, check=True,
+                         env=C.single_thread_env(), cwd=C.REPO).stdout
+    return float(out.split("RAYINIT")[1].split()[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -81,17 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     backends = ["local"] if args.smoke else ["local", "ray"]
     reps = 1 if args.smoke else 2 if args.quick else 4
     runs: dict[str, list[dict[str, float]]] = {b: [] for b in backends}
-    imports = []
+    imports: list[float] = []
+    ray_inits: list[float] = []
     for rep in range(reps):
         if not args.smoke:
             imports.append(import_time())
+            ray_inits.append(ray_init_time())
         for b in (backends if rep % 2 == 0 else backends[::-1]):
             r = launch(b, model, data)
             runs[b].append(r)
             print(f"  rep {rep} {b:5s} first token {r['first_token_s']:.2f}s  step 1 done {r['first_step_s']:.2f}s  "
                   f"exit {r['exit_s']:.2f}s  load {os.getloadavg()[0]:.2f}", flush=True)
     alone = f"{C.median(imports):.2f}s" if imports else "not measured"
-    print(f"\nmedian of {reps} runs each (load at start {state['load']}); python+imports alone {alone}")
+    rinit = f"{C.median(ray_inits):.2f}s" if ray_inits else "not measured"
+    print(f"\nmedian of {reps} runs each (load at start {state['load']}); python+imports alone {alone}; "
+          f"ray.init alone {rinit}")
     rows = [[b, C.median([r["first_token_s"] for r in rs]), C.median([r["first_step_s"] for r in rs]),
              C.median([r["exit_s"] for r in rs])] for b, rs in runs.items()]
     C.print_table(["backend", "command -> first rollout token s", "-> step 1 done s", "-> process exit s"], rows)
