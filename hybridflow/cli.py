@@ -165,7 +165,8 @@ def cmd_data(argv: list[str]) -> int:
     description, setup, run = DATA_COMMANDS[name]
     parser = argparse.ArgumentParser(prog=f"hybridflow data {name}", description=description)
     setup(parser)
-    return run(parser.parse_args(argv[1:])) or 0
+    run(parser.parse_args(argv[1:]))  # preprocessors return the paths they wrote; they print them
+    return 0
 
 
 if __name__ == "__main__":

@@ -44,12 +44,15 @@ def bpe_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def gsm8k_dir():
-    """The real GSM8K jsonl shipped beside the repo (../shared/data/gsm8k)."""
+    """The real GSM8K jsonl shipped beside the repo (../shared/data/gsm8k; HYBRIDFLOW_SHARED overrides)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    path = os.path.abspath(os.path.join(here, "..", "..", "shared", "data", "gsm8k"))
-    if not os.path.isdir(path):
-        pytest.fail(f"GSM8K data not found at {path}; CI clones the repo beside shared/")
-    return path
+    candidates = [os.path.join(os.environ["HYBRIDFLOW_SHARED"], "data", "gsm8k")] if "HYBRIDFLOW_SHARED" in os.environ else []
+    candidates += [os.path.abspath(os.path.join(here, "..", "..", "shared", "data", "gsm8k")), "/work/shared/data/gsm8k"]
+    for path in candidates:
+        if os.path.isdir(path):
+            return path
+    pytest.fail(f"GSM8K data not found in {candidates}; CI clones the repo beside shared/ "
+                "(or set HYBRIDFLOW_SHARED)")
 
 
 @pytest.fixture(autouse=True, scope="module")
