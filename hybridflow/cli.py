@@ -165,7 +165,10 @@ def cmd_data(argv: list[str]) -> int:
     description, setup, run = DATA_COMMANDS[name]
     parser = argparse.ArgumentParser(prog=f"hybridflow data {name}", description=description)
     setup(parser)
-    run(parser.parse_args(argv[1:]))  # preprocessors return the paths they wrote; they print them
+    written = run(parser.parse_args(argv[1:]))
+    paths = written.values() if isinstance(written, dict) else (written or [])
+    for path in paths:
+        print(f"wrote {path}")
     return 0
 
 
