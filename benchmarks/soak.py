@@ -3,9 +3,9 @@
 A leak that costs a few KiB per step is invisible in a 2-step test and fatal in a 3-day run, so this runs
 the real trainer (``train_ppo``, GRPO, hf rollout) for many steps and samples, after every step:
 
-* RSS of the controller process (plus its children: Ray workers on ``--backend ray``);
+* RSS of the controller process, and on ``--backend ray`` of each child (Ray daemons, the worker);
 * open file descriptors of the controller (``/proc/self/fd``);
-* objects in the Ray object store (``ray.util.state.list_objects``), on ``--backend ray`` only.
+* Ray object references held by the controller, on ``--backend ray`` only.
 
 The first ``--warmup`` steps are dropped (allocator pools, lazy imports and the first checkpoint settle
 there); the rest is fitted with an ordinary least-squares line, and the slope is reported per step and
@@ -41,16 +41,26 @@ def slope(ys: list[float]) -> float:
     return num / den
 
 
-def rss_mib(include_children: bool) -> float:
-    proc = psutil.Process()
-    total = proc.memory_info().rss
-    if include_children:
-        for child in proc.children(recursive=True):
-            try:
-                total += child.memory_info().rss
-            except psutil.NoSuchProcess:
-                pass
-    return total / 2**20
+def rss_mib() -> float:
+    """RSS of this (controller) process."""
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def children_rss_mib() -> dict[str, float]:
+    """RSS of each child process (Ray daemons and workers), keyed by a short name, summed per name."""
+    out: dict[str, float] = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cmd = child.cmdline()
+            rss = child.memory_info().rss / 2**20
+        except psutil.NoSuchProcess:
+            continue
+        title = cmd[0] if cmd and cmd[0].startswith("ray::") else os.path.basename(cmd[0] if cmd else child.name())
+        if "python" in title and len(cmd) > 1:
+            title = os.path.basename(cmd[1])
+        name = title.split(".")[0].split()[0][:40]
+        out[name] = out.get(name, 0.0) + rss
+    return out
 
 
 def open_fds() -> int:
@@ -58,9 +68,11 @@ def open_fds() -> int:
 
 
 def ray_object_count() -> int:
-    from ray.util.state import list_objects
+    """Object references the controller holds (the state API needs the dashboard, which the trainer's lean
+    Ray leaves off; a controller-side leak of ``ObjectRef``s shows up here as growth)."""
+    import ray
 
-    return len(list_objects(limit=100_000, raise_on_missing_output=False))
+    return len(ray._private.worker.global_worker.core_worker.get_all_reference_counts())
 
 
 class SamplingLogger:
@@ -75,10 +87,12 @@ class SamplingLogger:
     def log(self, data: dict[str, float], step: int) -> None:
         if "timing_s/step" not in data:
             return
-        sample = {"step": step, "rss_mib": rss_mib(self.backend == "ray"), "open_fds": open_fds(),
-                  "step_s": data["timing_s/step"]}
+        sample = {"step": step, "rss_mib": rss_mib(), "open_fds": open_fds(), "step_s": data["timing_s/step"]}
         if self.backend == "ray":
             sample["ray_objects"] = ray_object_count()
+            children = children_rss_mib()
+            sample["children_rss_mib"] = sum(children.values())
+            sample.update({f"rss_mib[{k}]": v for k, v in children.items()})
         self.samples.append(sample)
         if step % 20 == 0:
             print(json.dumps(sample), flush=True)
@@ -131,8 +145,9 @@ def main() -> int:
     kept = logger.samples[args.warmup:]
     result = {"steps": len(logger.samples), "backend": args.backend, "wall_s": round(wall, 1),
               "warmup_dropped": args.warmup}
-    for key in ("rss_mib", "open_fds", "ray_objects"):
-        if kept and key in kept[0]:
+    keys = list(dict.fromkeys(k for s in kept for k in s if k not in ("step", "step_s")))
+    for key in keys:
+        if all(key in s for s in kept):
             ys = [s[key] for s in kept]
             result[key] = {"first": ys[0], "last": ys[-1], "min": min(ys), "max": max(ys),
                            "slope_per_step": round(slope(ys), 5),
