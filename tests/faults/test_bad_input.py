@@ -15,6 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from hybridflow.trainer import checkpoint as ckpt
+
 from .conftest import A, base_args, invoke_cli, read_metrics, run_cli_subprocess
 
 REWARDS = Path(__file__).with_name("faulty_rewards.py")
@@ -153,9 +155,7 @@ def test_bad_input_fails_with_a_message_naming_field_and_fix(case_id, needles, t
     for needle in needles:
         assert needle.lower() in message, f"{case_id}: {needle!r} not in the message: {result.message}"
     # No partial outputs: no checkpoint folder, no metrics were written for a run that never trained.
-    assert not (tmp / "ckpt").exists() or not any((tmp / "ckpt").glob("global_step_*/trainer_state.pt")) \
-        or case_id.startswith("resume_")
-    assert read_metrics(tmp) == []
+    assert ckpt.completed_steps(tmp / "ckpt") == [] and read_metrics(tmp) == []
 
 
 # Cases that today end in a Python traceback (the message is right, but it comes after a stack dump):
@@ -173,3 +173,21 @@ def test_bad_input_is_a_message_not_a_traceback(case_id, tmp_path_factory, fault
     result, _ = _run_case(case_id, tmp_path_factory, fault_data, nano_model_dir)
     assert result.escaped is None, f"{case_id}: the CLI let {type(result.escaped).__name__} escape (a traceback)"
     assert result.rc == 2 and "Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------------------------------------ real process
+def test_cli_subprocess_config_error_exits_2_with_one_message(tmp_path, fault_data, nano_model_dir):
+    proc = run_cli_subprocess(base_args(nano_model_dir, fault_data / "train.parquet", tmp_path,
+                                        extra=[f"{A}.actor.ppo_mini_batchsize=2"]), tmp_path)
+    assert proc.returncode == 2
+    assert "ppo_mini_batchsize" in proc.stderr and "ppo_mini_batch_size" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_subprocess_data_error_ends_with_the_message(tmp_path, fault_data, nano_model_dir):
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    proc = run_cli_subprocess(base_args(nano_model_dir, tmp_path / "bad.parquet", tmp_path), tmp_path)
+    assert proc.returncode != 0
+    last = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1]
+    assert "bad.parquet" in last and "re-run the preprocessing" in last
+    assert read_metrics(tmp_path) == []  # nothing was logged for a run that never started
