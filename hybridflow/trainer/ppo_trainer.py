@@ -23,6 +23,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.tracking.metrics import (
     compute_data_metrics,
     compute_memory_metrics,
+    compute_mfu_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
 )
@@ -52,6 +53,33 @@ def resolve_total_training_steps(config, steps_per_epoch: int) -> int:
     config.actor_rollout_ref.actor.optim.total_training_steps = total
     config.critic.optim.total_training_steps = total
     return total
+
+
+def build_flops_counters(config) -> dict:
+    """One ``FlopsCounter`` per trained role for ``perf/mfu/<role>``; a model whose config cannot be read
+    (exotic remote code) simply gets no MFU metric instead of stopping the run."""
+    import logging
+    import os
+
+    from transformers import AutoConfig
+
+    from hybridflow.tracking.flops import FlopsCounter
+
+    device_name = None
+    if config.trainer.device == "cpu" or not torch.cuda.is_available():
+        device_name = "cpu"
+    roles = {"actor": config.actor_rollout_ref.model}
+    if config.use_critic:
+        roles["critic"] = config.critic.model
+    counters = {}
+    for role, model_cfg in roles.items():
+        try:
+            hf_config = AutoConfig.from_pretrained(os.path.expanduser(model_cfg.path),
+                                                   trust_remote_code=model_cfg.trust_remote_code)
+            counters[role] = FlopsCounter(hf_config, device_name)
+        except (OSError, ValueError, KeyError) as e:
+            logging.getLogger(__name__).warning("perf/mfu/%s not reported: %s", role, e)
+    return counters
 
 
 @dataclass
@@ -85,6 +113,7 @@ class PPOTrainer:
         self.global_steps = 0
         self.epoch = 0
         self.history = RunHistory()
+        self.flops_counters = build_flops_counters(config)
         self.validator = None
         if val_dataloader is not None:
             trainer_cfg = config.trainer
@@ -200,6 +229,8 @@ class PPOTrainer:
         metrics.update(compute_data_metrics(batch, use_critic=plan.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, self.n_devices))
+        metrics.update(compute_mfu_metrics(batch, timing, self.flops_counters, self.n_devices,
+                                           cfg.actor_rollout_ref.actor.ppo_epochs))
         metrics.update(compute_memory_metrics())
         metrics["training/global_step"] = float(self.global_steps + 1)
         metrics["training/epoch"] = float(self.epoch)

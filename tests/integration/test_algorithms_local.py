@@ -38,6 +38,9 @@ def test_algorithm_trains_two_steps(name, nano_model_dir, addition_data, tmp_pat
     for m in steps[1:] if name == "gae" else steps:
         assert math.isfinite(m["actor/pg_loss"]) and m["actor/grad_norm"] > 0
         assert m["response_length/mean"] > 0
+        assert m["perf/throughput"] > 0 and "perf/cpu_memory_used_gb" in m
+        if "actor/pg_loss" in m:
+            assert 0.0 < m["perf/mfu/actor"] < 1.0
         assert 0.0 <= m["critic/score/mean"] <= 1.0
     if name == "gae":
         assert "actor/pg_loss" not in steps[0]  # critic warm-up: step 1 trains the critic only
