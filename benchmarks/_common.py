@@ -194,10 +194,16 @@ class RecordingLogger:
 
     start: float = field(default_factory=time.perf_counter)
     records: list[tuple[float, int, dict[str, float]]] = field(default_factory=list)
+    cpu_marks: list[float] = field(default_factory=list)  # this process's CPU seconds at each log
     output_dir: None = None  # no folder: the trainer writes no report
 
     def log(self, data: dict[str, float], step: int) -> None:
         self.records.append((time.perf_counter() - self.start, step, dict(data)))
+        self.cpu_marks.append(time.process_time())
+
+    def cpu_per_step(self) -> list[float]:
+        """Process CPU seconds between consecutive logs (the first step has no start mark and is left out)."""
+        return [b - a for a, b in zip(self.cpu_marks, self.cpu_marks[1:])]
 
     def log_generations(self, samples, step: int) -> None:
         pass

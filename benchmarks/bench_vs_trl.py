@@ -16,6 +16,8 @@ Two comparisons, each on one job described once (``GRPOJob``) and run by both fr
 
 A third row, ``hybridflow_tuned``, flips existing switches only (rollout log-probs reused as old log-probs,
 trimmed padded forward instead of packing) to show what those defaults cost; the Ray backend is a fourth.
+Step times are taken on two clocks: wall, and this process's CPU seconds (local backends only; with one
+torch thread the CPU time is the work itself, which a loaded shared machine cannot inflate).
 The last line printed is ``ratio_step_time=<hybridflow local median / TRL median>`` (goal <= 0.5).
 Run: ``.venv/bin/python benchmarks/bench_vs_trl.py [--quick] [--smoke]``.
 """
@@ -49,7 +51,10 @@ def child_hybridflow(job: C.GRPOJob, budget_s: float | None) -> dict:
     steps = [r[2] for r in logger.records if "timing_s/step" in r[2]]
     tokens = [m["perf/total_num_tokens"] for m in steps]
     acc = next((m[k] for _, _, m in logger.records for k in VAL_KEYS if k in m), None)
+    cpu = [0.0] + logger.cpu_per_step() if job.backend == "local" else []  # Ray: the work is in other processes
     return {"step_times": [m["timing_s/step"] for m in steps], "tokens": tokens, "peak_rss_mb": C.peak_rss_mb(),
+            "cpu_times": cpu, "stages": {k[len("timing_s/"):]: C.median([m[k] for m in steps[2:] or steps])
+                                         for k in steps[-1] if k.startswith("timing_s/")} if steps else {},
             "accuracy": acc, "steps": len(steps), "train_s": logger.records[-1][0] if logger.records else 0.0}
 
 
@@ -95,14 +100,16 @@ def child_trl(job: C.GRPOJob, budget_s: float | None) -> dict:
 
     torch.manual_seed(job.seed)
     step_times: list[float] = []
+    cpu_times: list[float] = []
     start = time.perf_counter()
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kw):
             step_times.append(time.perf_counter() - self.t0)
+            cpu_times.append(time.process_time() - self.c0)
             if budget_s is not None and time.perf_counter() - start >= budget_s:
                 control.should_training_stop = True
 
@@ -125,7 +132,8 @@ def child_trl(job: C.GRPOJob, budget_s: float | None) -> dict:
     # TRL pads completions to the longest in the batch, so the step's tokens equal hybridflow's when every
     # completion runs to the full length (random-init model); count them the same way.
     tokens = [job.prompts * job.group * (job.prompt_length + job.response_length)] * len(step_times)
-    return {"step_times": step_times, "tokens": tokens, "peak_rss_mb": C.peak_rss_mb(), "accuracy": acc,
+    return {"step_times": step_times, "cpu_times": cpu_times, "tokens": tokens, "peak_rss_mb": C.peak_rss_mb(),
+            "accuracy": acc,
             "steps": len(step_times), "train_s": train_s}
 
 
@@ -154,18 +162,21 @@ def run(framework: str, job: C.GRPOJob, budget_s: float | None = None) -> dict:
 
 def speed(job: C.GRPOJob, reps: int, warmup: int, frameworks: list[str]) -> dict[str, dict]:
     """Alternating runs; per framework: median step time after ``warmup`` steps of each run, tokens/s, RSS."""
-    acc: dict[str, dict] = {f: {"times": [], "tps": [], "rss": []} for f in frameworks}
+    acc: dict[str, dict] = {f: {"times": [], "cpu": [], "tps": [], "rss": []} for f in frameworks}
     for rep in range(reps):
         order = frameworks if rep % 2 == 0 else frameworks[::-1]
         for fw in order:
             res = run("trl" if fw == "trl" else "hybridflow", VARIANTS[fw](job))
             times, toks = res["step_times"][warmup:], res["tokens"][warmup:]
             acc[fw]["times"] += times
+            acc[fw]["cpu"] += res["cpu_times"][warmup:]
             acc[fw]["tps"] += [n / t for n, t in zip(toks, times)]
             acc[fw]["rss"].append(res["peak_rss_mb"])
-            print(f"  rep {rep} {fw:15s} median step {C.median(times):.3f}s  load {C.machine_state()['load']}",
-                  flush=True)
+            stages = "  ".join(f"{k} {v:.3f}" for k, v in res.get("stages", {}).items() if k != "step")
+            print(f"  rep {rep} {fw:15s} median step {C.median(times):.3f}s  load {C.machine_state()['load']}"
+                  + (f"  [stages: {stages}]" if stages else ""), flush=True)
     return {f: {"median_step_s": C.median(v["times"]), "tokens_per_s": C.median(v["tps"]),
+                "median_cpu_s": C.median(v["cpu"]) if v["cpu"] else float("nan"),
                 "peak_rss_mb": max(v["rss"])} for f, v in acc.items()}
 
 
@@ -204,23 +215,29 @@ def main(argv: list[str] | None = None) -> int:
     else:
         models, steps, reps, warmup, budget, sft = ["tiny", "small"], 20, 3, 3, 180.0, 800
     frameworks = ["hybridflow", "trl", "hybridflow_tuned"] + ([] if args.no_ray or args.smoke else ["hybridflow_ray"])
-    rows, ratio, ratio_tuned = [], None, None
+    rows, ratio, ratio_tuned, cpu_ratio = [], None, None, None
     for size in models:
         job = C.GRPOJob(model=C.base_model(work, size), data_dir=data, prompts=4, group=4, response_length=32,
                         prompt_length=8, lr=5e-5, steps=steps)
         res = speed(job, reps, warmup, frameworks)
-        base = res["trl"]["median_step_s"]
+        base, cbase = res["trl"]["median_step_s"], res["trl"]["median_cpu_s"]
         for fw, r in res.items():
-            rows.append([size, fw, "4x4", 32, r["median_step_s"], r["tokens_per_s"], r["peak_rss_mb"],
-                         r["median_step_s"] / base])
+            rows.append([size, fw, "4x4", 32, r["median_step_s"], r["median_cpu_s"], r["tokens_per_s"],
+                         r["peak_rss_mb"], r["median_step_s"] / base, r["median_cpu_s"] / cbase])
         if ratio is None:
             ratio = res["hybridflow"]["median_step_s"] / base
             ratio_tuned = res["hybridflow_tuned"]["median_step_s"] / base
+            cpu_ratio = res["hybridflow"]["median_cpu_s"] / cbase
     print(f"\nSpeed (median step after {warmup} warm-up steps, {reps} alternating runs each; load {state['load']})")
-    C.print_table(["model", "framework", "prompts x group", "resp len", "median step s", "tokens/s",
-                   "peak RSS MiB (driver)", "vs TRL"], rows)
+    C.print_table(["model", "framework", "prompts x group", "resp len", "median step s (wall)", "median CPU s",
+                   "tokens/s (wall)", "peak RSS MiB (driver)", "vs TRL (wall)", "vs TRL (CPU)"], rows)
     if budget is not None:
         warm = C.warm_model(work, "tiny", sft)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        start_acc = _greedy_accuracy(AutoModelForCausalLM.from_pretrained(warm), AutoTokenizer.from_pretrained(warm),
+                                     data, 4)
+        print(f"\nstarting checkpoint (SFT {sft} steps): held-out greedy accuracy {start_acc:.3f}")
         job = C.GRPOJob(model=warm, data_dir=data, prompts=16, group=8, response_length=4, prompt_length=8,
                         lr=5e-5, steps=10**6)
         res = accuracy(job, budget)
@@ -228,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         C.print_table(["framework", "steps done", "train s", "held-out greedy accuracy", "steps/min"],
                       [[fw, r["steps"], r["train_s"], r["accuracy"], 60 * r["steps"] / r["train_s"]]
                        for fw, r in res.items()])
+    print(f"cpu_ratio_step_time={cpu_ratio:.3f}  (process CPU seconds per step, hybridflow local / TRL)")
     print(f"ratio_step_time_tuned={ratio_tuned:.3f}")
     print(f"ratio_step_time={ratio:.3f}")
     return 0
