@@ -114,5 +114,22 @@ def run_preflight(config, logger_dir: str | os.PathLike | None = None) -> None:
         check_free_space("trainer.default_local_dir", tcfg.default_local_dir, copies * estimate_checkpoint_bytes(config))
 
 
-__all__ = ["PreflightError", "OutputDir", "output_dirs", "check_writable", "check_free_space", "model_bytes",
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """Exception types that mean "the input is wrong" (their message names the field and the fix).
+
+    The CLI prints these as one line and exits 2 instead of dumping a traceback; anything else is a bug or
+    a runtime fault and keeps its traceback. Imported lazily: each lives beside the code that raises it.
+    """
+    from hybridflow.data.io import DataFileError
+    from hybridflow.data.prompts import PromptTooLongError
+    from hybridflow.engine.model_loader import ModelLoadError
+    from hybridflow.protocol import BatchSizeError
+    from hybridflow.rewards.custom import RewardFunctionError
+    from hybridflow.trainer.checkpoint import CheckpointError
+
+    return (DataFileError, PromptTooLongError, ModelLoadError, RewardFunctionError, CheckpointError, BatchSizeError,
+            PreflightError)
+
+
+__all__ = ["PreflightError", "user_error_types", "OutputDir", "output_dirs", "check_writable", "check_free_space", "model_bytes",
            "estimate_checkpoint_bytes", "run_preflight"]
