@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hybridflow: unknown command '{cmd}'" + (f"; did you mean '{hint}'?" if hint else ""), file=sys.stderr)
         print(USAGE, file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    return int(handlers[cmd](rest) or 0)
+    result = handlers[cmd](rest)
+    return result if isinstance(result, int) else 0  # sub-commands may return their result object
 
 
 def load_trainer_config(argv: list[str]):
@@ -110,7 +111,8 @@ def cmd_train(argv: list[str]) -> int:
 def cmd_sft(argv: list[str]) -> int:
     from hybridflow.trainer.sft_trainer import main as sft_main
 
-    return sft_main(argv) or 0
+    sft_main(argv)
+    return 0
 
 
 def cmd_quickstart(argv: list[str]) -> int:

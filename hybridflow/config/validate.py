@@ -120,6 +120,11 @@ def _check_algorithms(cfg: PPOConfig, errors: list[str]) -> None:
 
 
 def _normalise_deprecated(cfg: PPOConfig, notes: list[str]) -> None:
+    # verl has two spellings of gradient clipping; the engine reads <role>.grad_clip.
+    for key, role in (("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor), ("critic", cfg.critic)):
+        if role.optim.clip_grad != 1.0 and role.grad_clip == 1.0:
+            role.grad_clip = role.optim.clip_grad
+            notes.append(f"{key}.optim.clip_grad={role.optim.clip_grad} is used as {key}.grad_clip")
     for key, optim in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim),
                        ("critic.optim", cfg.critic.optim)):
         if optim.warmup_style is not None:
@@ -224,6 +229,17 @@ _UNUSED = {
 
 
 def _check_unused(cfg: PPOConfig, notes: list[str]) -> None:
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name in ("vllm", "sglang"):
+        notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: this version has no {rollout.name} adapter yet; "
+                     "the run will stop when the workers start. Use rollout.name=hf (runs on CPU and GPU).")
+    if rollout.multi_turn.enable:
+        notes.append("actor_rollout_ref.rollout.multi_turn.enable=true: multi-turn tool rollouts are not wired into "
+                     "the trainer yet; responses are generated single-turn")
+    rc = cfg.algorithm.rollout_correction
+    if rc.rollout_is is not None or rc.rollout_rs is not None or rc.bypass_mode:
+        notes.append("algorithm.rollout_correction.* is accepted but the trainer does not apply IS weights or "
+                     "rejection yet (hybridflow.algorithms.compute_rollout_correction_weights exists for custom use)")
     for key, default in _UNUSED.items():
         val = _get(cfg, key)
         if val != default:

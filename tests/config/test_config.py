@@ -140,3 +140,16 @@ def test_cli_dry_run_ok_and_error_exit_codes():
     assert bad.returncode == 2
     assert "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_optim_clip_grad_is_honoured_and_unsupported_features_are_noted():
+    with pytest.warns(UserWarning) as rec:
+        cfg = load_config(MICRO + ["actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.rollout.name=vllm"])
+    assert cfg.actor_rollout_ref.actor.grad_clip == 0.5
+    assert any("no vllm adapter" in str(w.message) for w in rec)
+
+
+def test_cli_subcommands_return_exit_code_zero(tmp_path):
+    out = run_cli("data", "synthetic", "--task", "addition", "--local-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "wrote" in out.stdout and any(tmp_path.glob("*.parquet"))
