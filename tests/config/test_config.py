@@ -152,4 +152,4 @@ def test_optim_clip_grad_is_honoured_and_unsupported_features_are_noted():
 def test_cli_subcommands_return_exit_code_zero(tmp_path):
     out = run_cli("data", "synthetic", "--task", "addition", "--local-dir", str(tmp_path))
     assert out.returncode == 0, out.stderr
-    assert "wrote" in out.stdout and any(tmp_path.glob("*.parquet"))
+    assert "wrote" in out.stdout and any(tmp_path.rglob("*.parquet"))
