@@ -2,7 +2,7 @@
 
 Without them, an unwritable ``trainer.default_local_dir`` or a full disk surfaces at the first
 ``save_freq`` step -- after minutes (or hours) of training that is then lost. Checking up front costs a few
-milliseconds: create the folder, write and delete a probe file, and compare ``shutil.disk_usage`` with a
+milliseconds: write and delete a probe file where each folder is (or will be created), and compare ``shutil.disk_usage`` with a
 conservative estimate of one checkpoint's size.
 
 The estimate: a checkpoint holds the actor's parameters, its optimizer state (Adam keeps two
@@ -47,11 +47,24 @@ def output_dirs(config, logger_dir: str | os.PathLike | None = None) -> list[Out
     return dirs
 
 
+def _nearest_existing(folder: Path) -> Path:
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
 def check_writable(key: str, path: str | os.PathLike) -> Path:
-    """Create ``path`` if needed and prove a file can be written and removed there; returns the folder."""
-    folder = Path(os.path.expanduser(str(path)))
+    """Prove a file can be created (and removed) where ``path`` is or will be; returns the folder checked.
+
+    Nothing is left behind: a folder that does not exist yet is not created (a run that then fails on bad
+    data would leave empty folders); its nearest existing ancestor, where the run will create it, is probed
+    instead. The probe is a real write because permission bits alone lie (root, ACLs, read-only mounts).
+    """
+    target = Path(os.path.expanduser(str(path)))
+    folder = _nearest_existing(target)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        if not folder.is_dir():
+            raise NotADirectoryError(20, f"{folder} is a file, not a folder")
         probe = folder / f".hybridflow-write-probe-{uuid.uuid4().hex}"
         with open(probe, "wb") as f:
             f.write(b"ok")
@@ -74,21 +87,22 @@ def model_bytes(model_path: str | os.PathLike) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
 
 
+def _saved_model_bytes(model_path: str) -> int:
+    """One model's share of a checkpoint: weights read as bf16 -> fp32 (x2), params + 2 Adam moments (x3)."""
+    return 2 * model_bytes(model_path) * 3
+
+
 def estimate_checkpoint_bytes(config) -> int:
     """Conservative size of one saved step: fp32 params + two Adam moments, for the actor and the critic."""
-    per_model = lambda path: 2 * model_bytes(path) * 3  # noqa: E731 - bf16 -> fp32 (x2), params + 2 moments (x3)
-    total = per_model(config.actor_rollout_ref.model.path)
+    total = _saved_model_bytes(config.actor_rollout_ref.model.path)
     if config.use_critic:
-        total += per_model(config.critic.model.path)
+        total += _saved_model_bytes(config.critic.model.path)
     return total
 
 
 def check_free_space(key: str, path: str | os.PathLike, need_bytes: int) -> int:
     """Raise unless the file system holding ``path`` has ``need_bytes`` free; returns the free bytes."""
-    folder = Path(os.path.expanduser(str(path)))
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    free = shutil.disk_usage(folder).free
+    free = shutil.disk_usage(_nearest_existing(Path(os.path.expanduser(str(path))))).free
     if free < need_bytes:
         raise PreflightError(
             f"{key}={path}: only {free / 2**20:.1f} MiB free on that disk, but one checkpoint needs about "

@@ -24,9 +24,12 @@ def test_unwritable_checkpoint_dir_names_the_key_and_the_fix(tmp_path):
         preflight.check_writable("trainer.default_local_dir", _blocked(tmp_path))
 
 
-def test_writable_dir_is_created_and_left_clean(tmp_path):
-    folder = preflight.check_writable("trainer.default_local_dir", tmp_path / "new" / "ckpt")
-    assert folder.is_dir() and list(folder.iterdir()) == []  # the probe file is gone
+def test_writable_check_leaves_nothing_behind(tmp_path):
+    assert preflight.check_writable("trainer.default_local_dir", tmp_path / "new" / "ckpt") == tmp_path
+    assert list(tmp_path.iterdir()) == []  # no folder created, the probe file is gone
+    (tmp_path / "ckpt").mkdir()
+    assert preflight.check_writable("trainer.default_local_dir", tmp_path / "ckpt") == tmp_path / "ckpt"
+    assert list((tmp_path / "ckpt").iterdir()) == []
 
 
 def test_not_enough_free_space_is_reported_with_sizes(tmp_path):
