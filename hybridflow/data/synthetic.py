@@ -4,6 +4,8 @@ They power the quickstart and the benchmarks: a 0.4-1M parameter char-level Qwen
 characters and answers in at most 8, so a full RL run takes minutes and the reward curve is unambiguous.
 
 * ``addition``  -- ``"07+45="`` -> ``"52"`` (two 2-digit numbers, zero-padded so every prompt has one length)
+* ``addition_fixed`` -- ``"07+45="`` -> ``"052"``: the same sums with every answer zero-padded to 3 digits, so
+  answer length is never a confound (a wrong length is always a wrong answer); the quickstart's task
 * ``reverse``   -- ``"reverse 0413:"`` -> ``"3140"``
 * ``sort``      -- ``"sort 3142:"`` -> ``"1234"``
 * ``countdown`` -- ``"make 14 from 3 4 2:"`` -> any expression using 3, 4 and 2 once each that equals 14,
@@ -62,6 +64,11 @@ def _addition(rng: random.Random) -> tuple[str, str]:
     return f"{a:02d}+{b:02d}=", str(a + b)
 
 
+def _addition_fixed(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    return f"{a:02d}+{b:02d}=", f"{a + b:03d}"
+
+
 def _digits(rng: random.Random, n: int = 4) -> str:
     return "".join(rng.choice("0123456789") for _ in range(n))
 
@@ -106,6 +113,7 @@ for _task in (
     SyntheticTask("reverse", "string", _reverse),
     SyntheticTask("sort", "string", _sort),
     SyntheticTask("countdown", "arithmetic", _countdown),
+    SyntheticTask("addition_fixed", "arithmetic", _addition_fixed),
 ):
     SYNTHETIC_TASKS.register(_task.name, _task)
 

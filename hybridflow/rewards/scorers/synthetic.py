@@ -30,3 +30,16 @@ def countdown_lite(solution_str: str, ground_truth: str) -> float:
     """1.0 when the response is an expression using each given number once that equals the target."""
     target, numbers = parse_countdown_ground_truth(ground_truth)
     return 1.0 if check_equation(solution_str.strip(), target, numbers) else 0.0
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    """verl-signature entry for every ``synthetic/*`` source, usable as ``custom_reward_function.path``.
+
+    ``countdown`` checks the expression; every other synthetic task (including ``addition_fixed``, whose
+    zero-padded answers must match digit for digit) is scored by :func:`exact_match`.
+    """
+    if not str(data_source).startswith("synthetic/"):
+        raise ValueError(f"synthetic compute_score got data_source={data_source!r}; it only scores 'synthetic/<task>' rows")
+    if data_source == "synthetic/countdown":
+        return countdown_lite(solution_str, ground_truth)
+    return exact_match(solution_str, ground_truth)
