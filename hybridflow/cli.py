@@ -104,8 +104,16 @@ def cmd_train(argv: list[str]) -> int:
         print("# dry run: configuration is valid; nothing was loaded or trained")
         return 0
     from hybridflow.trainer.main_ppo import run_ppo
+    from hybridflow.trainer.preflight import user_error_types
+    from hybridflow.trainer.signals import GracefulInterrupt
 
-    return run_ppo(cfg) or 0
+    try:
+        with GracefulInterrupt() as interrupt:  # Ctrl-C: finish the step, checkpoint, report, exit 130
+            run_ppo(cfg, should_stop=interrupt.should_stop)
+    except user_error_types() as e:  # bad input: one clear line, not a traceback
+        print(f"hybridflow: {e}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    return interrupt.exit_code
 
 
 def cmd_sft(argv: list[str]) -> int:

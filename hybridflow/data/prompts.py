@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from hybridflow.data.io import DataFileError
+
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 
 
@@ -28,7 +30,7 @@ def check_chat_messages(prompt: Any, where: str, prompt_key: str) -> list[dict[s
     if not ok:
         shown = repr(prompt)
         shown = shown if len(shown) <= 120 else shown[:117] + "..."
-        raise ValueError(
+        raise DataFileError(
             f"{where}: column '{prompt_key}' must be a non-empty list of chat messages "
             f'[{{"role": "user", "content": "..."}}], got {shown}. Wrap plain text as '
             f'[{{"role": "user", "content": text}}] when preprocessing.'

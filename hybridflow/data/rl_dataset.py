@@ -9,6 +9,8 @@ name or a malformed prompt fails before any model is loaded, with the file, row 
 
 from __future__ import annotations
 
+import sys
+
 from typing import Any
 
 import torch
@@ -61,7 +63,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         for i, row in enumerate(self.rows):
             check_chat_messages(row[self.prompt_key], self._where(i), self.prompt_key)
             if not isinstance(row["reward_model"], dict):
-                raise ValueError(f"{self._where(i)}: column 'reward_model' must be a dict with 'style' and "
+                raise DataFileError(f"{self._where(i)}: column 'reward_model' must be a dict with 'style' and "
                                  f"'ground_truth', got {type(row['reward_model']).__name__}")
         self._ids_cache: dict[int, list[int]] = {}
         if config.filter_overlong_prompts:
@@ -100,6 +102,10 @@ class RLHFDataset(torch.utils.data.Dataset):
                 f"data.filter_overlong_prompts removed all {len(self.rows)} rows of {self.files}: every prompt is "
                 f"longer than data.max_prompt_length={self.max_prompt_length}; raise it"
             )
+        dropped = len(self.rows) - len(keep)
+        if dropped:
+            print(f"hybridflow: data.filter_overlong_prompts dropped {dropped} of {len(self.rows)} rows of "
+                  f"{self.files} (longer than data.max_prompt_length={self.max_prompt_length})", file=sys.stderr)
         self.rows = [self.rows[i] for i, _ in keep]
         self.origins = [self.origins[i] for i, _ in keep]
         self._ids_cache = {new: ids for new, (_, ids) in enumerate(keep)}

@@ -99,6 +99,17 @@ def load_hf_config(path: str, trust_remote_code: bool = False, override_config: 
     return cfg
 
 
+def check_causal_lm(path: str, trust_remote_code: bool = False, field: str = "actor_rollout_ref.model.path") -> None:
+    """Fail on the controller, before any worker starts, when ``path`` is not a causal LM (e.g. DistilBERT)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    cfg = load_hf_config(path, trust_remote_code, None, field)
+    remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(cfg, "auto_map", None) or {})
+    if not remote and cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelLoadError(f"{field}={path!r} is a '{cfg.model_type}' model, which has no causal-LM (text "
+                             f"generation) class; point {field} at a decoder-only checkpoint such as Qwen2 or Llama")
+
+
 def _from_pretrained(auto_cls, path: str, cfg, dtype, trust_remote_code: bool, field: str, **kwargs):
     src = _resolve_path(path, field)
     try:

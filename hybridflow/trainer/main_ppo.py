@@ -9,6 +9,8 @@ as their own groups on the same pool), tokenizer, datasets, reward managers -- t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -142,15 +144,24 @@ def load_tokenizer_for(config):
                           field="actor_rollout_ref.model.path")
 
 
-def run_ppo(config) -> None:
+def run_ppo(config, should_stop: Callable[[], bool] | None = None) -> None:
     """verl's entry: one training run from a loaded ``PPOConfig`` (see ``train_ppo`` for the history)."""
-    train_ppo(config)
+    train_ppo(config, should_stop=should_stop)
 
 
 def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None) -> RunHistory:
     """One training run; returns the metrics history (also sent to ``logger`` / ``trainer.logger``)."""
-    torch.manual_seed(config.trainer.seed)
+    from hybridflow.engine.model_loader import check_causal_lm
+    from hybridflow.trainer.preflight import run_preflight
+
+    tcfg = config.trainer
+    # Fail before any model loads: unwritable output folders, too little disk for checkpoints.
+    logger_dir = logger.output_dir if logger is not None else Path("outputs") / tcfg.project_name / tcfg.experiment_name
+    run_preflight(config, logger_dir=logger_dir)
+    torch.manual_seed(tcfg.seed)
     tokenizer = load_tokenizer_for(config)
+    model_cfg = config.actor_rollout_ref.model
+    check_causal_lm(model_cfg.path, model_cfg.trust_remote_code)
     train_loader, val_loader = build_data(config, tokenizer)
     # The workers' LR schedules need the horizon at construction time.
     total = resolve_total_training_steps(config, len(train_loader))

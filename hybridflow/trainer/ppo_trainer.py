@@ -112,6 +112,7 @@ class PPOTrainer:
         self.total_training_steps = resolve_total_training_steps(config, len(train_dataloader))
         self.global_steps = 0
         self.epoch = 0
+        self.skipped_steps = 0  # steps whose update was skipped for non-finite gradients
         self.history = RunHistory()
         self.flops_counters = build_flops_counters(config)
         self.validator = None
@@ -232,6 +233,9 @@ class PPOTrainer:
         metrics.update(compute_mfu_metrics(batch, timing, self.flops_counters, self.n_devices,
                                            cfg.actor_rollout_ref.actor.ppo_epochs))
         metrics.update(compute_memory_metrics())
+        if metrics.get("actor/nonfinite_grad_skipped", 0.0) > 0:
+            self.skipped_steps += 1
+        metrics["training/skipped_steps"] = float(self.skipped_steps)
         metrics["training/global_step"] = float(self.global_steps + 1)
         metrics["training/epoch"] = float(self.epoch)
         return metrics

@@ -26,15 +26,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+SCORER_FILE = Path(__file__).resolve().parent.parent / "rewards" / "scorers" / "synthetic.py"
 QUICKSTART_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-VAL_KEY = "val-core/synthetic/addition/reward/mean@1"
+TASK = "addition_fixed"
+QUICKSTART_ALPHABET = "0123456789+="
+VAL_KEY = f"val-core/synthetic/{TASK}/reward/mean@1"
 
 
 def build_base_model(path: Path, seed: int) -> str:
     """Random-init tiny char model with a bare-text chat template (prompt = the question itself)."""
     from hybridflow.utils.tiny_model import build_char_tokenizer, build_tiny_model
 
-    tok = build_char_tokenizer(chat_template=QUICKSTART_TEMPLATE)
+    tok = build_char_tokenizer(alphabet=QUICKSTART_ALPHABET, chat_template=QUICKSTART_TEMPLATE)
     model = build_tiny_model(tok, size="tiny", seed=seed)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
@@ -42,14 +45,14 @@ def build_base_model(path: Path, seed: int) -> str:
     return str(path)
 
 
-def warm_up(base: str, rows: list[dict], out_dir: Path, steps: int, seed: int) -> tuple[str, float]:
+def warm_up(base: str, rows: list[dict], out_dir: Path, steps: int, seed: int, lr: float) -> tuple[str, float]:
     """Short SFT on (prompt, answer) pairs; returns the HF folder of the warmed-up model and seconds."""
     from hybridflow.trainer.sft_trainer import load_sft_config, run_sft
 
     sft_rows = [{"prompt": r["prompt"], "response": r["reward_model"]["ground_truth"]} for r in rows]
     cfg = load_sft_config([
         f"model.partial_pretrain={base}", "data.train_batch_size=128", "data.micro_batch_size_per_gpu=128",
-        "data.max_length=32", "optim.lr=3e-3", "optim.lr_scheduler=constant", "optim.weight_decay=0.0",
+        "data.max_length=32", f"optim.lr={lr}", "optim.lr_scheduler=constant", "optim.weight_decay=0.0",
         f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={out_dir}", f"trainer.seed={seed}",
     ])
 
@@ -61,7 +64,8 @@ def warm_up(base: str, rows: list[dict], out_dir: Path, steps: int, seed: int) -
     return result.hf_dir, result.seconds
 
 
-def grpo_overrides(model: str, data_dir: Path, out_dir: Path, backend: str, steps: int, seed: int) -> list[str]:
+def grpo_overrides(model: str, data_dir: Path, out_dir: Path, backend: str, steps: int, seed: int,
+                   lr: float = 2e-4, test_freq: int = 50) -> list[str]:
     """The GRPO run as verl command-line overrides (what a user would type)."""
     a = "actor_rollout_ref"
     return [
@@ -70,15 +74,35 @@ def grpo_overrides(model: str, data_dir: Path, out_dir: Path, backend: str, step
         "data.max_response_length=4", f"data.seed={seed}", "algorithm.adv_estimator=grpo",
         f"{a}.rollout.name=hf", f"{a}.rollout.n=8", f"{a}.rollout.temperature=1.0",
         f"{a}.actor.ppo_mini_batch_size=32", f"{a}.actor.ppo_micro_batch_size_per_gpu=256",
-        f"{a}.rollout.log_prob_micro_batch_size_per_gpu=256", f"{a}.actor.optim.lr=5e-5",
+        f"{a}.rollout.log_prob_micro_batch_size_per_gpu=256", f"{a}.rollout.calculate_log_probs=true", f"{a}.actor.optim.lr={lr}",
         f"{a}.actor.optim.weight_decay=0.0", f"{a}.actor.use_kl_loss=false", f"{a}.actor.entropy_coeff=0",
         f"{a}.actor.loss_agg_mode=token-mean", f"{a}.model.use_remove_padding=false", "reward_model.num_workers=0",
+        f"custom_reward_function.path={SCORER_FILE}", "custom_reward_function.name=compute_score",
         f"trainer.backend={backend}", "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
-        f"trainer.total_training_steps={steps}", "trainer.test_freq=20", "trainer.val_before_train=true",
+        f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", "trainer.val_before_train=true",
         "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.log_val_generations=8",
-        "trainer.logger=[file]", "trainer.project_name=quickstart", "trainer.experiment_name=addition_grpo",
+        "trainer.logger=[file]", "trainer.project_name=quickstart", f"trainer.experiment_name={TASK}_grpo",
         f"trainer.default_local_dir={out_dir / 'checkpoints'}", f"trainer.seed={seed}",
     ]
+
+
+def held_out_rows(train_size: int, test_size: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """Train and test rows of the task with no prompt in both and none twice in the test set.
+
+    A 200-prompt test draw from 10,000 sums repeats a few prompts; validation then groups the repeats
+    (``mean@2``) and the headline ``mean@1`` metric would be computed over a subset.  Removing test prompts from
+    the training rows makes "held-out" literal.
+    """
+    from hybridflow.data.synthetic import make_rows
+
+    test, seen = [], set()
+    for row in make_rows(TASK, 2 * test_size, seed, "test"):
+        text = row["prompt"][0]["content"]
+        if text not in seen and len(test) < test_size:
+            seen.add(text)
+            test.append(row)
+    train = [r for r in make_rows(TASK, train_size, seed, "train") if r["prompt"][0]["content"] not in seen]
+    return train, test
 
 
 class LiveLogger:
@@ -107,17 +131,19 @@ class LiveLogger:
         self.tracking.finish()
 
 
-def run_quickstart(output_dir: str = "outputs/quickstart", backend: str = "local", sft_steps: int = 800,
+def run_quickstart(output_dir: str = "outputs/quickstart", backend: str = "local", sft_steps: int = 300,
                    rl_steps: int = 200, seed: int = 1, train_size: int = 4000, test_size: int = 200,
-                   max_seconds: float | None = None) -> dict[str, Any]:
+                   sft_lr: float = 1e-3, rl_lr: float = 2e-4, test_freq: int = 50, max_seconds: float | None = None,
+                   overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run the whole demo and return the summary written to ``output_dir/summary.json``.
 
+    ``overrides`` are extra verl-style ``key=value`` strings applied after the defaults (to experiment).
     ``max_seconds`` caps the RL phase's wall time (the step in progress finishes, then a last validation).
     """
     import torch
 
     from hybridflow.config import load_config
-    from hybridflow.data.synthetic import make_rows, write_synthetic
+    from hybridflow.data.io import write_parquet
     from hybridflow.tracking import Tracking
     from hybridflow.tracking.report import write_report
     from hybridflow.trainer.main_ppo import train_ppo
@@ -127,14 +153,18 @@ def run_quickstart(output_dir: str = "outputs/quickstart", backend: str = "local
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     data_dir = out / "data"
-    write_synthetic("addition", str(data_dir), train_size=train_size, test_size=test_size, seed=seed)
+    train_rows, test_rows = held_out_rows(train_size, test_size, seed)
+    write_parquet(train_rows, str(data_dir / "train.parquet"))
+    write_parquet(test_rows, str(data_dir / "test.parquet"))
     base = build_base_model(out / "base_model", seed)
     print(f"[quickstart] tiny model + addition task ready in {out}", flush=True)
-    sft_dir, sft_seconds = warm_up(base, make_rows("addition", train_size, seed, "train"), out / "sft", sft_steps, seed)
+    sft_dir, sft_seconds = warm_up(base, train_rows, out / "sft", sft_steps,
+                                   seed, sft_lr)
 
-    config = load_config(grpo_overrides(sft_dir, data_dir, out, backend, rl_steps, seed))
+    config = load_config(grpo_overrides(sft_dir, data_dir, out, backend, rl_steps, seed, rl_lr, test_freq)
+                         + list(overrides))
     rl_start = time.perf_counter()
-    tracking = Tracking("quickstart", "addition_grpo", default_backend=["file"], output_dir=out, total_steps=rl_steps)
+    tracking = Tracking("quickstart", f"{TASK}_grpo", default_backend=["file"], output_dir=out, total_steps=rl_steps)
     stop = None if max_seconds is None else (lambda: time.perf_counter() - rl_start > max_seconds)
     history = train_ppo(config, logger=LiveLogger(tracking, rl_steps, rl_start), should_stop=stop)
     rl_seconds = time.perf_counter() - rl_start

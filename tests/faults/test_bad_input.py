@@ -160,24 +160,7 @@ def test_bad_input_fails_with_a_message_naming_field_and_fix(case_id, needles, t
     assert ckpt.completed_steps(tmp / "ckpt") == [] and read_metrics(tmp) == []
 
 
-# Cases that today end in a Python traceback (the message is right, but it comes after a stack dump):
-# the CLI's train command does not yet turn these user errors into one line + exit code 2.
-CLI_HOOK = "needs hook: cli.cmd_train prints preflight.user_error_types() as one line, exit 2"
-NEEDS_CLI_HOOK = {
-    **{case: CLI_HOOK for case in (
-        "missing_prompt_column", "missing_reward_model_column", "empty_dataset", "corrupt_file",
-        "prompt_too_long_truncation_error", "model_path_missing", "tokenizer_without_chat_template",
-        "reward_path_missing", "reward_function_name_missing", "resume_half_written_checkpoint",
-        "resume_foreign_checkpoint")},
-    "prompt_not_chat_list": CLI_HOOK + "; and data/prompts.check_chat_messages raises DataFileError (not ValueError)",
-    "model_not_causal_lm": CLI_HOOK + "; and main_ppo checks the model class on the controller (today it fails "
-                           "inside the worker, as WorkerError)",
-}
-
-
-@pytest.mark.parametrize("case_id", [
-    pytest.param(c[0], marks=pytest.mark.xfail(strict=True, reason=NEEDS_CLI_HOOK[c[0]]))
-    if c[0] in NEEDS_CLI_HOOK else c[0] for c in FAIL_CASES])
+@pytest.mark.parametrize("case_id", [c[0] for c in FAIL_CASES])
 def test_bad_input_is_a_message_not_a_traceback(case_id, tmp_path_factory, fault_data, nano_model_dir):
     result, _ = _run_case(case_id, tmp_path_factory, fault_data, nano_model_dir)
     assert result.escaped is None, f"{case_id}: the CLI let {type(result.escaped).__name__} escape (a traceback)"

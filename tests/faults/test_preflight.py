@@ -59,7 +59,6 @@ def test_run_preflight_checks_every_configured_output_dir(tmp_path, nano_model_d
     preflight.run_preflight(ok, logger_dir=tmp_path / "logs")  # the tiny model fits: no error
 
 
-@pytest.mark.xfail(strict=True, reason="needs hook: main_ppo.train_ppo calls run_preflight before loading models")
 def test_cli_refuses_unwritable_output_before_training(tmp_path, nano_model_dir, fault_data):
     args = base_args(nano_model_dir, fault_data / "train.parquet", tmp_path,
                      extra=[f"trainer.default_local_dir={_blocked(tmp_path)}", "trainer.save_freq=1"])

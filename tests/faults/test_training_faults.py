@@ -51,7 +51,6 @@ def test_overlong_prompts_are_cut_under_each_truncation_mode(mode, tmp_path, fau
     assert step["prompt_length/max"] == 32.0  # data.max_prompt_length
 
 
-@pytest.mark.xfail(strict=True, reason="needs fix: data/rl_dataset.py _filter_overlong reports the dropped count")
 def test_overlong_prompts_are_filtered_and_counted(tmp_path, fault_data, nano_model_dir):
     df = pd.read_parquet(fault_data / "train.parquet")
     df.loc[:7, "prompt"] = pd.Series([[{"role": "user", "content": "9+" * 40}] for _ in range(8)])
@@ -79,7 +78,6 @@ def test_nonfinite_gradients_skip_the_step_and_training_continues(tmp_path, faul
     assert all(s["actor/nonfinite_grad_skipped"] == 1.0 for s in steps)
 
 
-@pytest.mark.xfail(strict=True, reason="needs hook: ppo_trainer reports training/skipped_steps")
 def test_skipped_steps_are_reported_as_training_skipped_steps(tmp_path, fault_data, nano_model_dir):
     args = base_args(nano_model_dir, fault_data / "train.parquet", tmp_path, steps=2,
                      extra=[*NONFINITE, f"{A}.actor.max_consecutive_skipped_steps=0"])
@@ -121,7 +119,6 @@ def test_signal_mid_step_finishes_the_step_saves_and_reports(fn, code, tmp_path,
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
 
 
-@pytest.mark.xfail(strict=True, reason="needs hook: cli.cmd_train runs training under GracefulInterrupt")
 def test_sigterm_to_the_cli_exits_143_with_a_checkpoint(tmp_path, fault_data, nano_model_dir):
     args = base_args(nano_model_dir, fault_data / "train.parquet", tmp_path, steps=5,
                      extra=[f"custom_reward_function.path={REWARDS}", "custom_reward_function.name=sends_sigterm",
