@@ -65,7 +65,7 @@ def warm_up(base: str, rows: list[dict], out_dir: Path, steps: int, seed: int, l
 
 
 def grpo_overrides(model: str, data_dir: Path, out_dir: Path, backend: str, steps: int, seed: int,
-                   lr: float = 2e-4, test_freq: int = 50) -> list[str]:
+                   lr: float = 1e-4, test_freq: int = 50) -> list[str]:
     """The GRPO run as verl command-line overrides (what a user would type)."""
     a = "actor_rollout_ref"
     return [
@@ -132,8 +132,8 @@ class LiveLogger:
 
 
 def run_quickstart(output_dir: str = "outputs/quickstart", backend: str = "local", sft_steps: int = 300,
-                   rl_steps: int = 200, seed: int = 1, train_size: int = 4000, test_size: int = 200,
-                   sft_lr: float = 1e-3, rl_lr: float = 2e-4, test_freq: int = 50, max_seconds: float | None = None,
+                   rl_steps: int = 300, seed: int = 1, train_size: int = 4000, test_size: int = 200,
+                   sft_lr: float = 1e-3, rl_lr: float = 1e-4, test_freq: int = 50, max_seconds: float | None = None,
                    overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run the whole demo and return the summary written to ``output_dir/summary.json``.
 
