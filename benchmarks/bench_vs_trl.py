@@ -53,7 +53,7 @@ def child_hybridflow(job: C.GRPOJob, budget_s: float | None) -> dict:
     acc = next((m[k] for _, _, m in logger.records for k in VAL_KEYS if k in m), None)
     cpu = [0.0] + logger.cpu_per_step() if job.backend == "local" else []  # Ray: the work is in other processes
     return {"step_times": [m["timing_s/step"] for m in steps], "tokens": tokens, "peak_rss_mb": C.peak_rss_mb(),
-            "cpu_times": cpu, "stages": {k[len("timing_s/"):]: C.median([m[k] for m in steps[2:] or steps])
+            "cpu_times": cpu, "stages": {k[len("timing_s/"):]: C.median([m[k] for m in (steps[2:] or steps) if k in m])
                                          for k in steps[-1] if k.startswith("timing_s/")} if steps else {},
             "accuracy": acc, "steps": len(steps), "train_s": logger.records[-1][0] if logger.records else 0.0}
 
