@@ -20,7 +20,7 @@ for _name in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFa
 for _name in ("math_dapo", "math", "math_dapo_reasoning", "aime*"):
     SCORERS.register(_name, math_dapo.compute_score)
 SCORERS.register("countdown", countdown.compute_score)
-for _name in ("synthetic/addition", "synthetic/reverse", "synthetic/sort"):
+for _name in ("synthetic/addition", "synthetic/addition_fixed", "synthetic/reverse", "synthetic/sort"):
     SCORERS.register(_name, synthetic.exact_match)
 SCORERS.register("synthetic/countdown", synthetic.countdown_lite)
 
