@@ -1,17 +1,28 @@
 """Rollout throughput: hybridflow's ``hf`` engine vs plain ``transformers`` ``model.generate``.
 
 Both sides get the same model (Qwen2 "medium" from ``hybridflow.utils.tiny_model``, fp32, CPU), the same
-left-padded prompts (batch 64, 16-32 tokens) and the same number of forced new tokens, sampled at
-temperature 1 with no top-k/top-p (``generate``'s default top_k=50 is switched off so both do the same
-work).  Runs alternate in one process so machine noise hits both sides alike.  Each run is timed on
-two clocks: wall time, and this process's CPU time (``time.process_time``) -- on a shared machine the
-wall clock mostly measures the neighbours, while CPU seconds measure the work each side needs (use
-``--threads 1`` for that, so idle OpenMP spinning is not counted).  The table reports best and median
-of the rounds for both; the last line is ``ratio=<hybridflow tok/s / generate tok/s>`` from the best
-wall-clock rounds, preceded by ``cpu_ratio=`` from the best CPU-time rounds.
+left-padded prompts (batch 64, 16-32 tokens) and sample at temperature 1 with no top-k/top-p
+(``generate``'s default top_k=50 is switched off so both do the same work).  Two workloads:
+
+* ``distinct`` -- 64 different prompts, every response forced to the same length: exactly the same
+  arithmetic on both sides, so the ratio measures engine overhead only.
+* ``grpo`` -- what an RL rollout looks like: 16 prompts x ``rollout.n`` = 4 samples, and responses that
+  end at different lengths (drawn uniformly in [new/4, new], standing in for EOS, which a random model
+  never samples).  ``generate`` cannot retire a row early, so it decodes all 64 rows until the longest
+  is done, and prefills every copy of a prompt; hybridflow prefills each distinct prompt once (shared
+  prefill) and drops finished rows from the decode batch (continuous batching).  Both sides are credited
+  with the same useful tokens: the sum of the per-row lengths.
+
+Runs alternate in one process so machine noise hits both sides alike.  Each run is timed on two clocks:
+wall time, and this process's CPU time (``time.process_time``) -- on a shared machine the wall clock
+mostly measures the neighbours, while CPU seconds measure the work (use ``--threads 1`` so idle OpenMP
+spinning is not counted).  The table reports best and median of the rounds; the last lines are
+``cpu_ratio=`` and ``ratio=<hybridflow tok/s / generate tok/s>`` of the ``grpo`` workload (best rounds),
+after the same two numbers for ``distinct``.
 
     python benchmarks/bench_rollout.py            # full: 4 rounds, 64 new tokens
     python benchmarks/bench_rollout.py --quick    # 2 rounds, 32 new tokens
+    python benchmarks/bench_rollout.py --smoke    # seconds: the tiny model, batch 8 (a test runs it)
 """
 
 from __future__ import annotations
@@ -45,7 +56,8 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
-def run_generate(model, ids, mask, new_tokens: int, pad_id: int) -> tuple[float, float]:
+def run_generate(model, ids, mask, new_tokens: int, pad_id: int, useful: int) -> tuple[float, float]:
+    """``generate`` decodes every row for ``new_tokens`` steps; it is credited with ``useful`` tokens."""
     start, cpu = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         out = model.generate(
@@ -54,16 +66,42 @@ def run_generate(model, ids, mask, new_tokens: int, pad_id: int) -> tuple[float,
         )
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert out.shape[1] - ids.shape[1] == new_tokens
-    return ids.shape[0] * new_tokens / elapsed, ids.shape[0] * new_tokens / cpu
+    return useful / elapsed, useful / cpu
 
 
-def run_engine(engine, prompts, new_tokens: int) -> tuple[float, float]:
-    params = SamplingParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True)
+def run_engine(engine, prompts, lengths: list[int]) -> tuple[float, float]:
+    """Row i stops after ``lengths[i]`` tokens (its stand-in for EOS)."""
+    params = [SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True) for n in lengths]
     start, cpu = time.perf_counter(), time.process_time()
     outs = engine.generate_batch(prompts, params)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-    assert all(len(o.token_ids) == new_tokens for o in outs)
-    return len(prompts) * new_tokens / elapsed, len(prompts) * new_tokens / cpu
+    assert [len(o.token_ids) for o in outs] == lengths
+    return sum(lengths) / elapsed, sum(lengths) / cpu
+
+
+def make_workload(tok, name: str, batch: int, new_tokens: int, group: int = 4):
+    """(prompts, per-row response lengths) of workload ``name`` (see the module docstring)."""
+    if name == "distinct":
+        return make_prompts(tok, batch, 16, 32, seed=0), [new_tokens] * batch
+    if batch % group:
+        raise SystemExit(f"--batch {batch} must be a multiple of the group size {group} for the grpo workload")
+    distinct = make_prompts(tok, batch // group, 16, 32, seed=0)
+    gen = torch.Generator().manual_seed(1)
+    lengths = torch.randint(max(1, new_tokens // 4), new_tokens + 1, (batch,), generator=gen).tolist()
+    lengths[0] = new_tokens  # the longest row decides how long generate() runs
+    return [p for p in distinct for _ in range(group)], lengths
+
+
+def measure(model, tok, engine, name: str, batch: int, new_tokens: int, rounds: int):
+    prompts, lengths = make_workload(tok, name, batch, new_tokens)
+    ids, mask = left_pad(prompts, tok.pad_token_id)
+    hf_rates, ours_rates = [], []  # (wall tok/s, cpu tok/s) per round
+    for r in range(rounds):
+        hf_rates.append(run_generate(model, ids, mask, new_tokens, tok.pad_token_id, sum(lengths)))
+        ours_rates.append(run_engine(engine, prompts, lengths))
+        print(f"[{name}] round {r}: generate {hf_rates[-1][0]:8.1f} tok/s ({hf_rates[-1][1]:8.1f} per cpu-s)   "
+              f"hybridflow {ours_rates[-1][0]:8.1f} tok/s ({ours_rates[-1][1]:8.1f} per cpu-s)")
+    return hf_rates, ours_rates
 
 
 def linear_bound_tok_s(model, batch: int, repeats: int = 5) -> float:
@@ -87,46 +125,52 @@ def linear_bound_tok_s(model, batch: int, repeats: int = 5) -> float:
     return batch / best
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="2 rounds of 32 new tokens (a smoke run)")
-    ap.add_argument("--size", default="medium", help="tiny_model size name (default: medium)")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=None, help="forced new tokens (default 64, quick 32)")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 32 new tokens")
+    ap.add_argument("--smoke", action="store_true", help="1 round, tiny model, batch 8, 8 new tokens")
+    ap.add_argument("--size", default=None, help="tiny_model size name (default: medium; smoke: tiny)")
+    ap.add_argument("--batch", type=int, default=None, help="decode batch (default 64; smoke 8)")
+    ap.add_argument("--new-tokens", type=int, default=None, help="longest response (default 64, quick 32)")
     ap.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 4, quick 2)")
-    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    args = ap.parse_args()
-    new_tokens = args.new_tokens or (32 if args.quick else 64)
-    rounds = args.rounds or (2 if args.quick else 4)
-    torch.set_num_threads(args.threads)
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default 2; smoke: unchanged)")
+    args = ap.parse_args(argv)
+    size = args.size or ("tiny" if args.smoke else "medium")
+    batch = args.batch or (8 if args.smoke else 64)
+    new_tokens = args.new_tokens or (8 if args.smoke else 32 if args.quick else 64)
+    rounds = args.rounds or (1 if args.smoke else 2 if args.quick else 4)
+    threads = args.threads or (torch.get_num_threads() if args.smoke else 2)
+    torch.set_num_threads(threads)
 
     tok = build_bpe_tokenizer()
-    model = build_tiny_model(tok, size=args.size).eval()
+    model = build_tiny_model(tok, size=size).eval()
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
-    prompts = make_prompts(tok, args.batch, 16, 32, seed=0)
-    ids, mask = left_pad(prompts, tok.pad_token_id)
-    engine = HFRolloutEngine(model, tok, max_batch_size=args.batch, seed=0)
-    print(f"model: qwen2 {args.size} {params_m:.1f}M params, vocab {len(tok)}, fp32, {args.threads} threads; "
-          f"batch {args.batch}, prompts 16-32 tokens, {new_tokens} new tokens sampled, {rounds} rounds")
+    engine = HFRolloutEngine(model, tok, max_batch_size=batch, seed=0)
+    load = os.getloadavg()
+    print(f"[{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}] "
+          f"model: qwen2 {size} {params_m:.1f}M params, vocab {len(tok)}, fp32, {threads} threads; "
+          f"batch {batch}, prompts 16-32 tokens, up to {new_tokens} new tokens sampled, {rounds} rounds")
+    warm = make_prompts(tok, 4, 16, 32, seed=9)
+    run_generate(model, *left_pad(warm, tok.pad_token_id), 4, tok.pad_token_id, 16)  # warm-up both paths
+    run_engine(engine, warm, [4] * 4)
 
-    run_generate(model, ids[:4], mask[:4], 4, tok.pad_token_id)  # warm-up both paths
-    run_engine(engine, prompts[:4], 4)
-    hf_rates, ours_rates = [], []  # (wall tok/s, cpu tok/s) per round
-    for r in range(rounds):
-        hf_rates.append(run_generate(model, ids, mask, new_tokens, tok.pad_token_id))
-        ours_rates.append(run_engine(engine, prompts, new_tokens))
-        print(f"round {r}: generate {hf_rates[-1][0]:8.1f} tok/s ({hf_rates[-1][1]:8.1f} per cpu-s)   "
-              f"hybridflow {ours_rates[-1][0]:8.1f} tok/s ({ours_rates[-1][1]:8.1f} per cpu-s)")
-
-    print(f"\n{'engine':<22}{'best tok/s':>12}{'median tok/s':>14}{'best tok/cpu-s':>16}{'median tok/cpu-s':>18}")
-    for name, rates in (("transformers.generate", hf_rates), ("hybridflow hf", ours_rates)):
-        wall, cpu = [w for w, _ in rates], [c for _, c in rates]
-        print(f"{name:<22}{max(wall):>12.1f}{statistics.median(wall):>14.1f}{max(cpu):>16.1f}"
-              f"{statistics.median(cpu):>18.1f}")
-    print(f"decode-step matmul bound: {linear_bound_tok_s(model, args.batch):.1f} tok/s (Linear layers only, "
+    results = {name: measure(model, tok, engine, name, batch, new_tokens, rounds) for name in ("distinct", "grpo")}
+    print(f"\n| workload | engine | best tok/s | median tok/s | best tok/cpu-s | median tok/cpu-s |")
+    print("|---|---|---|---|---|---|")
+    for name, (hf_rates, ours_rates) in results.items():
+        for engine_name, rates in (("transformers.generate", hf_rates), ("hybridflow hf", ours_rates)):
+            wall, cpu = [w for w, _ in rates], [c for _, c in rates]
+            print(f"| {name} | {engine_name} | {max(wall):.1f} | {statistics.median(wall):.1f} | {max(cpu):.1f} "
+                  f"| {statistics.median(cpu):.1f} |")
+    print(f"decode-step matmul bound: {linear_bound_tok_s(model, batch):.1f} tok/s (Linear layers only, "
           f"prefill excluded)")
-    print(f"cpu_ratio={max(c for _, c in ours_rates) / max(c for _, c in hf_rates):.2f}")
-    print(f"ratio={max(w for w, _ in ours_rates) / max(w for w, _ in hf_rates):.2f}")
+    for name in ("distinct", "grpo"):
+        hf_rates, ours_rates = results[name]
+        suffix = "" if name == "grpo" else f"_{name}"
+        print(f"cpu_ratio{suffix}={max(c for _, c in ours_rates) / max(c for _, c in hf_rates):.2f}")
+        print(f"ratio{suffix}={max(w for w, _ in ours_rates) / max(w for w, _ in hf_rates):.2f}")
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -135,31 +135,38 @@ class ContinuousBatcher:
         self._prefill([self.pending.popleft() for _ in range(take)])
 
     def _prefill(self, reqs: list[GenerationRequest]) -> None:
+        """One left-padded forward over the *distinct* prompts of ``reqs``; identical prompts share it.
+
+        GRPO-style rollouts submit every prompt ``rollout.n`` times.  Their prefills are identical, so the
+        forward runs once per distinct prompt and the cache copies its K/V into every row that asked for
+        it (the automatic prefix caching of vLLM / RadixAttention of SGLang, restricted to whole prompts).
+        Each row then samples on its own, so the result is the same as prefilling every row.
+        """
+        first_row: dict[tuple[int, ...], int] = {}
+        inverse = [first_row.setdefault(tuple(r.prompt_ids), len(first_row)) for r in reqs]
+        unique = [list(k) for k in first_row]
         lens = [len(r.prompt_ids) for r in reqs]
         width = max(lens)
         budget = max(r.params.max_tokens for r in reqs)
         self._ensure_buffers(width + budget, budget)
         dev = self.device
-        ids = torch.tensor([[self.pad_token_id] * (width - n) + r.prompt_ids for n, r in zip(lens, reqs)], device=dev)
+        ids, position_ids, mask = self._prefill_inputs(unique, width)
         lens_t = torch.tensor(lens, device=dev)
-        start = width - lens_t
-        cols = torch.arange(width, device=dev)
-        position_ids = (cols[None, :] - start[:, None]).clamp(min=0)
-        # Causal and not padding; padded query rows may see themselves so no softmax row is empty (NaN).
-        allowed = (cols[None, None, :] <= cols[None, :, None]) & (cols[None, None, :] >= start[:, None, None])
-        allowed |= torch.eye(width, dtype=torch.bool, device=dev)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=dev).masked_fill_(~allowed, float("-inf"))
-
         r0 = len(self.reqs)
-        self.cache.begin_prefill(r0, start, width)
+        inverse_t = torch.tensor(inverse, device=dev)
+        shared = len(unique) < len(reqs)
+        self.cache.begin_prefill(r0, width - lens_t, width, source_rows=inverse_t if shared else None)
         try:
-            out = self.model(input_ids=ids, attention_mask=mask[:, None], position_ids=position_ids,
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
                              past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         finally:
             self.cache.end()
+        last_logits = out.logits[:, -1]
+        if shared:
+            last_logits = last_logits[inverse_t]
         params = [r.params for r in reqs]
         sampling = RowSampling.build(params, out.logits.shape[-1], dev)
-        tokens, log_probs = sample_next_tokens(out.logits[:, -1], sampling, self.generator)
+        tokens, log_probs = sample_next_tokens(last_logits, sampling, self.generator)
 
         m = len(reqs)
         new_rows = {
@@ -174,6 +181,19 @@ class ContinuousBatcher:
         self._append_rows(new_rows, sampling, reqs)
         self.kv_len = max(self.kv_len, width + 1)
         self._record(r0, tokens, log_probs)
+
+    def _prefill_inputs(self, prompts: list[list[int]], width: int):
+        """Left-padded ids, RoPE positions and the additive (B, 1, width, width) causal+padding mask."""
+        dev = self.device
+        ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p in prompts], device=dev)
+        start = width - torch.tensor([len(p) for p in prompts], device=dev)
+        cols = torch.arange(width, device=dev)
+        position_ids = (cols[None, :] - start[:, None]).clamp(min=0)
+        # Causal and not padding; padded query rows may see themselves so no softmax row is empty (NaN).
+        allowed = (cols[None, None, :] <= cols[None, :, None]) & (cols[None, None, :] >= start[:, None, None])
+        allowed |= torch.eye(width, dtype=torch.bool, device=dev)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=dev).masked_fill_(~allowed, float("-inf"))
+        return ids, position_ids, mask[:, None]
 
     def _stop_table(self, params: list[SamplingParams]) -> torch.Tensor:
         """(m, S) stop ids per row padded with -1 (never a token); ignore_eos rows get none."""

@@ -37,6 +37,7 @@ class SlotKVCache:
         self._mode = "idle"
         self._prefill_rows = (0, 0)
         self._write_cols: torch.Tensor | None = None
+        self._source_rows: torch.Tensor | None = None
         self._row_index = torch.arange(max_rows, device=device)
 
     # ------------------------------------------------------------------ called by HF attention
@@ -48,8 +49,9 @@ class SlotKVCache:
         if self._mode == "prefill":
             r0, r1 = self._prefill_rows
             width = key_states.shape[2]
-            k_buf[r0:r1, :, :width] = key_states
-            v_buf[r0:r1, :, :width] = value_states
+            src = self._source_rows
+            k_buf[r0:r1, :, :width] = key_states if src is None else key_states[src]
+            v_buf[r0:r1, :, :width] = value_states if src is None else value_states[src]
             return key_states, value_states
         if self._mode != "decode":
             raise RuntimeError("SlotKVCache.update called outside begin_prefill()/begin_decode()")
@@ -67,14 +69,16 @@ class SlotKVCache:
         self.values.append(torch.zeros(*shape, v_dim, dtype=value_states.dtype, device=value_states.device))
 
     # ------------------------------------------------------------------ called by the engine
-    def begin_prefill(self, row_start: int, start_cols: torch.Tensor, width: int) -> None:
+    def begin_prefill(self, row_start: int, start_cols: torch.Tensor, width: int,
+                      source_rows: torch.Tensor | None = None) -> None:
         """Next forward writes ``len(start_cols)`` new rows from ``row_start``; row i's prompt is left
-        padded, occupying columns ``[start_cols[i], width)``."""
+        padded, occupying columns ``[start_cols[i], width)``.  With ``source_rows`` the forward runs over
+        fewer (distinct) prompts and row i takes the K/V of forward row ``source_rows[i]`` (shared prefill)."""
         r1 = row_start + start_cols.shape[0]
         if r1 > self.max_rows or width > self.capacity:
             raise ValueError(f"prefill of rows [{row_start}, {r1}) x {width} columns exceeds the cache "
                              f"({self.max_rows} rows x {self.capacity} columns)")
-        self._mode, self._prefill_rows = "prefill", (row_start, r1)
+        self._mode, self._prefill_rows, self._source_rows = "prefill", (row_start, r1), source_rows
         cols = torch.arange(self.capacity, device=self.device)
         valid = (cols[None, :] >= start_cols[:, None]) & (cols[None, :] < width)
         self.mask[row_start:r1] = torch.where(valid, 0.0, float("-inf")).to(self.mask.dtype)
@@ -87,7 +91,7 @@ class SlotKVCache:
         return self.mask[:n, None, None, :kv_len]
 
     def end(self) -> None:
-        self._mode, self._write_cols = "idle", None
+        self._mode, self._write_cols, self._source_rows = "idle", None, None
 
     def keep_rows(self, keep: torch.Tensor, used_cols: int) -> None:
         """Compact: rows ``keep`` (in order) move to the front; only the first ``used_cols`` columns are

@@ -188,3 +188,25 @@ def test_cache_grows_while_rows_are_live(model_and_tokenizer, prompts):
     assert engine._batcher.cache.capacity >= len(prompts[2]) + 90 > 64
     big = HFRolloutEngine(model, tok).generate_batch(prompts[:3], params)
     assert [o.token_ids for o in small] == [o.token_ids for o in big]
+
+
+def test_repeated_prompts_share_one_prefill_and_match_separate_prefills(model_and_tokenizer, prompts):
+    """rollout.n copies of a prompt are prefilled once; every row still samples on its own and the
+    result equals prefilling each copy (one engine per row as the reference)."""
+    model, tok = model_and_tokenizer
+    grouped = [p for p in prompts[:3] for _ in range(4)]
+    calls = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: calls.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        greedy = SamplingParams(do_sample=False, max_tokens=6, logprobs=True)
+        shared = HFRolloutEngine(model, tok).generate_batch(grouped, greedy)
+    finally:
+        hook.remove()
+    assert calls[0] == 3  # the prefill forward saw the 3 distinct prompts, not 12 rows
+    assert all(c == 12 for c in calls[1:])  # every decode step covers all 12 rows
+    alone = [HFRolloutEngine(model, tok).generate_batch([p], greedy)[0] for p in grouped]
+    assert [o.token_ids for o in shared] == [o.token_ids for o in alone]
+    for a, b in zip(shared, alone):
+        assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5)
+    sampled = HFRolloutEngine(model, tok, seed=3).generate_batch(grouped, SamplingParams(temperature=1.0, max_tokens=8))
+    assert len({tuple(o.token_ids) for o in sampled}) > 3  # copies of one prompt still diverge
