@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hybridflow.config import ConfigError, load_config, parse_command_line
+from hybridflow.config.loader import KEY_ALIASES
 
 DATA = Path(__file__).parent / "data" / "verl_command_lines.txt"
 
@@ -34,10 +35,10 @@ REFUSE = [s for s in sections() if s[0].startswith("refuse:")]
 def test_verl_fsdp_command_line_loads(name, args):
     cl = parse_command_line(args)
     cfg = load_config(cl.overrides, cl.config_path, cl.config_name)
-    for arg in args:  # every plain override is visible in the typed config
+    for arg in cl.overrides:  # every override is visible in the typed config (under its current name)
         key, _, _ = arg.lstrip("+").partition("=")
-        if key.endswith("use_rmpad"):
-            continue
+        *head, leaf = key.split(".")
+        key = ".".join(head + [KEY_ALIASES.get(leaf, leaf)])
         obj = cfg
         for part in key.split("."):
             obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
