@@ -104,7 +104,7 @@ def compose_raw(overrides: list[str], config_path: str | None = None, config_nam
         raise ConfigError([f"--config-name '{name}': no file {name.removesuffix('.yaml')}.yaml in {cfg_dir}"])
 
     overrides = _apply_aliases(list(overrides))
-    _check_override_keys(overrides, cfg_dir, name)
+    overrides = _check_override_keys(overrides, cfg_dir, name)
     # verl scripts write '+key=v' for keys that may or may not exist; Hydra rejects '+' on an existing
     # key, so treat '+' as '++' (add or override), which is what those command lines mean.
     overrides = ["+" + o if o.startswith("+") and not o.startswith("++") else o for o in overrides]
@@ -152,8 +152,13 @@ def _first_line(e: Exception) -> str:
     return msg[0] if msg else type(e).__name__
 
 
-def _check_override_keys(overrides: list[str], cfg_dir: Path, name: str) -> None:
-    """A plain ``a.b=v`` must name an existing key: report the closest one instead of Hydra's error."""
+def _check_override_keys(overrides: list[str], cfg_dir: Path, name: str) -> list[str]:
+    """A plain ``a.b=v`` must name an existing key: report the closest one instead of Hydra's error.
+
+    Returns the overrides to compose. A plain override of a new key inside a free-form node (an empty
+    mapping in the defaults, such as ``rollout.engine_kwargs.vllm``) is what verl's own scripts write, so
+    it is turned into ``++key=v`` (add or override) rather than rejected by Hydra's struct mode.
+    """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
@@ -162,14 +167,16 @@ def _check_override_keys(overrides: list[str], cfg_dir: Path, name: str) -> None
         raise ConfigError([f"could not parse the overrides: {_first_line(e)}"]) from None
     base = OmegaConf.load(CONFIG_DIR / f"{DEFAULT_CONFIG_NAME}.yaml") if cfg_dir == CONFIG_DIR else None
     if base is None:
-        return  # a user config may add keys through its defaults list; Hydra checks those itself
+        return list(overrides)  # a user config may add keys through its defaults list; Hydra checks those
     known = _all_key_paths(base)
-    errors = []
-    for ov in parsed:
+    errors, out = [], []
+    for raw, ov in zip(overrides, parsed):
         key = ov.key_or_group
-        if ov.is_add() or ov.is_force_add() or ov.is_delete() or key.startswith("hydra"):
+        if ov.is_add() or ov.is_force_add() or ov.is_delete() or key.startswith("hydra") or key in known:
+            out.append(raw)
             continue
-        if key in known or _under_free_form(base, key):
+        if _under_free_form(base, key):
+            out.append("++" + raw)
             continue
         hint = closest(key, sorted(known))
         msg = f"unknown config key '{key}'"
@@ -179,6 +186,7 @@ def _check_override_keys(overrides: list[str], cfg_dir: Path, name: str) -> None
         errors.append(msg)
     if errors:
         raise ConfigError(errors)
+    return out
 
 
 def _all_key_paths(node: Any, prefix: str = "") -> set[str]:

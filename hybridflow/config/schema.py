@@ -67,6 +67,10 @@ class DataConfig:
 @dataclass(**KW)
 class WrapPolicy:
     min_num_params: int
+    # verl's wrap policy may name the decoder-layer classes to shard; FSDP2 here wraps each decoder layer
+    # it finds, so the list is accepted for compatibility. Defaulted so code building a policy by hand
+    # (the SFT trainer) need not spell it out.
+    transformer_layer_cls_to_wrap: Optional[list] = None
 
 
 @dataclass(**KW)
@@ -468,7 +472,7 @@ class TrainerConfig:
     total_training_steps: Optional[int]
     project_name: str
     experiment_name: str
-    logger: list
+    logger: Any  # a list of backend names; verl also takes one bare name (logger=console)
     log_val_generations: int
     rollout_data_dir: Optional[str]
     validation_data_dir: Optional[str]

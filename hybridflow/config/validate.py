@@ -61,6 +61,9 @@ def validate_config(cfg: PPOConfig) -> list[str]:
 
 
 def _check_choices(cfg: PPOConfig, errors: list[str]) -> None:
+    if not isinstance(cfg.trainer.logger, (str, list)):
+        errors.append(f"trainer.logger={cfg.trainer.logger!r}: give a list of backends like [console,file] "
+                      "(or one name)")
     for key, allowed in CHOICES.items():
         val = _get(cfg, key)
         if val not in allowed:
@@ -120,6 +123,9 @@ def _check_algorithms(cfg: PPOConfig, errors: list[str]) -> None:
 
 
 def _normalise_deprecated(cfg: PPOConfig, notes: list[str]) -> None:
+    # verl's tracker takes one bare backend name as well as a list (trainer.logger=console).
+    if isinstance(cfg.trainer.logger, str):
+        cfg.trainer.logger = [cfg.trainer.logger]
     # verl has two spellings of gradient clipping; the engine reads <role>.grad_clip.
     for key, role in (("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor), ("critic", cfg.critic)):
         if role.optim.clip_grad != 1.0 and role.grad_clip == 1.0:
@@ -225,6 +231,9 @@ _UNUSED = {
     "critic.ulysses_sequence_parallel_size": 1,
     "data.use_shm": False,
     "trainer.default_hdfs_dir": None,
+    "actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
+    "actor_rollout_ref.ref.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
+    "critic.model.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
 }
 
 
