@@ -126,8 +126,28 @@ def compose_raw(overrides: list[str], config_path: str | None = None, config_nam
     return cfg
 
 
-# Old verl spellings still found in published launch scripts -> the current key.
-KEY_ALIASES = {"use_rmpad": "use_remove_padding"}
+# Old verl spellings still found in published launch scripts -> the current spelling. The key is the
+# trailing part of an override path (a leaf name, or a dotted tail when the rename moved the key to
+# another node); the value replaces that tail.
+KEY_ALIASES = {
+    "use_rmpad": "use_remove_padding",
+    # verl's first profiler options sat on each role and on the trainer; they moved under <role>.profiler
+    # and global_profiler (all accepted, and ignored, here).
+    "profile_ranks": "profiler.ranks",
+    "profile_ranks_all": "profiler.all_ranks",
+    "profile_discrete": "profiler.discrete",
+    "trainer.profile_steps": "global_profiler.steps",
+}
+
+
+def canonical_key(key: str) -> str:
+    """The current spelling of an override key (``key`` itself when it is not an old spelling)."""
+    parts = key.split(".")
+    for old, new in KEY_ALIASES.items():
+        old_parts = old.split(".")
+        if parts[-len(old_parts):] == old_parts:
+            return ".".join(parts[:-len(old_parts)] + new.split("."))
+    return key
 
 
 def _apply_aliases(overrides: list[str]) -> list[str]:
@@ -138,11 +158,11 @@ def _apply_aliases(overrides: list[str]) -> list[str]:
     out = []
     for ov in overrides:
         key, sep, value = ov.partition("=")
-        parts = key.split(".")
-        if sep and parts[-1] in KEY_ALIASES:
-            new_key = ".".join(parts[:-1] + [KEY_ALIASES[parts[-1]]])
-            warnings.warn(f"{key} is an old spelling; using {new_key}", ConfigWarning, stacklevel=3)
-            ov = f"{new_key}={value}"
+        prefix = key[:len(key) - len(key.lstrip("+"))]
+        new_key = canonical_key(key.lstrip("+"))
+        if sep and new_key != key.lstrip("+"):
+            warnings.warn(f"{key.lstrip('+')} is an old spelling; using {new_key}", ConfigWarning, stacklevel=3)
+            ov = f"{prefix}{new_key}={value}"
         out.append(ov)
     return out
 

@@ -384,6 +384,22 @@ class SandboxFusionConfig:
 
 
 @dataclass(**KW)
+class RewardModelRolloutConfig:
+    """verl's reward-loop option of serving a generative or discriminative reward model from an inference
+    engine. hybridflow scores with the FSDP reward model (or rule functions), so these are accepted only."""
+
+    name: Optional[str]
+    dtype: str
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    tensor_model_parallel_size: int
+    max_num_seqs: int
+    load_format: str
+    prompt_length: int
+    response_length: int
+
+
+@dataclass(**KW)
 class RewardModelConfig:
     enable: bool
     enable_resource_pool: bool
@@ -405,6 +421,7 @@ class RewardModelConfig:
     use_reward_loop: bool
     sandbox_fusion: SandboxFusionConfig
     ulysses_sequence_parallel_size: int
+    rollout: RewardModelRolloutConfig
     profiler: dict
 
 

@@ -234,6 +234,7 @@ _UNUSED = {
     "actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
     "actor_rollout_ref.ref.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
     "critic.model.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
+    "reward_model.rollout.name": None,
 }
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hybridflow.config import ConfigError, load_config, parse_command_line
-from hybridflow.config.loader import KEY_ALIASES
+from hybridflow.config.loader import canonical_key
 
 DATA = Path(__file__).parent / "data" / "verl_command_lines.txt"
 
@@ -36,9 +36,7 @@ def test_verl_fsdp_command_line_loads(name, args):
     cl = parse_command_line(args)
     cfg = load_config(cl.overrides, cl.config_path, cl.config_name)
     for arg in cl.overrides:  # every override is visible in the typed config (under its current name)
-        key, _, _ = arg.lstrip("+").partition("=")
-        *head, leaf = key.split(".")
-        key = ".".join(head + [KEY_ALIASES.get(leaf, leaf)])
+        key = canonical_key(arg.lstrip("+").partition("=")[0])
         obj = cfg
         for part in key.split("."):
             obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
