@@ -9,9 +9,14 @@ attention term, Kaplan et al. 2020 / the PaLM MFU definition), counted on the *v
 padding shows up as lost efficiency. The peak is the best fp32 ``n×n`` matmul rate measured in the same
 process with the same thread count. Variants compared side by side (alternating):
 
-* ``packed``  -- ``model.use_remove_padding=true`` (rows concatenated, no pad tokens computed)
-* ``padded``  -- ``model.use_remove_padding=false`` (every row padded to prompt+max response length)
-* ``dynamic`` -- packed + ``actor.use_dynamic_bsz=true`` (micro-batches by token budget)
+* ``packed``   -- rows concatenated into one (no pad tokens computed), forced with ``PPOActor.packed=True``:
+  what ``model.use_remove_padding=true`` ran on CPU before the layout became device-dependent
+* ``default``  -- ``model.use_remove_padding=true`` as the defaults run it: on CPU (no varlen attention
+  kernel) ``engine.forward.use_packed_layout`` picks the trimmed padded layout
+* ``dynamic``  -- default + ``actor.use_dynamic_bsz=true`` (micro-batches by token budget)
+* ``default+old_lp`` / ``default-in-update`` -- the actor's whole share of an on-policy step: the separate
+  ``compute_log_prob`` forward followed by the update (before), vs the update alone taking the old
+  log-prob from its own pass (``OLD_LOG_PROBS_FROM_UPDATE``, the default since ``StepPlan`` decides it)
 
 Run: ``.venv/bin/python benchmarks/bench_train.py [--quick] [--smoke]``.
 """
@@ -24,20 +29,33 @@ import time
 from pathlib import Path
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
+RMPAD = "actor_rollout_ref.model.use_remove_padding=true"
+
+
+@dataclass(frozen=True)
+class Variant:
+    overrides: tuple[str, ...]
+    packed: bool | None = None  # PPOActor.packed: None = the device decides
+    old_log_prob: str = "given"  # given (in the batch) | forward (compute_log_prob first) | update (from its pass)
+
+
 VARIANTS = {
-    "packed": ["actor_rollout_ref.model.use_remove_padding=true"],
-    "padded": ["actor_rollout_ref.model.use_remove_padding=false"],
-    "dynamic": ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true"],
+    "packed": Variant((RMPAD,), packed=True),
+    "default": Variant((RMPAD,)),
+    "dynamic": Variant((RMPAD, "actor_rollout_ref.actor.use_dynamic_bsz=true")),
+    "default+old_lp": Variant((RMPAD,), old_log_prob="forward"),
+    "default-in-update": Variant((RMPAD,), old_log_prob="update"),
 }
 
 
-def make_worker(model: str, rows: int, micro: int, max_tokens: int, variant: list[str]):
+def make_worker(model: str, rows: int, micro: int, max_tokens: int, variant: Variant):
     from hybridflow.config import load_config
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
@@ -49,10 +67,11 @@ def make_worker(model: str, rows: int, micro: int, max_tokens: int, variant: lis
         f"{a}.actor.ppo_micro_batch_size_per_gpu={micro}", f"{a}.actor.ppo_max_token_len_per_gpu={max_tokens}",
         f"{a}.actor.use_kl_loss=false", f"{a}.actor.entropy_coeff=0", f"{a}.model.enable_gradient_checkpointing=false",
         f"{a}.actor.optim.lr=1e-5", "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
-        "algorithm.adv_estimator=grpo", "data.train_batch_size=" + str(rows), *variant,
+        "algorithm.adv_estimator=grpo", "data.train_batch_size=" + str(rows), *variant.overrides,
     ])
     worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor")
     worker.init_model(total_training_steps=1000)
+    worker.actor.packed = variant.packed
     return worker
 
 
@@ -78,13 +97,26 @@ def make_batch(vocab: int, rows: int, prompt_len: int, response_len: int, seed: 
     return data, attention_mask.sum(-1).tolist()
 
 
-def measure(worker, data, steps: int) -> tuple[list[float], list[float]]:
+def actor_work(worker, data, variant: Variant) -> None:
+    """The actor's work for one step of ``variant``: [old log-prob forward +] update."""
+    from hybridflow.protocol import DataProto
+    from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
+
+    if variant.old_log_prob == "forward":
+        data = DataProto.from_dict(dict(data.batch), meta_info=dict(data.meta_info))
+        data.batch["old_log_probs"] = worker.compute_log_prob(data).batch["old_log_probs"]
+    elif variant.old_log_prob == "update":
+        data = DataProto.from_dict(dict(data.batch), meta_info={**data.meta_info, OLD_LOG_PROBS_FROM_UPDATE: True})
+    worker.update_actor(data)
+
+
+def measure(worker, data, variant: Variant, steps: int) -> tuple[list[float], list[float]]:
     """Wall and process-CPU seconds per update. With one torch thread the CPU time is the work itself,
     which neighbours on a shared machine cannot inflate (they only add wall-clock waiting)."""
     wall, cpu = [], []
     for _ in range(steps):
         start, cstart = time.perf_counter(), time.process_time()
-        worker.update_actor(data)
+        actor_work(worker, data, variant)
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - cstart)
     return wall, cpu
@@ -107,18 +139,18 @@ def main(argv: list[str] | None = None) -> int:
 
     model = C.base_model(C.DEFAULT_WORKDIR, size)
     workers = {name: make_worker(model, rows, micro, max_tokens, ov) for name, ov in VARIANTS.items()}
-    mcfg = workers["packed"].actor_engine.module.config
+    mcfg = workers["default"].actor_engine.module.config
     n_params = count_dense_params(mcfg)[0]
     data, seqlens = make_batch(mcfg.vocab_size, rows, prompt_len, resp_len, seed=0)
-    for w in workers.values():  # warm-up: allocator, kernels, optimizer state
-        w.update_actor(data)
+    for name, w in workers.items():  # warm-up: allocator, kernels, optimizer state
+        actor_work(w, data, VARIANTS[name])
     times: dict[str, list[float]] = {k: [] for k in workers}
     cpu_times: dict[str, list[float]] = {k: [] for k in workers}
     peaks = []
     for rep in range(reps):
         peaks.append(measure_cpu_peak_flops(size=64 if args.smoke else 1024, repeats=8 + rep))
         for name in (list(workers) if rep % 2 == 0 else list(workers)[::-1]):
-            wall, cpu = measure(workers[name], data, steps)
+            wall, cpu = measure(workers[name], data, VARIANTS[name], steps)
             times[name] += wall
             cpu_times[name] += cpu
     peak = max(peaks)
@@ -136,10 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     C.print_table(["variant", "rows", "prompt+max resp", "valid tokens", "median update s (wall)",
                    "median CPU s", "tokens/s (wall)", "GFLOP/s (wall)", "fraction of peak (wall)",
                    "fraction of peak (CPU time)"], out_rows)
+    print("(FLOP/s of the two last rows count the update only: the old log-prob forward is extra work)")
     med = {r[0]: r[5] for r in out_rows}
-    print(f"padding_cost={med['padded'] / med['packed']:.3f}  (padded / packed update CPU time)")
-    print(f"dynamic_cost={med['dynamic'] / med['packed']:.3f}  (dynamic bsz / fixed micro-batches CPU time)")
+    print(f"padding_cost={med['default'] / med['packed']:.3f}  (default -- trimmed padded on CPU -- / packed update CPU time)")
+    print(f"dynamic_cost={med['dynamic'] / med['default']:.3f}  (dynamic bsz / fixed micro-batches CPU time)")
+    print(f"old_lp_cost={med['default-in-update'] / med['default+old_lp']:.3f}  "
+          "(update taking old log-probs from its pass / old log-prob forward + update, CPU time)")
     print(f"mfu_packed={out_rows[0][8]:.3f}  (wall clock; CPU-time based {out_rows[0][9]:.3f})")
+    print(f"mfu_default={out_rows[1][8]:.3f}  (wall clock; CPU-time based {out_rows[1][9]:.3f})")
     return 0
 
 

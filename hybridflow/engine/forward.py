@@ -11,6 +11,12 @@ Rows arrive as ``[left pad | prompt | response | right pad]`` (``input_ids``, ``
 * **trimmed** (``use_remove_padding=False``, or models whose attention ignores packing): the columns
   that are padding in every row are cut off, so at most the ragged part of the batch is padding.
 
+Packing only pays off with a variable-length attention kernel (flash-attention's varlen path), which
+attends within each sequence.  Without one (CPU, or sdpa/eager on GPU) transformers turns the packed row
+into a dense block-diagonal N x N mask: attention does O(N^2) work instead of O(sum L_i^2) and loses
+sdpa's ``is_causal`` fast path.  ``use_packed_layout`` therefore uses the trimmed layout there even when
+``use_remove_padding=True``; see its docstring for the measurements.
+
 Outputs are computed in that compact layout, scattered back to (B, L) and sliced to the response:
 the output at position t is the prediction for token t+1, so response token j (at P + j) reads
 position P + j - 1, i.e. ``[:, -R-1:-1]``.
@@ -23,23 +29,55 @@ from typing import Callable
 import torch
 from torch import nn
 
-__all__ = ["response_log_probs", "response_values", "last_token_scores", "per_position_outputs", "logprob_entropy"]
+__all__ = [
+    "response_log_probs", "response_values", "last_token_scores", "per_position_outputs", "logprob_entropy",
+    "use_packed_layout",
+]
 
 HeadFn = Callable[[nn.Module, torch.Tensor, torch.Tensor | None, torch.Tensor], dict[str, torch.Tensor]]
 
 _CHUNK_ROWS = 2048  # tokens per chunk when turning logits into log-probs / entropy
 
 
-def logprob_entropy(logits: torch.Tensor, labels: torch.Tensor, calculate_entropy: bool, chunk: int = _CHUNK_ROWS):
+def logprob_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, calculate_entropy: bool, chunk: int = _CHUNK_ROWS,
+    entropy_grad: bool = True,
+):
     """Log-probs of ``labels`` and (optionally) entropies for (N, V) logits, ``chunk`` rows at a time.
 
     Chunking (in ``algorithms/entropy.py``) bounds the fp32 softmax temporaries to ``chunk x V``.
+    ``entropy_grad=False`` computes the entropy outside autograd: a metric-only entropy then costs no
+    saved softmax and no backward work.
     """
     from hybridflow.algorithms.entropy import entropy_from_logits_with_chunking, logprobs_from_logits
 
     log_probs = logprobs_from_logits(logits, labels, chunk_size=chunk)
-    entropy = entropy_from_logits_with_chunking(logits, chunk_size=chunk) if calculate_entropy else None
+    entropy = None
+    if calculate_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits_with_chunking(logits, chunk_size=chunk)
     return log_probs, entropy
+
+
+_VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
+
+
+def use_packed_layout(module: nn.Module, device: torch.device, use_remove_padding: bool) -> bool:
+    """Pack the micro-batch into one row only where a varlen attention kernel makes that cheaper.
+
+    With flash-attention on CUDA the packed row costs sum L_i^2 attention work and no padding at all.
+    Without it (CPU sdpa, or sdpa/eager on GPU) the packed row gets a dense block-diagonal N x N mask
+    (N = all valid tokens of the micro-batch), so attention costs N^2 and cannot use the causal fast
+    path, while the trimmed padded batch runs B x L_max^2 with ``is_causal``.  Measured on this project's
+    CPU VM (``benchmarks/bench_train.py``, ``medium`` model, 16 rows of 32 + 32..128 tokens, 76 % valid
+    tokens, fp32, one thread): the trimmed update took 0.89x the CPU time of the packed one (4.23 vs
+    4.75 s), although it computes 24 % more tokens; ``benchmarks/RESULTS.md`` section 2 has the current
+    numbers.  The outputs of both layouts agree to 1e-5 (``tests/engine/test_forward.py``).
+    """
+    if not use_remove_padding:
+        return False
+    impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    return device.type == "cuda" and impl in _VARLEN_ATTENTION
 
 
 def per_position_outputs(
@@ -49,15 +87,19 @@ def per_position_outputs(
     position_ids: torch.Tensor,
     head_fn: HeadFn,
     use_remove_padding: bool,
+    packed: bool | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run ``head_fn`` on the compact (packed or trimmed) batch; return its outputs as (B, L) tensors.
 
     ``head_fn(module, ids, attention_mask_or_None, position_ids)`` returns a dict of per-position
     tensors shaped like ``ids``; labels for next-token heads are ``ids`` shifted left by one.
+    ``packed=None`` picks the layout with :func:`use_packed_layout`; True/False forces one (tests).
     """
     mask = attention_mask.bool()
     B, L = input_ids.shape
-    if use_remove_padding:
+    if packed is None:
+        packed = use_packed_layout(module, input_ids.device, use_remove_padding)
+    if packed:
         ids = input_ids[mask].unsqueeze(0)
         pos = position_ids[mask].unsqueeze(0)
         outs = head_fn(module, ids, None, pos)
@@ -78,13 +120,15 @@ def per_position_outputs(
     return full
 
 
-def _lm_head(temperature: float, calculate_entropy: bool) -> HeadFn:
+def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool) -> HeadFn:
     def head(module, ids, attn, pos):
         logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
         logits = logits / temperature
         labels = torch.roll(ids, shifts=-1, dims=1)  # the last column's label is never read
         b, l, v = logits.shape
-        lp, ent = logprob_entropy(logits.reshape(b * l, v), labels.reshape(b * l), calculate_entropy)
+        lp, ent = logprob_entropy(
+            logits.reshape(b * l, v), labels.reshape(b * l), calculate_entropy, entropy_grad=entropy_grad
+        )
         out = {"log_probs": lp.view(b, l)}
         if ent is not None:
             out["entropy"] = ent.view(b, l)
@@ -99,8 +143,14 @@ def response_log_probs(
     temperature: float = 1.0,
     calculate_entropy: bool = False,
     use_remove_padding: bool = True,
+    entropy_grad: bool = True,
+    packed: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log π(response_t | context) / T-scaled, and optionally the entropy of π_T at each response step."""
+    """log π(response_t | context) / T-scaled, and optionally the entropy of π_T at each response step.
+
+    ``entropy_grad=False``: the entropy is a metric only (no autograd graph through it).
+    ``packed``: see :func:`per_position_outputs`.
+    """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to compute log-probs, got {temperature}")
     R = batch["responses"].shape[-1]
@@ -109,8 +159,9 @@ def response_log_probs(
         batch["input_ids"],
         batch["attention_mask"],
         batch["position_ids"],
-        _lm_head(float(temperature), calculate_entropy),
+        _lm_head(float(temperature), calculate_entropy, entropy_grad),
         use_remove_padding,
+        packed,
     )
     log_probs = outs["log_probs"][:, -R - 1 : -1]
     entropy = outs["entropy"][:, -R - 1 : -1] if calculate_entropy else None

@@ -202,8 +202,12 @@ class PPOTrainer:
             if cfg.trainer.balance_batch:
                 metrics.update(balance_batch(batch, self.dp_size))
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            with timed("old_log_prob", timing):
-                metrics.update(stages.compute_old_log_prob(groups, batch, plan, cfg.actor_rollout_ref.actor.loss_agg_mode))
+            if plan.old_log_prob_in_update:  # exactly on-policy: pi_old comes from the update's own pass
+                stages.compute_old_log_prob(groups, batch, plan, cfg.actor_rollout_ref.actor.loss_agg_mode)
+            else:
+                with timed("old_log_prob", timing):
+                    metrics.update(stages.compute_old_log_prob(groups, batch, plan,
+                                                               cfg.actor_rollout_ref.actor.loss_agg_mode))
             if plan.use_ref:
                 with timed("ref", timing):
                     stages.compute_ref_log_prob(groups, batch)

@@ -20,6 +20,7 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.tracking.metrics import reduce_metrics
+from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
 
 # Keys the rollout needs from a prompt batch; everything else stays on the controller's copy.
 PROMPT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -51,7 +52,24 @@ class WorkerGroups:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """Which stages this configuration needs; decided once from the config, read by every step."""
+    """Which stages this configuration needs; decided once from the config, read by every step.
+
+    Old log-probs (pi_old of the PPO ratio, Schulman et al. 2017, eq. 7) come from one of three places:
+
+    * ``reuse_rollout_log_probs``: the rollout's own log-probs (``rollout.calculate_log_probs=true``) when the
+      update is exactly on-policy (one optimiser step on the batch) or ``rollout_correction.bypass_mode`` asks
+      for them explicitly;
+    * ``old_log_prob_in_update`` (the default for GRPO-style runs): the update is one optimiser step over
+      the whole batch -- ``actor.ppo_epochs == 1`` and ``actor.ppo_mini_batch_size >= data.train_batch_size``
+      -- and nothing reads ``old_log_probs`` before it: ``algorithm.use_kl_in_reward=false``, rollout
+      correction off (``rollout_correction.rollout_is``/``rollout_rs`` unset, ``bypass_mode=false``) and the
+      rollout log-probs not reused (``rollout.calculate_log_probs=false``, so no ``training/rollout_probs_diff``
+      has to be measured against them).  Then pi_old *is* the policy being differentiated, its log-prob is
+      ``log_prob.detach()`` of the update's own forward pass (ratio 1, and the clipped objective's gradient is
+      the plain policy gradient A * grad log pi -- what TRL does for ``num_iterations=1``), so the separate
+      ``old_log_prob`` forward pass is skipped and the update reports ``actor/entropy`` instead;
+    * otherwise the actor's ``compute_log_prob`` forward pass (the ``old_log_prob`` stage).
+    """
 
     n: int
     use_critic: bool
@@ -59,6 +77,7 @@ class StepPlan:
     use_rm: bool
     use_kl_in_reward: bool
     reuse_rollout_log_probs: bool
+    old_log_prob_in_update: bool
     remax_baseline: bool
     filter_groups: bool
     critic_warmup: int
@@ -68,10 +87,13 @@ class StepPlan:
         arr = config.actor_rollout_ref
         actor, rollout = arr.actor, arr.rollout
         one_mini_batch = actor.ppo_mini_batch_size >= config.data.train_batch_size and actor.ppo_epochs == 1
+        rc = config.algorithm.rollout_correction
+        rollout_correction = rc.rollout_is is not None or rc.rollout_rs is not None or bool(rc.bypass_mode)
         # Exactly on-policy (one optimiser step on the batch the rollout sampled from), and the rollout was
         # asked for the log-probs of its samples: the actor's recomputation would give the same numbers.
-        reuse = bool(rollout.calculate_log_probs) and (
-            one_mini_batch or bool(config.algorithm.rollout_correction.bypass_mode)
+        reuse = bool(rollout.calculate_log_probs) and (one_mini_batch or bool(rc.bypass_mode))
+        in_update = (
+            one_mini_batch and not reuse and not rollout_correction and not bool(config.algorithm.use_kl_in_reward)
         )
         remax = config.algorithm.adv_estimator == "remax"
         vk = rollout.val_kwargs
@@ -88,6 +110,7 @@ class StepPlan:
             use_rm=bool(config.reward_model.enable),
             use_kl_in_reward=bool(config.algorithm.use_kl_in_reward),
             reuse_rollout_log_probs=reuse,
+            old_log_prob_in_update=in_update,
             remax_baseline=remax,
             filter_groups=bool(config.algorithm.filter_groups.enable),
             critic_warmup=int(config.trainer.critic_warmup),
@@ -197,8 +220,13 @@ def compute_old_log_prob(groups: WorkerGroups, batch: DataProto, plan: StepPlan,
     """``old_log_probs`` (pi_old of the PPO ratio, Schulman et al. 2017) and the entropy metric.
 
     When the step is exactly on-policy and the rollout returned the log-probs of its samples, they *are*
-    pi_old and the forward pass is skipped.
+    pi_old and the forward pass is skipped.  With ``plan.old_log_prob_in_update`` there is no forward pass
+    either: the batch is marked (``meta_info[OLD_LOG_PROBS_FROM_UPDATE]``) and the actor takes pi_old as the
+    detached log-prob of its own update pass, reporting the entropy metric from that pass.
     """
+    if plan.old_log_prob_in_update:
+        batch.meta_info[OLD_LOG_PROBS_FROM_UPDATE] = True
+        return {}
     if plan.reuse_rollout_log_probs and "rollout_log_probs" in batch.batch:
         batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
         return {}

@@ -37,9 +37,13 @@ from hybridflow.workers.micro_batching import (
     split_micro_batches,
 )
 
-__all__ = ["PPOActor", "NonFiniteGradientError", "compute_log_prob"]
+__all__ = ["PPOActor", "NonFiniteGradientError", "compute_log_prob", "OLD_LOG_PROBS_FROM_UPDATE"]
 
 _MODEL_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
+
+# meta_info flag set by the trainer (``StepPlan.old_log_prob_in_update``): the batch has no
+# ``old_log_probs`` because the update is exactly on-policy, so pi_old is the update's own detached log-prob.
+OLD_LOG_PROBS_FROM_UPDATE = "old_log_probs_from_update"
 
 
 class NonFiniteGradientError(RuntimeError):
@@ -53,6 +57,7 @@ def compute_log_prob(
     temperature: float,
     calculate_entropy: bool,
     use_remove_padding: bool,
+    packed: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """No-grad log-probs (B, R) and optional entropies of the response tokens with ``engine``'s module.
 
@@ -66,7 +71,9 @@ def compute_log_prob(
     module.eval()
     with torch.no_grad(), engine.on_device(), engine.autocast():
         for mb in micro_batches:
-            lp, ent = response_log_probs(module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding)
+            lp, ent = response_log_probs(
+                module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding, packed=packed
+            )
             log_probs.append(lp.float().cpu())
             if calculate_entropy:
                 entropies.append(ent.float().cpu())
@@ -86,6 +93,9 @@ class PPOActor:
         self.config = config
         self.engine = engine
         self.use_remove_padding = bool(use_remove_padding)
+        # None: ``engine.forward.use_packed_layout`` picks packed vs trimmed for the device; True/False
+        # forces a layout (benchmarks compare the two side by side).
+        self.packed: bool | None = None
         check_loss_agg_mode(config.loss_agg_mode)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.mini_batch_size = normalize_mini_batch_size(
@@ -109,14 +119,26 @@ class PPOActor:
         self, data: DataProto, spec: MicroBatchSpec, temperature: float, calculate_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropies) of ``data``'s response tokens, in ``data``'s row order."""
-        return compute_log_prob(self.engine, data, spec, temperature, calculate_entropy, self.use_remove_padding)
+        return compute_log_prob(
+            self.engine, data, spec, temperature, calculate_entropy, self.use_remove_padding, self.packed
+        )
 
     # ------------------------------------------------------------------ update
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
-        """PPO epochs over mini-batches of ``data``; returns verl-named metrics (lists, one per step)."""
+        """PPO epochs over mini-batches of ``data``; returns verl-named metrics (lists, one per step).
+
+        With ``meta_info[OLD_LOG_PROBS_FROM_UPDATE]`` the update is a single optimiser step on the whole
+        batch, so pi_old = pi_theta at the start of it: the old log-prob is the detached log-prob of this
+        very forward pass (PPO ratio exactly 1; Schulman et al. 2017, eq. 7, whose gradient at r = 1 is the
+        policy gradient A * grad log pi) and the pass also reports ``actor/entropy``, the metric the skipped
+        ``old_log_prob`` stage would have produced.
+        """
         cfg = self.config
         temperature = float(data.meta_info["temperature"])
-        keys = list(_MODEL_KEYS) + ["response_mask", "old_log_probs", "advantages"]
+        from_update = bool(data.meta_info.get(OLD_LOG_PROBS_FROM_UPDATE, False))
+        if from_update:
+            self._check_single_step(len(data))
+        keys = list(_MODEL_KEYS) + ["response_mask", "advantages"] + ([] if from_update else ["old_log_probs"])
         if cfg.use_kl_loss:
             if "ref_log_prob" not in data.batch:
                 raise KeyError("actor.use_kl_loss=true needs 'ref_log_prob' in the batch; compute it with the ref worker")
@@ -136,9 +158,20 @@ class PPOActor:
                 else:
                     batch_e = batch
                 for mini_batch in batch_e.split(self.mini_batch_size):
-                    self._train_mini_batch(mini_batch, temperature, metrics)
+                    self._train_mini_batch(mini_batch, temperature, metrics, from_update)
         metrics["actor/lr"].append(self.engine.lr_scheduler_step())
         return dict(metrics)
+
+    def _check_single_step(self, rows: int) -> None:
+        """Old log-probs taken from the update are only pi_old if the update is one optimiser step."""
+        epochs = int(self.config.ppo_epochs)
+        if epochs != 1 or rows > self.mini_batch_size:
+            raise ValueError(
+                f"the batch asks for old log-probs from the update pass ({OLD_LOG_PROBS_FROM_UPDATE}), but this "
+                f"update makes {epochs} epoch(s) over {rows} rows in mini-batches of {self.mini_batch_size}: only "
+                "one optimiser step is on-policy; compute old_log_probs with compute_log_prob first, or set "
+                "actor_rollout_ref.actor.ppo_epochs=1 and ppo_mini_batch_size >= data.train_batch_size"
+            )
 
     def _global_normalizers(self, micro_batches: list[DataProto]) -> dict[str, int]:
         tokens, seqs = 0, 0
@@ -149,7 +182,9 @@ class PPOActor:
         tokens, seqs = self.engine.all_reduce_sum([float(tokens), float(seqs)])
         return {"global_token_num": int(tokens), "global_batch_size": int(seqs)}
 
-    def _train_mini_batch(self, mini_batch: DataProto, temperature: float, metrics: dict[str, list[float]]) -> None:
+    def _train_mini_batch(
+        self, mini_batch: DataProto, temperature: float, metrics: dict[str, list[float]], from_update: bool = False
+    ) -> None:
         cfg = self.config
         micro_batches, _ = split_micro_batches(mini_batch, self.update_spec)
         normalizers = self._global_normalizers(micro_batches)
@@ -157,7 +192,9 @@ class PPOActor:
             cfg, loss_scale_factor=cfg.loss_scale_factor, dp_size=self.engine.dp_size, **normalizers
         )
         agg = {k: v for k, v in view.global_batch_info.items() if v is not None}
-        want_entropy = bool(cfg.entropy_coeff != 0 or cfg.calculate_entropy)
+        entropy_in_loss = cfg.entropy_coeff != 0
+        # The skipped old_log_prob stage reported actor/entropy; the update reports it in its place.
+        want_entropy = bool(entropy_in_loss or cfg.calculate_entropy or from_update)
         sums: dict[str, float] = defaultdict(float)
         per_micro: dict[str, list[float]] = defaultdict(list)
         self.engine.zero_grad()
@@ -166,17 +203,19 @@ class PPOActor:
             mask = b["response_mask"]
             with self.engine.autocast():
                 log_prob, entropy = response_log_probs(
-                    self.engine.module, b, temperature, want_entropy, self.use_remove_padding
+                    self.engine.module, b, temperature, want_entropy, self.use_remove_padding,
+                    entropy_grad=entropy_in_loss, packed=self.packed,
                 )
+            old_log_prob = log_prob.detach() if from_update else b["old_log_probs"]
             pg_loss, pg_metrics = self.policy_loss_fn(
-                b["old_log_probs"], log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, b.get("rollout_is_weights")
+                old_log_prob, log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, b.get("rollout_is_weights")
             )
             loss = pg_loss
             sums["actor/pg_loss"] += float(pg_loss.detach())
             if want_entropy:
                 entropy_term = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
                 sums["actor/entropy"] += float(entropy_term.detach())
-                if cfg.entropy_coeff != 0:
+                if entropy_in_loss:
                     loss = loss - cfg.entropy_coeff * entropy_term
             if cfg.use_kl_loss:
                 kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.kl_loss_type)

@@ -2,7 +2,7 @@
 
 import torch
 
-from hybridflow.engine.forward import last_token_scores, response_log_probs, response_values
+from hybridflow.engine.forward import last_token_scores, response_log_probs, response_values, use_packed_layout
 
 
 def test_packed_and_trimmed_log_probs_match_padded(tiny_causal_lm, batches):
@@ -10,19 +10,45 @@ def test_packed_and_trimmed_log_probs_match_padded(tiny_causal_lm, batches):
     data = batches.make_rollout_batch(model.config.vocab_size, batch_size=5, prompt_len=7, response_len=6, seed=1)
     with torch.no_grad():
         ref = batches.padded_reference_log_probs(model, data, temperature=0.7)
-        packed, ent_p = response_log_probs(model, data.batch, 0.7, calculate_entropy=True, use_remove_padding=True)
-        trimmed, ent_t = response_log_probs(model, data.batch, 0.7, calculate_entropy=True, use_remove_padding=False)
+        packed, ent_p = response_log_probs(model, data.batch, 0.7, calculate_entropy=True, packed=True)
+        trimmed, ent_t = response_log_probs(model, data.batch, 0.7, calculate_entropy=True, packed=False)
+        auto, ent_a = response_log_probs(model, data.batch, 0.7, calculate_entropy=True, use_remove_padding=True)
     mask = data.batch["response_mask"].bool()
     assert torch.allclose(packed[mask], ref[mask], atol=1e-5)
     assert torch.allclose(trimmed[mask], ref[mask], atol=1e-5)
+    assert torch.allclose(auto[mask], packed[mask], atol=1e-5)  # CPU: use_remove_padding runs the trimmed layout
     assert torch.allclose(ent_p[mask], ent_t[mask], atol=1e-5)
+    assert torch.allclose(ent_a[mask], ent_p[mask], atol=1e-5)
     assert (ent_p[mask] > 0).all()
+
+
+def test_packing_only_with_a_varlen_attention_kernel(tiny_causal_lm):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    impl = tiny_causal_lm.config._attn_implementation
+    try:
+        assert not use_packed_layout(tiny_causal_lm, cpu, True)  # block-diagonal N x N mask: slower than trimming
+        assert not use_packed_layout(tiny_causal_lm, cuda, False)  # the user asked for the padded layout
+        tiny_causal_lm.config._attn_implementation = "sdpa"
+        assert not use_packed_layout(tiny_causal_lm, cuda, True)  # sdpa on GPU builds the same dense mask
+        tiny_causal_lm.config._attn_implementation = "flash_attention_2"
+        assert use_packed_layout(tiny_causal_lm, cuda, True)
+        assert not use_packed_layout(tiny_causal_lm, cpu, True)
+    finally:
+        tiny_causal_lm.config._attn_implementation = impl
+
+
+def test_entropy_as_a_metric_has_no_graph(tiny_causal_lm, batches):
+    data = batches.make_rollout_batch(tiny_causal_lm.config.vocab_size, batch_size=2, seed=4)
+    lp, ent = response_log_probs(tiny_causal_lm, data.batch, 1.0, calculate_entropy=True, entropy_grad=False)
+    assert lp.requires_grad and not ent.requires_grad
+    _, ent_g = response_log_probs(tiny_causal_lm, data.batch, 1.0, calculate_entropy=True)
+    assert ent_g.requires_grad and torch.allclose(ent, ent_g.detach(), atol=1e-6)
 
 
 def test_packed_log_probs_have_gradients(tiny_causal_lm, batches):
     model = tiny_causal_lm
     data = batches.make_rollout_batch(model.config.vocab_size, batch_size=3, seed=2)
-    lp, _ = response_log_probs(model, data.batch, 1.0, use_remove_padding=True)
+    lp, _ = response_log_probs(model, data.batch, 1.0, packed=True)
     (lp * data.batch["response_mask"]).sum().backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)

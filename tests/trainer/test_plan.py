@@ -38,6 +38,26 @@ def test_rollout_log_probs_reused_only_when_exactly_on_policy():
                 "algorithm.rollout_correction.bypass_mode=true").reuse_rollout_log_probs
 
 
+def test_old_log_probs_from_the_update_only_when_nothing_needs_them_before_it():
+    """Decision table of ``StepPlan.old_log_prob_in_update`` (the default GRPO/PPO step is on-policy)."""
+    assert plan().old_log_prob_in_update  # one epoch, one mini-batch covering the batch
+    assert plan("algorithm.adv_estimator=gae").old_log_prob_in_update  # the critic does not read old log-probs
+    assert plan(f"{A}.actor.use_kl_loss=true").old_log_prob_in_update  # KL loss compares with pi_theta, not pi_old
+    off_policy_or_read_early = [
+        [f"{A}.actor.ppo_epochs=2"],
+        [f"{A}.actor.ppo_mini_batch_size=4"],  # two optimiser steps on the batch
+        ["algorithm.use_kl_in_reward=true"],  # the reward's KL penalty reads old_log_probs before the update
+        ["algorithm.rollout_correction.rollout_is=token"],
+        ["algorithm.rollout_correction.rollout_rs=token", "algorithm.rollout_correction.rollout_rs_threshold=2.0"],
+        ["algorithm.rollout_correction.bypass_mode=true"],
+        [f"{A}.rollout.calculate_log_probs=true"],  # the rollout's own log-probs are reused instead
+    ]
+    for overrides in off_policy_or_read_early:
+        assert not plan(*overrides).old_log_prob_in_update, overrides
+    reused = plan(f"{A}.rollout.calculate_log_probs=true")
+    assert reused.reuse_rollout_log_probs and not reused.old_log_prob_in_update
+
+
 def test_remax_needs_greedy_baseline_sampling():
     with pytest.raises(ValueError, match="val_kwargs.do_sample=false"):
         plan("algorithm.adv_estimator=remax", f"{A}.rollout.val_kwargs.do_sample=true",

@@ -156,3 +156,65 @@ def test_sampling_stream_is_a_function_of_the_step(tiny_model_dir, config_factor
         outs.setdefault(step, []).append(worker.generate_sequences(prompts).batch["responses"])
     assert torch.equal(outs[3][0], outs[3][1])
     assert not torch.equal(outs[3][0], outs[4][0])
+
+
+def _update_with_grad_snapshot(worker, data):
+    """update_actor, keeping a copy of the gradients the optimiser step is about to apply."""
+    engine, grads = worker.actor_engine, {}
+    step = engine.optimizer_step
+
+    def snapshot_then_step(*args, **kwargs):
+        grads.update({n: p.grad.detach().clone() for n, p in engine.module.named_parameters() if p.grad is not None})
+        return step(*args, **kwargs)
+
+    engine.optimizer_step = snapshot_then_step
+    try:
+        return worker.update_actor(data).meta_info["metrics"], grads
+    finally:
+        del engine.optimizer_step
+
+
+def test_old_log_probs_from_the_update_pass_equal_the_explicit_forward(tiny_model_dir, config_factory, batches):
+    """One on-policy optimiser step: pi_old = detached log-prob of the update's own pass (ratio 1) gives the
+    loss, gradients and entropy metric of the separate old-log-prob forward (StepPlan.old_log_prob_in_update)."""
+    from hybridflow.protocol import DataProto
+    from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
+
+    overrides = ["actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                 "actor_rollout_ref.actor.clip_ratio=0.1"]
+    explicit_worker = _worker(config_factory, tiny_model_dir, *overrides)
+    data = batches.make_update_batch(_vocab(explicit_worker), seed=11)
+    assert len(data) == 8  # 4 prompts x rollout.n=2: one mini-batch
+    explicit = DataProto.from_dict(dict(data.batch), dict(data.non_tensor_batch), dict(data.meta_info))
+    old = explicit_worker.compute_log_prob(explicit)
+    explicit.batch["old_log_probs"] = old.batch["old_log_probs"]
+    m_explicit, g_explicit = _update_with_grad_snapshot(explicit_worker, explicit)
+
+    skip_worker = _worker(config_factory, tiny_model_dir, *overrides)
+    skipped = DataProto.from_dict(dict(data.batch), dict(data.non_tensor_batch), dict(data.meta_info))
+    skipped.meta_info[OLD_LOG_PROBS_FROM_UPDATE] = True
+    m_skip, g_skip = _update_with_grad_snapshot(skip_worker, skipped)
+
+    assert m_skip["actor/pg_loss"] == pytest.approx(m_explicit["actor/pg_loss"], abs=1e-6)
+    assert m_skip["actor/pg_clipfrac"] == m_explicit["actor/pg_clipfrac"] == [0.0]
+    assert abs(m_skip["actor/ppo_kl"][0]) < 1e-7
+    assert g_skip.keys() == g_explicit.keys() and g_skip
+    for name, grad in g_explicit.items():
+        assert torch.allclose(g_skip[name], grad, atol=1e-6), name
+    # the entropy the skipped stage reported (token-mean over responses) now comes from the update pass
+    mask = explicit.batch["response_mask"]
+    expected_entropy = float((old.batch["entropys"] * mask).sum() / mask.sum())
+    assert sum(m_skip["actor/entropy"]) == pytest.approx(expected_entropy, abs=1e-5)
+    for k in explicit_worker.actor_engine.full_state_dict():
+        assert torch.allclose(skip_worker.actor_engine.full_state_dict()[k],
+                              explicit_worker.actor_engine.full_state_dict()[k], atol=1e-6), k
+
+
+def test_old_log_probs_from_the_update_refuse_a_multi_step_update(tiny_model_dir, config_factory, batches):
+    from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
+
+    worker = _worker(config_factory, tiny_model_dir, "actor_rollout_ref.actor.ppo_mini_batch_size=2")
+    data = batches.make_update_batch(_vocab(worker), seed=12)
+    data.meta_info[OLD_LOG_PROBS_FROM_UPDATE] = True
+    with pytest.raises(ValueError, match="ppo_mini_batch_size >= data.train_batch_size"):
+        worker.update_actor(data)
