@@ -137,6 +137,8 @@ KEY_ALIASES = {
     "profile_ranks_all": "profiler.all_ranks",
     "profile_discrete": "profiler.discrete",
     "trainer.profile_steps": "global_profiler.steps",
+    # the sandbox URL became a node of its own (url, max_concurrent, memory_limit_mb)
+    "reward_model.sandbox_fusion_url": "reward_model.sandbox_fusion.url",
 }
 
 

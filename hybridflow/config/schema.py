@@ -168,6 +168,7 @@ class ActorConfig:
     tau_pos: float
     tau_neg: float
     freeze_vision_tower: bool
+    use_gpg_loss: bool  # verl's first GPG switch; policy_loss.loss_mode=gpg is the current spelling
     policy_loss: PolicyLossConfig
     loss_agg_mode: str
     loss_scale_factor: Optional[float]

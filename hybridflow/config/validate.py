@@ -28,7 +28,7 @@ CHOICES = {
     "algorithm.pf_ppo.reweight_method": ("pow", "max_min", "max_random"),
     "actor_rollout_ref.actor.optim.lr_scheduler_type": ("constant", "cosine"),
     "critic.optim.lr_scheduler_type": ("constant", "cosine"),
-    "reward_model.reward_manager": ("naive", "batch", "dapo"),
+    "reward_model.reward_manager": ("naive", "batch", "dapo", "prime"),
 }
 
 
@@ -131,6 +131,14 @@ def _normalise_deprecated(cfg: PPOConfig, notes: list[str]) -> None:
         if role.optim.clip_grad != 1.0 and role.grad_clip == 1.0:
             role.grad_clip = role.optim.clip_grad
             notes.append(f"{key}.optim.clip_grad={role.optim.clip_grad} is used as {key}.grad_clip")
+    actor = cfg.actor_rollout_ref.actor
+    if actor.use_gpg_loss and actor.policy_loss.loss_mode in ("vanilla", "gpg"):
+        actor.policy_loss.loss_mode = "gpg"
+        notes.append("actor_rollout_ref.actor.use_gpg_loss is deprecated; using "
+                     "actor_rollout_ref.actor.policy_loss.loss_mode=gpg")
+    elif actor.use_gpg_loss:
+        notes.append(f"actor_rollout_ref.actor.use_gpg_loss=true is ignored: policy_loss.loss_mode="
+                     f"{actor.policy_loss.loss_mode} is set explicitly")
     for key, optim in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim),
                        ("critic.optim", cfg.critic.optim)):
         if optim.warmup_style is not None:
@@ -243,6 +251,10 @@ def _check_unused(cfg: PPOConfig, notes: list[str]) -> None:
     if rollout.name in ("vllm", "sglang"):
         notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: this version has no {rollout.name} adapter yet; "
                      "the run will stop when the workers start. Use rollout.name=hf (runs on CPU and GPU).")
+    if cfg.reward_model.reward_manager == "prime":
+        notes.append("reward_model.reward_manager=prime: this version has no prime manager yet; the run will stop "
+                     "when rewards load. reward_manager=naive with reward_model.num_workers>1 and "
+                     "reward_model.timeout_s scores in parallel processes with a per-sample timeout, as prime does.")
     if rollout.multi_turn.enable:
         notes.append("actor_rollout_ref.rollout.multi_turn.enable=true: multi-turn tool rollouts are not wired into "
                      "the trainer yet; responses are generated single-turn")
