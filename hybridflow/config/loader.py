@@ -191,9 +191,12 @@ def _check_override_keys(overrides: list[str], cfg_dir: Path, name: str) -> list
     if base is None:
         return list(overrides)  # a user config may add keys through its defaults list; Hydra checks those
     known = _all_key_paths(base)
-    errors, out = [], []
+    errors, out, megatron = [], [], []
     for raw, ov in zip(overrides, parsed):
         key = ov.key_or_group
+        if "megatron" in key.split("."):
+            megatron.append(key)
+            continue
         if ov.is_add() or ov.is_force_add() or ov.is_delete() or key.startswith("hydra") or key in known:
             out.append(raw)
             continue
@@ -206,6 +209,11 @@ def _check_override_keys(overrides: list[str], cfg_dir: Path, name: str) -> list
             msg += f"; did you mean '{hint}'?"
         msg += f" (to add a new key on purpose write '+{key}=...')"
         errors.append(msg)
+    if megatron:
+        errors.insert(0, f"{', '.join(megatron[:3])}{' ...' if len(megatron) > 3 else ''}: Megatron-LM parallelism "
+                         "is not supported: hybridflow trains with FSDP2. Drop the *.megatron.* overrides and size "
+                         "the run with actor_rollout_ref.actor.strategy=fsdp2, *.fsdp_config.* and "
+                         "*.ulysses_sequence_parallel_size.")
     if errors:
         raise ConfigError(errors)
     return out
