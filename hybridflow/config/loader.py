@@ -94,7 +94,8 @@ def compose_raw(overrides: list[str], config_path: str | None = None, config_nam
         cfg_dir = Path(os.path.expanduser(config_path))
         if not cfg_dir.is_absolute():
             cfg_dir = Path.cwd() / cfg_dir
-        if not (cfg_dir / f"{name.removesuffix('.yaml')}.yaml").exists() and name == DEFAULT_CONFIG_NAME:
+        stem = name.removesuffix(".yaml")
+        if not (cfg_dir / f"{stem}.yaml").exists() and stem == DEFAULT_CONFIG_NAME:
             cfg_dir = CONFIG_DIR  # a verl-style --config-path pointing at verl's own folder
         if not cfg_dir.is_dir():
             raise ConfigError([f"--config-path '{config_path}' is not a directory"])

@@ -88,6 +88,9 @@ class FSDPConfig:
     use_orig_params: bool
     seed: int
     full_determinism: bool
+    # verl mirrors the role's entropy_checkpointing into its engine config; the role key is the one read
+    # here. Defaulted so code building an FSDP config by hand (the SFT trainer) need not spell it out.
+    entropy_checkpointing: bool = False
 
 
 @dataclass(**KW)

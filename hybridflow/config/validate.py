@@ -243,6 +243,8 @@ _UNUSED = {
     "actor_rollout_ref.ref.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
     "critic.model.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
     "reward_model.rollout.name": None,
+    "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing": False,
+    "actor_rollout_ref.ref.fsdp_config.entropy_checkpointing": False,
 }
 
 
