@@ -14,8 +14,11 @@ Two comparisons, each on one job described once (``GRPOJob``) and run by both fr
   accuracy on the same 200 test prompts is then measured (hybridflow: its validator, greedy ``val_kwargs``;
   TRL: greedy ``generate`` on the trained model, scored by the same ``synthetic/addition`` scorer).
 
-A third row, ``hybridflow_tuned``, flips existing switches only (rollout log-probs reused as old log-probs,
-trimmed padded forward instead of packing) to show what those defaults cost; the Ray backend is a fourth.
+A third row, ``hybridflow_tuned``, flips an existing switch (``rollout.calculate_log_probs=true``: the rollout's
+log-probs reused as old log-probs) -- the other way to skip the old log-prob forward, which the defaults now
+skip by taking pi_old from the update pass (``StepPlan.old_log_prob_in_update``); the Ray backend is a fourth.
+``--baseline-root DIR`` adds a ``hybridflow_baseline`` row: the same job run by another checkout of the
+project (e.g. ``git worktree add /tmp/base <commit>``), so a change is measured before/after in one run.
 Step times are taken on two clocks: wall, and this process's CPU seconds (local backends only; with one
 torch thread the CPU time is the work itself, which a loaded shared machine cannot inflate).
 The last line printed is ``ratio_step_time=<hybridflow local median / TRL median>`` (goal <= 0.5).
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from dataclasses import asdict, replace
@@ -138,20 +143,36 @@ def child_trl(job: C.GRPOJob, budget_s: float | None) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ parent
-# hybridflow_tuned: existing switches only -- reuse the rollout's log-probs as old_log_probs (exactly
-# on-policy here, as TRL does with num_iterations=1) and the trimmed padded forward instead of packing
-# (the packed block-diagonal mask is slower on CPU sdpa; see bench_train.py).
-TUNED = ("actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.model.use_remove_padding=false")
+# hybridflow_tuned: an existing switch -- reuse the rollout's log-probs as old_log_probs (exactly on-policy
+# here, as TRL does with num_iterations=1). The defaults skip that forward pass too (pi_old from the update).
+TUNED = ("actor_rollout_ref.rollout.calculate_log_probs=true",)
 VARIANTS = {
     "hybridflow": lambda job: job,
     "trl": lambda job: job,
     "hybridflow_tuned": lambda job: replace(job, extra=job.extra + TUNED),
     "hybridflow_ray": lambda job: replace(job, backend="ray"),
+    "hybridflow_baseline": lambda job: job,
 }
 IN_PROCESS = False  # --smoke: run in this process (no interpreter start-up per run; RSS is shared)
+BASELINE_ROOT: Path | None = None  # --baseline-root: another checkout that runs the hybridflow_baseline row
+
+
+def run_baseline(job: C.GRPOJob) -> dict:
+    """The hybridflow child of the checkout at ``BASELINE_ROOT`` (its own script, its own package)."""
+    script = BASELINE_ROOT / "benchmarks" / SCRIPT.name
+    env = C.single_thread_env()
+    env["PYTHONPATH"] = str(BASELINE_ROOT) + os.pathsep + env["PYTHONPATH"]
+    proc = subprocess.run([sys.executable, str(script), "--child", "hybridflow", "--job", json.dumps(asdict(job))],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=BASELINE_ROOT)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"the baseline run in {BASELINE_ROOT} failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
 def run(framework: str, job: C.GRPOJob, budget_s: float | None = None) -> dict:
+    if framework == "hybridflow_baseline":
+        return run_baseline(job)
     if IN_PROCESS:
         return child_trl(job, budget_s) if framework == "trl" else child_hybridflow(job, budget_s)
     args = ["--child", framework, "--job", json.dumps(asdict(job))]
@@ -166,7 +187,7 @@ def speed(job: C.GRPOJob, reps: int, warmup: int, frameworks: list[str]) -> dict
     for rep in range(reps):
         order = frameworks if rep % 2 == 0 else frameworks[::-1]
         for fw in order:
-            res = run("trl" if fw == "trl" else "hybridflow", VARIANTS[fw](job))
+            res = run(fw if fw in ("trl", "hybridflow_baseline") else "hybridflow", VARIANTS[fw](job))
             times, toks = res["step_times"][warmup:], res["tokens"][warmup:]
             acc[fw]["times"] += times
             acc[fw]["cpu"] += res["cpu_times"][warmup:]
@@ -194,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer steps and repetitions (~10 min)")
     p.add_argument("--smoke", action="store_true", help="smallest configuration (CI smoke test, < 30 s)")
     p.add_argument("--no-ray", action="store_true", help="skip the Ray backend row")
+    p.add_argument("--baseline-root", type=Path, default=None,
+                   help="another checkout of hybridflow to run as the hybridflow_baseline row (before/after)")
+    p.add_argument("--no-accuracy", action="store_true", help="speed comparison only")
     p.add_argument("--child", choices=["hybridflow", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--job", help=argparse.SUPPRESS)
     p.add_argument("--budget", type=float, default=None, help=argparse.SUPPRESS)
@@ -203,8 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         C.emit_result(child_hybridflow(job, args.budget) if args.child == "hybridflow" else child_trl(job, args.budget))
         return 0
 
-    global IN_PROCESS
+    global IN_PROCESS, BASELINE_ROOT
     IN_PROCESS = args.smoke
+    BASELINE_ROOT = args.baseline_root.resolve() if args.baseline_root else None
     work = C.DEFAULT_WORKDIR
     state = C.print_state("GRPO step: hybridflow vs TRL GRPOTrainer")
     data = str(C.task_data(work))
@@ -215,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         models, steps, reps, warmup, budget, sft = ["tiny", "small"], 20, 3, 3, 180.0, 800
     frameworks = ["hybridflow", "trl", "hybridflow_tuned"] + ([] if args.no_ray or args.smoke else ["hybridflow_ray"])
+    frameworks += ["hybridflow_baseline"] if BASELINE_ROOT is not None else []
+    if args.no_accuracy:
+        budget = None
     rows, ratio, ratio_tuned, cpu_ratio = [], None, None, None
     for size in models:
         job = C.GRPOJob(model=C.base_model(work, size), data_dir=data, prompts=4, group=4, response_length=32,
@@ -224,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         for fw, r in res.items():
             rows.append([size, fw, "4x4", 32, r["median_step_s"], r["median_cpu_s"], r["tokens_per_s"],
                          r["peak_rss_mb"], r["median_step_s"] / base, r["median_cpu_s"] / cbase])
+        if "hybridflow_baseline" in res:
+            b = res["hybridflow_baseline"]
+            print(f"step time vs baseline checkout ({size}): wall {res['hybridflow']['median_step_s'] / b['median_step_s']:.3f}, "
+                  f"CPU {res['hybridflow']['median_cpu_s'] / b['median_cpu_s']:.3f}")
         if ratio is None:
             ratio = res["hybridflow"]["median_step_s"] / base
             ratio_tuned = res["hybridflow_tuned"]["median_step_s"] / base

@@ -24,6 +24,7 @@ position P + j - 1, i.e. ``[:, -R-1:-1]``.
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import torch
@@ -34,7 +35,9 @@ __all__ = [
     "use_packed_layout",
 ]
 
-HeadFn = Callable[[nn.Module, torch.Tensor, torch.Tensor | None, torch.Tensor], dict[str, torch.Tensor]]
+HeadFn = Callable[
+    [nn.Module, torch.Tensor, torch.Tensor | None, torch.Tensor, "int | torch.Tensor | None"], dict[str, torch.Tensor]
+]
 
 _CHUNK_ROWS = 2048  # tokens per chunk when turning logits into log-probs / entropy
 
@@ -88,11 +91,16 @@ def per_position_outputs(
     head_fn: HeadFn,
     use_remove_padding: bool,
     packed: bool | None = None,
+    first_col: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Run ``head_fn`` on the compact (packed or trimmed) batch; return its outputs as (B, L) tensors.
 
-    ``head_fn(module, ids, attention_mask_or_None, position_ids)`` returns a dict of per-position
-    tensors shaped like ``ids``; labels for next-token heads are ``ids`` shifted left by one.
+    ``head_fn(module, ids, attention_mask_or_None, position_ids, keep)`` returns a dict of per-position
+    tensors for the positions ``keep`` selects along the sequence dimension of ``ids`` (``None``: all;
+    an int k: the last k; a 1-D index tensor); labels for next-token heads are ``ids`` shifted left by one.
+    ``first_col``: only columns >= ``first_col`` of the (B, L) layout are wanted (the rest are left 0), so a
+    head can skip work on the prompt -- for a causal LM the vocabulary projection and log-softmax of every
+    prompt position, which is most of a forward's memory and a large share of its FLOPs at 100k+ vocabularies.
     ``packed=None`` picks the layout with :func:`use_packed_layout`; True/False forces one (tests).
     """
     mask = attention_mask.bool()
@@ -102,29 +110,57 @@ def per_position_outputs(
     if packed:
         ids = input_ids[mask].unsqueeze(0)
         pos = position_ids[mask].unsqueeze(0)
-        outs = head_fn(module, ids, None, pos)
-        full = {}
-        for k, v in outs.items():
-            buf = v.new_zeros((B, L) + tuple(v.shape[2:]))
-            buf[mask] = v[0]
-            full[k] = buf
-        return full
+        keep, where = None, mask
+        if first_col > 0:
+            wanted = torch.arange(L, device=mask.device) >= first_col
+            keep = wanted.expand(B, L)[mask].nonzero().flatten()
+            where = mask & wanted
+        outs = head_fn(module, ids, None, pos, keep)
+        return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__(where, v[0]))
     cols = mask.any(dim=0).nonzero().flatten()
     lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
-    outs = head_fn(module, input_ids[:, lo:hi], attention_mask[:, lo:hi], position_ids[:, lo:hi])
+    start = min(max(first_col, lo), hi - 1)
+    keep = None if start == lo else hi - start
+    outs = head_fn(module, input_ids[:, lo:hi], attention_mask[:, lo:hi], position_ids[:, lo:hi], keep)
+    return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__((slice(None), slice(start, hi)), v))
+
+
+def _scatter(outs: dict[str, torch.Tensor], shape: tuple[int, int], put) -> dict[str, torch.Tensor]:
     full = {}
     for k, v in outs.items():
-        buf = v.new_zeros((B, L) + tuple(v.shape[2:]))
-        buf[:, lo:hi] = v
+        buf = v.new_zeros(shape + tuple(v.shape[2:]))
+        put(buf, v)
         full[k] = buf
     return full
 
 
+def _take(x: torch.Tensor, keep: int | torch.Tensor | None) -> torch.Tensor:
+    """The positions ``keep`` selects along dim 1 (see :func:`per_position_outputs`)."""
+    if keep is None:
+        return x
+    return x[:, -keep:] if isinstance(keep, int) else x[:, keep]
+
+
+_LOGITS_TO_KEEP: dict[type, bool] = {}
+
+
+def _accepts_logits_to_keep(module: nn.Module) -> bool:
+    """Whether the causal LM's forward projects only the positions it is asked for (transformers >= 4.50)."""
+    base = module.get_base_model() if hasattr(module, "get_base_model") else module  # PEFT wraps the HF model
+    cls = type(base)
+    if cls not in _LOGITS_TO_KEEP:
+        _LOGITS_TO_KEEP[cls] = "logits_to_keep" in inspect.signature(cls.forward).parameters
+    return _LOGITS_TO_KEEP[cls]
+
+
 def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool) -> HeadFn:
-    def head(module, ids, attn, pos):
-        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+    def head(module, ids, attn, pos, keep):
+        extra = {"logits_to_keep": keep} if keep is not None and _accepts_logits_to_keep(module) else {}
+        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **extra).logits
+        if not extra:
+            logits = _take(logits, keep)
         logits = logits / temperature
-        labels = torch.roll(ids, shifts=-1, dims=1)  # the last column's label is never read
+        labels = _take(torch.roll(ids, shifts=-1, dims=1), keep)  # the last column's label is never read
         b, l, v = logits.shape
         lp, ent = logprob_entropy(
             logits.reshape(b * l, v), labels.reshape(b * l), calculate_entropy, entropy_grad=entropy_grad
@@ -162,15 +198,16 @@ def response_log_probs(
         _lm_head(float(temperature), calculate_entropy, entropy_grad),
         use_remove_padding,
         packed,
+        first_col=batch["input_ids"].shape[-1] - R - 1,  # the response's predictions start one column early
     )
     log_probs = outs["log_probs"][:, -R - 1 : -1]
     entropy = outs["entropy"][:, -R - 1 : -1] if calculate_entropy else None
     return log_probs, entropy
 
 
-def _token_value_head(module, ids, attn, pos):
+def _token_value_head(module, ids, attn, pos, keep):
     logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
-    return {"values": logits[..., 0].float()}
+    return {"values": _take(logits[..., 0].float(), keep)}
 
 
 def response_values(module: nn.Module, batch: dict[str, torch.Tensor], use_remove_padding: bool = False) -> torch.Tensor:
@@ -182,10 +219,10 @@ def response_values(module: nn.Module, batch: dict[str, torch.Tensor], use_remov
     return outs["values"][:, -R - 1 : -1]
 
 
-def _sequence_score_head(module, ids, attn, pos):
+def _sequence_score_head(module, ids, attn, pos, keep):
     backbone = getattr(module, module.base_model_prefix)
     hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-    return {"scores": module.score(hidden)[..., 0].float()}
+    return {"scores": _take(module.score(hidden)[..., 0].float(), keep)}
 
 
 def last_token_scores(module: nn.Module, input_ids, attention_mask, position_ids, use_remove_padding: bool = False):

@@ -1,5 +1,6 @@
 """Padding-free (packed) and trimmed forwards give the padded forward's log-probs, entropies, values."""
 
+import pytest
 import torch
 
 from hybridflow.engine.forward import last_token_scores, response_log_probs, response_values, use_packed_layout
@@ -88,3 +89,31 @@ def test_values_and_last_token_scores_match_padded(tiny_model_dir, batches):
             ids = b["input_ids"][i][keep][None]
             alone = rm(input_ids=ids).logits[0, 0]
             assert torch.allclose(scores[i], alone, atol=1e-5)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_only_response_positions_are_projected_with_or_without_logits_to_keep(tiny_causal_lm, batches, packed):
+    """The vocabulary projection runs on the response positions only (``logits_to_keep``), or -- for a
+    model whose forward lacks that argument -- on all positions and is sliced; both give the padded result."""
+    from hybridflow.engine import forward
+
+    data = batches.make_rollout_batch(tiny_causal_lm.config.vocab_size, batch_size=4, prompt_len=6, response_len=5, seed=6)
+    mask = data.batch["response_mask"].bool()
+    seen = []
+    hook = tiny_causal_lm.lm_head.register_forward_hook(lambda m, i, o: seen.append(o.shape[1]))
+    cls = type(tiny_causal_lm)
+    try:
+        with torch.no_grad():
+            ref = batches.padded_reference_log_probs(tiny_causal_lm, data, temperature=0.9)
+            seen.clear()
+            fast, _ = response_log_probs(tiny_causal_lm, data.batch, 0.9, packed=packed)
+            projected_fast = seen[-1]
+            forward._LOGITS_TO_KEEP[cls] = False
+            sliced, _ = response_log_probs(tiny_causal_lm, data.batch, 0.9, packed=packed)
+            projected_all = seen[-1]
+    finally:
+        hook.remove()
+        forward._LOGITS_TO_KEEP.pop(cls, None)
+    assert torch.allclose(fast[mask], ref[mask], atol=1e-5)
+    assert torch.allclose(sliced[mask], ref[mask], atol=1e-5)
+    assert projected_fast < projected_all  # the prompt positions were not projected
