@@ -254,8 +254,9 @@ def build_dataclass(cls: type, data: Any, path: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     errors: list[str] = []
+    added = {k: v for k, v in data.items() if k not in fields} if getattr(cls, "ACCEPTS_ADDED_KEYS", False) else {}
     for key in data:
-        if key not in fields:
+        if key not in fields and key not in added:
             full = f"{path}.{key}" if path else str(key)
             hint = closest(str(key), list(fields))
             msg = f"unknown config key '{full}'"
@@ -276,7 +277,24 @@ def build_dataclass(cls: type, data: Any, path: str) -> Any:
             errors.extend(e.messages)
     if errors:
         raise ConfigError(errors)
-    return cls(**kwargs)
+    obj = cls(**kwargs)
+    if added:
+        _keep_added_keys(obj, added, path)
+    return obj
+
+
+def _keep_added_keys(obj: Any, added: dict, path: str) -> None:
+    """Attach keys a schemaless verl node (``data``) received through ``+key=v``, and say who reads them."""
+    import warnings
+
+    from hybridflow.config.validate import ConfigWarning
+
+    for key, value in added.items():
+        setattr(obj, key, value)
+        warnings.warn(f"{path}.{key} is not a hybridflow key; it is kept for a custom dataset ({path}.custom_cls) "
+                      f"to read as config.{path}.{key}, and the built-in dataset ignores it", ConfigWarning,
+                      stacklevel=4)
+    obj._added_keys = tuple(added)
 
 
 def _coerce(tp: Any, value: Any, path: str) -> Any:
@@ -322,5 +340,10 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
 
 
 def config_to_dict(cfg: Any) -> dict:
-    """Plain nested dict of a typed config (for logging, checkpoints and the dry run)."""
-    return dataclasses.asdict(cfg)
+    """Plain nested dict of a typed config (for logging, checkpoints and the dry run), ``+``-added keys included."""
+    out = dataclasses.asdict(cfg)
+    for f in dataclasses.fields(cfg):
+        node = getattr(cfg, f.name)
+        for key in getattr(node, "_added_keys", ()):
+            out[f.name][key] = getattr(node, key)
+    return out

@@ -9,7 +9,7 @@ Free-form nodes (``override_config``, ``engine_kwargs``, ``reward_kwargs``...) a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 KW = dict(kw_only=True)
 
@@ -29,6 +29,10 @@ class SamplerConfig:
 
 @dataclass(**KW)
 class DataConfig:
+    # verl keeps ``data`` schemaless because a custom dataset (data.custom_cls) receives this node and may
+    # read keys of its own; such keys arrive as ``+data.<key>=v`` and are kept as attributes here.
+    ACCEPTS_ADDED_KEYS: ClassVar[bool] = True
+
     tokenizer: Optional[str]
     use_shm: bool
     train_files: Any  # str or list[str]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.config import ConfigError, load_config, parse_command_line
+from hybridflow.config import ConfigError, config_to_dict, load_config, parse_command_line
 from hybridflow.config.loader import canonical_key
 
 DATA = Path(__file__).parent / "data" / "verl_command_lines.txt"
@@ -56,3 +56,35 @@ def test_one_script_through_the_console_script():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "dry run: configuration is valid" in out.stdout
+
+
+def test_old_spellings_land_on_the_current_keys():
+    cl = parse_command_line([
+        "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.use_gpg_loss=True", "reward_model.sandbox_fusion_url=http://sandbox:8080/run",
+        "critic.profile_ranks=[0,1]", "trainer.profile_steps=[1,2,5]", "trainer.logger=console",
+    ])
+    cfg = load_config(cl.overrides)
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "gpg"
+    assert cfg.reward_model.sandbox_fusion.url == "http://sandbox:8080/run"
+    assert cfg.critic.profiler == {"ranks": [0, 1]}
+    assert cfg.global_profiler == {"steps": [1, 2, 5]}
+    assert cfg.trainer.logger == ["console"]
+
+
+def test_keys_added_under_data_reach_custom_datasets_but_typos_do_not():
+    base = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]
+    with pytest.warns(UserWarning, match=r"data.enable_thinking is not a hybridflow key"):
+        cfg = load_config(base + ["+data.enable_thinking=True", "+data.sampling_ratios=[0.5,0.5]"])
+    assert cfg.data.enable_thinking is True and cfg.data.sampling_ratios == [0.5, 0.5]
+    assert config_to_dict(cfg)["data"]["sampling_ratios"] == [0.5, 0.5]
+    with pytest.raises(ConfigError, match=r"unknown config key 'data.enable_thinking'.*'\+data.enable_thinking=...'"):
+        load_config(base + ["data.enable_thinking=True"])  # without '+' it is a typo until proven otherwise
+    with pytest.raises(ConfigError, match=r"unknown config key 'actor_rollout_ref.actor.enable_thinking'"):
+        load_config(base + ["+actor_rollout_ref.actor.enable_thinking=True"])  # typed nodes stay strict
+
+
+def test_verl_config_path_with_the_yaml_config_name_uses_our_defaults():
+    cl = parse_command_line(["--config-path=config", "--config-name=ppo_trainer.yaml", "algorithm.adv_estimator=grpo",
+                             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"])
+    assert load_config(cl.overrides, cl.config_path, cl.config_name).data.max_prompt_length == 512
