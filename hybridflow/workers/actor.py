@@ -86,6 +86,37 @@ def _mini_batch_seed(base: int, global_step: int, epoch: int) -> int:
     return (int(base) * 1_000_003 + int(global_step) * 1009 + int(epoch)) % (2**63 - 1)
 
 
+class _MicroBatchMetrics:
+    """Loss terms summed and policy-loss metrics averaged over a mini-batch's micro-batches, kept on the
+    device and read back with one host sync (a ``float()`` per term and micro-batch would stall a GPU's
+    queue every micro-batch).
+
+    Micro-batch terms carry global normalisers x dp_size: their sum on a rank, averaged over ranks (the
+    trainer's mean of the collected lists), is the mini-batch value.
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[str, torch.Tensor] = {}
+        self._per_micro: dict[str, list[torch.Tensor]] = defaultdict(list)
+
+    def add(self, name: str, term: torch.Tensor) -> None:
+        value = term.detach().float().reshape(())
+        self._sums[name] = self._sums[name] + value if name in self._sums else value
+
+    def observe(self, metrics: dict[str, Any]) -> None:
+        for name, value in metrics.items():
+            self._per_micro[name].append(torch.as_tensor(value, dtype=torch.float32).reshape(()))
+
+    def values(self) -> dict[str, float]:
+        names = list(self._sums) + list(self._per_micro)
+        if not names:
+            return {}
+        device = next(iter(self._sums.values())).device if self._sums else torch.device("cpu")
+        stacked = [self._sums[n] for n in self._sums]
+        stacked += [torch.stack([v.to(device) for v in vs]).mean() for vs in self._per_micro.values()]
+        return dict(zip(names, torch.stack(stacked).tolist()))
+
+
 class PPOActor:
     """PPO actor over a ``TrainEngine`` (``config`` is an ``ActorConfig``)."""
 
@@ -195,8 +226,7 @@ class PPOActor:
         entropy_in_loss = cfg.entropy_coeff != 0
         # The skipped old_log_prob stage reported actor/entropy; the update reports it in its place.
         want_entropy = bool(entropy_in_loss or cfg.calculate_entropy or from_update)
-        sums: dict[str, float] = defaultdict(float)
-        per_micro: dict[str, list[float]] = defaultdict(list)
+        acc = _MicroBatchMetrics()
         self.engine.zero_grad()
         for mb in micro_batches:
             b = mb.batch.to(self.engine.device)
@@ -211,28 +241,23 @@ class PPOActor:
                 old_log_prob, log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, b.get("rollout_is_weights")
             )
             loss = pg_loss
-            sums["actor/pg_loss"] += float(pg_loss.detach())
+            acc.add("actor/pg_loss", pg_loss)
             if want_entropy:
                 entropy_term = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
-                sums["actor/entropy"] += float(entropy_term.detach())
+                acc.add("actor/entropy", entropy_term)
                 if entropy_in_loss:
                     loss = loss - cfg.entropy_coeff * entropy_term
             if cfg.use_kl_loss:
                 kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.kl_loss_type)
                 kl_term = agg_loss(kld, mask, cfg.loss_agg_mode, **agg)
                 loss = loss + cfg.kl_loss_coef * kl_term
-                sums["actor/kl_loss"] += float(kl_term.detach())
+                acc.add("actor/kl_loss", kl_term)
             loss.backward()
-            for name, value in pg_metrics.items():
-                per_micro[name].append(float(value))
+            acc.observe(pg_metrics)
         step = self.engine.optimizer_step(cfg.grad_clip)
         self._track_skips(step.stepped, step.grad_norm)
-        # Micro-batch terms carry global normalisers x dp_size: their sum on a rank, averaged over
-        # ranks (the trainer's mean of the collected lists), is the mini-batch value.
-        for name, total in sums.items():
-            metrics[name].append(total)
-        for name, values in per_micro.items():
-            metrics[name].append(sum(values) / len(values))
+        for name, value in acc.values().items():
+            metrics[name].append(value)
         if cfg.use_kl_loss:
             metrics["actor/kl_coef"].append(float(cfg.kl_loss_coef))
         metrics["actor/grad_norm"].append(step.grad_norm)
