@@ -253,10 +253,6 @@ def _check_unused(cfg: PPOConfig, notes: list[str]) -> None:
     if rollout.name in ("vllm", "sglang"):
         notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: this version has no {rollout.name} adapter yet; "
                      "the run will stop when the workers start. Use rollout.name=hf (runs on CPU and GPU).")
-    if cfg.reward_model.reward_manager == "prime":
-        notes.append("reward_model.reward_manager=prime: this version has no prime manager yet; the run will stop "
-                     "when rewards load. reward_manager=naive with reward_model.num_workers>1 and "
-                     "reward_model.timeout_s scores in parallel processes with a per-sample timeout, as prime does.")
     if rollout.multi_turn.enable:
         notes.append("actor_rollout_ref.rollout.multi_turn.enable=true: multi-turn tool rollouts are not wired into "
                      "the trainer yet; responses are generated single-turn")

@@ -167,6 +167,17 @@ class NaiveRewardManager(RewardManager):
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
+@REWARD_MANAGERS.register("prime")
+class PrimeRewardManager(NaiveRewardManager):
+    """verl ``prime``: one scorer call per sample, run in parallel worker processes with a per-sample
+    timeout, a sample whose scorer fails or times out getting the error score instead of stopping the run.
+
+    That is what every manager here does through the scoring pool (``reward_model.num_workers`` processes,
+    ``reward_model.timeout_s`` per sample), so ``prime`` behaves as ``naive``; it is registered under
+    verl's name so verl command lines with ``reward_model.reward_manager=prime`` run unchanged.
+    """
+
+
 @REWARD_MANAGERS.register("batch")
 class BatchRewardManager(RewardManager):
     """One scorer call for the whole batch with list arguments (verl ``batch``)."""
@@ -246,6 +257,7 @@ def compute_reward(data: DataProto, reward_fn: RewardManager) -> tuple[torch.Ten
     return out["reward_tensor"], out["reward_extra_info"], out["reward_metrics"]
 
 
-__all__ = ["REWARD_MANAGERS", "compute_reward", "RewardManager", "NaiveRewardManager", "BatchRewardManager",
+__all__ = ["REWARD_MANAGERS", "compute_reward", "RewardManager", "NaiveRewardManager", "PrimeRewardManager",
+           "BatchRewardManager",
            "DAPORewardManager",
            "OverlongBufferConfig", "as_score"]

@@ -15,7 +15,7 @@ INLINE = ScoringConfig(num_workers=0)
 
 
 def test_registry_names():
-    assert REWARD_MANAGERS.names() == ["batch", "dapo", "naive"]
+    assert REWARD_MANAGERS.names() == ["batch", "dapo", "naive", "prime"]
 
 
 def test_naive_places_score_on_last_valid_token(char_tokenizer, make_batch):
@@ -28,6 +28,19 @@ def test_naive_places_score_on_last_valid_token(char_tokenizer, make_batch):
     assert out["reward_extra_info"] == {}
     assert out["reward_metrics"] == {"reward/error_count": 0.0, "reward/timeout_count": 0.0, "reward/error_rate": 0.0}
     assert torch.equal(mgr(data), expected)  # return_dict=False gives the tensor
+
+
+def test_prime_scores_per_sample_in_worker_processes_like_naive(char_tokenizer, make_batch):
+    """verl's ``prime`` manager: per-sample scores from parallel scoring processes, same placement as naive."""
+    data = make_batch(char_tokenizer, ["07+45=", "1+1="], ["52", "3"], ["52", "2"], ["synthetic/addition"] * 2)
+    mgr = REWARD_MANAGERS.get("prime")(char_tokenizer, scoring=ScoringConfig(num_workers=2, timeout_s=30))
+    try:
+        out = mgr(data, return_dict=True)
+    finally:
+        mgr.close()
+    expected = NaiveRewardManager(char_tokenizer, scoring=INLINE)(data)
+    assert torch.equal(out["reward_tensor"], expected) and out["reward_tensor"].sum() == 1.0
+    assert out["reward_metrics"]["reward/error_count"] == 0.0
 
 
 def test_dict_results_become_extra_info_columns(char_tokenizer, make_batch):
