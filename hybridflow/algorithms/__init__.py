@@ -73,6 +73,7 @@ from .registries import (
     register_policy_loss,
 )
 from .reward_shaping import compute_overlong_penalty
+from .token_baseline import compute_optimal_token_baseline_advantage, sum_pi_squared_from_logits
 from .rollout_correction import (
     compute_offpolicy_metrics,
     compute_rollout_correction_weights,
@@ -138,5 +139,7 @@ __all__ = [
     "masked_whiten",
     "register_adv_est",
     "register_policy_loss",
+    "compute_optimal_token_baseline_advantage",
+    "sum_pi_squared_from_logits",
     "with_global_batch_info",
 ]

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Any
 
 import torch
@@ -67,6 +69,12 @@ def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl") -> tuple[
     return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
 
 
+def _accepts_keyword(fn, name: str) -> bool:
+    """Whether ``fn`` takes ``name`` explicitly (a verl-ported custom estimator may not take ``**kwargs``)."""
+    params = inspect.signature(fn).parameters
+    return name in params
+
+
 def compute_advantage(
     data: DataProto,
     adv_estimator: str | AdvantageEstimator,
@@ -79,7 +87,7 @@ def compute_advantage(
     """Compute ``advantages`` and ``returns`` with the estimator registered as ``adv_estimator``.
 
     Reads ``token_level_rewards``, ``response_mask`` and, when present, ``values``,
-    ``reward_baselines`` and the non-tensor ``uid`` (group ids).  ``config`` is the algorithm config;
+    ``reward_baselines``, ``old_log_probs``, ``sum_pi_squared`` and the non-tensor ``uid`` (group ids).  ``config`` is the algorithm config;
     with ``config.use_pf_ppo`` the batch is then resampled by PF-PPO (for every estimator; verl does so
     only for ``gae``), seeded by ``meta_info['global_steps']`` when present.  ``num_repeat`` (rollout.n)
     is accepted for verl compatibility; groups come from ``uid``.
@@ -98,6 +106,9 @@ def compute_advantage(
         kwargs["index"] = data.non_tensor_batch["uid"]
     for key in ("values", "reward_baselines"):
         if key in data.batch:
+            kwargs[key] = data.batch[key]
+    for key in ("old_log_probs", "sum_pi_squared"):  # only to estimators that name them (e.g. OTB)
+        if key in data.batch and _accepts_keyword(estimator, key):
             kwargs[key] = data.batch[key]
     advantages, returns = estimator(**kwargs)
     data.batch["advantages"] = advantages

@@ -44,6 +44,7 @@ class AdvantageEstimator(str, Enum):
     REMAX = "remax"
     OPO = "opo"
     GPG = "gpg"
+    OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"
 
 
 class UnknownAlgorithmError(ValueError, KeyError):
