@@ -140,6 +140,8 @@ KEY_ALIASES = {
     "trainer.profile_steps": "global_profiler.steps",
     # the sandbox URL became a node of its own (url, max_concurrent, memory_limit_mb)
     "reward_model.sandbox_fusion_url": "reward_model.sandbox_fusion.url",
+    # the OTB example script spells the switch with "compute"; verl's actor config calls it "calculate"
+    "actor.compute_sum_pi_squared": "actor.calculate_sum_pi_squared",
 }
 
 

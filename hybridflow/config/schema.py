@@ -181,6 +181,7 @@ class ActorConfig:
     loss_scale_factor: Optional[float]
     entropy_coeff: float
     calculate_entropy: bool
+    calculate_sum_pi_squared: bool  # Σ_v π² per token from the log-prob pass (OTB's energy)
     use_kl_loss: bool
     kl_loss_coef: float
     kl_loss_type: str

@@ -116,6 +116,10 @@ def _check_algorithms(cfg: PPOConfig, errors: list[str]) -> None:
     est = cfg.algorithm.adv_estimator
     if est not in ADV_ESTIMATOR_REGISTRY:
         errors.append(f"algorithm.adv_estimator={est!r}: {ADV_ESTIMATOR_REGISTRY.unknown_message(est)}")
+    if est == "optimal_token_baseline" and not cfg.actor_rollout_ref.actor.calculate_sum_pi_squared:
+        errors.append("algorithm.adv_estimator=optimal_token_baseline weights each token by the energy "
+                      "1 - 2*pi + sum(pi^2), which needs the actor's sum_pi_squared: set "
+                      "actor_rollout_ref.actor.calculate_sum_pi_squared=true")
     mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
     if mode not in POLICY_LOSS_REGISTRY:
         errors.append(f"actor_rollout_ref.actor.policy_loss.loss_mode={mode!r}: "

@@ -153,3 +153,11 @@ def test_cli_subcommands_return_exit_code_zero(tmp_path):
     out = run_cli("data", "synthetic", "--task", "addition", "--local-dir", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "wrote" in out.stdout and any(tmp_path.rglob("*.parquet"))
+
+
+def test_optimal_token_baseline_needs_sum_pi_squared_and_accepts_the_script_spelling():
+    msg = errors_of(MICRO + ["algorithm.adv_estimator=optimal_token_baseline"])
+    assert "set actor_rollout_ref.actor.calculate_sum_pi_squared=true" in msg
+    cfg = load_config(MICRO + ["algorithm.adv_estimator=optimal_token_baseline",
+                               "actor_rollout_ref.actor.compute_sum_pi_squared=True"])
+    assert cfg.actor_rollout_ref.actor.calculate_sum_pi_squared is True
