@@ -290,6 +290,7 @@ class RolloutConfig:
     max_num_batched_tokens: int
     max_model_len: Optional[int]
     max_num_seqs: int
+    max_batch_size: Optional[int]
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
     load_format: str

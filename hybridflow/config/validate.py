@@ -16,7 +16,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.schema import PPOConfig
 
 SUPPORTED_STRATEGIES = ("fsdp", "fsdp2")
-SUPPORTED_ROLLOUTS = ("hf", "vllm", "sglang")
+SUPPORTED_ROLLOUTS = ("hf", "vllm", "sglang", "trtllm")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 CHOICES = {
@@ -249,12 +249,13 @@ _UNUSED = {
     "reward_model.rollout.name": None,
     "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing": False,
     "actor_rollout_ref.ref.fsdp_config.entropy_checkpointing": False,
+    "actor_rollout_ref.rollout.max_batch_size": None,
 }
 
 
 def _check_unused(cfg: PPOConfig, notes: list[str]) -> None:
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name in ("vllm", "sglang"):
+    if rollout.name in ("vllm", "sglang", "trtllm"):
         notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: this version has no {rollout.name} adapter yet; "
                      "the run will stop when the workers start. Use rollout.name=hf (runs on CPU and GPU).")
     if rollout.multi_turn.enable:

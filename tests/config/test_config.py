@@ -78,9 +78,9 @@ def test_megatron_refused_with_supported_options():
 
 
 def test_unsupported_choices_list_alternatives():
-    msg = errors_of(MICRO + ["actor_rollout_ref.rollout.name=trtllm", "data.truncation=sideways",
+    msg = errors_of(MICRO + ["actor_rollout_ref.rollout.name=lmdeploy", "data.truncation=sideways",
                              "actor_rollout_ref.actor.loss_agg_mode=mean"])
-    assert "rollout.name='trtllm' is not supported; choose one of: hf, vllm, sglang" in msg
+    assert "rollout.name='lmdeploy' is not supported; choose one of: hf, vllm, sglang, trtllm" in msg
     assert "data.truncation='sideways'" in msg and "error, left, right, middle" in msg
     assert "loss_agg_mode='mean' is not a loss aggregation mode" in msg
 
