@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import warnings
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -39,8 +39,7 @@ import _common as C  # noqa: E402
 RMPAD = "actor_rollout_ref.model.use_remove_padding=true"
 
 
-@dataclass(frozen=True)
-class Variant:
+class Variant(NamedTuple):  # not a dataclass: the smoke test loads this file without registering the module
     overrides: tuple[str, ...]
     packed: bool | None = None  # PPOActor.packed: None = the device decides
     old_log_prob: str = "given"  # given (in the batch) | forward (compute_log_prob first) | update (from its pass)
