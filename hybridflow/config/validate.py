@@ -120,6 +120,10 @@ def _check_algorithms(cfg: PPOConfig, errors: list[str]) -> None:
         errors.append("algorithm.adv_estimator=optimal_token_baseline weights each token by the energy "
                       "1 - 2*pi + sum(pi^2), which needs the actor's sum_pi_squared: set "
                       "actor_rollout_ref.actor.calculate_sum_pi_squared=true")
+    rc = cfg.algorithm.rollout_correction
+    if (rc.rollout_is is not None or rc.rollout_rs is not None) and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        errors.append("algorithm.rollout_correction.rollout_is/rollout_rs compare the actor's log-probs with the "
+                      "rollout's own: set actor_rollout_ref.rollout.calculate_log_probs=true")
     mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
     if mode not in POLICY_LOSS_REGISTRY:
         errors.append(f"actor_rollout_ref.actor.policy_loss.loss_mode={mode!r}: "
@@ -261,10 +265,6 @@ def _check_unused(cfg: PPOConfig, notes: list[str]) -> None:
     if rollout.multi_turn.enable:
         notes.append("actor_rollout_ref.rollout.multi_turn.enable=true: multi-turn tool rollouts are not wired into "
                      "the trainer yet; responses are generated single-turn")
-    rc = cfg.algorithm.rollout_correction
-    if rc.rollout_is is not None or rc.rollout_rs is not None or rc.bypass_mode:
-        notes.append("algorithm.rollout_correction.* is accepted but the trainer does not apply IS weights or "
-                     "rejection yet (hybridflow.algorithms.compute_rollout_correction_weights exists for custom use)")
     for key, default in _UNUSED.items():
         val = _get(cfg, key)
         if val != default:

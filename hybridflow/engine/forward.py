@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 __all__ = [
-    "response_log_probs", "response_values", "last_token_scores", "per_position_outputs", "logprob_entropy",
-    "use_packed_layout",
+    "response_log_probs", "response_token_outputs", "response_values", "last_token_scores", "per_position_outputs",
+    "logprob_entropy", "use_packed_layout",
 ]
 
 HeadFn = Callable[
@@ -153,7 +153,16 @@ def _accepts_logits_to_keep(module: nn.Module) -> bool:
     return _LOGITS_TO_KEEP[cls]
 
 
-def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool) -> HeadFn:
+def _sum_pi_squared(logits: torch.Tensor, chunk: int = _CHUNK_ROWS) -> torch.Tensor:
+    """Σ_v π(v)² per row of (N, V) temperature-scaled logits, ``chunk`` rows at a time, outside autograd
+    (it feeds the Optimal Token Baseline's energy, a statistic, never a loss)."""
+    from hybridflow.algorithms.token_baseline import sum_pi_squared_from_logits
+
+    with torch.no_grad():
+        return torch.cat([sum_pi_squared_from_logits(logits[i : i + chunk]) for i in range(0, logits.shape[0], chunk)])
+
+
+def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool, sum_pi_squared: bool = False) -> HeadFn:
     def head(module, ids, attn, pos, keep):
         extra = {"logits_to_keep": keep} if keep is not None and _accepts_logits_to_keep(module) else {}
         logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **extra).logits
@@ -168,12 +177,14 @@ def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool) ->
         out = {"log_probs": lp.view(b, l)}
         if ent is not None:
             out["entropy"] = ent.view(b, l)
+        if sum_pi_squared:
+            out["sum_pi_squared"] = _sum_pi_squared(logits.reshape(b * l, v)).view(b, l)
         return out
 
     return head
 
 
-def response_log_probs(
+def response_token_outputs(
     module: nn.Module,
     batch: dict[str, torch.Tensor],
     temperature: float = 1.0,
@@ -181,8 +192,10 @@ def response_log_probs(
     use_remove_padding: bool = True,
     entropy_grad: bool = True,
     packed: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log π(response_t | context) / T-scaled, and optionally the entropy of π_T at each response step.
+    calculate_sum_pi_squared: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Per response token (B, R): ``log_probs`` = log π_T(response_t | context), and on request ``entropy``
+    of π_T and ``sum_pi_squared`` = Σ_v π_T(v)², all from one forward pass (π_T: logits / temperature).
 
     ``entropy_grad=False``: the entropy is a metric only (no autograd graph through it).
     ``packed``: see :func:`per_position_outputs`.
@@ -195,14 +208,27 @@ def response_log_probs(
         batch["input_ids"],
         batch["attention_mask"],
         batch["position_ids"],
-        _lm_head(float(temperature), calculate_entropy, entropy_grad),
+        _lm_head(float(temperature), calculate_entropy, entropy_grad, calculate_sum_pi_squared),
         use_remove_padding,
         packed,
         first_col=batch["input_ids"].shape[-1] - R - 1,  # the response's predictions start one column early
     )
-    log_probs = outs["log_probs"][:, -R - 1 : -1]
-    entropy = outs["entropy"][:, -R - 1 : -1] if calculate_entropy else None
-    return log_probs, entropy
+    return {k: v[:, -R - 1 : -1] for k, v in outs.items()}
+
+
+def response_log_probs(
+    module: nn.Module,
+    batch: dict[str, torch.Tensor],
+    temperature: float = 1.0,
+    calculate_entropy: bool = False,
+    use_remove_padding: bool = True,
+    entropy_grad: bool = True,
+    packed: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(log_probs, entropy or None)`` of :func:`response_token_outputs`."""
+    outs = response_token_outputs(module, batch, temperature, calculate_entropy, use_remove_padding, entropy_grad,
+                                  packed)
+    return outs["log_probs"], outs.get("entropy")
 
 
 def _token_value_head(module, ids, attn, pos, keep):

@@ -31,6 +31,7 @@ from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer import stages
 from hybridflow.trainer.balance import balance_batch
 from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator
+from hybridflow.trainer.rollout_correction import apply_rollout_correction, correction_enabled
 from hybridflow.trainer.stages import StepPlan, WorkerGroups, timed
 from hybridflow.trainer.validation import Validator
 
@@ -217,6 +218,8 @@ class PPOTrainer:
             with timed("adv", timing):
                 batch, adv_metrics = stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl)
                 metrics.update(adv_metrics)
+            if correction_enabled(cfg.algorithm.rollout_correction):  # actor pi_old vs the rollout's mu
+                metrics.update(apply_rollout_correction(batch, cfg.algorithm.rollout_correction))
             if plan.use_critic:
                 with timed("update_critic", timing):
                     metrics.update(stages.update_critic(groups, batch))

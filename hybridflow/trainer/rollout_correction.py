@@ -8,8 +8,9 @@ whose ratio leaves the trust band are removed from ``response_mask`` (Liu et al.
 in :mod:`hybridflow.algorithms.rollout_correction`; this module only decides when they apply and writes
 the result into the batch keys the actor reads (``rollout_is_weights``, ``response_mask``).
 
-It runs after the old log-prob stage and before advantages, as in verl, so rejected tokens leave the
-advantage normalisation and the loss alike.  It needs the rollout's own log-probs
+It runs after the advantages and before the updates: every sample's score still enters its group's
+baseline (a rejected sample is still evidence about how hard the prompt is), while rejection removes the
+off-policy tokens from the losses.  It needs the rollout's own log-probs
 (``actor_rollout_ref.rollout.calculate_log_probs=true``); without them the stage fails with that fix
 rather than silently training uncorrected.
 """

@@ -62,7 +62,8 @@ class StepPlan:
     * ``old_log_prob_in_update`` (the default for GRPO-style runs): the update is one optimiser step over
       the whole batch -- ``actor.ppo_epochs == 1`` and ``actor.ppo_mini_batch_size >= data.train_batch_size``
       -- and nothing reads ``old_log_probs`` before it: ``algorithm.use_kl_in_reward=false``, rollout
-      correction off (``rollout_correction.rollout_is``/``rollout_rs`` unset, ``bypass_mode=false``) and the
+      correction off (``rollout_correction.rollout_is``/``rollout_rs`` unset, ``bypass_mode=false``), no
+      ``optimal_token_baseline`` (its advantages read pi_old and ``sum_pi_squared``) and the
       rollout log-probs not reused (``rollout.calculate_log_probs=false``, so no ``training/rollout_probs_diff``
       has to be measured against them).  Then pi_old *is* the policy being differentiated, its log-prob is
       ``log_prob.detach()`` of the update's own forward pass (ratio 1, and the clipped objective's gradient is
@@ -88,12 +89,17 @@ class StepPlan:
         actor, rollout = arr.actor, arr.rollout
         one_mini_batch = actor.ppo_mini_batch_size >= config.data.train_batch_size and actor.ppo_epochs == 1
         rc = config.algorithm.rollout_correction
-        rollout_correction = rc.rollout_is is not None or rc.rollout_rs is not None or bool(rc.bypass_mode)
+        # IS weights / rejection compare the actor's pi_old with the rollout's mu: pi_old must be recomputed.
+        corrects = rc.rollout_is is not None or rc.rollout_rs is not None
+        rollout_correction = corrects or bool(rc.bypass_mode)
         # Exactly on-policy (one optimiser step on the batch the rollout sampled from), and the rollout was
         # asked for the log-probs of its samples: the actor's recomputation would give the same numbers.
-        reuse = bool(rollout.calculate_log_probs) and (one_mini_batch or bool(rc.bypass_mode))
+        reuse = bool(rollout.calculate_log_probs) and ((one_mini_batch and not corrects) or bool(rc.bypass_mode))
+        # Optimal Token Baseline reads pi_old (and sum_pi_squared) in the advantage stage, before the update.
+        otb = config.algorithm.adv_estimator == "optimal_token_baseline" or bool(actor.calculate_sum_pi_squared)
         in_update = (
-            one_mini_batch and not reuse and not rollout_correction and not bool(config.algorithm.use_kl_in_reward)
+            one_mini_batch and not reuse and not rollout_correction and not otb
+            and not bool(config.algorithm.use_kl_in_reward)
         )
         remax = config.algorithm.adv_estimator == "remax"
         vk = rollout.val_kwargs
@@ -237,7 +243,8 @@ def compute_old_log_prob(groups: WorkerGroups, batch: DataProto, plan: StepPlan,
     if "entropys" in out.batch:
         entropys = out.batch.pop("entropys")
         metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"], loss_agg_mode).item()
-    batch.union(DataProto.from_dict({"old_log_probs": out.batch["old_log_probs"]}))
+    keep = {key: out.batch[key] for key in ("old_log_probs", "sum_pi_squared") if key in out.batch}
+    batch.union(DataProto.from_dict(keep))
     if "rollout_log_probs" in batch.batch:
         from hybridflow.tracking.metrics import compute_rollout_probs_diff_metrics
 

@@ -27,7 +27,7 @@ from hybridflow.algorithms.aggregation import agg_loss, check_loss_agg_mode, cou
 from hybridflow.algorithms.kl import kl_penalty
 from hybridflow.algorithms.loss_config import with_global_batch_info
 from hybridflow.algorithms.registries import get_policy_loss_fn
-from hybridflow.engine.forward import response_log_probs
+from hybridflow.engine.forward import response_log_probs, response_token_outputs
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
 from hybridflow.workers.micro_batching import (
@@ -37,7 +37,9 @@ from hybridflow.workers.micro_batching import (
     split_micro_batches,
 )
 
-__all__ = ["PPOActor", "NonFiniteGradientError", "compute_log_prob", "OLD_LOG_PROBS_FROM_UPDATE"]
+__all__ = [
+    "PPOActor", "NonFiniteGradientError", "compute_log_prob", "compute_token_outputs", "OLD_LOG_PROBS_FROM_UPDATE",
+]
 
 _MODEL_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
 
@@ -48,6 +50,36 @@ OLD_LOG_PROBS_FROM_UPDATE = "old_log_probs_from_update"
 
 class NonFiniteGradientError(RuntimeError):
     """Too many consecutive optimizer steps were skipped because gradients were inf/nan."""
+
+
+def compute_token_outputs(
+    engine: TrainEngine,
+    data: DataProto,
+    spec: MicroBatchSpec,
+    temperature: float,
+    calculate_entropy: bool,
+    use_remove_padding: bool,
+    packed: bool | None = None,
+    calculate_sum_pi_squared: bool = False,
+) -> dict[str, torch.Tensor]:
+    """No-grad per-response-token outputs (B, R) of ``engine``'s module, in ``data``'s row order:
+    ``log_probs``, plus ``entropy`` and ``sum_pi_squared`` when asked (see ``response_token_outputs``)."""
+    module = engine.module
+    batch = data.select(batch_keys=list(_MODEL_KEYS))
+    micro_batches, parts = split_micro_batches(batch, spec)
+    pieces: dict[str, list[torch.Tensor]] = {}
+    was_training = module.training
+    module.eval()
+    with torch.no_grad(), engine.on_device(), engine.autocast():
+        for mb in micro_batches:
+            outs = response_token_outputs(
+                module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding,
+                packed=packed, calculate_sum_pi_squared=calculate_sum_pi_squared,
+            )
+            for key, value in outs.items():
+                pieces.setdefault(key, []).append(value.float().cpu())
+    module.train(was_training)
+    return {key: gather_in_order(values, parts) for key, values in pieces.items()}
 
 
 def compute_log_prob(
@@ -63,23 +95,8 @@ def compute_log_prob(
 
     Shared by the actor (``old_log_probs``) and the reference policy (``ref_log_prob``).
     """
-    module = engine.module
-    batch = data.select(batch_keys=list(_MODEL_KEYS))
-    micro_batches, parts = split_micro_batches(batch, spec)
-    log_probs, entropies = [], []
-    was_training = module.training
-    module.eval()
-    with torch.no_grad(), engine.on_device(), engine.autocast():
-        for mb in micro_batches:
-            lp, ent = response_log_probs(
-                module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding, packed=packed
-            )
-            log_probs.append(lp.float().cpu())
-            if calculate_entropy:
-                entropies.append(ent.float().cpu())
-    module.train(was_training)
-    entropy = gather_in_order(entropies, parts) if calculate_entropy else None
-    return gather_in_order(log_probs, parts), entropy
+    outs = compute_token_outputs(engine, data, spec, temperature, calculate_entropy, use_remove_padding, packed)
+    return outs["log_probs"], outs.get("entropy")
 
 
 def _mini_batch_seed(base: int, global_step: int, epoch: int) -> int:
@@ -147,11 +164,13 @@ class PPOActor:
 
     # ------------------------------------------------------------------ log-probs
     def compute_log_prob(
-        self, data: DataProto, spec: MicroBatchSpec, temperature: float, calculate_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropies) of ``data``'s response tokens, in ``data``'s row order."""
-        return compute_log_prob(
-            self.engine, data, spec, temperature, calculate_entropy, self.use_remove_padding, self.packed
+        self, data: DataProto, spec: MicroBatchSpec, temperature: float, calculate_entropy: bool = False,
+        calculate_sum_pi_squared: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """``log_probs`` (and ``entropy``, ``sum_pi_squared`` when asked) of ``data``'s response tokens."""
+        return compute_token_outputs(
+            self.engine, data, spec, temperature, calculate_entropy, self.use_remove_padding, self.packed,
+            calculate_sum_pi_squared,
         )
 
     # ------------------------------------------------------------------ update

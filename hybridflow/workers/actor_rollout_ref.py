@@ -225,20 +225,24 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` and ``entropys`` of the responses under the current actor (temperature-scaled)."""
+        """``old_log_probs`` and ``entropys`` of the responses under the current actor (temperature-scaled),
+        plus ``sum_pi_squared`` (Σ_v π², the Optimal Token Baseline's input) with
+        ``actor.calculate_sum_pi_squared=true``."""
         if self.actor is None:
             raise RuntimeError(f"compute_log_prob needs a role with 'actor' (this worker is {self.role!r})")
         temperature = self._temperature(data)
         spec = self._log_prob_spec(self.config.rollout, "actor_rollout_ref.rollout")
-        log_probs, entropy = self.actor.compute_log_prob(data, spec, temperature, calculate_entropy=True)
+        outs = self.actor.compute_log_prob(data, spec, temperature, calculate_entropy=True,
+                                           calculate_sum_pi_squared=bool(self.config.actor.calculate_sum_pi_squared))
+        log_probs, entropy = outs["log_probs"], outs["entropy"]
         # verl reports the policy entropy of the rollout batch from this pass (token mean over responses)
         metrics: dict[str, float] = {"actor/entropy": float(masked_mean(entropy, data.batch["response_mask"]))}
         if "rollout_log_probs" in data.batch:
             metrics.update(rollout_probs_diff(data.batch["rollout_log_probs"], log_probs, data.batch["response_mask"]))
-        return DataProto.from_dict(
-            {"old_log_probs": log_probs, "entropys": entropy},
-            meta_info={"temperature": temperature, "metrics": metrics},
-        )
+        tensors = {"old_log_probs": log_probs, "entropys": entropy}
+        if "sum_pi_squared" in outs:
+            tensors["sum_pi_squared"] = outs["sum_pi_squared"]
+        return DataProto.from_dict(tensors, meta_info={"temperature": temperature, "metrics": metrics})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

@@ -117,3 +117,20 @@ def test_only_response_positions_are_projected_with_or_without_logits_to_keep(ti
     assert torch.allclose(fast[mask], ref[mask], atol=1e-5)
     assert torch.allclose(sliced[mask], ref[mask], atol=1e-5)
     assert projected_fast < projected_all  # the prompt positions were not projected
+
+
+def test_sum_pi_squared_comes_from_the_same_pass_and_matches_the_softmax(tiny_causal_lm, batches):
+    """Σ_v π_T(v)² per response token (OTB's input) equals the softmax of the padded forward's logits / T."""
+    from hybridflow.engine.forward import response_token_outputs
+
+    data = batches.make_rollout_batch(tiny_causal_lm.config.vocab_size, batch_size=3, prompt_len=5, response_len=4,
+                                      seed=7)
+    b = data.batch
+    with torch.no_grad():
+        outs = response_token_outputs(tiny_causal_lm, b, 0.8, calculate_sum_pi_squared=True, packed=False)
+        logits = tiny_causal_lm(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                                position_ids=b["position_ids"]).logits[:, -5:-1] / 0.8
+    expected = torch.softmax(logits.float(), dim=-1).pow(2).sum(-1)
+    mask = b["attention_mask"][:, -4:].bool()
+    assert set(outs) == {"log_probs", "sum_pi_squared"} and not outs["sum_pi_squared"].requires_grad
+    assert torch.allclose(outs["sum_pi_squared"][mask], expected[mask], atol=1e-6)

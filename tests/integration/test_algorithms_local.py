@@ -24,6 +24,12 @@ ALGORITHMS = {
     "gspo": ["algorithm.adv_estimator=grpo", f"{A}.actor.policy_loss.loss_mode=gspo",
              f"{A}.actor.loss_agg_mode=seq-mean-token-mean", f"{A}.actor.clip_ratio_low=0.0003",
              f"{A}.actor.clip_ratio_high=0.0004"],
+    "optimal_token_baseline": ["algorithm.adv_estimator=optimal_token_baseline",
+                               f"{A}.actor.calculate_sum_pi_squared=true"],
+    "grpo_rollout_correction": ["algorithm.adv_estimator=grpo", f"{A}.rollout.calculate_log_probs=true",
+                                "algorithm.rollout_correction.rollout_is=token",
+                                "algorithm.rollout_correction.rollout_rs=token",
+                                "algorithm.rollout_correction.rollout_rs_threshold=2.0"],
 }
 
 
@@ -52,6 +58,13 @@ def test_algorithm_trains_two_steps(name, nano_model_dir, addition_data, tmp_pat
         assert "actor/reward_kl_penalty" in steps[0] and "timing_s/ref" in steps[0]
     if name == "grpo":
         assert "actor/kl_loss" in steps[0] and "timing_s/ref" in steps[0]
+    if name == "optimal_token_baseline":
+        assert "timing_s/old_log_prob" in steps[0]  # its advantages read pi_old and sum_pi_squared
+    if name == "grpo_rollout_correction":
+        # the hf rollout samples with the actor's own module, so pi_old / mu is 1 up to float noise
+        assert "timing_s/old_log_prob" in steps[0]
+        assert abs(steps[0]["rollout_corr/rollout_is_mean"] - 1.0) < 1e-3
+        assert steps[0]["rollout_corr/rollout_rs_masked_fraction"] == 0.0
     if name == "drgrpo":
         assert "timing_s/ref" not in steps[0]  # no KL anywhere: the reference stage is skipped
     assert (tmp_path / "metrics.jsonl").is_file()

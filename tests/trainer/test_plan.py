@@ -47,8 +47,10 @@ def test_old_log_probs_from_the_update_only_when_nothing_needs_them_before_it():
         [f"{A}.actor.ppo_epochs=2"],
         [f"{A}.actor.ppo_mini_batch_size=4"],  # two optimiser steps on the batch
         ["algorithm.use_kl_in_reward=true"],  # the reward's KL penalty reads old_log_probs before the update
-        ["algorithm.rollout_correction.rollout_is=token"],
-        ["algorithm.rollout_correction.rollout_rs=token", "algorithm.rollout_correction.rollout_rs_threshold=2.0"],
+        ["algorithm.rollout_correction.rollout_is=token", f"{A}.rollout.calculate_log_probs=true"],
+        ["algorithm.rollout_correction.rollout_rs=token", "algorithm.rollout_correction.rollout_rs_threshold=2.0",
+         f"{A}.rollout.calculate_log_probs=true"],
+        ["algorithm.adv_estimator=optimal_token_baseline", f"{A}.actor.calculate_sum_pi_squared=true"],
         ["algorithm.rollout_correction.bypass_mode=true"],
         [f"{A}.rollout.calculate_log_probs=true"],  # the rollout's own log-probs are reused instead
     ]
@@ -56,6 +58,9 @@ def test_old_log_probs_from_the_update_only_when_nothing_needs_them_before_it():
         assert not plan(*overrides).old_log_prob_in_update, overrides
     reused = plan(f"{A}.rollout.calculate_log_probs=true")
     assert reused.reuse_rollout_log_probs and not reused.old_log_prob_in_update
+    # IS weights compare the actor's pi_old with the rollout's mu, so the rollout's log-probs are not reused as pi_old
+    corrected = plan(f"{A}.rollout.calculate_log_probs=true", "algorithm.rollout_correction.rollout_is=token")
+    assert not corrected.reuse_rollout_log_probs and not corrected.old_log_prob_in_update
 
 
 def test_remax_needs_greedy_baseline_sampling():
