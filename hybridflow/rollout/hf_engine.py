@@ -146,11 +146,12 @@ class HFRolloutEngine(RolloutEngine):
                 results[i] = out
             self._batcher.submit(self._request(prompt, sp, f"batch-{i}", on_done, errors.append))
         remaining = len(prompts)
-        while remaining:
-            self._locked_step()
-            if errors:
-                raise errors[0]
-            remaining = sum(r is None for r in results)
+        with self._eval_mode():  # once for the whole batch: the per-step switch inside is then a no-op
+            while remaining:
+                self._locked_step()
+                if errors:
+                    raise errors[0]
+                remaining = sum(r is None for r in results)
         return results  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ hybrid-engine hooks
