@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from hybridflow.rollout.base import TokenOutput
+from hybridflow.rollout.fast_decode import fast_decoder_for
 from hybridflow.rollout.kv_cache import SlotKVCache
 from hybridflow.rollout.sampler import RowSampling, sample_next_tokens
 from hybridflow.rollout.sampling import SamplingParams
@@ -47,10 +48,13 @@ def _round_up(x: int) -> int:
 class ContinuousBatcher:
     """Owns the decode batch of one model; not thread-safe by itself (callers hold ``lock``)."""
 
-    def __init__(self, model: torch.nn.Module, pad_token_id: int, max_batch_size: int, generator: torch.Generator):
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, max_batch_size: int, generator: torch.Generator,
+                 fast_decode: bool = True):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
+        # Decode steps skip transformers' forward plumbing when the model has the supported structure.
+        self.fast, self.fast_reason = fast_decoder_for(model) if fast_decode else (None, "disabled")
         self.pad_token_id = int(pad_token_id)
         self.max_rows = int(max_batch_size)
         self.generator = generator
@@ -218,11 +222,15 @@ class ContinuousBatcher:
         rows, cache = self.rows, self.cache
         mask = cache.begin_decode(rows["write_col"], self.kv_len)
         try:
-            out = self.model(input_ids=rows["next_token"][:, None], attention_mask=mask,
-                             position_ids=rows["position"][:, None], past_key_values=cache, use_cache=True)
+            if self.fast is not None and self.fast.usable():
+                logits = self.fast.step(rows["next_token"], rows["position"], cache, mask)
+            else:
+                logits = self.model(input_ids=rows["next_token"][:, None], attention_mask=mask,
+                                    position_ids=rows["position"][:, None], past_key_values=cache,
+                                    use_cache=True).logits[:, -1]
         finally:
             cache.end()
-        tokens, log_probs = sample_next_tokens(out.logits[:, -1], self.sampling, self.generator)
+        tokens, log_probs = sample_next_tokens(logits, self.sampling, self.generator)
         step = rows["alive"].long()
         rows["write_col"] += step
         rows["position"] += step

@@ -47,7 +47,8 @@ class HFRolloutEngine(RolloutEngine):
     ``eos_token_ids`` (default: the tokenizer's EOS, else the model's generation config) are added to
     every request's stop set unless the request sets ``ignore_eos``.  ``pad_token_id`` only fills the
     left padding of prefill batches (it is masked out).  ``max_batch_size`` bounds the decode batch and
-    hence the KV-cache rows (verl's ``max_num_seqs``).
+    hence the KV-cache rows (verl's ``max_num_seqs``).  ``fast_decode`` runs decode steps through
+    :mod:`~hybridflow.rollout.fast_decode` when the model's structure allows (same results, less overhead).
     """
 
     def __init__(
@@ -58,6 +59,7 @@ class HFRolloutEngine(RolloutEngine):
         pad_token_id: int | None = None,
         max_batch_size: int = 256,
         seed: int = 0,
+        fast_decode: bool = True,
     ):
         attn = getattr(model.config, "_attn_implementation", "sdpa")
         if attn not in _SUPPORTED_ATTENTION:
@@ -79,7 +81,7 @@ class HFRolloutEngine(RolloutEngine):
         device = next(model.parameters()).device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
-        self._batcher = ContinuousBatcher(model, pad_token_id, max_batch_size, self.generator)
+        self._batcher = ContinuousBatcher(model, pad_token_id, max_batch_size, self.generator, fast_decode)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-rollout")
         self._driver: asyncio.Task | None = None
         self._asleep = False

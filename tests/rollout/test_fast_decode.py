@@ -1,0 +1,56 @@
+"""The lean decode step gives the same tokens and log-probs as transformers' forward, and is only used on
+the model structures it supports."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.rollout import SamplingParams
+from hybridflow.rollout.fast_decode import fast_decoder_for
+from hybridflow.rollout.hf_engine import HFRolloutEngine
+from hybridflow.utils.tiny_model import build_char_tokenizer, build_tiny_model
+
+
+def _compare(model, tok, prompts, params):
+    slow = HFRolloutEngine(model, tok, seed=3, fast_decode=False).generate_batch(prompts, params)
+    fast_engine = HFRolloutEngine(model, tok, seed=3)
+    assert fast_engine._batcher.fast is not None, fast_engine._batcher.fast_reason
+    calls = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: calls.append(1), with_kwargs=True)
+    try:
+        fast = fast_engine.generate_batch(prompts, params)
+    finally:
+        hook.remove()
+    assert len(calls) == 1  # only the prefill went through model.forward
+    assert [o.token_ids for o in fast] == [o.token_ids for o in slow]
+    for a, b in zip(fast, slow):
+        assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
+def test_fast_decode_equals_forward(arch, model_and_tokenizer, prompt_texts):
+    if arch == "qwen2":
+        model, tok = model_and_tokenizer
+    else:  # GQA (4 heads, 2 kv heads); qwen3 adds per-head q/k norms
+        tok = build_char_tokenizer()
+        model = build_tiny_model(tok, size="nano", arch=arch, initializer_range=0.5).eval()
+    prompts = [tok.encode(t) for t in prompt_texts]
+    _compare(model, tok, prompts, SamplingParams(do_sample=False, max_tokens=10, logprobs=True))
+    _compare(model, tok, prompts, SamplingParams(temperature=0.9, top_p=0.9, max_tokens=10, logprobs=True))
+
+
+def test_unsupported_structures_fall_back_with_a_reason(model_and_tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    tok = build_char_tokenizer()
+    gpt2 = build_tiny_model(tok, size="nano", arch="gpt2")
+    decoder, reason = fast_decoder_for(gpt2)
+    assert decoder is None and "model_type 'gpt2'" in reason
+    lora = get_peft_model(build_tiny_model(tok, size="nano"), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    assert fast_decoder_for(lora.base_model.model)[1] == "projections that are not plain nn.Linear (e.g. LoRA adapters)"
+    sliding = build_tiny_model(tok, size="nano", arch="mistral", sliding_window=8)
+    assert fast_decoder_for(sliding)[1] == "Mistral sliding window"
+    engine = HFRolloutEngine(gpt2.eval(), tok)  # the engine still works, through model.forward
+    out = engine.generate_batch([tok.encode("1+1=")], SamplingParams(do_sample=False, max_tokens=3))
+    assert len(out[0].token_ids) == 3
