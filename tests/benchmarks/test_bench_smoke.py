@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -60,3 +61,19 @@ def test_bench_scaling_smoke(capsys):
 def test_bench_startup_smoke(capsys):
     out = _run("bench_startup", capsys)
     assert 0 < _number(out, "startup_first_token_local_s") < 120
+
+
+def test_bench_rollout_smoke(capsys):
+    out = _run("bench_rollout", capsys)
+    for key in ("cpu_ratio_distinct", "ratio_distinct", "cpu_ratio", "ratio"):
+        assert _number(out, key) > 0
+    assert "| grpo | hybridflow hf |" in out
+
+
+def test_bench_threads_smoke():
+    # A subprocess: its ranks are spawned processes that must import the script by its own name.
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_threads.py"), "--smoke"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _number(proc.stdout, "oversubscription_slowdown") > 0
+    assert "| per-worker | " in proc.stdout and "| torch default | " in proc.stdout
