@@ -12,6 +12,7 @@ placement group otherwise just waits forever; and it bounds the wait for ``pg.re
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any
 
 from hybridflow.controller.errors import RayInitError, ResourceUnavailableError
@@ -23,33 +24,44 @@ _POOL_IDS = itertools.count()
 
 
 def init_ray(ray_init_kwargs: dict[str, Any] | None = None) -> None:
-    """Start (or connect to) Ray once; a missing/``None``/``"local"`` address starts a lean local instance.
+    """Start (or connect to) Ray once, as verl's ``ray.init(**ray_kwargs.ray_init)``.
 
-    ``ray_init_kwargs`` are passed to ``ray.init`` (verl's ``ray_kwargs.ray_init``). Locally the
-    dashboard is off unless asked for (it costs ~1 s and ~150 MB on a laptop). Failures raise
-    :class:`RayInitError` repeating what was asked.
+    Which cluster: ``address`` when given (``"auto"``, ``host:port``, ``ray://...``); else the ``RAY_ADDRESS``
+    environment variable when set (how ``ray job submit`` hands a cluster to a job, and how a user points
+    runs at a ``ray start --head`` cluster: attaching skips the seconds of starting GCS, raylet and agents);
+    else a new local instance -- never a cluster merely found running on the machine. Only a local instance
+    started here gets the lean defaults (no dashboard: ~1 s and ~150 MB on a laptop); a cluster that is
+    attached to keeps its own settings. Failures raise :class:`RayInitError` repeating what was asked.
     """
     import ray
 
     if ray.is_initialized():
         return
     kwargs = dict(ray_init_kwargs or {})
-    if kwargs.get("address") in (None, "", "local"):
-        kwargs.pop("address", None)
+    address = kwargs.get("address")
+    if address in (None, "") and os.environ.get("RAY_ADDRESS"):
+        kwargs.pop("address", None)  # ray.init reads RAY_ADDRESS itself
+        where = f"the cluster in RAY_ADDRESS={os.environ['RAY_ADDRESS']!r}"
+        _check_reachable(os.environ["RAY_ADDRESS"], field="the RAY_ADDRESS environment variable")
+    elif address in (None, "", "local"):
+        # Explicitly "local": without an address ray.init would also join the last cluster that `ray start`
+        # left running on this machine (/tmp/ray/ray_current_cluster), i.e. attach to a stray cluster.
+        kwargs["address"] = "local"
         kwargs.setdefault("include_dashboard", False)
+        where = "a new local Ray instance"
     else:
-        _check_reachable(str(kwargs["address"]))
+        where = str(address)
+        _check_reachable(str(address))
     try:
         ray.init(**kwargs)
     except Exception as e:  # noqa: BLE001 - re-raised with the request attached
-        where = kwargs.get("address", "a new local Ray instance")
         raise RayInitError(
             f"ray.init failed while connecting to {where} with arguments {kwargs}: {type(e).__name__}: {e}. "
             "Check ray_kwargs.ray_init (address, num_cpus, num_gpus) or run `ray status` on the cluster."
         ) from e
 
 
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+def _check_reachable(address: str, timeout_s: float = 5.0, field: str = "ray_kwargs.ray_init.address") -> None:
     """Fail in seconds on an unreachable ``host:port`` (``ray.init`` itself retries for minutes)."""
     import socket
 
@@ -61,9 +73,9 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             pass
     except (OSError, ValueError) as e:
         raise RayInitError(
-            f"cannot reach the Ray head at ray_kwargs.ray_init.address={address!r} ({type(e).__name__}: {e}). "
+            f"cannot reach the Ray head at {field}={address!r} ({type(e).__name__}: {e}). "
             "Start it with `ray start --head` on that machine, fix the address, or leave the address unset "
-            "to start a local Ray instance."
+            "(and RAY_ADDRESS unset) to start a local Ray instance."
         ) from e
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -29,6 +30,7 @@ class Runtime:
     n_devices: int
     dp_size: int
     _closers: list[Callable[[], None]] = field(default_factory=list)
+    views: dict[str, Any] = field(default_factory=dict)  # role -> worker group view (for init_models)
 
     def close(self) -> None:
         while self._closers:
@@ -53,55 +55,148 @@ def _actor_role(config) -> str:
     return "actor_rollout_ref" if config.use_reference_policy else "actor_rollout"
 
 
-def build_runtime(config, tokenizer=None) -> Runtime:
-    """Start the backend and the role worker groups; ``init_model`` runs actor last (as verl)."""
-    from hybridflow.controller import (
-        ClassWithInitArgs,
-        create_colocated_worker_cls,
-        create_resource_pool,
-        create_worker_group,
-    )
-    from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
+# init_model order: actor last, as verl (the actor's rollout engine is built once every model is in place).
+_INIT_ORDER = ("critic", "reward_model", "actor_rollout")
 
+
+def create_workers(config) -> Runtime:
+    """Start the backend and the role worker processes, without loading any model yet.
+
+    With Ray this is the slow part of start-up (``ray.init``, then one process per rank that imports torch),
+    which is why :func:`train_ppo` runs it in a background thread while it builds data and rewards; the
+    models are loaded afterwards by :func:`init_models`, once the LR horizon is known. On failure everything
+    started so far is released before the error propagates, so no Ray instance or worker is left behind.
+    """
     tcfg = config.trainer
     backend = tcfg.backend
     use_gpu = resolve_device(config) == "cuda"
-    closers: list[Callable[[], None]] = []
-    if backend == "ray":
-        from hybridflow.controller import init_ray
+    runtime = Runtime(groups=WorkerGroups(actor_rollout=None), n_devices=0, dp_size=0)
+    try:
+        if backend == "ray":  # first: the worker-class imports below need no Ray, Ray's start is the long pole
+            import ray
 
-        import ray
+            from hybridflow.controller.ray_resources import init_ray
 
-        started_here = not ray.is_initialized()
-        init_ray(dict(config.ray_kwargs.ray_init))
-        if started_here:
-            closers.append(ray.shutdown)
-    process_on_nodes = [1] if backend == "local" else [tcfg.n_gpus_per_node] * tcfg.nnodes
-    pool = create_resource_pool(backend, process_on_nodes, use_gpu=use_gpu)
-    release = getattr(pool, "release", None)
-    if callable(release):
-        closers.append(release)
-    # HybridFlow's colocated placement: every role lives in the same process per device, so the models run
-    # one after another on the same devices and never wait for each other's resources.
-    class_dict = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config.actor_rollout_ref, _actor_role(config))}
-    if config.use_critic:
-        from hybridflow.workers.critic import CriticWorker
+            started_here = not ray.is_initialized()
+            init_ray(dict(config.ray_kwargs.ray_init))
+            if started_here:
+                runtime._closers.append(ray.shutdown)
+        from hybridflow.controller import (
+            ClassWithInitArgs,
+            create_colocated_worker_cls,
+            create_resource_pool,
+            create_worker_group,
+        )
+        from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
-        class_dict["critic"] = ClassWithInitArgs(CriticWorker, config.critic)
-    if config.reward_model.enable:
-        from hybridflow.workers.reward_model import RewardModelWorker
+        process_on_nodes = [1] if backend == "local" else [tcfg.n_gpus_per_node] * tcfg.nnodes
+        pool = create_resource_pool(backend, process_on_nodes, use_gpu=use_gpu)
+        release = getattr(pool, "release", None)
+        if callable(release):
+            runtime._closers.append(release)
+        # HybridFlow's colocated placement: every role lives in the same process per device, so the models
+        # run one after another on the same devices and never wait for each other's resources.
+        class_dict = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config.actor_rollout_ref,
+                                                         _actor_role(config))}
+        if config.use_critic:
+            from hybridflow.workers.critic import CriticWorker
 
-        class_dict["reward_model"] = ClassWithInitArgs(RewardModelWorker, config.reward_model)
-    host = create_worker_group(backend, pool, create_colocated_worker_cls(class_dict), role="colocated")
-    closers.append(host.shutdown)
-    views = host.spawn(class_dict)
-    for role in ("critic", "reward_model", "actor_rollout"):  # actor last, as verl
-        if role in views:
-            views[role].init_model()
-    actor = views["actor_rollout"]
-    groups = WorkerGroups(actor_rollout=actor, ref=actor if config.use_reference_policy else None,
-                          critic=views.get("critic"), reward_model=views.get("reward_model"))
-    return Runtime(groups=groups, n_devices=pool.world_size, dp_size=pool.world_size, _closers=closers)
+            class_dict["critic"] = ClassWithInitArgs(CriticWorker, config.critic)
+        if config.reward_model.enable:
+            from hybridflow.workers.reward_model import RewardModelWorker
+
+            class_dict["reward_model"] = ClassWithInitArgs(RewardModelWorker, config.reward_model)
+        host = create_worker_group(backend, pool, create_colocated_worker_cls(class_dict), role="colocated")
+        runtime._closers.append(host.shutdown)
+        views = host.spawn(class_dict)
+    except BaseException:
+        runtime.close()
+        raise
+    runtime.views = views
+    runtime.groups = WorkerGroups(actor_rollout=views["actor_rollout"],
+                                  ref=views["actor_rollout"] if config.use_reference_policy else None,
+                                  critic=views.get("critic"), reward_model=views.get("reward_model"))
+    runtime.n_devices = runtime.dp_size = pool.world_size
+    return runtime
+
+
+def init_models(runtime: Runtime, total_training_steps: int | None = None) -> None:
+    """``init_model`` on every role, actor last; the trained roles get the LR horizon as an argument
+    because their processes were started (and their config sent) before the dataset length was known."""
+    for role in _INIT_ORDER:
+        view = runtime.views.get(role)
+        if view is None:
+            continue
+        if role == "reward_model":
+            view.init_model()
+        else:
+            view.init_model(total_training_steps=total_training_steps)
+
+
+def build_runtime(config, tokenizer=None, total_training_steps: int | None = None) -> Runtime:
+    """Start the backend and the role worker groups and load their models (``create_workers`` +
+    ``init_models``); ``total_training_steps`` defaults to the one written into the optim configs."""
+    runtime = create_workers(config)
+    try:
+        init_models(runtime, total_training_steps)
+    except BaseException:
+        runtime.close()
+        raise
+    return runtime
+
+
+class RuntimeStart:
+    """The worker start-up of ``train_ppo``: in a background thread for Ray, inline for ``local``.
+
+    Ray's start-up (``ray.init``: GCS, raylet and agent processes; then each worker process importing torch)
+    takes several seconds and needs nothing the driver builds next (tokenizer, datasets, reward managers), so
+    the two overlap. ``result()`` waits and re-raises a start-up error unchanged (the same
+    ``RayInitError`` / ``ResourceUnavailableError`` / ``WorkerError`` a sequential start raises);
+    ``abandon()`` is for the driver failing first: it waits for the thread (a ``ray.init`` cannot be
+    interrupted) and releases whatever it started, so no Ray instance or worker outlives the run.
+
+    The thread that ran ``ray.init`` stays parked until the runtime is closed: Ray starts its GCS and raylet
+    with ``PR_SET_PDEATHSIG``, which Linux fires when the *thread* that forked them exits, so a thread that
+    returned after ``ray.init`` would take the cluster down with it.
+    """
+
+    def __init__(self, config):
+        self._runtime: Runtime | None = None
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        self._release = threading.Event()
+        self._thread: threading.Thread | None = None
+        if config.trainer.backend == "ray":
+            self._thread = threading.Thread(target=self._run, args=(config, True), name="hybridflow-startup",
+                                            daemon=True)
+            self._thread.start()
+        else:  # in-process backend: nothing slow to overlap, and breakpoints stay in the main thread
+            self._run(config, False)
+
+    def _run(self, config, linger: bool) -> None:
+        try:
+            self._runtime = create_workers(config)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread by result()
+            self._error = e
+            return
+        finally:
+            self._ready.set()
+        if linger:
+            self._runtime._closers.insert(0, self._release.set)  # runs last, after ray.shutdown
+            self._release.wait()
+
+    def result(self) -> Runtime:
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._runtime is not None
+        return self._runtime
+
+    def abandon(self) -> None:
+        self._ready.wait()
+        if self._runtime is not None:
+            self._runtime.close()
+            self._runtime = None
 
 
 def build_data(config, tokenizer):
@@ -158,27 +253,34 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
     # Fail before any model loads: unwritable output folders, too little disk for checkpoints.
     logger_dir = logger.output_dir if logger is not None else Path("outputs") / tcfg.project_name / tcfg.experiment_name
     run_preflight(config, logger_dir=logger_dir)
-    torch.manual_seed(tcfg.seed)
-    tokenizer = load_tokenizer_for(config)
-    model_cfg = config.actor_rollout_ref.model
-    check_causal_lm(model_cfg.path, model_cfg.trust_remote_code)
-    train_loader, val_loader = build_data(config, tokenizer)
-    # The workers' LR schedules need the horizon at construction time.
-    total = resolve_total_training_steps(config, len(train_loader))
-    reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
+    # Workers start first (Ray: in the background) and the driver builds data and rewards meanwhile.
+    start = RuntimeStart(config)
     runtime = None
+    reward_fns: list = []
     try:
-        runtime = build_runtime(config, tokenizer)
+        torch.manual_seed(tcfg.seed)
+        tokenizer = load_tokenizer_for(config)
+        model_cfg = config.actor_rollout_ref.model
+        check_causal_lm(model_cfg.path, model_cfg.trust_remote_code)
+        train_loader, val_loader = build_data(config, tokenizer)
+        # The workers' LR schedules need the horizon; it is passed to init_model below.
+        total = resolve_total_training_steps(config, len(train_loader))
+        reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
+        reward_fns = [reward_fn, val_reward_fn]
+        runtime = start.result()
+        init_models(runtime, total)
         if logger is None:
             logger = build_logger(config, total)
         trainer = PPOTrainer(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn, val_reward_fn,
                              logger=logger, n_devices=runtime.n_devices, dp_size=runtime.dp_size)
         return trainer.fit(should_stop=should_stop)
     finally:
-        for fn in (reward_fn, val_reward_fn):
+        for fn in reward_fns:
             fn.close()
         if runtime is not None:
             runtime.close()
+        else:
+            start.abandon()
 
 
 def main(argv: list[str] | None = None) -> int:
