@@ -56,8 +56,8 @@ def launch(backend: str, model: str, data: Path, timeout: float = 300, repo: Pat
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = str(repo) + os.pathsep + os.environ.get("PYTHONPATH", "")
     env.pop("RAY_ADDRESS", None)
-    if ray_address is not None:
-        env["RAY_ADDRESS"] = ray_address
+    if ray_address is not None:  # `ray start` clusters use token auth (token in ~/.ray/auth_token)
+        env.update(RAY_ADDRESS=ray_address, RAY_AUTH_MODE="token")
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=repo)
     out: list[str] = []
@@ -119,20 +119,27 @@ class RayHead:
         port = self.address.rsplit(":", 1)[1]
         self.log = open(workdir / "ray_head.log", "w")
         self.proc = subprocess.Popen(
-            [str(ray_bin), "start", "--head", f"--port={port}", f"--num-cpus={num_cpus}", "--include-dashboard=false",
+            [str(ray_bin), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", f"--num-cpus={num_cpus}",
+             "--include-dashboard=false",
              f"--temp-dir={self.temp_dir}", "--block", "--disable-usage-stats"],
             stdout=self.log, stderr=subprocess.STDOUT, env=C.single_thread_env(), start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:  # up when a one-line driver can connect
-            probe = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={self.address!r}); ray.shutdown()"],
-                                   capture_output=True, text=True, env=C.single_thread_env())
+            try:
+                probe = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={self.address!r})"],
+                                       capture_output=True, text=True, env=dict(C.single_thread_env(), RAY_AUTH_MODE="token"),
+                                       timeout=60)
+            except subprocess.TimeoutExpired:
+                continue
             if probe.returncode == 0:
                 return
+            self.last_error = probe.stderr[-1500:]
             if self.proc.poll() is not None:
                 break
             time.sleep(1.0)
         self.stop()
-        raise RuntimeError(f"`ray start --head` did not come up in {timeout_s:.0f}s; see {workdir / 'ray_head.log'}")
+        raise RuntimeError(f"`ray start --head` did not come up in {timeout_s:.0f}s; see {workdir / 'ray_head.log'}; "
+                           f"last connection attempt: {getattr(self, 'last_error', 'none finished')}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -55,9 +55,13 @@ def init_ray(ray_init_kwargs: dict[str, Any] | None = None) -> None:
     try:
         ray.init(**kwargs)
     except Exception as e:  # noqa: BLE001 - re-raised with the request attached
+        hint = ""
+        if "auth" in f"{type(e).__name__} {e} {e.__cause__}".lower():
+            hint = (" The cluster uses token authentication (what `ray start` of Ray 2.60 enables by default): "
+                    "export RAY_AUTH_MODE=token on this machine (the token is read from ~/.ray/auth_token).")
         raise RayInitError(
             f"ray.init failed while connecting to {where} with arguments {kwargs}: {type(e).__name__}: {e}. "
-            "Check ray_kwargs.ray_init (address, num_cpus, num_gpus) or run `ray status` on the cluster."
+            "Check ray_kwargs.ray_init (address, num_cpus, num_gpus) or run `ray status` on the cluster." + hint
         ) from e
 
 

@@ -98,3 +98,18 @@ def test_background_start_survives_its_thread_and_is_released(tiny_model_dir):
         time.sleep(0.2)
     assert not [pid for pid in gcs if os.path.exists(f"/proc/{pid}") and
                 open(f"/proc/{pid}/stat").read().split()[2] != "Z"], "gcs_server outlived the run"
+
+
+def test_token_auth_failure_says_how_to_attach(monkeypatch):
+    """Ray 2.60's `ray start` enables token auth; a driver without RAY_AUTH_MODE=token is told so."""
+
+    def refuse(**kwargs):
+        raise ConnectionError("Failed to connect: InvalidAuthToken: Authentication token is missing or incorrect")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(RayInitError, match=r"export RAY_AUTH_MODE=token"):
+        init_ray({"address": "auto"})
+    monkeypatch.setattr(ray, "init", lambda **kw: (_ for _ in ()).throw(ValueError("num_cpus must be positive")))
+    with pytest.raises(RayInitError) as err:
+        init_ray({"address": "auto"})
+    assert "RAY_AUTH_MODE" not in str(err.value)
