@@ -172,6 +172,8 @@ class RuntimeStart:
             self._thread.start()
         else:  # in-process backend: nothing slow to overlap, and breakpoints stay in the main thread
             self._run(config, False)
+            if self._error is not None:  # nothing runs concurrently here, so fail at once
+                raise self._error
 
     def _run(self, config, linger: bool) -> None:
         try:
