@@ -27,18 +27,8 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def slope(ys: list[float]) -> float:
-    """Least-squares slope of ``ys`` against 0..n-1 (units of y per step)."""
-    n = len(ys)
-    if n < 2:
-        return 0.0
-    mx = (n - 1) / 2
-    my = sum(ys) / n
-    num = sum((i - mx) * (y - my) for i, y in enumerate(ys))
-    den = sum((i - mx) ** 2 for i in range(n))
-    return num / den
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import slope  # noqa: E402  (least-squares slope, shared with bench_scaling)
 
 
 def rss_mib() -> float:
