@@ -38,7 +38,7 @@ from hybridflow.workers.micro_batching import (
 )
 
 __all__ = [
-    "PPOActor", "NonFiniteGradientError", "compute_log_prob", "compute_token_outputs", "OLD_LOG_PROBS_FROM_UPDATE",
+    "PPOActor", "NonFiniteGradientError", "compute_token_outputs", "OLD_LOG_PROBS_FROM_UPDATE",
 ]
 
 _MODEL_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
@@ -63,7 +63,9 @@ def compute_token_outputs(
     calculate_sum_pi_squared: bool = False,
 ) -> dict[str, torch.Tensor]:
     """No-grad per-response-token outputs (B, R) of ``engine``'s module, in ``data``'s row order:
-    ``log_probs``, plus ``entropy`` and ``sum_pi_squared`` when asked (see ``response_token_outputs``)."""
+    ``log_probs``, plus ``entropy`` and ``sum_pi_squared`` when asked (see ``response_token_outputs``).
+
+    Shared by the actor (``old_log_probs``) and the reference policy (``ref_log_prob``)."""
     module = engine.module
     batch = data.select(batch_keys=list(_MODEL_KEYS))
     micro_batches, parts = split_micro_batches(batch, spec)
@@ -80,23 +82,6 @@ def compute_token_outputs(
                 pieces.setdefault(key, []).append(value.float().cpu())
     module.train(was_training)
     return {key: gather_in_order(values, parts) for key, values in pieces.items()}
-
-
-def compute_log_prob(
-    engine: TrainEngine,
-    data: DataProto,
-    spec: MicroBatchSpec,
-    temperature: float,
-    calculate_entropy: bool,
-    use_remove_padding: bool,
-    packed: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """No-grad log-probs (B, R) and optional entropies of the response tokens with ``engine``'s module.
-
-    Shared by the actor (``old_log_probs``) and the reference policy (``ref_log_prob``).
-    """
-    outs = compute_token_outputs(engine, data, spec, temperature, calculate_entropy, use_remove_padding, packed)
-    return outs["log_probs"], outs.get("entropy")
 
 
 def _mini_batch_seed(base: int, global_step: int, epoch: int) -> int:

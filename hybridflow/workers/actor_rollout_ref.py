@@ -30,7 +30,7 @@ from hybridflow.engine.model_loader import (
 )
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
-from hybridflow.workers.actor import PPOActor, compute_log_prob
+from hybridflow.workers.actor import PPOActor, compute_token_outputs
 from hybridflow.workers.micro_batching import MicroBatchSpec
 
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
@@ -254,9 +254,9 @@ class ActorRolloutRefWorker(Worker):
         use_rmpad = self.config.model.use_remove_padding
         if self.ref_engine is None:  # LoRA: the base model is the actor without its adapters
             with self.actor_engine.module.disable_adapter():
-                log_probs, _ = compute_log_prob(self.actor_engine, data, spec, temperature, False, use_rmpad)
+                log_probs = compute_token_outputs(self.actor_engine, data, spec, temperature, False, use_rmpad)["log_probs"]
         else:
-            log_probs, _ = compute_log_prob(self.ref_engine, data, spec, temperature, False, use_rmpad)
+            log_probs = compute_token_outputs(self.ref_engine, data, spec, temperature, False, use_rmpad)["log_probs"]
         return DataProto.from_dict({"ref_log_prob": log_probs}, meta_info={"temperature": temperature})
 
     # ------------------------------------------------------------------ update
