@@ -99,7 +99,7 @@ def make_batch(vocab: int, rows: int, prompt_len: int, response_len: int, seed: 
 def actor_work(worker, data, variant: Variant) -> None:
     """The actor's work for one step of ``variant``: [old log-prob forward +] update."""
     from hybridflow.protocol import DataProto
-    from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
+    from hybridflow.algorithms.batch_ops import OLD_LOG_PROBS_FROM_UPDATE
 
     if variant.old_log_prob == "forward":
         data = DataProto.from_dict(dict(data.batch), meta_info=dict(data.meta_info))

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 
-EXIT_CONFIG_ERROR = 2
+from hybridflow.trainer.command_line import EXIT_CONFIG_ERROR
 
 USAGE = """hybridflow <command> [args]
 
@@ -54,66 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     return result if isinstance(result, int) else 0  # sub-commands may return their result object
 
 
-def load_trainer_config(argv: list[str]):
-    """Parse a verl-style command line into (PPOConfig, CommandLine); exits 2 with messages on error."""
-    from hybridflow.config import ConfigError, ConfigWarning, load_config, parse_command_line
-
-    try:
-        cl = parse_command_line(argv)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ConfigWarning)
-            cfg = load_config(cl.overrides, cl.config_path, cl.config_name)
-    except ConfigError as e:
-        print(f"hybridflow: {e}", file=sys.stderr)
-        raise SystemExit(EXIT_CONFIG_ERROR) from None
-    for w in caught:
-        if issubclass(w.category, ConfigWarning):
-            print(f"hybridflow: note: {w.message}", file=sys.stderr)
-    return cfg, cl
-
-
-def describe_batch_sizes(cfg) -> str:
-    """One paragraph in plain words: what a step and a mini-batch contain, with the user's numbers."""
-    from hybridflow.config import n_devices
-
-    actor = cfg.actor_rollout_ref.actor
-    n = cfg.actor_rollout_ref.rollout.n
-    devs = n_devices(cfg)
-    tb, mb = cfg.data.train_batch_size, actor.ppo_mini_batch_size
-    lines = [
-        f"one step: {tb} prompts x rollout.n={n} = {tb * n} trajectories on {devs} device(s)",
-        f"policy update: {max(1, tb // mb)} mini-batch(es) of {mb} prompts = {mb * n} trajectories "
-        f"({mb * n // devs} per device) x ppo_epochs={actor.ppo_epochs}",
-    ]
-    if actor.use_dynamic_bsz:
-        lines.append(f"micro-batches: dynamic, up to {actor.ppo_max_token_len_per_gpu} tokens per device")
-    else:
-        lines.append(f"micro-batches: {actor.ppo_micro_batch_size_per_gpu} trajectories per device")
-    return "\n".join("# " + line for line in lines)
-
-
 def cmd_train(argv: list[str]) -> int:
-    cfg, cl = load_trainer_config(argv)
-    if cl.dry_run:
-        from omegaconf import OmegaConf
+    from hybridflow.trainer.main_ppo import main as train_main
 
-        from hybridflow.config import config_to_dict
-
-        print(OmegaConf.to_yaml(OmegaConf.create(config_to_dict(cfg))), end="")
-        print(describe_batch_sizes(cfg))
-        print("# dry run: configuration is valid; nothing was loaded or trained")
-        return 0
-    from hybridflow.trainer.main_ppo import run_ppo
-    from hybridflow.trainer.preflight import user_error_types
-    from hybridflow.trainer.signals import GracefulInterrupt
-
-    try:
-        with GracefulInterrupt() as interrupt:  # Ctrl-C: finish the step, checkpoint, report, exit 130
-            run_ppo(cfg, should_stop=interrupt.should_stop)
-    except user_error_types() as e:  # bad input: one clear line, not a traceback
-        print(f"hybridflow: {e}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
-    return interrupt.exit_code
+    return train_main(argv)
 
 
 def cmd_sft(argv: list[str]) -> int:
@@ -149,7 +92,7 @@ def cmd_merge(argv: list[str]) -> int:
     parser.add_argument("local_dir", help="checkpoint folder, e.g. checkpoints/proj/exp/global_step_10/actor")
     parser.add_argument("target_dir", help="where to write the Hugging Face model")
     args = parser.parse_args(argv)
-    from hybridflow.trainer.checkpoint import merge_checkpoint
+    from hybridflow.trainer.merge import merge_checkpoint
 
     path = merge_checkpoint(args.local_dir, args.target_dir)
     print(f"wrote Hugging Face model to {path}")

@@ -19,7 +19,13 @@ from .masked import masked_mean
 from .pf_ppo import compute_pf_ppo_reweight_data
 from .registries import AdvantageEstimator, get_adv_estimator_fn
 
-__all__ = ["AdvantageSettings", "apply_kl_penalty", "compute_advantage", "compute_response_mask"]
+__all__ = [
+    "OLD_LOG_PROBS_FROM_UPDATE", "AdvantageSettings", "apply_kl_penalty", "compute_advantage", "compute_response_mask",
+]
+
+# ``meta_info`` flag on a training batch: pi_old is the detached log-prob of the update's own forward pass
+# (set by the trainer when the update is exactly on-policy, read by the actor).
+OLD_LOG_PROBS_FROM_UPDATE = "old_log_probs_from_update"
 
 
 class AdvantageSettings:

@@ -30,6 +30,7 @@ __all__ = [
     "compute_rollout_rejection_mask",
     "compute_offpolicy_metrics",
     "compute_rollout_correction_weights",
+    "rollout_probs_diff",
 ]
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")
@@ -109,6 +110,30 @@ def compute_rollout_rejection_mask(
         "rollout_rs_seq_masked_fraction": seq_rejected.float().mean().item(),
     }
     return new_mask.to(response_mask.dtype), metrics
+
+
+def rollout_probs_diff(
+    rollout_log_probs: torch.Tensor, actor_log_probs: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """Train/rollout mismatch on the tokens the model produced: |p_rollout - p_actor| per token (max, mean, std)
+    and the Pearson correlation of the two probabilities (verl's ``training/rollout_probs_diff_*`` and
+    ``training/rollout_actor_probs_pearson_corr``).  Tokens with ``response_mask == 0`` (padding, tool output)
+    are left out.  An empty mask gives ``{"training/rollout_probs_diff_valid": 0.0}``."""
+    mask = response_mask.bool()
+    rollout_p = torch.masked_select(rollout_log_probs.float(), mask).exp()
+    actor_p = torch.masked_select(actor_log_probs.float(), mask).exp()
+    if rollout_p.numel() == 0:
+        return {"training/rollout_probs_diff_valid": 0.0}
+    diff = (rollout_p - actor_p).abs()
+    metrics = {
+        "training/rollout_probs_diff_valid": 1.0,
+        "training/rollout_probs_diff_max": diff.max().item(),
+        "training/rollout_probs_diff_mean": diff.mean().item(),
+        "training/rollout_probs_diff_std": diff.std().item() if diff.numel() > 1 else 0.0,
+    }
+    if rollout_p.numel() > 1 and rollout_p.std() > 0 and actor_p.std() > 0:
+        metrics["training/rollout_actor_probs_pearson_corr"] = torch.corrcoef(torch.stack([rollout_p, actor_p]))[0, 1].item()
+    return metrics
 
 
 def compute_offpolicy_metrics(

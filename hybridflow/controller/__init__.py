@@ -24,7 +24,7 @@ from hybridflow.controller.errors import (
     WorkerDiedError,
     WorkerError,
 )
-from hybridflow.controller.factory import WORKER_GROUP_BACKENDS, create_resource_pool, create_worker_group
+from hybridflow.controller.backends import WORKER_GROUP_BACKENDS, create_resource_pool, create_worker_group
 from hybridflow.controller.local_backend import LocalResourcePool, LocalWorkerGroup
 from hybridflow.controller.worker import Worker
 from hybridflow.controller.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup

@@ -5,7 +5,7 @@ from hybridflow.data.io import DataFileError, read_rows, write_parquet
 from hybridflow.data.loaders import create_train_dataloader, create_val_dataloader
 from hybridflow.data.prompts import PromptTooLongError
 from hybridflow.data.rl_dataset import RLHFDataset, create_rl_dataset
-from hybridflow.data.sampler import ResumableSampler, StatefulDataLoader, create_rl_sampler
+from hybridflow.data.resumable_sampler import ResumableSampler, StatefulDataLoader, create_rl_sampler
 from hybridflow.data.synthetic import SYNTHETIC_TASKS, make_rows, write_synthetic
 
 __all__ = [

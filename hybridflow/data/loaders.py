@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hybridflow.data.collate import collate_fn
-from hybridflow.data.sampler import ResumableSampler, StatefulDataLoader, create_rl_sampler
+from hybridflow.data.resumable_sampler import ResumableSampler, StatefulDataLoader, create_rl_sampler
 
 
 def create_train_dataloader(dataset, data_config) -> StatefulDataLoader:

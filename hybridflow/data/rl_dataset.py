@@ -143,7 +143,7 @@ def create_rl_dataset(data_files, data_config, tokenizer, processor=None, is_tra
 
     ``data.custom_cls.{path,name}`` replaces :class:`RLHFDataset` with a user class taking the same arguments.
     """
-    from hybridflow.data.custom import custom_dataset_class
+    from hybridflow.data.custom_classes import custom_dataset_class
 
     max_samples = data_config.train_max_samples if is_train else data_config.val_max_samples
     cls = custom_dataset_class(data_config) or RLHFDataset

@@ -24,16 +24,36 @@ position P + j - 1, i.e. ``[:, -R-1:-1]``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
 __all__ = [
     "response_log_probs", "response_token_outputs", "response_values", "last_token_scores", "per_position_outputs",
-    "logprob_entropy", "use_packed_layout",
+    "logprob_entropy", "use_packed_layout", "eval_mode",
 ]
+
+
+@contextlib.contextmanager
+def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
+    """Run ``module`` in eval mode (no dropout) inside the block and restore its previous mode after.
+
+    The rollout generates with the actor's own module, which the update leaves in training mode.
+    ``Module.train()`` walks every submodule, so callers switch once around a whole generation rather
+    than around every decode step (a per-step switch cost ~15 % of the decode time of a tiny model).
+    Nested uses are free: the inner one finds the module already in eval mode.
+    """
+    was_training = module.training
+    if was_training:
+        module.eval()
+    try:
+        yield module
+    finally:
+        if was_training:
+            module.train()
 
 HeadFn = Callable[
     [nn.Module, torch.Tensor, torch.Tensor | None, torch.Tensor, "int | torch.Tensor | None"], dict[str, torch.Tensor]

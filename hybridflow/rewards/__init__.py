@@ -12,9 +12,9 @@ from typing import Any
 _EXPORTS = {
     "default_compute_score": "hybridflow.rewards.scorers",
     "SCORERS": "hybridflow.rewards.scorers",
-    "load_custom_reward_fn": "hybridflow.rewards.custom",
-    "ScoreFnSpec": "hybridflow.rewards.custom",
-    "RewardFunctionError": "hybridflow.rewards.custom",
+    "load_custom_reward_fn": "hybridflow.rewards.custom_function",
+    "ScoreFnSpec": "hybridflow.rewards.custom_function",
+    "RewardFunctionError": "hybridflow.rewards.custom_function",
     "ScoringConfig": "hybridflow.rewards.outcome",
     "REWARD_MANAGERS": "hybridflow.rewards.managers",
     "RewardManager": "hybridflow.rewards.managers",
@@ -23,7 +23,7 @@ _EXPORTS = {
     "DAPORewardManager": "hybridflow.rewards.managers",
     "OverlongBufferConfig": "hybridflow.rewards.managers",
     "compute_reward": "hybridflow.rewards.managers",
-    "load_reward_manager": "hybridflow.rewards.factory",
+    "load_reward_manager": "hybridflow.rewards.manager_factory",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from hybridflow.protocol import DataProto
-from hybridflow.rewards.custom import ScoreFnSpec
+from hybridflow.rewards.custom_function import ScoreFnSpec
 from hybridflow.rewards.outcome import ErrorTracker, ScoringConfig, as_score
 from hybridflow.rewards.pool import OK, ScoringPool, TaskResult
 from hybridflow.utils.registry import Registry

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from hybridflow.rewards.custom import ScoreFnSpec, call_score_fn
+from hybridflow.rewards.custom_function import ScoreFnSpec, call_score_fn
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
 _WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_main.py")

@@ -44,7 +44,7 @@ if __name__ == "__main__":
         del sys.path[0]  # run as a script: this folder's modules must not shadow top-level names
     _light_package()
 
-from hybridflow.rewards.custom import call_score_fn  # noqa: E402
+from hybridflow.rewards.custom_function import call_score_fn  # noqa: E402
 from hybridflow.rewards.pool import ERROR, OK  # noqa: E402
 
 

@@ -6,7 +6,7 @@ prompt ``DataProto`` into the verl rollout layout (``prompts``, ``responses``, `
 
 from hybridflow.rollout.base import ROLLOUT_ENGINES, RolloutEngine, TokenOutput, create_rollout_engine
 from hybridflow.rollout.batch import generate_sequences
-from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.rollout.sampling_params import SamplingParams
 
 __all__ = [
     "ROLLOUT_ENGINES",

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.utils.registry import Registry
 
 __all__ = ["TokenOutput", "RolloutEngine", "ROLLOUT_ENGINES", "create_rollout_engine"]

@@ -26,7 +26,7 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.base import RolloutEngine, TokenOutput
-from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.rollout.sampling_params import SamplingParams
 
 __all__ = ["generate_sequences", "prompt_token_lists"]
 

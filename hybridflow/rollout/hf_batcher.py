@@ -24,8 +24,8 @@ import torch
 from hybridflow.rollout.base import TokenOutput
 from hybridflow.rollout.fast_decode import fast_decoder_for
 from hybridflow.rollout.kv_cache import SlotKVCache
-from hybridflow.rollout.sampler import RowSampling, sample_next_tokens
-from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.rollout.token_sampler import RowSampling, sample_next_tokens
+from hybridflow.rollout.sampling_params import SamplingParams
 
 __all__ = ["GenerationRequest", "ContinuousBatcher"]
 

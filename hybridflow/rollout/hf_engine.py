@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 from typing import Iterable, Sequence
 
 import torch
 
+from hybridflow.engine.forward import eval_mode
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
 from hybridflow.rollout.hf_batcher import ContinuousBatcher, GenerationRequest
-from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.utils.registry import closest
 
 __all__ = ["HFRolloutEngine"]
@@ -120,21 +120,9 @@ class HFRolloutEngine(RolloutEngine):
                 continue
 
     def _locked_step(self) -> None:
-        with self._batcher.lock, self._eval_mode():
+        with self._batcher.lock, eval_mode(self.model):
             if self._batcher.has_work():
                 self._batcher.step()
-
-    @contextlib.contextmanager
-    def _eval_mode(self):
-        """Decode without dropout even when the shared actor module is in training mode."""
-        was_training = self.model.training
-        if was_training:
-            self.model.eval()
-        try:
-            yield
-        finally:
-            if was_training:
-                self.model.train()
 
     def generate_batch(
         self, prompts: Sequence[list[int]], sampling_params: SamplingParams | Sequence[SamplingParams]
@@ -148,7 +136,7 @@ class HFRolloutEngine(RolloutEngine):
                 results[i] = out
             self._batcher.submit(self._request(prompt, sp, f"batch-{i}", on_done, errors.append))
         remaining = len(prompts)
-        with self._eval_mode():  # once for the whole batch: the per-step switch inside is then a no-op
+        with eval_mode(self.model):  # once for the whole batch: the per-step switch inside is then a no-op
             while remaining:
                 self._locked_step()
                 if errors:

@@ -4,11 +4,11 @@ Importing this package registers the built-in tools: ``code_interpreter``, ``cal
 ``calculator``, ``search``.
 """
 
-from hybridflow.tools.base import TOOL_REGISTRY, BaseTool, register_tool, safe_execute
+from hybridflow.tools.base_tool import TOOL_REGISTRY, BaseTool, register_tool, safe_execute
 from hybridflow.tools.calculator import CalculatorTool
 from hybridflow.tools.code_interpreter import CodeInterpreterTool
-from hybridflow.tools.gsm8k import Gsm8kTool
-from hybridflow.tools.loader import initialize_tools_from_config
+from hybridflow.tools.gsm8k_tool import Gsm8kTool
+from hybridflow.tools.utils.tool_registry import initialize_tools_from_config
 from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
 from hybridflow.tools.schemas import OpenAIFunctionCallSchema, OpenAIFunctionToolSchema, ToolResponse
 from hybridflow.tools.search import SearchTool

@@ -13,7 +13,7 @@ import math
 import operator
 from dataclasses import dataclass
 
-from hybridflow.tools.base import BaseTool, ExecuteResult, error_result, parse_tool_config, register_tool
+from hybridflow.tools.base_tool import BaseTool, ExecuteResult, error_result, parse_tool_config, register_tool
 from hybridflow.tools.schemas import ToolResponse
 
 _BINARY = {

@@ -13,7 +13,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 
-from hybridflow.tools.base import BaseTool, ExecuteResult, error_result, parse_tool_config, register_tool
+from hybridflow.tools.base_tool import BaseTool, ExecuteResult, error_result, parse_tool_config, register_tool
 from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
 from hybridflow.tools.schemas import ToolResponse
 

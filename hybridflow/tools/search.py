@@ -21,7 +21,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from hybridflow.tools.base import BaseTool, ExecuteResult, error_result, parse_tool_config, register_tool
+from hybridflow.tools.base_tool import BaseTool, ExecuteResult, error_result, parse_tool_config, register_tool
 from hybridflow.tools.schemas import ToolResponse
 
 _TOKEN = re.compile(r"\w+")

@@ -4,7 +4,7 @@ Users compare hybridflow runs with verl runs (and reuse their dashboards), so ev
 verl's (``critic/score/mean``, ``response_length/clip_ratio``, ``perf/throughput``, ``timing_s/gen``...).
 All functions are pure: they read the batch and return ``dict[str, float]``; nothing is logged here.
 
-Validation metrics (``val-core/...``) live in :mod:`hybridflow.tracking.validation` and the MFU
+Validation metrics (``val-core/...``) live in :mod:`hybridflow.tracking.validation_metrics` and the MFU
 estimate in :mod:`hybridflow.tracking.flops`; both are re-exported from this module.
 """
 
@@ -22,7 +22,7 @@ from hybridflow.tracking.flops import (
     get_device_peak_flops,
     measure_cpu_peak_flops,
 )
-from hybridflow.tracking.validation import bootstrap_metric, calc_maj_val, process_validation_metrics
+from hybridflow.tracking.validation_metrics import bootstrap_metric, calc_maj_val, process_validation_metrics
 
 __all__ = [
     "compute_data_metrics",
@@ -232,29 +232,17 @@ def compute_memory_metrics(device: str | torch.device | None = None) -> dict[str
 
 
 def compute_rollout_probs_diff_metrics(batch: DataProto) -> dict[str, float]:
-    """Train/rollout mismatch: |p_rollout − p_actor| per response token, and their Pearson correlation.
+    """Train/rollout mismatch of a batch (see :func:`hybridflow.algorithms.rollout_correction.rollout_probs_diff`).
 
     The rollout engine and the training engine compute the same policy with different kernels (and
     precisions); a large gap makes the PPO ratio wrong (see verl's rollout-correction notes). Needs
     ``rollout_log_probs`` (from the engine) and ``old_log_probs`` (recomputed by the actor).
     """
+    from hybridflow.algorithms.rollout_correction import rollout_probs_diff
+
     _require(batch, "rollout_log_probs", "old_log_probs", "response_mask")
-    mask = batch.batch["response_mask"].bool()
-    rollout_p = torch.exp(torch.masked_select(batch.batch["rollout_log_probs"].float(), mask))
-    actor_p = torch.exp(torch.masked_select(batch.batch["old_log_probs"].float(), mask))
-    if rollout_p.numel() == 0:
-        return {"training/rollout_probs_diff_valid": 0.0}
-    diff = (rollout_p - actor_p).abs()
-    metrics = {
-        "training/rollout_probs_diff_valid": 1.0,
-        "training/rollout_probs_diff_max": diff.max().item(),
-        "training/rollout_probs_diff_mean": diff.mean().item(),
-        "training/rollout_probs_diff_std": diff.std().item() if diff.numel() > 1 else 0.0,
-    }
-    if rollout_p.numel() > 1 and rollout_p.std() > 0 and actor_p.std() > 0:
-        corr = torch.corrcoef(torch.stack([rollout_p, actor_p]))[0, 1]
-        metrics["training/rollout_actor_probs_pearson_corr"] = corr.item()
-    return metrics
+    return rollout_probs_diff(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
+                              batch.batch["response_mask"])
 
 
 def _reduce_fn(key: str):

@@ -48,7 +48,7 @@ def run_generation(config) -> ValidationResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hybridflow.cli import load_trainer_config
+    from hybridflow.trainer.command_line import load_trainer_config
 
     config, _ = load_trainer_config(list(sys.argv[1:] if argv is None else argv))
     result = run_generation(config)

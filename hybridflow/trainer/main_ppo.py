@@ -9,17 +9,17 @@ as their own groups on the same pool), tokenizer, datasets, reward managers -- t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-
-from hybridflow.trainer.ppo_trainer import PPOTrainer, RunHistory, resolve_total_training_steps
-from hybridflow.trainer.stages import WorkerGroups
+# Heavy modules (torch, the trainer) are imported inside the functions that run a job, so that
+# ``hybridflow train --dry-run``, which enters through ``main``, answers without loading them.
+if TYPE_CHECKING:
+    from hybridflow.trainer.ppo_trainer import RunHistory
+    from hybridflow.trainer.stages import WorkerGroups
 
 
 @dataclass
@@ -43,6 +43,8 @@ class Runtime:
 
 def resolve_device(config) -> str:
     """``trainer.device``: ``auto`` picks cuda when torch sees a GPU, else cpu."""
+    import torch
+
     wanted = config.trainer.device
     if wanted == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -67,6 +69,8 @@ def create_workers(config) -> Runtime:
     models are loaded afterwards by :func:`init_models`, once the LR horizon is known. On failure everything
     started so far is released before the error propagates, so no Ray instance or worker is left behind.
     """
+    from hybridflow.trainer.stages import WorkerGroups
+
     tcfg = config.trainer
     backend = tcfg.backend
     use_gpu = resolve_device(config) == "cuda"
@@ -248,7 +252,10 @@ def run_ppo(config, should_stop: Callable[[], bool] | None = None) -> None:
 
 def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None) -> RunHistory:
     """One training run; returns the metrics history (also sent to ``logger`` / ``trainer.logger``)."""
+    import torch
+
     from hybridflow.engine.model_loader import check_causal_lm
+    from hybridflow.trainer.ppo_trainer import PPOTrainer, resolve_total_training_steps
     from hybridflow.trainer.preflight import run_preflight
 
     tcfg = config.trainer
@@ -286,10 +293,30 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Same as ``hybridflow train``: verl overrides, plus ``--config-path/--config-name`` and ``--dry-run``."""
-    from hybridflow.cli import cmd_train
+    """``hybridflow train`` / ``python -m hybridflow.trainer.main_ppo``: verl overrides, ``--config-path/--config-name``
+    and ``--dry-run`` (print the resolved config and the batch sizes in words, load nothing)."""
+    from hybridflow.trainer.command_line import EXIT_CONFIG_ERROR, describe_batch_sizes, load_trainer_config
 
-    return cmd_train(list(sys.argv[1:] if argv is None else argv))
+    cfg, cl = load_trainer_config(list(sys.argv[1:] if argv is None else argv))
+    if cl.dry_run:
+        from omegaconf import OmegaConf
+
+        from hybridflow.config import config_to_dict
+
+        print(OmegaConf.to_yaml(OmegaConf.create(config_to_dict(cfg))), end="")
+        print(describe_batch_sizes(cfg))
+        print("# dry run: configuration is valid; nothing was loaded or trained")
+        return 0
+    from hybridflow.trainer.preflight import user_error_types
+    from hybridflow.trainer.signals import GracefulInterrupt
+
+    try:
+        with GracefulInterrupt() as interrupt:  # Ctrl-C: finish the step, checkpoint, report, exit 130
+            run_ppo(cfg, should_stop=interrupt.should_stop)
+    except user_error_types() as e:  # bad input: one clear line, not a traceback
+        print(f"hybridflow: {e}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    return interrupt.exit_code
 
 
 if __name__ == "__main__":

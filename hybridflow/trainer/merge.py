@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.trainer.checkpoint import MANIFEST_FILE, CheckpointError
+from hybridflow.trainer.run_checkpoint import MANIFEST_FILE, CheckpointError
 
 _SHARD_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 _PEFT_PREFIX = "base_model.model."

@@ -27,11 +27,11 @@ from hybridflow.tracking.metrics import (
     compute_throughput_metrics,
     compute_timing_metrics,
 )
-from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer import run_checkpoint as ckpt
 from hybridflow.trainer import stages
 from hybridflow.trainer.balance import balance_batch
 from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator
-from hybridflow.trainer.rollout_correction import apply_rollout_correction, correction_enabled
+from hybridflow.trainer.rollout_correction_stage import apply_rollout_correction, correction_enabled
 from hybridflow.trainer.stages import StepPlan, WorkerGroups, timed
 from hybridflow.trainer.validation import Validator
 

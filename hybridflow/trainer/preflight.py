@@ -138,8 +138,8 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from hybridflow.data.prompts import PromptTooLongError
     from hybridflow.engine.model_loader import ModelLoadError
     from hybridflow.protocol import BatchSizeError
-    from hybridflow.rewards.custom import RewardFunctionError
-    from hybridflow.trainer.checkpoint import CheckpointError
+    from hybridflow.rewards.custom_function import RewardFunctionError
+    from hybridflow.trainer.run_checkpoint import CheckpointError
 
     return (DataFileError, PromptTooLongError, ModelLoadError, RewardFunctionError, CheckpointError, BatchSizeError,
             PreflightError)

@@ -227,7 +227,7 @@ class SFTTrainer:
                 self.on_step(step, metrics)
         hf_dir = None
         if self.config.trainer.save_hf_model:
-            from hybridflow.engine.checkpoint import export_hf_model
+            from hybridflow.engine.engine_checkpoint import export_hf_model
 
             hf_dir = str(Path(self.config.trainer.default_local_dir) / "huggingface")
             export_hf_model(self.engine, hf_dir, tokenizer=self.tokenizer, with_weights=True)

@@ -20,7 +20,7 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.tracking.metrics import reduce_metrics
-from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
+from hybridflow.algorithms.batch_ops import OLD_LOG_PROBS_FROM_UPDATE, compute_response_mask
 
 # Keys the rollout needs from a prompt batch; everything else stays on the controller's copy.
 PROMPT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -154,12 +154,6 @@ def merge_generation_output(batch: DataProto, output: DataProto) -> DataProto:
     if "response_mask" not in batch.batch:
         batch.batch["response_mask"] = compute_response_mask(batch)
     return batch
-
-
-def compute_response_mask(batch: DataProto) -> torch.Tensor:
-    """1 for response positions the attention mask covers (rollouts without tool turns)."""
-    response_length = batch.batch["responses"].shape[-1]
-    return batch.batch["attention_mask"][:, -response_length:]
 
 
 # ---------------------------------------------------------------------------------------------- generate
@@ -318,7 +312,6 @@ __all__ = [
     "compute_advantages",
     "compute_old_log_prob",
     "compute_ref_log_prob",
-    "compute_response_mask",
     "compute_reward",
     "compute_values",
     "generate",

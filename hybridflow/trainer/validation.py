@@ -3,7 +3,7 @@
 Runs before training (``trainer.val_before_train``), every ``trainer.test_freq`` steps and after the last
 step.  Each prompt is answered ``val_kwargs.n`` times; per data source we report verl's
 ``val-core/<source>/<acc|reward>/mean@N`` (plus ``best@N`` / ``maj@N`` bootstrap estimates, see
-``hybridflow.tracking.validation``).  ``trainer.log_val_generations`` samples (input, output, score) are
+``hybridflow.tracking.validation_metrics``).  ``trainer.log_val_generations`` samples (input, output, score) are
 returned for the logger and the run report.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from hybridflow.tracking.validation import process_validation_metrics
+from hybridflow.tracking.validation_metrics import process_validation_metrics
 from hybridflow.trainer.rollout_dump import decode_batch, dump_generations
 from hybridflow.trainer.stages import WorkerGroups, generate, prompts_from_loader
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from hybridflow.algorithms.batch_ops import OLD_LOG_PROBS_FROM_UPDATE
 from hybridflow.algorithms.aggregation import agg_loss, check_loss_agg_mode, count_loss_normalizers
 from hybridflow.algorithms.kl import kl_penalty
 from hybridflow.algorithms.loss_config import with_global_batch_info
@@ -38,14 +39,13 @@ from hybridflow.workers.micro_batching import (
 )
 
 __all__ = [
-    "PPOActor", "NonFiniteGradientError", "compute_token_outputs", "OLD_LOG_PROBS_FROM_UPDATE",
+    "PPOActor", "NonFiniteGradientError", "compute_token_outputs",
 ]
 
 _MODEL_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
 
 # meta_info flag set by the trainer (``StepPlan.old_log_prob_in_update``): the batch has no
 # ``old_log_probs`` because the update is exactly on-policy, so pi_old is the update's own detached log-prob.
-OLD_LOG_PROBS_FROM_UPDATE = "old_log_probs_from_update"
 
 
 class NonFiniteGradientError(RuntimeError):

@@ -12,16 +12,15 @@ actor itself with its adapters disabled (no second copy of the base weights).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import time
 from typing import Any
 
 import torch
 
-from hybridflow.algorithms.masked import masked_mean
 from hybridflow.controller import Dispatch, Worker, register
-from hybridflow.engine.checkpoint import load_engine_checkpoint, save_engine_checkpoint
+from hybridflow.engine.forward import eval_mode
+from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.engine.model_loader import (
     apply_lora,
     enable_gradient_checkpointing,
@@ -42,35 +41,6 @@ def _import_external_lib(name: str | None) -> None:
     """``model.external_lib``: a module whose import registers custom HF architectures."""
     if name:
         importlib.import_module(name)
-
-
-def rollout_probs_diff(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Train/rollout mismatch: |p_rollout - p_actor| over response tokens (verl's ``training/rollout_probs_diff_*``)."""
-    diff = (rollout_log_probs.exp() - old_log_probs.exp()).abs()
-    valid = diff[mask.bool()]
-    return {
-        "training/rollout_probs_diff_mean": float(masked_mean(diff, mask)),
-        "training/rollout_probs_diff_max": float(valid.max()) if valid.numel() else 0.0,
-    }
-
-
-@contextlib.contextmanager
-def _eval_mode(module: torch.nn.Module):
-    """Generate with the shared actor module in eval mode, switched once for the whole generation.
-
-    The update leaves the module in training mode, and the rollout engine then switches it to eval and
-    back around every decode step; ``Module.train()`` walks every submodule, which cost ~15 % of the
-    decode time of the ``tiny`` GRPO benchmark job (cProfile).  Switching here makes those per-step
-    switches no-ops.
-    """
-    was_training = module.training
-    if was_training:
-        module.eval()
-    try:
-        yield module
-    finally:
-        if was_training:
-            module.train()
 
 
 class ActorRolloutRefWorker(Worker):
@@ -172,7 +142,7 @@ class ActorRolloutRefWorker(Worker):
             step = int(prompts.meta_info["global_steps"])
             self.rollout_engine.reseed(int(self.config.rollout.seed) + 7919 * step + self.rank)
         start = time.perf_counter()
-        with self.actor_engine.full_params() as module, _eval_mode(module):
+        with self.actor_engine.full_params() as module, eval_mode(module):
             out = generate_sequences(
                 self.rollout_engine, prompts, self.sampling, self.tokenizer.pad_token_id, self.val_sampling
             )
@@ -234,15 +204,11 @@ class ActorRolloutRefWorker(Worker):
         spec = self._log_prob_spec(self.config.rollout, "actor_rollout_ref.rollout")
         outs = self.actor.compute_log_prob(data, spec, temperature, calculate_entropy=True,
                                            calculate_sum_pi_squared=bool(self.config.actor.calculate_sum_pi_squared))
-        log_probs, entropy = outs["log_probs"], outs["entropy"]
-        # verl reports the policy entropy of the rollout batch from this pass (token mean over responses)
-        metrics: dict[str, float] = {"actor/entropy": float(masked_mean(entropy, data.batch["response_mask"]))}
-        if "rollout_log_probs" in data.batch:
-            metrics.update(rollout_probs_diff(data.batch["rollout_log_probs"], log_probs, data.batch["response_mask"]))
-        tensors = {"old_log_probs": log_probs, "entropys": entropy}
+        # The trainer turns these into actor/entropy and training/rollout_probs_diff_* for the whole batch.
+        tensors = {"old_log_probs": outs["log_probs"], "entropys": outs["entropy"]}
         if "sum_pi_squared" in outs:
             tensors["sum_pi_squared"] = outs["sum_pi_squared"]
-        return DataProto.from_dict(tensors, meta_info={"temperature": temperature, "metrics": metrics})
+        return DataProto.from_dict(tensors, meta_info={"temperature": temperature})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

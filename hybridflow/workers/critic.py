@@ -18,7 +18,7 @@ from hybridflow.algorithms.aggregation import check_loss_agg_mode, count_loss_no
 from hybridflow.algorithms.masked import masked_mean
 from hybridflow.algorithms.value_loss import compute_value_loss
 from hybridflow.controller import Dispatch, Worker, register
-from hybridflow.engine.checkpoint import load_engine_checkpoint, save_engine_checkpoint
+from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.engine.forward import response_values
 from hybridflow.engine.model_loader import apply_lora, enable_gradient_checkpointing, load_tokenizer, load_value_model
 from hybridflow.engine.train_engine import TrainEngine

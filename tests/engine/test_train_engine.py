@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hybridflow.engine.checkpoint import load_engine_checkpoint, save_engine_checkpoint
+from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.engine.model_loader import apply_lora, load_causal_lm, load_tokenizer
 from hybridflow.engine.train_engine import TrainEngine
 

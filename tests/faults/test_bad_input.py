@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer import run_checkpoint as ckpt
 
 from .conftest import A, base_args, invoke_cli, read_metrics, run_cli_subprocess
 

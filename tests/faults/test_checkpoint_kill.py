@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer import run_checkpoint as ckpt
 
 from .conftest import base_args, cli_command, cli_env, invoke_cli, read_metrics
 

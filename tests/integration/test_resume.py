@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer import run_checkpoint as ckpt
 
 from .conftest import run, small_overrides
 

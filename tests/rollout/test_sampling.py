@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from hybridflow.rollout.sampler import RowSampling, _filter_top_k_top_p, sample_next_tokens
-from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.rollout.token_sampler import RowSampling, _filter_top_k_top_p, sample_next_tokens
+from hybridflow.rollout.sampling_params import SamplingParams
 
 
 def rows(params, vocab=4):

@@ -20,7 +20,7 @@ from hybridflow.tools import (
     safe_execute,
 )
 from hybridflow.tools.calculator import CalculatorError, evaluate
-from hybridflow.tools.gsm8k import normalize_answer
+from hybridflow.tools.gsm8k_tool import normalize_answer
 from hybridflow.tools.search import BM25Index
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybridflow.tracking.validation import (
+from hybridflow.tracking.validation_metrics import (
     bootstrap_metric,
     calc_maj_val,
     compute_validation_group_metrics,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer import run_checkpoint as ckpt
 
 
 def _save(root, step, components=("actor",), payload=b"w"):

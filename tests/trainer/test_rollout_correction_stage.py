@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.rollout_correction import apply_rollout_correction, correction_enabled
+from hybridflow.trainer.rollout_correction_stage import apply_rollout_correction, correction_enabled
 
 
 def _rc(**kw):

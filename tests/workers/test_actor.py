@@ -75,9 +75,11 @@ def test_rollout_log_probs_match_recomputed_actor_log_probs(tiny_model_dir, conf
     lp = worker.compute_log_prob(out)
     mask = out.batch["response_mask"].bool()
     assert torch.allclose(lp.batch["old_log_probs"][mask], out.batch["rollout_log_probs"][mask], atol=1e-4)
-    assert lp.meta_info["metrics"]["actor/entropy"] > 0
-    diff = lp.meta_info["metrics"]["training/rollout_probs_diff_mean"]
-    assert 0.0 <= diff < 1e-4
+    assert (lp.batch["entropys"][mask] > 0).all()
+    from hybridflow.algorithms.rollout_correction import rollout_probs_diff
+
+    diff = rollout_probs_diff(out.batch["rollout_log_probs"], lp.batch["old_log_probs"], mask)
+    assert diff["training/rollout_probs_diff_mean"] < 1e-4
 
 
 def test_kl_loss_and_entropy_bonus_are_applied_and_reported(tiny_model_dir, config_factory, batches):
@@ -178,7 +180,7 @@ def test_old_log_probs_from_the_update_pass_equal_the_explicit_forward(tiny_mode
     """One on-policy optimiser step: pi_old = detached log-prob of the update's own pass (ratio 1) gives the
     loss, gradients and entropy metric of the separate old-log-prob forward (StepPlan.old_log_prob_in_update)."""
     from hybridflow.protocol import DataProto
-    from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
+    from hybridflow.algorithms.batch_ops import OLD_LOG_PROBS_FROM_UPDATE
 
     overrides = ["actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
                  "actor_rollout_ref.actor.clip_ratio=0.1"]
@@ -211,7 +213,7 @@ def test_old_log_probs_from_the_update_pass_equal_the_explicit_forward(tiny_mode
 
 
 def test_old_log_probs_from_the_update_refuse_a_multi_step_update(tiny_model_dir, config_factory, batches):
-    from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
+    from hybridflow.algorithms.batch_ops import OLD_LOG_PROBS_FROM_UPDATE
 
     worker = _worker(config_factory, tiny_model_dir, "actor_rollout_ref.actor.ppo_mini_batch_size=2")
     data = batches.make_update_batch(_vocab(worker), seed=12)

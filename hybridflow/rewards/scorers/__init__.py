@@ -2,7 +2,7 @@
 
 Each entry of :data:`SCORERS` maps a data source (or, for names ending in ``*``, a prefix) to a function
 ``f(solution_str, ground_truth, **kwargs) -> float | dict``. Users add their own through
-``custom_reward_function.path`` (see :mod:`hybridflow.rewards.custom`) or by registering here.
+``custom_reward_function.path`` (see :mod:`hybridflow.rewards.custom_function`) or by registering here.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hybridflow.tools.base import BaseTool, ExecuteResult, parse_tool_config, register_tool
+from hybridflow.tools.base_tool import BaseTool, ExecuteResult, parse_tool_config, register_tool
 from hybridflow.tools.schemas import ToolResponse
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.rollout.sampling_params import SamplingParams
 
 __all__ = ["RowSampling", "sample_next_tokens"]
 

@@ -67,7 +67,7 @@ def create_rl_sampler(data_config, dataset: Dataset) -> ResumableSampler:
 
     A user sampler class from ``data.sampler.{class_path,class_name}`` is used instead when set.
     """
-    from hybridflow.data.custom import custom_sampler
+    from hybridflow.data.custom_classes import custom_sampler
 
     user = custom_sampler(data_config, dataset)
     if user is not None:

@@ -291,15 +291,8 @@ def load_data_state(folder: str | os.PathLike) -> dict[str, Any] | None:
     return torch.load(path, weights_only=False) if path.is_file() else None
 
 
-def merge_checkpoint(ckpt_dir: str, target_dir: str) -> str:
-    """Export an actor checkpoint (LoRA merged) as a Hugging Face folder; see ``hybridflow.trainer.merge``."""
-    from hybridflow.trainer.merge import merge_checkpoint as merge
-
-    return merge(ckpt_dir, target_dir)
-
 
 __all__ = [
-    "merge_checkpoint",
     "CheckpointError",
     "CheckpointWriter",
     "TrainerState",

@@ -7,7 +7,7 @@
 
 verl users keep their files: class paths of verl's built-in tools (``verl.tools.*`` or the same path with
 ``hybridflow`` in place of ``verl``) resolve to our equivalents; any other dotted path is imported, so custom
-tools written against :class:`hybridflow.tools.base.BaseTool` work as in verl. ``tool_schema`` may be omitted
+tools written against :class:`hybridflow.tools.base_tool.BaseTool` work as in verl. ``tool_schema`` may be omitted
 for built-in tools (their default schema is used).
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from hybridflow.tools.base import TOOL_REGISTRY, BaseTool
+from hybridflow.tools.base_tool import TOOL_REGISTRY, BaseTool
 
 # verl's built-in tool classes -> our registered tool names (matched on the class name of any verl path).
 VERL_TOOL_ALIASES = {
@@ -48,7 +48,7 @@ def resolve_tool_class(class_name: str) -> type[BaseTool]:
     if cls is None:
         raise ValueError(f"tool class_name {class_name!r}: module {module_name!r} has no attribute {attr!r}")
     if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-        raise TypeError(f"tool class_name {class_name!r} must be a subclass of hybridflow.tools.base.BaseTool")
+        raise TypeError(f"tool class_name {class_name!r} must be a subclass of hybridflow.tools.base_tool.BaseTool")
     return cls
 
 

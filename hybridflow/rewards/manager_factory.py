@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.rewards.custom import ScoreFnSpec
+from hybridflow.rewards.custom_function import ScoreFnSpec
 from hybridflow.rewards.managers import REWARD_MANAGERS, RewardManager
 from hybridflow.rewards.outcome import ScoringConfig
 

@@ -1,0 +1,54 @@
+"""Reading a verl-style training command line: overrides -> a validated ``PPOConfig``, or exit code 2.
+
+Shared by ``hybridflow train`` / ``python -m hybridflow.trainer.main_ppo`` and ``hybridflow generate``, so
+every entry point reports a bad key, value or batch size the same way: one ``hybridflow: ...`` line per
+problem naming the key and the fix, notes for accepted-but-inactive keys, and no traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+EXIT_CONFIG_ERROR = 2
+
+
+def load_trainer_config(argv: list[str]):
+    """Parse a verl-style command line into (PPOConfig, CommandLine); exits 2 with messages on error."""
+    from hybridflow.config import ConfigError, ConfigWarning, load_config, parse_command_line
+
+    try:
+        cl = parse_command_line(argv)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConfigWarning)
+            cfg = load_config(cl.overrides, cl.config_path, cl.config_name)
+    except ConfigError as e:
+        print(f"hybridflow: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
+    for w in caught:
+        if issubclass(w.category, ConfigWarning):
+            print(f"hybridflow: note: {w.message}", file=sys.stderr)
+    return cfg, cl
+
+
+def describe_batch_sizes(cfg) -> str:
+    """One paragraph in plain words: what a step and a mini-batch contain, with the user's numbers."""
+    from hybridflow.config import n_devices
+
+    actor = cfg.actor_rollout_ref.actor
+    n = cfg.actor_rollout_ref.rollout.n
+    devs = n_devices(cfg)
+    tb, mb = cfg.data.train_batch_size, actor.ppo_mini_batch_size
+    lines = [
+        f"one step: {tb} prompts x rollout.n={n} = {tb * n} trajectories on {devs} device(s)",
+        f"policy update: {max(1, tb // mb)} mini-batch(es) of {mb} prompts = {mb * n} trajectories "
+        f"({mb * n // devs} per device) x ppo_epochs={actor.ppo_epochs}",
+    ]
+    if actor.use_dynamic_bsz:
+        lines.append(f"micro-batches: dynamic, up to {actor.ppo_max_token_len_per_gpu} tokens per device")
+    else:
+        lines.append(f"micro-batches: {actor.ppo_micro_batch_size_per_gpu} trajectories per device")
+    return "\n".join("# " + line for line in lines)
+
+
+__all__ = ["EXIT_CONFIG_ERROR", "describe_batch_sizes", "load_trainer_config"]
