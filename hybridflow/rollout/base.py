@@ -36,7 +36,8 @@ class TokenOutput:
     """What an engine returns for one request.
 
     ``finish_reason`` is ``"stop"`` (a stop/EOS token was emitted; it is the last entry of
-    ``token_ids``) or ``"length"`` (``max_tokens`` reached), as in vLLM/OpenAI.  ``log_probs`` holds one
+    ``token_ids``), ``"length"`` (``max_tokens`` reached), as in vLLM/OpenAI, or ``"abort"`` (the request
+    was interrupted by :meth:`RolloutEngine.abort_all`; ``token_ids`` holds what was generated so far).  ``log_probs`` holds one
     value per token when the request asked for them, else ``None``.
     """
 

@@ -28,6 +28,9 @@ class SamplingParams:
     * ``stop_token_ids`` -- generation stops after emitting any of these (EOS ids included).
     * ``ignore_eos`` -- never stop early (benchmarks force fixed lengths this way, like vLLM).
     * ``logprobs`` -- also return the log-prob of each sampled token (verl's ``calculate_log_probs``).
+    * ``seed`` -- when set, the draw of the request's t-th token depends only on ``(seed, t)`` and the
+      logits, not on the other requests batched with it (vLLM's per-request seed); ``None`` uses the
+      engine's own random stream.
     """
 
     temperature: float = 1.0
@@ -39,6 +42,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    seed: int | None = None
 
     def __post_init__(self):
         if self.temperature < 0:
