@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["vllm_engine_kwargs", "kv_cache_bytes_needed", "engine_kwargs_to_cli", "VLLM_EXTRA_HINT"]
+__all__ = ["vllm_engine_kwargs", "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket", "VLLM_EXTRA_HINT"]
 
 VLLM_EXTRA_HINT = (
     "install it with: pip install 'hybridflow[vllm]' (GPU), or on CPU: make venv-vllm "
@@ -104,7 +104,7 @@ def vllm_engine_kwargs(
         need = kv_cache_bytes_needed(model_path, int(rollout.max_num_seqs), int(max_model_len), dtype)
         kwargs["kv_cache_memory_bytes"] = max(_MIN_KV_BYTES, min(cap, need if need is not None else cap))
     if lora_rank > 0:
-        kwargs.update(enable_lora=True, max_lora_rank=_lora_rank_bucket(lora_rank), max_loras=1)
+        kwargs.update(enable_lora=True, max_lora_rank=lora_rank_bucket(lora_rank), max_loras=1)
     extra = dict(rollout.engine_kwargs.get("vllm") or {})
     kwargs.update({k: v for k, v in extra.items() if v is not None})
     return kwargs
@@ -116,12 +116,17 @@ def _batched_tokens(rollout: Any, max_model_len: int) -> int:
     return tokens if rollout.enable_chunked_prefill else max(tokens, max_model_len)
 
 
-def _lora_rank_bucket(rank: int) -> int:
+def lora_rank_bucket(rank: int) -> int:
     """vLLM accepts max_lora_rank from a fixed list; the smallest that holds ``rank``."""
     for allowed in (1, 8, 16, 32, 64, 128, 256, 320, 512):
         if rank <= allowed:
             return allowed
     return rank
+
+
+# Server flags with a --no- form (argparse BooleanOptionalAction); other False flags are simply left out.
+_NEGATABLE_FLAGS = {"enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "skip_tokenizer_init",
+                    "enable_sleep_mode", "enable_lora"}
 
 
 def engine_kwargs_to_cli(kwargs: dict[str, Any]) -> list[str]:
@@ -132,7 +137,10 @@ def engine_kwargs_to_cli(kwargs: dict[str, Any]) -> list[str]:
             continue
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
-            args.append(flag if value else "--no-" + key.replace("_", "-"))
+            if value:
+                args.append(flag)
+            elif key in _NEGATABLE_FLAGS:
+                args.append("--no-" + key.replace("_", "-"))
         elif isinstance(value, (dict, list)):
             args += [flag, json.dumps(value)]
         else:

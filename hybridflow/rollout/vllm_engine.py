@@ -34,7 +34,6 @@ import os
 import queue
 import random
 import shutil
-import tempfile
 import threading
 import time
 from collections import deque
@@ -45,7 +44,15 @@ import torch
 
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
 from hybridflow.rollout.sampling_params import SamplingParams
-from hybridflow.rollout.vllm_config import VLLM_EXTRA_HINT, vllm_engine_kwargs
+from hybridflow.rollout.vllm_config import VLLM_EXTRA_HINT, lora_rank_bucket, vllm_engine_kwargs
+from hybridflow.rollout.vllm_weights import (
+    materialise_in_buckets,
+    model_config,
+    shm_folder,
+    with_tied_head,
+    write_lora_adapter,
+    write_safetensors_folder,
+)
 
 __all__ = ["VLLMRolloutEngine", "RolloutEngineStartError", "RolloutEngineDeadError", "require_vllm"]
 
@@ -248,7 +255,11 @@ class VLLMRolloutEngine(RolloutEngine):
         if "model" not in kwargs:
             raise ValueError("VLLMRolloutEngine needs model_path (or engine_args['model'])")
         if lora_rank > 0:  # the frozen base comes from the checkpoint; only adapters are synced
-            kwargs["load_format"] = "auto" if kwargs.get("load_format", "auto") == "dummy" else kwargs["load_format"]
+            if kwargs.get("load_format") == "dummy":
+                kwargs["load_format"] = "auto"
+            kwargs.setdefault("enable_lora", True)
+            kwargs.setdefault("max_lora_rank", lora_rank_bucket(lora_rank))
+            kwargs.setdefault("max_loras", 1)
         self.engine_args = kwargs
         self.model_path = str(kwargs["model"])
         self.free_cache_engine = bool(free_cache_engine) if free_cache_engine is not None else True
@@ -257,7 +268,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.hybrid = hybrid
         self.lora_rank, self.lora_alpha = int(lora_rank), float(lora_alpha)
         self.eos_token_ids = _resolve_eos(eos_token_ids, tokenizer, self.model_path)
-        self._tied_embeddings = bool(_model_config(self.model_path).get("tie_word_embeddings", False))
+        self._tied_embeddings = bool(model_config(self.model_path).get("tie_word_embeddings", False))
         self._rng = random.Random(int(seed if seed is not None else kwargs.get("seed", 0)))
         self._weights_loaded = kwargs.get("load_format", "auto") != "dummy"
         self._asleep = False
@@ -402,8 +413,8 @@ class VLLMRolloutEngine(RolloutEngine):
                 yield item
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
-            tensors = _with_tied_head(given()) if self._tied_embeddings else given()
-            yield from _buckets(tensors, self.bucket_bytes, self._target_device())
+            tensors = with_tied_head(given()) if self._tied_embeddings else given()
+            yield from materialise_in_buckets(tensors, self.bucket_bytes, self._target_device())
 
         if self.multiprocess:
             folder = self._write_shm(counted())
@@ -426,48 +437,22 @@ class VLLMRolloutEngine(RolloutEngine):
         return torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
 
     def _write_shm(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
-        from safetensors.torch import save_file
-
         if self._shm_dir is None:
-            base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            self._shm_dir = tempfile.mkdtemp(prefix=f"hybridflow-{self.name}-", dir=base)
-        folder = Path(self._shm_dir) / "weights"
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        save_file({n: t.detach().to("cpu").contiguous() for n, t in tensors}, str(folder / "model.safetensors"))
-        return str(folder)
+            self._shm_dir = shm_folder(self.name)
+        folder = str(Path(self._shm_dir) / "weights")
+        write_safetensors_folder(tensors, folder)
+        return folder
 
     def _update_lora(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Adapter-only sync: the LoRA tensors become a PEFT adapter folder, loaded as a new vLLM LoRA."""
-        from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
-        adapter: dict[str, torch.Tensor] = {}
-        modules: set[str] = set()
-        for name, tensor in named_tensors:
-            if ".lora_A." not in name and ".lora_B." not in name:
-                continue  # the frozen base never changes
-            if hasattr(tensor, "full_tensor"):
-                tensor = tensor.full_tensor()
-            key = _peft_key(name)
-            adapter[key] = tensor.detach().to("cpu").contiguous()
-            modules.add(key.split(".lora_")[0].rsplit(".", 1)[-1])
-        if not adapter:
-            raise ValueError("update_weights: lora_rank > 0 but no '.lora_A.'/'.lora_B.' tensors were passed "
-                             "(pass the PEFT model's named parameters)")
         if self._shm_dir is None:
-            base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            self._shm_dir = tempfile.mkdtemp(prefix=f"hybridflow-{self.name}-", dir=base)
-        self._lora_version += 1
-        folder = Path(self._shm_dir) / f"lora_v{self._lora_version}"
-        folder.mkdir(parents=True)
-        save_file(adapter, str(folder / "adapter_model.safetensors"))
-        (folder / "adapter_config.json").write_text(json.dumps({
-            "peft_type": "LORA", "r": self.lora_rank, "lora_alpha": self.lora_alpha,
-            "target_modules": sorted(modules), "bias": "none", "base_model_name_or_path": self.model_path,
-            "task_type": "CAUSAL_LM", "lora_dropout": 0.0, "fan_in_fan_out": False,
-        }))
-        request = LoRARequest(f"actor_v{self._lora_version}", self._lora_version, str(folder))
+            self._shm_dir = shm_folder(self.name)
+        version = self._lora_version + 1
+        folder = Path(self._shm_dir) / f"lora_v{version}"
+        count = write_lora_adapter(named_tensors, folder, self.lora_rank, self.lora_alpha, self.model_path)
+        request = LoRARequest(f"actor_v{version}", version, str(folder))
         previous = self._lora_request
 
         def swap(driver: _Driver) -> None:
@@ -477,10 +462,11 @@ class VLLMRolloutEngine(RolloutEngine):
             driver.engine.reset_prefix_cache()
 
         self._driver.call(swap).result()
-        self._lora_request = request
+        self._lora_version, self._lora_request = version, request
         if previous is not None:
             shutil.rmtree(previous.lora_path, ignore_errors=True)
-        return len(adapter)
+        self._weights_loaded = True
+        return count
 
     def sleep(self) -> None:
         """Before the actor update: on GPU free the KV cache (and the weights of a hybrid engine, which get
@@ -546,25 +532,6 @@ class VLLMRolloutEngine(RolloutEngine):
         self.shutdown()
 
 
-def _with_tied_head(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tied embeddings: ``named_parameters()`` lists the shared tensor once (as the embedding), but vLLM's
-    in-place reload restores every parameter it does not receive, which would leave the old head behind."""
-    seen_head, embedding = False, None
-    for name, tensor in named_tensors:
-        seen_head = seen_head or name.endswith("lm_head.weight")
-        if name.endswith("embed_tokens.weight"):
-            embedding = (name, tensor)
-        yield name, tensor
-    if embedding is not None and not seen_head:
-        prefix = embedding[0][: -len("model.embed_tokens.weight")]
-        yield prefix + "lm_head.weight", embedding[1]
-
-
-def _model_config(model_path: str) -> dict:
-    f = Path(os.path.expanduser(model_path)) / "config.json"
-    return json.loads(f.read_text()) if f.is_file() else {}
-
-
 def _warm_up(engine) -> None:
     """One 1-token request: kernels that do not support the model (e.g. CPU attention with head_dim < 32)
     fail here, at start-up with the log tail, instead of at the first rollout."""
@@ -575,41 +542,6 @@ def _warm_up(engine) -> None:
     while engine.has_unfinished_requests():
         engine.step()
     engine.reset_prefix_cache()
-
-
-def _buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
-             device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield full tensors on ``device``, materialising (gathering DTensor shards, copying to the device) at
-    most ``bucket_bytes`` ahead of the consumer -- the memory bound of the weight transfer."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in named_tensors:
-        if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor: all-gather this parameter only
-            tensor = tensor.full_tensor()
-        tensor = tensor.detach().to(device, non_blocking=True)
-        bucket.append((name, tensor))
-        size += tensor.numel() * tensor.element_size()
-        if size >= bucket_bytes:
-            if device.type == "cuda":
-                torch.cuda.current_stream().synchronize()
-            yield from bucket
-            bucket, size = [], 0
-    if device.type == "cuda" and bucket:
-        torch.cuda.current_stream().synchronize()
-    yield from bucket
-
-
-def _peft_key(name: str) -> str:
-    """``...q_proj.lora_A.default.weight`` (PEFT module names) -> ``base_model.model....q_proj.lora_A.weight``
-    (PEFT's saved-adapter names, which vLLM's LoRA loader reads)."""
-    for part in (".lora_A.", ".lora_B."):
-        if part in name:
-            head, tail = name.split(part, 1)
-            tail = tail.split(".", 1)[1] if tail.count(".") >= 1 and not tail.startswith("weight") else tail
-            name = head + part + tail
-    if not name.startswith("base_model.model."):
-        name = "base_model.model." + name
-    return name
 
 
 def _resolve_eos(eos_token_ids, tokenizer, model_path: str) -> tuple[int, ...]:
