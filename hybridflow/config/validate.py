@@ -53,6 +53,7 @@ def validate_config(cfg: PPOConfig) -> list[str]:
     _normalise_deprecated(cfg, notes)
     _check_batch_sizes(cfg, errors, notes)
     _check_unused(cfg, notes)
+    _check_rollout_hardware(cfg, errors, notes)
     if errors:
         raise ConfigError(errors)
     for n in notes:
@@ -257,11 +258,22 @@ _UNUSED = {
 }
 
 
+def _check_rollout_hardware(cfg: PPOConfig, errors: list[str], notes: list[str]) -> None:
+    """Rollout keys that cannot act on this machine's device (see validate_rollout)."""
+    from hybridflow.config.validate_rollout import gpu_visible, rollout_hardware_errors
+
+    if cfg.trainer.device == "cpu":
+        errors.extend(rollout_hardware_errors(cfg, "cpu"))
+    elif cfg.trainer.device == "auto" and not gpu_visible():
+        for problem in rollout_hardware_errors(cfg, "cpu"):
+            notes.append(f"no GPU on this machine, so `hybridflow train` here would stop with: {problem}")
+
+
 def _check_unused(cfg: PPOConfig, notes: list[str]) -> None:
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name in ("vllm", "sglang", "trtllm"):
-        notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: this version has no {rollout.name} adapter yet; "
-                     "the run will stop when the workers start. Use rollout.name=hf (runs on CPU and GPU).")
+    if rollout.name == "trtllm":
+        notes.append("actor_rollout_ref.rollout.name=trtllm: this version has no trtllm adapter; "
+                     "the run will stop when the workers start. Use rollout.name=vllm or hf.")
     if rollout.multi_turn.enable:
         notes.append("actor_rollout_ref.rollout.multi_turn.enable=true: multi-turn tool rollouts are not wired into "
                      "the trainer yet; responses are generated single-turn")

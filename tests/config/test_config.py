@@ -144,9 +144,9 @@ def test_cli_dry_run_ok_and_error_exit_codes():
 
 def test_optim_clip_grad_is_honoured_and_unsupported_features_are_noted():
     with pytest.warns(UserWarning) as rec:
-        cfg = load_config(MICRO + ["actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.rollout.name=vllm"])
+        cfg = load_config(MICRO + ["actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.rollout.name=trtllm"])
     assert cfg.actor_rollout_ref.actor.grad_clip == 0.5
-    assert any("no vllm adapter" in str(w.message) for w in rec)
+    assert any("no trtllm adapter" in str(w.message) for w in rec)
 
 
 def test_cli_subcommands_return_exit_code_zero(tmp_path):
