@@ -18,24 +18,17 @@ starts, health-checks, feeds new weights and stops -- and the client that sends 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 from hybridflow.rollout.base import TokenOutput
 from hybridflow.rollout.sampling_params import SamplingParams
+from hybridflow.rollout.server_process import ServerProcess, ServerProcessError, free_port
 from hybridflow.rollout.vllm_config import engine_kwargs_to_cli
 
 __all__ = ["VLLMServerError", "VLLMServerProcess", "VLLMServerClient", "free_port"]
@@ -43,174 +36,62 @@ __all__ = ["VLLMServerError", "VLLMServerProcess", "VLLMServerClient", "free_por
 _SERVER_ONLY_DROP = ("skip_tokenizer_init",)  # the server detokenizes log-prob entries: it needs its tokenizer
 
 
-class VLLMServerError(RuntimeError):
+class VLLMServerError(ServerProcessError):
     """A vLLM server replica failed to start, died, or answered with an error; the message names it."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _http_json(url: str, payload: dict | None = None, timeout: float = 60.0, method: str | None = None) -> Any:
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        body = resp.read()
-    return json.loads(body) if body.strip() else None
-
-
-class VLLMServerProcess:
+class VLLMServerProcess(ServerProcess):
     """One OpenAI-compatible vLLM server started by hybridflow (see the module docstring).
 
     ``engine_kwargs`` are vLLM engine arguments (e.g. from
     :func:`~hybridflow.rollout.vllm_config.vllm_engine_kwargs`), turned into server flags.
     """
 
+    kind = "vLLM server"
+    error_type = VLLMServerError
+
     def __init__(self, engine_kwargs: dict[str, Any], name: str = "vllm-server-0", host: str = "127.0.0.1",
                  port: int | None = None, python: str | None = None, log_dir: str | None = None,
                  env: dict[str, str] | None = None, start_timeout_s: float = 300.0):
+        super().__init__(name, host, port, log_dir, env, start_timeout_s)
         self.engine_kwargs = {k: v for k, v in engine_kwargs.items() if k not in _SERVER_ONLY_DROP}
-        self.name = name
-        self.host = host
-        self.port = port
         self.python = python or sys.executable
-        self.log_dir = log_dir
-        self.extra_env = dict(env or {})
-        self.start_timeout_s = float(start_timeout_s)
         self.served_model_name = name
-        self.proc: subprocess.Popen | None = None
-        self.log_path: Path | None = None
-        self._log_file = None
-        self.start_seconds = 0.0
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    # ------------------------------------------------------------------ start / health / stop
     def command(self) -> list[str]:
         return [self.python, "-m", "vllm.entrypoints.openai.api_server", *engine_kwargs_to_cli(self.engine_kwargs),
                 "--host", self.host, "--port", str(self.port), "--served-model-name", self.served_model_name,
                 "--uvicorn-log-level", "warning"]
 
-    def start(self) -> "VLLMServerProcess":
-        """Start the server and wait until ``/health`` answers; on failure the process is stopped and the error
-        carries the log tail."""
-        if self.proc is not None:
-            raise RuntimeError(f"vLLM server '{self.name}' was already started (pid {self.proc.pid})")
-        if self.port is None:
-            self.port = free_port(self.host)
-        folder = Path(self.log_dir) if self.log_dir else Path(tempfile.mkdtemp(prefix="hybridflow-vllm-server-"))
-        folder.mkdir(parents=True, exist_ok=True)
-        self.log_path = folder / f"{self.name}.log"
-        self._log_file = open(self.log_path, "ab")
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-               **self.extra_env}
-        start = time.perf_counter()
-        self.proc = subprocess.Popen(self.command(), stdout=self._log_file, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        try:
-            self._wait_healthy(start)
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.perf_counter() - start
-        return self
-
-    def _wait_healthy(self, start: float) -> None:
-        while True:
-            code = self.proc.poll()
-            if code is not None:
-                raise VLLMServerError(f"vLLM server '{self.name}' exited with code {code} while starting "
-                                      f"({self.log_path}); last log lines:\n{self.log_tail()}")
-            if self.healthy(timeout=2.0):
-                return
-            if time.perf_counter() - start > self.start_timeout_s:
-                raise VLLMServerError(f"vLLM server '{self.name}' did not become healthy within "
-                                      f"{self.start_timeout_s:.0f}s ({self.log_path}); last log lines:\n"
-                                      f"{self.log_tail()}")
-            time.sleep(0.5)
-
-    def healthy(self, timeout: float = 5.0) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def check_alive(self) -> None:
-        """Raise :class:`VLLMServerError` naming this replica if its process has exited."""
-        if self.proc is None:
-            raise VLLMServerError(f"vLLM server '{self.name}' was never started")
-        code = self.proc.poll()
-        if code is not None:
-            raise VLLMServerError(f"vLLM server replica '{self.name}' ({self.url}, pid {self.proc.pid}) died with "
-                                  f"exit code {code}; last log lines:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 40) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return "(no log)"
-        text = self.log_path.read_bytes()[-64_000:].decode(errors="replace").splitlines()
-        return "\n".join(text[-lines:]) or "(empty log)"
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM to the process group this object started, SIGKILL after ``timeout``; idempotent."""
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)  # start_new_session: the group id is the server's pid
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-
-    # ------------------------------------------------------------------ control plane
-    def _post(self, path: str, payload: dict | None = None, timeout: float = 300.0) -> Any:
-        self.check_alive()
-        try:
-            return _http_json(f"{self.url}{path}", payload if payload is not None else {}, timeout=timeout)
-        except urllib.error.HTTPError as e:
-            raise VLLMServerError(f"vLLM server '{self.name}' answered {e.code} to {path}: "
-                                  f"{e.read()[:2000].decode(errors='replace')}") from None
-        except (urllib.error.URLError, OSError) as e:
-            self.check_alive()
-            raise VLLMServerError(f"vLLM server '{self.name}' ({self.url}) did not answer {path}: {e}") from None
+    def environment(self) -> dict[str, str]:
+        # DEV_MODE opens /collective_rpc (weight reload); runtime LoRA updating opens /v1/load_lora_adapter.
+        return {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                **self.extra_env}
 
     def reload_weights(self, folder: str) -> float:
         """Load the safetensors in ``folder`` into the running server (vLLM ``reload_weights``); seconds."""
         start = time.perf_counter()
-        self._post("/collective_rpc", {"method": "reload_weights",
-                                       "kwargs": {"weights_path": str(folder), "is_checkpoint_format": True}})
-        self._post("/reset_prefix_cache")
+        self.post("/collective_rpc", {"method": "reload_weights",
+                                      "kwargs": {"weights_path": str(folder), "is_checkpoint_format": True}})
+        self.post("/reset_prefix_cache")
         return time.perf_counter() - start
 
     def load_lora(self, name: str, folder: str) -> None:
-        self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
+        self.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
 
     def unload_lora(self, name: str) -> None:
-        self._post("/v1/unload_lora_adapter", {"lora_name": name})
+        self.post("/v1/unload_lora_adapter", {"lora_name": name})
 
     def abort_all(self) -> None:
         """Every request in flight returns now (finish_reason "abort", tokens so far); new ones are served."""
-        self._post("/pause?mode=abort")
-        self._post("/resume")
+        self.post("/pause?mode=abort")
+        self.post("/resume")
 
     def sleep(self, level: int = 1) -> None:
-        self._post(f"/sleep?level={int(level)}")
+        self.post(f"/sleep?level={int(level)}")
 
     def wake_up(self) -> None:
-        self._post("/wake_up")
+        self.post("/wake_up")
 
 
 class VLLMServerClient:
