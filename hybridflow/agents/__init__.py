@@ -15,9 +15,9 @@ from hybridflow.agents.base import (
     registered_agent_loops,
     resolve_agent_loop,
 )
-from hybridflow.agents.manager import AgentLoopManager
+from hybridflow.agents.loop_manager import AgentLoopManager
 from hybridflow.agents.single_turn import SingleTurnAgentLoop
-from hybridflow.agents.worker import AgentLoopWorker
+from hybridflow.agents.loop_worker import AgentLoopWorker
 from hybridflow.rollout.server_manager import AsyncLLMServerManager
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The agent-loop API users write against (verl's ``verl.experimental.agent_loop``), and its registry.
 
 An agent loop turns one dataset row into one trajectory.  Every trajectory runs as its own asyncio task
-in an :class:`~hybridflow.agents.worker.AgentLoopWorker`; the loop talks to the model only through
+in an :class:`~hybridflow.agents.loop_worker.AgentLoopWorker`; the loop talks to the model only through
 ``await self.server_manager.generate(request_id=..., prompt_ids=..., sampling_params=...)`` (token ids
 in, token ids and log-probs out) and returns an :class:`AgentLoopOutput`:
 

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hybridflow.agents.worker import AgentLoopWorker, split_rows, stack_outputs
+from hybridflow.agents.loop_worker import AgentLoopWorker, split_rows, stack_outputs
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.fleet import RolloutFleet
 from hybridflow.rollout.server_manager import derive_seed
