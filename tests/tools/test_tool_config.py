@@ -43,7 +43,7 @@ def test_verl_gsm8k_tool_config_loads_unchanged(tmp_path):
     assert schema["function"]["parameters"]["required"] == ["answer"]
 
     async def go():
-        iid = await tool.create(ground_truth="42")
+        iid, _ = await tool.create(ground_truth="42")
         await tool.execute(iid, {"answer": "42"})
         return await tool.calc_reward(iid)
 
@@ -81,7 +81,8 @@ def test_names_paths_and_default_schemas(tmp_path):
     ("tools:\n  - class_name: no_such_pkg.mod.Tool", "cannot import module 'no_such_pkg.mod'"),
     ("tools:\n  - class_name: hybridflow.tools.calculator.evaluate", "must be a subclass"),
     ("tools:\n  - class_name: hybridflow.tools.calculator.Nope", "has no attribute 'Nope'"),
-    ("tools:\n  - class_name: calculator\n    config: {type: mcp}", "config.type='mcp' is not supported"),
+    ("tools:\n  - class_name: calculator\n    config: {type: mcpp}", "config.type='mcpp' must be 'native' or 'mcp'"),
+    ("tools:\n  - class_name: calculator\n    mcp: {mcp_servers_config_path: x.json}", "needs config.type: mcp"),
     ("tools:\n  - class_name: calculator\n    config: {max_exponnent: 3}", "did you mean 'max_exponent'"),
     ("tools:\n  - class_name: calculator\n    schema: {}", "unknown key(s) ['schema']"),
     ("tools:\n  - class_name: calculator\n  - class_name: calculator", "duplicated: ['calculator']"),
@@ -104,7 +105,7 @@ def test_verl_sandbox_and_search_examples(tmp_path):
     sandbox = write(tmp_path, """
         tools:
           - class_name: "verl.tools.sandbox_fusion_tools.SandboxFusionTool"
-            config: {"sandbox_fusion_url": "https://example.invalid/run_code"}
+            config: {"sandbox_fusion_url": "https://example.invalid/run_code", "rate_limit": 10}
             tool_schema:
               type: "function"
               function:
@@ -112,9 +113,8 @@ def test_verl_sandbox_and_search_examples(tmp_path):
                 description: "A tool for executing code."
                 parameters: {type: "object", properties: {code: {type: "string"}}, required: ["code"]}
     """, "sandbox.yaml")
-    with pytest.warns(UserWarning, match="local sandbox"):
-        (tool,) = initialize_tools_from_config(sandbox)
-    assert isinstance(tool, CodeInterpreterTool)
+    (tool,) = initialize_tools_from_config(sandbox)
+    assert isinstance(tool, CodeInterpreterTool) and tool.settings.rate_limit == 10
     search_schema = """
             tool_schema:
               type: "function"
@@ -144,7 +144,7 @@ def test_verl_sandbox_and_search_examples(tmp_path):
     (search,) = initialize_tools_from_config(local)
 
     async def go():
-        iid = await search.create()
+        iid, _ = await search.create()
         return await search.execute(iid, {"query_list": ["who was Ada Lovelace"]})
 
     assert "First programmer." in asyncio.run(go())[0].text
