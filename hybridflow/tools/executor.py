@@ -223,6 +223,10 @@ def _check_return(name: str, value: Any) -> tuple[tuple[ToolResponse, float, dic
     return (response, float(reward), dict(metrics)), None
 
 
+class _ToolRaised(Exception):
+    """Carries an exception of the tool that the executor's time-out handling would misread."""
+
+
 def _describe(exc: BaseException) -> str:
     return traceback.format_exception_only(type(exc), exc)[-1].strip()
 
@@ -282,8 +286,12 @@ class ToolSession:
         ex = self.executor
 
         async def create_and_execute():
-            instance_id = await self._instance(name, tool)
-            return await tool.execute(instance_id, args, **{**self._kwargs(name, "execute_kwargs"), **execute_extra})
+            try:
+                instance_id = await self._instance(name, tool)
+                return await tool.execute(instance_id, args,
+                                          **{**self._kwargs(name, "execute_kwargs"), **execute_extra})
+            except asyncio.TimeoutError as e:  # the tool's own time-out, not ours
+                raise _ToolRaised(e) from e
 
         try:
             value = await asyncio.wait_for(create_and_execute(), timeout=ex.timeout_s)
@@ -293,7 +301,8 @@ class ToolSession:
             raise
         except Exception as e:  # the rollout goes on; the model reads what went wrong
             logger.debug("tool %s raised", name, exc_info=True)
-            return ex._failure(name, "tool_exception", f"{name} failed: {_describe(e)}")
+            cause = e.__cause__ if isinstance(e, _ToolRaised) else e
+            return ex._failure(name, "tool_exception", f"{name} failed: {_describe(cause)}")
         checked, problem = _check_return(name, value)
         if problem is not None:
             return ex._failure(name, "bad_return", problem)

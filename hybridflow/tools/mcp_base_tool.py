@@ -17,6 +17,7 @@ them. The observation is the text parts of the server's answer joined by spaces 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,11 @@ class MCPBaseTool(BaseTool):
         if self.client_manager is None:
             raise RuntimeError(f"MCP tool '{self.name}' has no server connection; build it from a tool config with "
                                "config.type: mcp (initialize_tools_from_config)")
-        result = await self.client_manager.call_tool(self.name, parameters, self.settings.timeout)
+        try:
+            result = await self.client_manager.call_tool(self.name, parameters, self.settings.timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"MCP tool '{self.name}' did not answer within {self.settings.timeout:g} s "
+                               "(config.timeout)") from None
         text, metrics = self._parse_tool_result(list(result.content))
         is_error = bool(getattr(result, "is_error", getattr(result, "isError", False)))
         if is_error:

@@ -205,3 +205,12 @@ def test_call_many_and_parse_errors_are_counted():
 def test_blocking_sync_work_in_async_tool_still_returns():
     out = run(ToolExecutor([Probe()]).call("probe", {"x": 2, "mode": "block"}))
     assert out.ok and out.text == "x=2"
+
+
+def test_a_tool_raising_timeout_error_is_an_exception_not_our_timeout():
+    class Impatient(Probe):
+        async def execute(self, instance_id, parameters, **kwargs):
+            raise TimeoutError("upstream took too long")
+
+    out = run(ToolExecutor([Impatient()], timeout_s=30).call("probe", {"x": 1}))
+    assert out.error_kind == "tool_exception" and "TimeoutError: upstream took too long" in out.text
