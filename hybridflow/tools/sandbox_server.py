@@ -63,6 +63,8 @@ class SandboxService:
         self.max_memory_mb = max_memory_mb
         self.workers = workers
         self._slots = threading.BoundedSemaphore(workers)
+        self._count_lock = threading.Lock()
+        self.programs_run = 0
 
     def run(self, request: Any) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON answer) for one ``/run_code`` body."""
@@ -87,6 +89,8 @@ class SandboxService:
         with self._slots:
             result = run_python(code, stdin=stdin, timeout_s=min(timeout, self.max_timeout_s),
                                 memory_mb=min(memory, self.max_memory_mb), config=self.base)
+        with self._count_lock:
+            self.programs_run += 1
         return 200, response_for(result)
 
 
@@ -106,7 +110,8 @@ def _handler(service: SandboxService):
             if self.path.rstrip("/") == "/v1/ping":
                 self._send(200, "pong", "text/plain")
             elif self.path.rstrip("/") == "/health":
-                self._send(200, {"status": "ok", "workers": service.workers, "isolation": service.isolation})
+                self._send(200, {"status": "ok", "workers": service.workers, "isolation": service.isolation,
+                                 "programs_run": service.programs_run})
             else:
                 self._send(404, {"error": f"unknown path {self.path}; POST /run_code"})
 
@@ -143,7 +148,8 @@ def make_server(host: str = "127.0.0.1", port: int = 8080, **service_kwargs) -> 
 
 
 def serve_in_thread(host: str = "127.0.0.1", port: int = 0, **service_kwargs) -> tuple[ThreadingHTTPServer, str]:
-    """Start a server on a background thread; returns it (``.shutdown()`` to stop) and its ``/run_code`` URL."""
+    """Start a server on a background thread; returns it (``.shutdown()`` to stop; ``.service.programs_run``
+    counts the programs it ran) and its ``/run_code`` URL."""
     server = make_server(host, port, **service_kwargs)
     threading.Thread(target=server.serve_forever, name="hybridflow-sandbox-server", daemon=True).start()
     return server, f"http://{host}:{server.server_address[1]}/run_code"
