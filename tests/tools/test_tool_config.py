@@ -148,3 +148,62 @@ def test_verl_sandbox_and_search_examples(tmp_path):
         return await search.execute(iid, {"query_list": ["who was Ada Lovelace"]})
 
     assert "First programmer." in asyncio.run(go())[0].text
+
+
+VERL_USER_TOOL = '''
+import json
+from typing import Any
+
+from transformers.utils import get_json_schema
+
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+
+class WeatherTool(BaseTool):
+    def get_current_temperature(self, location: str, unit: str = "celsius"):
+        """Get current temperature at a location.
+
+        Args:
+            location: The location to get the temperature for, in the format "City, State, Country".
+            unit: The unit to return the temperature in. Defaults to "celsius". (choices: ["celsius", "fahrenheit"])
+
+        Returns:
+            the temperature, the location, and the unit in a dict
+        """
+        return {"temperature": 26.1, "location": location, "unit": unit}
+
+    def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
+        schema = get_json_schema(self.get_current_temperature)
+        return OpenAIFunctionToolSchema(**schema)
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
+        try:
+            result = self.get_current_temperature(**parameters)
+            return ToolResponse(text=json.dumps(result)), 0, {}
+        except Exception as e:
+            return ToolResponse(text=str(e)), 0, {}
+'''
+
+
+def test_a_verl_user_tool_file_works_after_renaming_verl(tmp_path, monkeypatch):
+    import sys
+
+    from hybridflow.tools import ToolExecutor
+
+    (tmp_path / "weather_tools.py").write_text(VERL_USER_TOOL.replace("from verl.", "from hybridflow."))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = write(tmp_path, """
+        tools:
+          - class_name: weather_tools.WeatherTool
+            config: {type: native}
+    """)
+    try:
+        (tool,) = initialize_tools_from_config(path)
+        schema = tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+        assert schema["function"]["name"] == "get_current_temperature"
+        assert schema["function"]["parameters"]["properties"]["unit"]["enum"] == ["celsius", "fahrenheit"]
+        out = asyncio.run(ToolExecutor([tool]).call("get_current_temperature", '{"location": "Paris"}'))
+        assert out.ok and '"temperature": 26.1' in out.text
+    finally:
+        sys.modules.pop("weather_tools", None)
