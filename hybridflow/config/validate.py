@@ -289,10 +289,17 @@ _UNUSED = {
 
 def _check_rollout_hardware(cfg: PPOConfig, errors: list[str], notes: list[str]) -> None:
     """Rollout keys that cannot act on this machine's device (see validate_rollout)."""
-    from hybridflow.config.validate_rollout import gpu_visible, rollout_hardware_errors
+    from hybridflow.config.validate_rollout import (
+        gpu_visible,
+        rollout_hardware_errors,
+        rollout_hardware_notes,
+        rollout_mode_errors,
+    )
 
+    errors.extend(rollout_mode_errors(cfg))
     if cfg.trainer.device == "cpu":
         errors.extend(rollout_hardware_errors(cfg, "cpu"))
+        notes.extend(rollout_hardware_notes(cfg, "cpu"))
     elif cfg.trainer.device == "auto" and not gpu_visible():
         for problem in rollout_hardware_errors(cfg, "cpu"):
             notes.append(f"no GPU on this machine, so `hybridflow train` here would stop with: {problem}")

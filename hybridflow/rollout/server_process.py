@@ -21,10 +21,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from hybridflow.rollout.replica import ReplicaError
+
 __all__ = ["ServerProcess", "ServerProcessError", "free_port", "http_json"]
 
 
-class ServerProcessError(RuntimeError):
+class ServerProcessError(ReplicaError):
     """A server replica failed to start, died, or answered with an error; the message names it."""
 
 

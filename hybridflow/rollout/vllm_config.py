@@ -6,6 +6,7 @@ Each verl key acts (see docs/rollout_engines.md for the table):
 * ``dtype, max_num_batched_tokens, max_num_seqs, enable_chunked_prefill, enable_prefix_caching,
   enforce_eager, load_format, seed, disable_log_stats, quantization`` -- passed through under vLLM's names;
 * ``max_model_len`` -- as given, else ``prompt_length + response_length`` (what one trajectory needs);
+* ``enable_chunked_prefill`` -- on GPU as given; on CPU off (see :func:`cpu_safe_chunking`), with a config note;
 * ``tensor_model_parallel_size, data_parallel_size`` -> ``tensor_parallel_size, data_parallel_size`` (on CPU only
   1 is accepted: the config check refuses more, see ``hybridflow.config.validate_rollout``);
 * ``gpu_memory_utilization`` -- on GPU vLLM's own fraction of device memory; on CPU vLLM reads it as the
@@ -28,7 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["vllm_engine_kwargs", "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket", "VLLM_EXTRA_HINT"]
+__all__ = ["cpu_safe_chunking", "vllm_engine_kwargs", "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket", "VLLM_EXTRA_HINT"]
 
 VLLM_EXTRA_HINT = (
     "install it with: pip install hybridflow[vllm] on GPU; on CPU run `make venv-vllm` "
@@ -108,6 +109,20 @@ def vllm_engine_kwargs(
     extra = dict(rollout.engine_kwargs.get("vllm") or {})
     kwargs.update({k: v for k, v in extra.items() if v is not None})
     return kwargs
+
+
+def cpu_safe_chunking(kwargs: dict[str, Any]) -> None:
+    """On CPU, turn chunked prefill off (and let one step hold a whole prompt).
+
+    vLLM 0.32's CPU worker fails (``CPU Generator does not use offset``) when a request with its own seed -- every
+    hybridflow request has one -- is prefilled in chunks: it rewinds the request's generator, which only CUDA
+    generators support.  Without chunking no prefill is split.  ``validate_rollout`` notes it for
+    ``enable_chunked_prefill=true`` on CPU.
+    """
+    kwargs["enable_chunked_prefill"] = False
+    max_len = kwargs.get("max_model_len")
+    if max_len is not None:
+        kwargs["max_num_batched_tokens"] = max(int(kwargs.get("max_num_batched_tokens") or 0), int(max_len))
 
 
 def _batched_tokens(rollout: Any, max_model_len: int) -> int:

@@ -44,7 +44,7 @@ import torch
 
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
 from hybridflow.rollout.sampling_params import SamplingParams
-from hybridflow.rollout.vllm_config import VLLM_EXTRA_HINT, lora_rank_bucket, vllm_engine_kwargs
+from hybridflow.rollout.vllm_config import VLLM_EXTRA_HINT, cpu_safe_chunking, lora_rank_bucket, vllm_engine_kwargs
 from hybridflow.rollout.vllm_weights import (
     materialise_in_buckets,
     model_config,
@@ -232,7 +232,7 @@ class VLLMRolloutEngine(RolloutEngine):
         lora_alpha: float = 16.0,
         free_cache_engine: bool | None = None,
         bucket_megabytes: int | None = None,
-        multiprocess: bool = False,
+        multiprocess: bool | None = None,
         hybrid: bool = True,
         start_timeout_s: float = 600.0,
         name: str = "vllm",
@@ -260,10 +260,16 @@ class VLLMRolloutEngine(RolloutEngine):
             kwargs.setdefault("enable_lora", True)
             kwargs.setdefault("max_lora_rank", lora_rank_bucket(lora_rank))
             kwargs.setdefault("max_loras", 1)
+        if self.device == "cpu":
+            cpu_safe_chunking(kwargs)
         self.engine_args = kwargs
         self.model_path = str(kwargs["model"])
         self.free_cache_engine = bool(free_cache_engine) if free_cache_engine is not None else True
         self.bucket_bytes = int(bucket_megabytes or 512) << 20
+        if multiprocess is None:  # a process already in a multi-rank torch.distributed group (a hybrid worker
+            # rank) keeps vLLM's own distributed state out of it: the engine core gets its own process
+            multiprocess = torch.distributed.is_available() and torch.distributed.is_initialized() \
+                and torch.distributed.get_world_size() > 1
         self.multiprocess = bool(multiprocess)
         self.hybrid = hybrid
         self.lora_rank, self.lora_alpha = int(lora_rank), float(lora_alpha)

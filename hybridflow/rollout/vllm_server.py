@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from hybridflow.rollout.base import TokenOutput
+from hybridflow.rollout.replica import RolloutReplica
 from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.rollout.server_process import ServerProcess, ServerProcessError, free_port
 from hybridflow.rollout.vllm_config import engine_kwargs_to_cli
@@ -94,7 +95,7 @@ class VLLMServerProcess(ServerProcess):
         self.post("/wake_up")
 
 
-class VLLMServerClient:
+class VLLMServerClient(RolloutReplica):
     """Token-in/token-out requests to one :class:`VLLMServerProcess` (the replica contract; picklable).
 
     ``model`` is the served model name (or a LoRA adapter's name, after the fleet loaded one); requests

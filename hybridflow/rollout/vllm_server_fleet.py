@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from hybridflow.rollout.fleet import RolloutFleet
 from hybridflow.rollout.vllm_server import VLLMServerClient, VLLMServerError, VLLMServerProcess
 from hybridflow.rollout.vllm_weights import (
     model_config,
@@ -42,7 +43,7 @@ LORA_NAME = "actor_lora"  # the served name of the actor's adapter (clients requ
 WeightsSource = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 
 
-class VLLMServerFleet:
+class VLLMServerFleet(RolloutFleet):
     """``n_servers`` vLLM server processes and their clients (see the module docstring)."""
 
     def __init__(self, model_path: str, engine_kwargs: dict[str, Any], n_servers: int = 1,
@@ -166,6 +167,29 @@ class VLLMServerFleet:
             self._shm_dir = None
         if errors:
             raise VLLMServerError(f"stopping the vLLM servers failed: {errors[0]}")
+
+    @classmethod
+    def from_config(cls, config: Any, weights_source: WeightsSource, device: str) -> "VLLMServerFleet":
+        """Standalone replicas for a training run (``actor_rollout_ref.hybrid_engine=false``): as many servers as
+        the devices hold engines (``nnodes x n_gpus_per_node / (TP x DP x PP)``, at least one), started from
+        ``model.path`` and then given the actor's weights."""
+        from hybridflow.rollout.vllm_config import vllm_engine_kwargs
+
+        rc, mc, tc = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model, config.trainer
+        per_engine = int(rc.tensor_model_parallel_size) * int(rc.data_parallel_size) * \
+            int(rc.pipeline_model_parallel_size)
+        n_servers = max(1, int(tc.nnodes) * int(tc.n_gpus_per_node) // per_engine) if device == "cuda" else 1
+        kwargs = vllm_engine_kwargs(rc, mc.path, device, lora_rank=int(mc.lora_rank), hybrid=False)
+        fleet = cls(mc.path, kwargs, n_servers, weights_source, device=device,
+                    free_cache_engine=bool(rc.free_cache_engine), lora_rank=int(mc.lora_rank),
+                    lora_alpha=float(mc.lora_alpha), seed=int(rc.seed))
+        if int(mc.lora_rank) == 0:  # LoRA fleets synced in __init__ already
+            try:
+                fleet.update_weights()
+            except BaseException:
+                fleet.shutdown()
+                raise
+        return fleet
 
     def __enter__(self) -> "VLLMServerFleet":
         return self

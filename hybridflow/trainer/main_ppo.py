@@ -139,7 +139,16 @@ def start_rollout_service(runtime: Runtime, config, tokenizer) -> None:
     from hybridflow.agents import AgentLoopManager
     from hybridflow.rollout.fleet import HybridFleet
 
-    fleet = HybridFleet(runtime.groups.actor_rollout)
+    if config.actor_rollout_ref.hybrid_engine:
+        fleet = HybridFleet(runtime.groups.actor_rollout)
+    else:  # standalone vLLM server replicas, fed the actor's weights after every update
+        from hybridflow.engine.device import device_type
+        from hybridflow.rollout.vllm_server_fleet import VLLMServerFleet
+
+        actor = runtime.groups.actor_rollout
+        fleet = VLLMServerFleet.from_config(config, lambda: actor.get_actor_weights()[0].items(),
+                                            "cpu" if config.trainer.device == "cpu" else device_type())
+        runtime._closers.append(fleet.shutdown)
     manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer)
     runtime._closers.append(manager.shutdown)
     runtime.groups.rollout = manager

@@ -132,7 +132,8 @@ class PPOTrainer:
         it stops after is treated as the last one (validated and saved).
         """
         tcfg = self.config.trainer
-        self.load_checkpoint()
+        if self.load_checkpoint():  # engines with their own copy of the weights (vLLM) get the resumed ones
+            stages.sync_rollout_weights(self.groups)
         if self.validator is not None and tcfg.val_before_train:
             self._validate()
             if tcfg.val_only:
@@ -337,13 +338,13 @@ class PPOTrainer:
         ckpt.rotate_checkpoints(root, "actor", tcfg.max_actor_ckpt_to_keep)
         ckpt.rotate_checkpoints(root, "critic", tcfg.max_critic_ckpt_to_keep)
 
-    def load_checkpoint(self) -> None:
-        """Restore everything from the folder ``trainer.resume_mode`` selects (no-op on a fresh start)."""
+    def load_checkpoint(self) -> bool:
+        """Restore everything from the folder ``trainer.resume_mode`` selects; False on a fresh start."""
         tcfg = self.config.trainer
         ckpt.clean_stale_temp_dirs(tcfg.default_local_dir)
         folder = ckpt.find_resume_dir(tcfg.default_local_dir, tcfg.resume_mode, tcfg.resume_from_path)
         if folder is None:
-            return
+            return False
         manifest = ckpt.read_manifest(folder)
         if self.plan.use_critic and "critic" not in manifest["components"]:
             raise ckpt.CheckpointError(
@@ -362,6 +363,7 @@ class PPOTrainer:
         load_state_dict = getattr(self.train_dataloader, "load_state_dict", None)
         if data_state is not None and callable(load_state_dict):
             load_state_dict(data_state)
+        return True
 
 
 __all__ = ["PPOTrainer", "RunHistory", "resolve_total_training_steps"]

@@ -101,28 +101,43 @@ class ActorRolloutRefWorker(Worker):
         if self._is_ref and not (self._lora and self._is_actor):
             module = self._load_policy_module(self.config.ref.fsdp_config, trainable=False)
             self.ref_engine = TrainEngine(module, self.config.ref.fsdp_config, None, role="ref")
-        if self._is_rollout:
+        if self._is_rollout and self.config.hybrid_engine:  # hybrid_engine=false: standalone server replicas
             self._build_rollout()
 
     def _build_rollout(self) -> None:
-        from hybridflow.rollout import create_rollout_engine
+        """The rank's rollout engine: ``hf`` generates with the actor's own module (nothing to sync); ``vllm``
+        and ``sglang`` hold their own copy, loaded here from the actor (verl's default ``load_format=dummy``
+        starts them with random weights) and after every update (``sync_rollout_weights``)."""
+        from hybridflow.rollout import ROLLOUT_ENGINES, create_rollout_engine
 
-        rc = self.config.rollout
-        if rc.name != "hf":
-            raise ValueError(
-                f"actor_rollout_ref.rollout.name={rc.name!r}: the colocated ActorRolloutRefWorker drives the 'hf' "
-                "engine; vllm/sglang run as separate rollout servers"
-            )
-        shares_weights = self.actor_engine is not None
-        if not shares_weights:  # rollout-only role: a frozen copy to generate with
+        rc, mc = self.config.rollout, self.config.model
+        if rc.name not in ("hf", "vllm", "sglang"):
+            raise ValueError(f"actor_rollout_ref.rollout.name={rc.name!r}: the hybrid worker runs hf, vllm or sglang")
+        if self.actor_engine is None:  # rollout-only role: a frozen copy to generate with (hf) / sync from
             module = self._load_policy_module(self.config.actor.fsdp_config, trainable=False)
             self.actor_engine = TrainEngine(module, self.config.actor.fsdp_config, None, role="rollout")
-        engine = create_rollout_engine(
-            "hf", model=self.actor_engine.module, tokenizer=self.tokenizer,
-            max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank,
-        )
-        self.rollout = RolloutHost(engine, self.actor_engine, name=f"{self.role}/rank{self.rank}",
-                                   shares_weights=shares_weights)
+        name = f"{self.role}/rank{self.rank}"
+        if rc.name == "hf":
+            engine = create_rollout_engine(
+                "hf", model=self.actor_engine.module, tokenizer=self.tokenizer,
+                max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank,
+            )
+        else:
+            kwargs: dict[str, Any] = {"model_path": mc.path, "rollout_config": rc, "tokenizer": self.tokenizer,
+                                      "seed": int(rc.seed) + self.rank, "name": name}
+            if rc.name == "vllm":
+                kwargs.update(lora_rank=int(mc.lora_rank), lora_alpha=float(mc.lora_alpha))
+            engine = ROLLOUT_ENGINES.get(rc.name)(**kwargs)
+        shares_weights = rc.name == "hf"
+        self.rollout = RolloutHost(engine, self.actor_engine, name=name, shares_weights=shares_weights)
+        if not shares_weights:
+            self.rollout.sync_weights()
+
+    def release(self) -> None:
+        """Stop the rollout engine (its server thread; for vLLM its driver thread and memory)."""
+        if self.rollout is not None:
+            self.rollout.close()
+            self.rollout = None
 
     # ------------------------------------------------------------------ rollout service (hybrid engine)
     def _rollout_host(self) -> RolloutHost:

@@ -68,20 +68,28 @@ def prompts(tokenizer):
     return [tokenizer.encode(t) for t in texts]
 
 
-def hf_greedy(model, prompt: list[int], max_new: int, eos: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
-                             pad_token_id=eos, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    return out[0, len(prompt):].tolist()
+@pytest.fixture(scope="session")
+def hf_reference():
+    """The two HF reference helpers of tests/vllm_helpers.py (hf_greedy, hf_log_probs)."""
+    from vllm_helpers import hf_greedy, hf_log_probs
 
+    return hf_greedy, hf_log_probs
 
-def hf_log_probs(model, prompt: list[int], tokens: list[int], temperature: float) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None]).squeeze(1)
 
 
 @pytest.fixture(scope="session")
-def hf_reference():
-    """The two HF reference helpers (conftest modules cannot be imported by tests in importlib mode)."""
-    return hf_greedy, hf_log_probs
+def tiny_bpe_model_dir(tmp_path_factory):
+    """tiny Qwen2 (head_dim 32, as vLLM's CPU attention needs) with the byte-level BPE tokenizer (GSM8K text)."""
+    from hybridflow.utils.tiny_model import make_tiny_checkpoint
+
+    return str(make_tiny_checkpoint(tmp_path_factory.mktemp("vllm_bpe"), size="tiny", tokenizer="bpe"))
+
+
+@pytest.fixture(scope="session")
+def gsm8k_parquet(tmp_path_factory, gsm8k_dir):
+    """verl's GSM8K parquet layout written by hybridflow's preprocessor from the local jsonl."""
+    from hybridflow.data.preprocess.gsm8k import main
+
+    out = tmp_path_factory.mktemp("gsm8k")
+    main(["--input", gsm8k_dir, "--local-dir", str(out)])
+    return out
