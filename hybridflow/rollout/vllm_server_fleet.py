@@ -51,14 +51,18 @@ class VLLMServerFleet(RolloutFleet):
                  lora_rank: int = 0, lora_alpha: float = 16.0, seed: int = 0, log_dir: str | None = None,
                  start_timeout_s: float = 600.0, python: str | None = None, name: str = "vllm-server"):
         kwargs = {**engine_kwargs, "model": str(model_path)}
+        if kwargs.get("load_format") == "dummy":  # reloads read safetensors folders, which a dummy loader cannot
+            kwargs["load_format"] = "auto"
+        if device == "cpu":
+            from hybridflow.rollout.vllm_config import cpu_safe_chunking
+
+            cpu_safe_chunking(kwargs)
         if lora_rank > 0:
             from hybridflow.rollout.vllm_config import lora_rank_bucket
 
             kwargs.setdefault("enable_lora", True)
             kwargs.setdefault("max_lora_rank", lora_rank_bucket(lora_rank))
             kwargs.setdefault("max_loras", 1)
-            if kwargs.get("load_format") == "dummy":
-                kwargs["load_format"] = "auto"
         self.model_path = str(model_path)
         self.weights_source = weights_source
         self.device = device
