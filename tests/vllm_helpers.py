@@ -21,6 +21,7 @@ def hf_log_probs(model, prompt: list[int], tokens: list[int], temperature: float
 
 
 VERL_LINES = Path(__file__).resolve().parent / "config" / "data" / "verl_command_lines.txt"
+REWARD_FNS = Path(__file__).resolve().parent / "integration" / "reward_fns.py"
 
 
 def verl_sections() -> list[tuple[str, list[str]]]:
@@ -65,6 +66,9 @@ def tiny_assets(model_dir, data_dir, out_dir, steps: int = 2) -> list[str]:
         "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.logger=[file]", "trainer.report=false",
         f"trainer.default_local_dir={out_dir}/ckpt", "trainer.project_name=vllm_it", "trainer.experiment_name=run",
         "trainer.resume_mode=disable",
+        # GSM8K exact match scores a random tiny model 0 everywhere: no advantage, no update, nothing to sync.
+        # This dense score varies with every character, so every step really changes the actor.
+        f"custom_reward_function.path={REWARD_FNS}", "custom_reward_function.name=compute_score_spread",
     ]
 
 
