@@ -52,7 +52,7 @@ def tiny_assets(model_dir, data_dir, out_dir, steps: int = 2) -> list[str]:
         f"{a}.actor.ppo_max_token_len_per_gpu=4096", f"{a}.rollout.log_prob_micro_batch_size_per_gpu=8",
         f"{a}.rollout.log_prob_max_token_len_per_gpu=4096", f"{a}.ref.log_prob_micro_batch_size_per_gpu=8",
         f"{a}.ref.log_prob_max_token_len_per_gpu=4096", f"{a}.actor.optim.lr=1e-3",
-        f"{a}.model.enable_gradient_checkpointing=false", f"{a}.model.lora_rank=0",
+        f"{a}.model.enable_gradient_checkpointing=false",
         "critic.ppo_micro_batch_size_per_gpu=4", "critic.ppo_max_token_len_per_gpu=4096",
         "critic.forward_max_token_len_per_gpu=4096", "critic.optim.lr=1e-3",
         "reward_model.micro_batch_size_per_gpu=4",

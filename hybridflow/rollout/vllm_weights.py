@@ -72,7 +72,8 @@ def materialise_in_buckets(named_tensors: NamedTensors, bucket_bytes: int,
 
 def shm_folder(prefix: str) -> str:
     """A fresh private folder in /dev/shm (RAM-backed) when there is one, else in the temp dir."""
-    return tempfile.mkdtemp(prefix=f"hybridflow-{prefix}-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in prefix)
+    return tempfile.mkdtemp(prefix=f"hybridflow-{safe}-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 
 
 def write_safetensors_folder(named_tensors: NamedTensors, folder: str | os.PathLike) -> int:
