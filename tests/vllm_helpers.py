@@ -1,4 +1,4 @@
-"""Helpers of the vLLM tests (tests/vllm), importable by name: HF references, verl command lines with tiny assets."""
+"""Helpers of the vLLM tests (tests/rollout_vllm), importable by name: HF references, verl command lines with tiny assets."""
 
 from __future__ import annotations
 
