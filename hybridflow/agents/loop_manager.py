@@ -150,5 +150,8 @@ def summarize_trajectory_metrics(per_trajectory: Sequence[dict[str, float]],
         stats(metrics, "agent/tool_calls_per_trajectory", "tool_call_count")
         stats(metrics, "agent/tool_errors_per_trajectory", "tool_error_count")
     metrics["agent/error_count"] = float(sum(m.get("error", 0.0) for m in per_trajectory))
+    metrics["agent/tokenization_mismatch_count"] = float(sum(m.get("tokenization_mismatch", 0.0) for m in per_trajectory))
+    for kind in sorted({k for m in per_trajectory for k in m if k.startswith("tool_errors/")}):
+        metrics[f"agent/{kind}"] = float(sum(m.get(kind, 0.0) for m in per_trajectory))
     return timing, metrics
 

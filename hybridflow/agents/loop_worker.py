@@ -94,6 +94,8 @@ class AgentLoopWorker:
         validate = bool(batch.meta_info.get("validate", False))
         params = sampling_dict(self.rollout_config, validate)
         default_agent = self.rollout_config.agent.default_agent_loop
+        if self.rollout_config.multi_turn.enable and default_agent == "single_turn_agent":
+            default_agent = "tool_agent"  # multi_turn.enable: rows without agent_name use the tool loop
         rows = [{k: v[i] for k, v in batch.non_tensor_batch.items()} for i in range(len(batch))]
         return list(await asyncio.gather(*(self._run_one(row, params, default_agent) for row in rows)))
 
@@ -162,6 +164,9 @@ class AgentLoopWorker:
         for key in ("tool_call_count", "tool_error_count"):
             if key in output.extra_fields:
                 metrics[key] = float(output.extra_fields[key])
+        metrics.update({k: float(v) for k, v in timing.items() if k.startswith("tool_errors/")})
+        if "tokenization_mismatch" in output.extra_fields:
+            metrics["tokenization_mismatch"] = 1.0
         return metrics
 
 
@@ -174,6 +179,7 @@ def stack_outputs(tokenizer, rollout_config, outputs: list[AgentLoopOutput]) -> 
 def _register_builtin_loops() -> None:
     """Importing the built-in loops registers them (``single_turn_agent``, ``tool_agent``)."""
     import hybridflow.agents.single_turn  # noqa: F401
+    import hybridflow.agents.tool_agent  # noqa: F401
 
 
 def split_rows(n: int, parts: int) -> list[np.ndarray]:
