@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["MROPE_MODEL_TYPES", "MropeSpec", "mrope_positions", "vlm_position_ids", "text_position_ids",
+__all__ = ["MROPE_MODEL_TYPES", "MropeSpec", "spec_from_processor", "mrope_positions", "vlm_position_ids", "text_position_ids",
            "model_position_ids", "uses_mrope"]
 
 # model_type -> whether video temporal ids are scaled by tokens_per_second x second_per_grid_ts
@@ -53,6 +53,22 @@ class MropeSpec:
         vision = config.vision_config
         return cls(config.model_type, int(config.image_token_id), int(config.video_token_id),
                    int(vision.spatial_merge_size), getattr(vision, "tokens_per_second", None))
+
+
+_PROCESSOR_MODEL_TYPES = {"Qwen2VLProcessor": "qwen2_vl", "Qwen2_5_VLProcessor": "qwen2_5_vl"}
+
+
+def spec_from_processor(processor: Any, tokens_per_second: float | None = None) -> MropeSpec | None:
+    """The spec of a Qwen2-VL-family processor (``None`` for processors of models without M-RoPE).
+
+    ``tokens_per_second`` (Qwen2.5-VL's vision config) only matters for videos; without it a Qwen2.5-VL video
+    is refused by :func:`mrope_positions`.
+    """
+    model_type = _PROCESSOR_MODEL_TYPES.get(type(processor).__name__)
+    if model_type is None:
+        return None
+    return MropeSpec(model_type, int(processor.image_token_id), int(processor.video_token_id),
+                     int(processor.image_processor.merge_size), tokens_per_second)
 
 
 def _runs(kinds: list[int]) -> list[tuple[int, int, int]]:
@@ -98,6 +114,8 @@ def mrope_positions(
         t, h, w = (int(v) for v in grids[kind][used[kind]])
         step = 1.0
         if kind == 2 and MROPE_MODEL_TYPES[spec.model_type]:
+            if spec.tokens_per_second is None:
+                raise ValueError(f"{spec.model_type} video positions need vision_config.tokens_per_second")
             sec = seconds[used[kind]] if used[kind] < len(seconds) else 1.0
             step = float(spec.tokens_per_second) * float(sec)
         used[kind] += 1
