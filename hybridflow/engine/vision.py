@@ -97,6 +97,13 @@ def _language_model(model: nn.Module) -> nn.Module | None:
     return getattr(inner, "language_model", None)
 
 
+def _tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    values = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) else []
+    return [t for v in values for t in _tensors(v)]
+
+
 @contextlib.contextmanager
 def vision_in_every_step(model: nn.Module, has_pixels: bool, sharded: bool) -> Iterator[None]:
     """On a sharded VLM, make a text-only pass run the vision tower too (see the module docstring)."""
@@ -116,9 +123,10 @@ def vision_in_every_step(model: nn.Module, has_pixels: bool, sharded: bool) -> I
             return None
         pixels = torch.zeros(m * m, patch, dtype=embeds.dtype, device=embeds.device)
         grid = torch.tensor([[1, m, m]], dtype=torch.long, device=embeds.device)
-        out = tower(pixels, grid_thw=grid)
-        tensor = out if isinstance(out, torch.Tensor) else next(v for v in out.values() if isinstance(v, torch.Tensor))
-        kwargs["inputs_embeds"] = embeds + 0.0 * tensor.mean()
+        # Every output (pre- and post-merger) joins the graph, so every tower parameter gets a (zero)
+        # gradient: FSDP reduce-scatters a unit's gradients as one buffer whose size must agree across ranks.
+        touch = sum(t.float().mean() for t in _tensors(tower(pixels, grid_thw=grid)))
+        kwargs["inputs_embeds"] = embeds + (0.0 * touch).to(embeds.dtype)
         return args, kwargs
 
     handle = lm.register_forward_pre_hook(add_blank_image, with_kwargs=True)
