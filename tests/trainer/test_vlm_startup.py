@@ -1,16 +1,13 @@
 """A vision-language checkpoint is refused at start-up until the rollout generates with pixel inputs."""
 
-import warnings
+from types import SimpleNamespace
 
 import pytest
 
 
 def _config(model_dir):
-    from hybridflow.config import load_config
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return load_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=hf"])
+    model = SimpleNamespace(path=model_dir, tokenizer_path=None, trust_remote_code=False, custom_chat_template=None)
+    return SimpleNamespace(actor_rollout_ref=SimpleNamespace(model=model))
 
 
 def test_vlm_run_is_refused_not_trained_text_only(tiny_vlm_dir, nano_model_dir):
