@@ -80,7 +80,7 @@ class AgentLoopWorker:
         plain = OmegaConf.create(config_to_dict(config))
         self.trainer_config = DictConfigWrap(plain, typed=config)
         self.dataset_config = DictConfigWrap(plain.data, typed=config.data)
-        _register_builtin_loops()
+        register_builtin_loops()
         if self.rollout_config.agent.agent_loop_config_path:
             load_agent_loop_config(self.rollout_config.agent.agent_loop_config_path)
         self._reported_error = False
@@ -93,9 +93,7 @@ class AgentLoopWorker:
         """Run every row's agent loop concurrently; ``(output, per-trajectory metrics)`` in row order."""
         validate = bool(batch.meta_info.get("validate", False))
         params = sampling_dict(self.rollout_config, validate)
-        default_agent = self.rollout_config.agent.default_agent_loop
-        if self.rollout_config.multi_turn.enable and default_agent == "single_turn_agent":
-            default_agent = "tool_agent"  # multi_turn.enable: rows without agent_name use the tool loop
+        default_agent = default_agent_loop(self.rollout_config)
         rows = [{k: v[i] for k, v in batch.non_tensor_batch.items()} for i in range(len(batch))]
         return list(await asyncio.gather(*(self._run_one(row, params, default_agent) for row in rows)))
 
@@ -176,7 +174,16 @@ def stack_outputs(tokenizer, rollout_config, outputs: list[AgentLoopOutput]) -> 
     return outputs_to_batch(outputs, int(rollout_config.prompt_length), int(rollout_config.response_length), pad)
 
 
-def _register_builtin_loops() -> None:
+def default_agent_loop(rollout_config) -> str:
+    """The loop of rows without ``agent_name``: ``rollout.agent.default_agent_loop``, except that
+    ``multi_turn.enable=true`` turns the stock ``single_turn_agent`` default into ``tool_agent``."""
+    name = rollout_config.agent.default_agent_loop
+    if rollout_config.multi_turn.enable and name == "single_turn_agent":
+        return "tool_agent"
+    return name
+
+
+def register_builtin_loops() -> None:
     """Importing the built-in loops registers them (``single_turn_agent``, ``tool_agent``)."""
     import hybridflow.agents.single_turn  # noqa: F401
     import hybridflow.agents.tool_agent  # noqa: F401
