@@ -11,6 +11,8 @@ tokens interleaved)::
     position_ids   (B, P+R) cumsum(attention_mask) - 1, clipped at 0
     rollout_log_probs (B, R)  when every trajectory has log-probs (0 on observations and padding)
     rm_scores      (B, R)   when every trajectory carries a reward_score: the score on its last token
+                            (the extra info of the scoring becomes columns named in
+                            ``meta_info["reward_extra_keys"]``)
 
 P is ``rollout.prompt_length`` or the longest prompt of the batch if longer (a tool agent's prompt holds
 the tool schemas, which the dataset's length filter never saw).  Non-tensor columns: ``__num_turns__`` and every key of the
@@ -73,9 +75,19 @@ def outputs_to_batch(outputs: Sequence[AgentLoopOutput], prompt_length: int, res
         rm_scores[torch.arange(len(outputs)), last] = torch.tensor([float(o.reward_score) for o in outputs])
         tensors["rm_scores"] = rm_scores
     non_tensors: dict[str, np.ndarray] = {"__num_turns__": np.array([o.num_turns for o in outputs], dtype=np.int64)}
-    for key in sorted({k for o in outputs for k in o.extra_fields}):
-        column = np.empty(len(outputs), dtype=object)
-        column[:] = [o.extra_fields.get(key) for o in outputs]
-        non_tensors[key] = column
-    return DataProto.from_dict(tensors, non_tensors)
+    for key in sorted({k for o in outputs for k in o.extra_fields} - {"reward_extra_info"}):
+        non_tensors[key] = _column([o.extra_fields.get(key) for o in outputs])
+    meta: dict = {}
+    if "rm_scores" in tensors:  # scored in the agent loops: their extra info becomes columns, as a manager's does
+        infos = [o.extra_fields.get("reward_extra_info") or {} for o in outputs]
+        keys = sorted({k for info in infos for k in info})
+        non_tensors.update({k: _column([info.get(k) for info in infos]) for k in keys})
+        meta["reward_extra_keys"] = keys
+    return DataProto.from_dict(tensors, non_tensors, meta)
+
+
+def _column(values: list) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
 

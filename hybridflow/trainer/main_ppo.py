@@ -133,14 +133,16 @@ def _rollout_threads(config) -> int:
     return max(64, min(1024, int(config.actor_rollout_ref.rollout.max_num_seqs)))
 
 
-def start_rollout_service(runtime: Runtime, config, tokenizer) -> None:
+def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None) -> None:
     """The rollout service over the loaded workers: one replica per actor/rollout rank (the hybrid engine)
-    and the agent-loop manager (``rollout.agent.num_workers`` workers) that the trainer generates with."""
+    and the agent-loop manager (``rollout.agent.num_workers`` workers) that the trainer generates with.
+    ``reward_fn`` (the training reward manager) scores trajectories in the agent loops when verl's reward
+    loop applies and the backend is local."""
     from hybridflow.agents import AgentLoopManager
     from hybridflow.rollout.fleet import HybridFleet
 
     fleet = HybridFleet(runtime.groups.actor_rollout)
-    manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer)
+    manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer, reward_manager=reward_fn)
     runtime._closers.append(manager.shutdown)
     runtime.groups.rollout = manager
 
@@ -323,7 +325,7 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         reward_fns = [reward_fn, val_reward_fn]
         runtime = start.result()
         init_models(runtime, total)
-        start_rollout_service(runtime, config, tokenizer)
+        start_rollout_service(runtime, config, tokenizer, reward_fn)
         if logger is None:
             logger = build_logger(config, total)
         trainer = PPOTrainer(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn, val_reward_fn,
