@@ -10,7 +10,7 @@ tokens interleaved)::
     attention_mask (B, P+R) 1 on every real token (observations included: the model reads them)
     position_ids   (B, P+R) cumsum(attention_mask) - 1, clipped at 0
     rollout_log_probs (B, R)  when every trajectory has log-probs (0 on observations and padding)
-    rm_scores      (B, R)   when every trajectory carries a reward_score: the score on its last token
+    rm_scores      (B, R)   when every trajectory carries a reward_score: the score on its last model token
                             (the extra info of the scoring becomes columns named in
                             ``meta_info["reward_extra_keys"]``)
 
@@ -70,9 +70,11 @@ def outputs_to_batch(outputs: Sequence[AgentLoopOutput], prompt_length: int, res
         tensors["rollout_log_probs"] = _right([o.response_logprobs for o in outputs], response_length, 0.0,
                                               torch.float32)
     if outputs and all(o.reward_score is not None for o in outputs):
+        from hybridflow.rewards.managers import reward_positions
+
         rm_scores = torch.zeros(len(outputs), response_length, dtype=torch.float32)
-        last = (response_attention.sum(dim=1) - 1).clamp(min=0)
-        rm_scores[torch.arange(len(outputs)), last] = torch.tensor([float(o.reward_score) for o in outputs])
+        last = reward_positions(tensors["response_mask"], response_attention.sum(dim=1).tolist())
+        rm_scores[torch.arange(len(outputs)), torch.tensor(last)] = torch.tensor([float(o.reward_score) for o in outputs])
         tensors["rm_scores"] = rm_scores
     non_tensors: dict[str, np.ndarray] = {"__num_turns__": np.array([o.num_turns for o in outputs], dtype=np.int64)}
     for key in sorted({k for o in outputs for k in o.extra_fields} - {"reward_extra_info"}):
