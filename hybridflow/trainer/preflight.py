@@ -127,6 +127,9 @@ def run_preflight(config, logger_dir: str | os.PathLike | None = None) -> None:
         # Rotation deletes the oldest step only after the new one is committed: keep + 1 copies at the peak.
         copies = (keep + 1) if keep and keep > 0 else 2
         check_free_space("trainer.default_local_dir", tcfg.default_local_dir, copies * estimate_checkpoint_bytes(config))
+    from hybridflow.agents.setup_check import check_agent_config
+
+    check_agent_config(config)  # tool / interaction / agent-loop files and names, before any model loads
 
 
 def check_rollout_device(config) -> None:
@@ -149,6 +152,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     The CLI prints these as one line and exits 2 instead of dumping a traceback; anything else is a bug or
     a runtime fault and keeps its traceback. Imported lazily: each lives beside the code that raises it.
     """
+    from hybridflow.agents.setup_check import AgentConfigError
     from hybridflow.config import ConfigError
     from hybridflow.data.io import DataFileError
     from hybridflow.data.prompts import PromptTooLongError
@@ -158,7 +162,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from hybridflow.trainer.run_checkpoint import CheckpointError
 
     return (DataFileError, PromptTooLongError, ModelLoadError, RewardFunctionError, CheckpointError, BatchSizeError,
-            PreflightError, ConfigError)
+            PreflightError, AgentConfigError, ConfigError)
 
 
 __all__ = ["PreflightError", "check_rollout_device", "user_error_types", "OutputDir", "output_dirs", "check_writable", "check_free_space", "model_bytes",
