@@ -109,18 +109,20 @@ def test_concurrent_async_requests_from_two_event_loops(engine, prompts):
 
 
 def test_abort_all_returns_partial_outputs(engine, prompts):
-    params = SamplingParams(temperature=1.0, max_tokens=200, ignore_eos=True, logprobs=True)
+    budget = 230
+    params = SamplingParams(temperature=1.0, max_tokens=budget, ignore_eos=True, logprobs=True)
 
     async def run():
-        tasks = [asyncio.ensure_future(engine.generate(p, params, f"long-{i}")) for i, p in enumerate(prompts)]
-        await asyncio.sleep(0.3)
+        tasks = [asyncio.ensure_future(engine.generate(p, params, f"long-{i}")) for i, p in enumerate(prompts * 8)]
+        await asyncio.sleep(0.2)
         n = await asyncio.to_thread(engine.abort_all)
         return n, await asyncio.gather(*tasks)
 
     n, outs = asyncio.run(run())
-    assert n == len(prompts)
-    assert all(o.finish_reason == "abort" for o in outs)
-    assert all(len(o.token_ids) == len(o.log_probs) < 200 for o in outs)
+    aborted = [o for o in outs if o.finish_reason == "abort"]
+    assert n == len(aborted) > 0  # 48 x 230 tokens cannot all be done in 0.2 s
+    assert all(len(o.token_ids) == len(o.log_probs) < budget for o in aborted)
+    assert all(len(o.token_ids) == budget for o in outs if o.finish_reason != "abort")
     assert engine.generate_batch(prompts[:1], SamplingParams(max_tokens=3, ignore_eos=True))[0].finish_reason == "length"
 
 
