@@ -97,3 +97,15 @@ def test_server_flags():
                                  "compilation_config": {"cudagraph_capture_sizes": [1, 2]}})
     assert args == ["--model", "/m", "--dtype", "float32", "--enforce-eager", "--no-enable-prefix-caching",
                     "--compilation-config", '{"cudagraph_capture_sizes": [1, 2]}']
+
+
+def test_standalone_replicas_are_vllm_servers():
+    with pytest.raises(ConfigError, match=r"hybrid_engine=false runs the rollout as standalone vLLM server"):
+        load_config(BASE[:2] + ["actor_rollout_ref.hybrid_engine=false"])  # rollout.name=hf
+    cfg = load_config(BASE + ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"])
+    assert cfg.actor_rollout_ref.hybrid_engine is False
+
+
+def test_chunked_prefill_on_cpu_is_noted():
+    with pytest.warns(UserWarning, match=r"enable_chunked_prefill=true: vLLM on CPU runs without chunked prefill"):
+        load_config(BASE + ["trainer.device=cpu", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"])
