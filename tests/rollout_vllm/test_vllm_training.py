@@ -85,3 +85,40 @@ def test_resume_restores_the_engine_weights(tiny_bpe_model_dir, gsm8k_parquet, t
     # Had the engine kept the model.path weights (load_format=dummy: random ones) instead of the resumed actor's,
     # its log-probs would not match the actor's recomputation at step 2.
     assert metrics[0]["training/rollout_probs_diff_mean"] <= 1e-4
+
+
+def test_a_server_replica_dying_mid_run_is_named_and_the_run_resumes(tiny_bpe_model_dir, gsm8k_parquet, tmp_path):
+    import os
+    import signal
+
+    import psutil
+
+    from hybridflow.rollout.vllm_server import VLLMServerError
+
+    extra = ["actor_rollout_ref.hybrid_engine=false", "trainer.save_freq=1", "trainer.resume_mode=auto"]
+    killed = []
+
+    def kill_the_server_after_step_1():
+        for child in psutil.Process().children(recursive=False):  # only processes this run started
+            if "vllm.entrypoints.openai.api_server" in " ".join(child.cmdline()):
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait(30)
+                killed.append(child.pid)
+        return False
+
+    cfg = config_for(GRPO, tiny_bpe_model_dir, gsm8k_parquet, tmp_path, extra, steps=2)
+    from hybridflow.tracking import Tracking
+    from hybridflow.trainer.main_ppo import train_ppo
+
+    with pytest.raises(Exception) as e:
+        train_ppo(cfg, logger=Tracking("vllm_it", "run", default_backend=["file"], output_dir=tmp_path / "a"),
+                  should_stop=kill_the_server_after_step_1)
+    assert killed
+    chain, err = [], e.value
+    while err is not None:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    assert any(isinstance(x, VLLMServerError) or "replica 'vllm-server-0'" in str(x) for x in chain), chain
+    assert (tmp_path / "ckpt" / "global_step_1").is_dir()  # the last checkpoint is intact
+    metrics = train(config_for(GRPO, tiny_bpe_model_dir, gsm8k_parquet, tmp_path, extra, steps=2), tmp_path / "b")
+    assert len(metrics) == 1 and metrics[0]["training/rollout_probs_diff_mean"] <= 1e-4  # resumed at step 2
