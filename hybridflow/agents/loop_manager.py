@@ -13,6 +13,7 @@ number of ranks samples the same tokens.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -42,9 +43,7 @@ class AgentLoopManager:
         self.fleet = fleet
         self.backend = backend
         self.tokenizer = tokenizer
-        num_workers = int(self.rollout_config.agent.num_workers)
-        if num_workers < 1:
-            raise ValueError(f"actor_rollout_ref.rollout.agent.num_workers={num_workers}: need at least 1")
+        num_workers = agent_worker_count(self.rollout_config.agent.num_workers, backend)
         self.scorer = _start_scorer(config, backend, reward_manager) if reward_loop_applies(config) else None
         client = ScorerClient(self.scorer) if self.scorer is not None else None
         if backend == "local":
@@ -108,6 +107,22 @@ class AgentLoopManager:
             for w in self.workers + ([self.scorer] if self.scorer is not None else []):
                 ray.kill(w, no_restart=True)
         self.workers, self.scorer = [], None
+
+
+def agent_worker_count(configured: int | None, backend: str) -> int:
+    """``rollout.agent.num_workers``, or when null: min(8, CPUs) -- verl's 8 on a node with CPUs to spare, fewer
+    on a laptop, where each worker process (tokenizer, torch: ~250 MB, seconds of start-up) would only wait."""
+    if configured is not None:
+        if int(configured) < 1:
+            raise ValueError(f"actor_rollout_ref.rollout.agent.num_workers={configured}: need at least 1")
+        return int(configured)
+    if backend == "local":
+        cpus = os.cpu_count() or 1
+    else:
+        import ray
+
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+    return max(1, min(8, cpus))
 
 
 def _start_scorer(config, backend: str, reward_manager) -> Any:

@@ -98,7 +98,7 @@ def _check_agent_keys(rollout, errors: list[str]) -> None:
     """Agent-loop keys that cannot act here are refused (the files they name are checked before the models
     load, by ``hybridflow.agents.setup_check``)."""
     key = "actor_rollout_ref.rollout"
-    if rollout.agent.num_workers < 1:
+    if rollout.agent.num_workers is not None and rollout.agent.num_workers < 1:
         errors.append(f"{key}.agent.num_workers={rollout.agent.num_workers}: at least one agent-loop worker is needed")
     mt = rollout.multi_turn
     if mt.use_inference_chat_template:
