@@ -15,9 +15,11 @@ import warnings
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.schema import PPOConfig
 
+# verl's loss aggregation modes (algorithms/aggregation.py implements each; config cannot import algorithms)
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
 SUPPORTED_STRATEGIES = ("fsdp", "fsdp2")
 SUPPORTED_ROLLOUTS = ("hf", "vllm", "sglang", "trtllm")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 CHOICES = {
     "data.truncation": ("error", "left", "right", "middle"),
