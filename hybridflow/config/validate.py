@@ -54,6 +54,9 @@ def validate_config(cfg: PPOConfig) -> list[str]:
     _check_algorithms(cfg, errors)
     _normalise_deprecated(cfg, notes)
     _check_batch_sizes(cfg, errors, notes)
+    _check_legacy_micro(cfg, errors, notes)
+    _check_sampling(cfg, errors)
+    _check_schedules(cfg, errors)
     _check_unused(cfg, notes)
     if errors:
         raise ConfigError(errors)
@@ -202,9 +205,71 @@ def _check_batch_sizes(cfg: PPOConfig, errors: list[str], notes: list[str]) -> N
                          f"{role}.log_prob_micro_batch_size_per_gpu={node.log_prob_micro_batch_size_per_gpu}")
         if node.log_prob_micro_batch_size_per_gpu is None and not node.log_prob_use_dynamic_bsz:
             node.log_prob_micro_batch_size_per_gpu = actor.ppo_micro_batch_size_per_gpu or 8
-    if cfg.algorithm.adv_estimator in ("grpo", "rloo", "grpo_passk", "reinforce_plus_plus_baseline") and n == 1:
-        notes.append(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares the responses of one prompt, "
-                     "but actor_rollout_ref.rollout.n=1: every advantage will be 0. Set rollout.n >= 2.")
+    _check_group_size(cfg, errors, notes)
+
+
+def _check_group_size(cfg: PPOConfig, errors: list[str], notes: list[str]) -> None:
+    """Group estimators with ``rollout.n=1``: each prompt is a group of one (verl's singleton rule)."""
+    est, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
+    if n != 1:
+        return
+    if est == "grpo_passk":
+        errors.append("algorithm.adv_estimator=grpo_passk credits the best of each prompt's responses over the "
+                      "second best, which needs actor_rollout_ref.rollout.n >= 2")
+    elif est in ("grpo", "rloo"):
+        notes.append(f"algorithm.adv_estimator={est} with actor_rollout_ref.rollout.n=1: every prompt is a group of "
+                     "one, so there is no group baseline and the advantage is the raw score (REINFORCE without a "
+                     "baseline). Set rollout.n >= 2 for the group-relative advantage.")
+    elif est == "reinforce_plus_plus_baseline":
+        notes.append("algorithm.adv_estimator=reinforce_plus_plus_baseline with actor_rollout_ref.rollout.n=1: every "
+                     "prompt is a group of one, so no group mean is subtracted and the scores are only whitened over "
+                     "the batch (the same as reinforce_plus_plus). Set rollout.n >= 2 for the group baseline.")
+
+
+def _check_legacy_micro(cfg: PPOConfig, errors: list[str], notes: list[str]) -> None:
+    """verl's deprecated global micro-batch sizes of the critic's forward pass and the reward model: divided by
+    the device count into the ``*_per_gpu`` key each worker reads (as verl's workers do)."""
+    n_dev = n_devices(cfg)
+    pairs = [("reward_model", cfg.reward_model, "micro_batch_size")]
+    if cfg.use_critic:
+        pairs.insert(0, ("critic", cfg.critic, "forward_micro_batch_size"))
+    for role, node, name in pairs:
+        glob, per = getattr(node, name), getattr(node, f"{name}_per_gpu")
+        if glob is None:
+            continue
+        if per is not None and not (role == "critic" and glob == node.ppo_micro_batch_size):
+            errors.append(f"set only one of {role}.{name} (deprecated, global) and {role}.{name}_per_gpu")
+            continue
+        if per is None:
+            setattr(node, f"{name}_per_gpu", max(1, glob // n_dev))
+            notes.append(f"{role}.{name}={glob} is deprecated (global); using "
+                         f"{role}.{name}_per_gpu={getattr(node, f'{name}_per_gpu')}")
+    if cfg.use_critic and cfg.critic.forward_micro_batch_size_per_gpu is None and not cfg.critic.use_dynamic_bsz:
+        cfg.critic.forward_micro_batch_size_per_gpu = cfg.critic.ppo_micro_batch_size_per_gpu
+
+
+def _check_sampling(cfg: PPOConfig, errors: list[str]) -> None:
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.temperature <= 0:
+        how = ("do_sample=true asks for samples, but temperature=0 is greedy decoding: the rollout.n responses of a "
+               "prompt would be identical" if rollout.do_sample else "greedy training rollouts")
+        errors.append(f"actor_rollout_ref.rollout.temperature={rollout.temperature} with "
+                      f"do_sample={str(rollout.do_sample).lower()}: {how}, and the actor scores the sampled tokens "
+                      "under softmax(logits / temperature), which is undefined at 0. Set rollout.temperature > 0 "
+                      "(1.0 samples from the model); greedy decoding belongs in rollout.val_kwargs")
+
+
+def _check_schedules(cfg: PPOConfig, errors: list[str]) -> None:
+    for key, optim in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim),
+                       ("critic.optim", cfg.critic.optim)):
+        kind = optim.warmup_style or optim.lr_scheduler_type
+        if kind != "cosine":
+            continue
+        if optim.min_lr_ratio is None:
+            errors.append(f"{key}.min_lr_ratio is null but {key}.lr_scheduler_type=cosine decays towards "
+                          f"min_lr_ratio x lr: set {key}.min_lr_ratio to a number in [0, 1] (0.0 decays to zero)")
+        elif not 0.0 <= optim.min_lr_ratio <= 1.0:
+            errors.append(f"{key}.min_lr_ratio={optim.min_lr_ratio} must lie in [0, 1] (a fraction of the lr)")
 
 
 def _check_micro(cfg, role, mini, micro_global, micro_per_gpu, dynamic, name, errors, notes) -> None:

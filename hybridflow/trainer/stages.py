@@ -94,9 +94,11 @@ class StepPlan:
         rollout_correction = corrects or bool(rc.bypass_mode)
         # Exactly on-policy (one optimiser step on the batch the rollout sampled from), and the rollout was
         # asked for the log-probs of its samples: the actor's recomputation would give the same numbers.
-        reuse = bool(rollout.calculate_log_probs) and ((one_mini_batch and not corrects) or bool(rc.bypass_mode))
-        # Optimal Token Baseline reads pi_old (and sum_pi_squared) in the advantage stage, before the update.
+        # Optimal Token Baseline reads pi_old and sum_pi_squared (which only the actor's pass emits) in the
+        # advantage stage, before the update: the rollout's log-probs cannot stand in for that pass.
         otb = config.algorithm.adv_estimator == "optimal_token_baseline" or bool(actor.calculate_sum_pi_squared)
+        reuse = bool(rollout.calculate_log_probs) and not otb and (
+            (one_mini_batch and not corrects) or bool(rc.bypass_mode))
         in_update = (
             one_mini_batch and not reuse and not rollout_correction and not otb
             and not bool(config.algorithm.use_kl_in_reward)
