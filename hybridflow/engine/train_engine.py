@@ -112,6 +112,14 @@ class TrainEngine:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.tolist()
 
+    def all_reduce_max(self, values: list[float]) -> list[float]:
+        """Element-wise maximum of a few scalars over the DP group."""
+        if self.dp_size == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
     # ------------------------------------------------------------------ optimisation
     def zero_grad(self) -> None:
         self._require_optimizer().zero_grad(set_to_none=True)

@@ -30,7 +30,7 @@ from hybridflow.tracking.metrics import (
 from hybridflow.trainer import run_checkpoint as ckpt
 from hybridflow.trainer import stages
 from hybridflow.trainer.balance import balance_batch
-from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator
+from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator, zero_variance_fraction
 from hybridflow.trainer.rollout_correction_stage import apply_rollout_correction, correction_enabled
 from hybridflow.trainer.stages import StepPlan, WorkerGroups, timed
 from hybridflow.trainer.validation import Validator
@@ -234,7 +234,8 @@ class PPOTrainer:
             extra = {k: list(batch.non_tensor_batch[k]) for k in self._reward_extra_keys(batch)}
             dump_generations(cfg.trainer.rollout_data_dir, self.global_steps + 1, self.tokenizer, batch,
                              batch.batch["token_level_scores"].sum(-1).tolist(), extra)
-        metrics.update(compute_data_metrics(batch, use_critic=plan.use_critic))
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        metrics.update(compute_data_metrics(batch, use_critic=plan.use_critic, eos_token_ids=[eos]))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, self.n_devices))
         metrics.update(compute_mfu_metrics(batch, timing, self.flops_counters, self.n_devices,
@@ -266,6 +267,8 @@ class PPOTrainer:
                 return None
             batch = self.generate_and_score(stages.prompts_from_loader(batch_dict), timing, metrics)
             if acc is None:
+                # groups whose n scores are all equal give GRPO-style estimators no signal (DAPO, Yu et al. 2025)
+                metrics["train/zero_variance_group_fraction"] = zero_variance_fraction(batch, "seq_reward")
                 return batch
             acc.add(batch)
             if acc.full:

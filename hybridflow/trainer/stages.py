@@ -20,7 +20,11 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.tracking.metrics import reduce_metrics
-from hybridflow.algorithms.batch_ops import OLD_LOG_PROBS_FROM_UPDATE, compute_response_mask
+from hybridflow.algorithms.batch_ops import (
+    OLD_LOG_PROBS_FROM_UPDATE,
+    PI_OLD_DIAGNOSTICS_IN_UPDATE,
+    compute_response_mask,
+)
 
 # Keys the rollout needs from a prompt batch; everything else stays on the controller's copy.
 PROMPT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -231,6 +235,7 @@ def compute_old_log_prob(groups: WorkerGroups, batch: DataProto, plan: StepPlan,
         return {}
     if plan.reuse_rollout_log_probs and "rollout_log_probs" in batch.batch:
         batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+        batch.meta_info[PI_OLD_DIAGNOSTICS_IN_UPDATE] = True  # entropy and probs diff from the update's first pass
         return {}
     from hybridflow.algorithms import agg_loss
 
