@@ -245,6 +245,7 @@ class PPOActor:
         acc = _MicroBatchMetrics()
         self.engine.zero_grad()
         for mb in micro_batches:
+            has_tokens = bool(mb.batch["response_mask"].any())  # read before the copy to the device: no sync
             b = mb.batch.to(self.engine.device)
             mask = b["response_mask"]
             with self.engine.autocast():
@@ -273,7 +274,8 @@ class PPOActor:
                 loss = loss + cfg.kl_loss_coef * kl_term
                 acc.add("actor/kl_loss", kl_term)
             loss.backward()
-            acc.observe(pg_metrics)
+            if has_tokens:  # a micro-batch of padding rows only has no policy-loss statistics to average in
+                acc.observe(pg_metrics)
         step = self.engine.optimizer_step(cfg.grad_clip)
         self._track_skips(step.stepped, step.grad_norm)
         for name, value in acc.values().items():

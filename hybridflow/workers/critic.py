@@ -100,12 +100,13 @@ class PPOCritic:
             )
             vf_loss.backward()
             vf_loss_sum += float(vf_loss.detach())
-            clipfracs.append(float(vf_clipfrac))
-            vpred_means.append(float(masked_mean(vpreds.detach(), mask)))
+            if bool(mask.any()):  # a micro-batch of padding rows only has no statistics to average in
+                clipfracs.append(float(vf_clipfrac))
+                vpred_means.append(float(masked_mean(vpreds.detach(), mask)))
         step = self.engine.optimizer_step(cfg.grad_clip)
         metrics["critic/vf_loss"].append(vf_loss_sum)
-        metrics["critic/vf_clipfrac"].append(sum(clipfracs) / len(clipfracs))
-        metrics["critic/vpred_mean"].append(sum(vpred_means) / len(vpred_means))
+        metrics["critic/vf_clipfrac"].append(sum(clipfracs) / max(len(clipfracs), 1))
+        metrics["critic/vpred_mean"].append(sum(vpred_means) / max(len(vpred_means), 1))
         metrics["critic/grad_norm"].append(step.grad_norm)
         metrics["critic/nonfinite_grad_skipped"].append(0.0 if step.stepped else 1.0)
 

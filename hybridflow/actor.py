@@ -1,0 +1,313 @@
+"""The data-parallel PPO actor: log-prob recomputation and the clipped policy-gradient update.
+
+One instance lives on every rank of the actor group and sees that rank's share of the batch.  The
+update follows PPO (Schulman et al. 2017, arXiv:1707.06347) as verl runs it:
+
+    for epoch in ppo_epochs:
+        for mini-batch of ppo_mini_batch_size prompts x rollout.n trajectories (split over DP ranks):
+            for micro-batch (fixed size or token budget):
+                loss = pg_loss - entropy_coeff * H + kl_loss_coef * KL(pi || pi_ref)
+                loss.backward()            # gradients accumulate over micro-batches
+            clip grad norm, optimizer step (skipped when the norm is not finite)
+    lr_scheduler.step()
+
+Every term is aggregated with the mini-batch's *global* token/sequence counts (summed over
+micro-batches and all-reduced over ranks, see ``algorithms/aggregation.py``), so the gradient does
+not depend on how rows were split into micro-batches or ranks.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from hybridflow.algorithms.batch_ops import OLD_LOG_PROBS_FROM_UPDATE, PI_OLD_DIAGNOSTICS_IN_UPDATE
+from hybridflow.algorithms.aggregation import agg_loss, check_loss_agg_mode, count_loss_normalizers
+from hybridflow.algorithms.kl import kl_penalty
+from hybridflow.algorithms.loss_config import with_global_batch_info
+from hybridflow.algorithms.registries import get_policy_loss_fn
+from hybridflow.algorithms.rollout_correction import (
+    PROBS_DIFF_SUM_KEYS,
+    rollout_probs_diff_from_sums,
+    rollout_probs_diff_sums,
+)
+from hybridflow.engine.forward import response_log_probs, response_token_outputs
+from hybridflow.engine.train_engine import TrainEngine
+from hybridflow.protocol import DP_PAD_ROWS, DataProto
+from hybridflow.workers.micro_batching import (
+    MicroBatchSpec,
+    gather_in_order,
+    mini_batch_rows,
+    normalize_mini_batch_size,
+    split_micro_batches,
+)
+
+__all__ = [
+    "PPOActor", "NonFiniteGradientError", "compute_token_outputs",
+]
+
+_MODEL_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
+
+# meta_info flag set by the trainer (``StepPlan.old_log_prob_in_update``): the batch has no
+# ``old_log_probs`` because the update is exactly on-policy, so pi_old is the update's own detached log-prob.
+
+
+class NonFiniteGradientError(RuntimeError):
+    """Too many consecutive optimizer steps were skipped because gradients were inf/nan."""
+
+
+def compute_token_outputs(
+    engine: TrainEngine,
+    data: DataProto,
+    spec: MicroBatchSpec,
+    temperature: float,
+    calculate_entropy: bool,
+    use_remove_padding: bool,
+    packed: bool | None = None,
+    calculate_sum_pi_squared: bool = False,
+) -> dict[str, torch.Tensor]:
+    """No-grad per-response-token outputs (B, R) of ``engine``'s module, in ``data``'s row order:
+    ``log_probs``, plus ``entropy`` and ``sum_pi_squared`` when asked (see ``response_token_outputs``).
+
+    Shared by the actor (``old_log_probs``) and the reference policy (``ref_log_prob``)."""
+    module = engine.module
+    batch = data.select(batch_keys=list(_MODEL_KEYS))
+    micro_batches, parts = split_micro_batches(batch, spec)
+    pieces: dict[str, list[torch.Tensor]] = {}
+    was_training = module.training
+    module.eval()
+    with torch.no_grad(), engine.on_device(), engine.autocast():
+        for mb in micro_batches:
+            outs = response_token_outputs(
+                module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding,
+                packed=packed, calculate_sum_pi_squared=calculate_sum_pi_squared,
+            )
+            for key, value in outs.items():
+                pieces.setdefault(key, []).append(value.float().cpu())
+    module.train(was_training)
+    return {key: gather_in_order(values, parts) for key, values in pieces.items()}
+
+
+def _mini_batch_seed(base: int, global_step: int, epoch: int) -> int:
+    return (int(base) * 1_000_003 + int(global_step) * 1009 + int(epoch)) % (2**63 - 1)
+
+
+class _MicroBatchMetrics:
+    """Loss terms summed and policy-loss metrics averaged over a mini-batch's micro-batches, kept on the
+    device and read back with one host sync (a ``float()`` per term and micro-batch would stall a GPU's
+    queue every micro-batch).
+
+    Micro-batch terms carry global normalisers x dp_size: their sum on a rank, averaged over ranks (the
+    trainer's mean of the collected lists), is the mini-batch value.
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[str, torch.Tensor] = {}
+        self._per_micro: dict[str, list[torch.Tensor]] = defaultdict(list)
+
+    def add(self, name: str, term: torch.Tensor) -> None:
+        value = term.detach().float().reshape(())
+        self._sums[name] = self._sums[name] + value if name in self._sums else value
+
+    def observe(self, metrics: dict[str, Any]) -> None:
+        for name, value in metrics.items():
+            self._per_micro[name].append(torch.as_tensor(value, dtype=torch.float32).reshape(()))
+
+    def values(self) -> dict[str, float]:
+        names = list(self._sums) + list(self._per_micro)
+        if not names:
+            return {}
+        device = next(iter(self._sums.values())).device if self._sums else torch.device("cpu")
+        stacked = [self._sums[n] for n in self._sums]
+        stacked += [torch.stack([v.to(device) for v in vs]).mean() for vs in self._per_micro.values()]
+        return dict(zip(names, torch.stack(stacked).tolist()))
+
+
+class PPOActor:
+    """PPO actor over a ``TrainEngine`` (``config`` is an ``ActorConfig``)."""
+
+    def __init__(self, config: Any, engine: TrainEngine, use_remove_padding: bool, rollout_n: int = 1):
+        self.config = config
+        self.engine = engine
+        self.use_remove_padding = bool(use_remove_padding)
+        # None: ``engine.forward.use_packed_layout`` picks packed vs trimmed for the device; True/False
+        # forces a layout (benchmarks compare the two side by side).
+        self.packed: bool | None = None
+        check_loss_agg_mode(config.loss_agg_mode)
+        self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+        self.mini_batch_size = normalize_mini_batch_size(
+            config.ppo_mini_batch_size, rollout_n, engine.dp_size, "actor_rollout_ref.actor.ppo_mini_batch_size"
+        )
+        self.update_spec = MicroBatchSpec(
+            use_dynamic_bsz=bool(config.use_dynamic_bsz),
+            micro_batch_size=config.ppo_micro_batch_size_per_gpu,
+            max_token_len=int(config.ppo_max_token_len_per_gpu),
+            field="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        )
+        if not config.use_dynamic_bsz and not config.ppo_micro_batch_size_per_gpu:
+            raise ValueError(
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must be set when use_dynamic_bsz=false "
+                "(or enable actor_rollout_ref.actor.use_dynamic_bsz with ppo_max_token_len_per_gpu)"
+            )
+        self._skipped_in_a_row = 0
+
+    # ------------------------------------------------------------------ log-probs
+    def compute_log_prob(
+        self, data: DataProto, spec: MicroBatchSpec, temperature: float, calculate_entropy: bool = False,
+        calculate_sum_pi_squared: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """``log_probs`` (and ``entropy``, ``sum_pi_squared`` when asked) of ``data``'s response tokens."""
+        return compute_token_outputs(
+            self.engine, data, spec, temperature, calculate_entropy, self.use_remove_padding, self.packed,
+            calculate_sum_pi_squared,
+        )
+
+    # ------------------------------------------------------------------ update
+    def update_policy(self, data: DataProto) -> dict[str, list[float]]:
+        """PPO epochs over mini-batches of ``data``; returns verl-named metrics (lists, one per step).
+
+        With ``meta_info[OLD_LOG_PROBS_FROM_UPDATE]`` the update is a single optimiser step on the whole
+        batch, so pi_old = pi_theta at the start of it: the old log-prob is the detached log-prob of this
+        very forward pass (PPO ratio exactly 1; Schulman et al. 2017, eq. 7, whose gradient at r = 1 is the
+        policy gradient A * grad log pi) and the pass also reports ``actor/entropy``, the metric the skipped
+        ``old_log_prob`` stage would have produced.
+        """
+        cfg = self.config
+        temperature = float(data.meta_info["temperature"])
+        from_update = bool(data.meta_info.get(OLD_LOG_PROBS_FROM_UPDATE, False))
+        diagnose = from_update or bool(data.meta_info.get(PI_OLD_DIAGNOSTICS_IN_UPDATE, False))
+        # rows the dispatch added to fill the last rank carry response_mask = 0; they must not add steps either
+        mini_rows = mini_batch_rows(self.mini_batch_size, len(data), self.engine.dp_size,
+                                    int(data.meta_info.get(DP_PAD_ROWS, 0)))
+        if from_update:
+            self._check_single_step(len(data), mini_rows)
+        keys = list(_MODEL_KEYS) + ["response_mask", "advantages"] + ([] if from_update else ["old_log_probs"])
+        if diagnose and "rollout_log_probs" in data.batch:
+            keys.append("rollout_log_probs")
+        if cfg.use_kl_loss:
+            if "ref_log_prob" not in data.batch:
+                raise KeyError("actor.use_kl_loss=true needs 'ref_log_prob' in the batch; compute it with the ref worker")
+            keys.append("ref_log_prob")
+        if "rollout_is_weights" in data.batch:
+            keys.append("rollout_is_weights")
+        batch = data.select(batch_keys=keys)
+        global_step = int(data.meta_info.get("global_steps", 0))
+        metrics: dict[str, list[float]] = defaultdict(list)
+        module = self.engine.module
+        module.train()
+        with self.engine.on_device(with_optimizer=True):
+            for epoch in range(int(cfg.ppo_epochs)):
+                if cfg.shuffle:
+                    gen = torch.Generator().manual_seed(_mini_batch_seed(cfg.data_loader_seed, global_step, epoch))
+                    batch_e = batch.select_idxs(torch.randperm(len(batch), generator=gen))
+                else:
+                    batch_e = batch
+                for i, mini_batch in enumerate(batch_e.split(mini_rows)):
+                    # Only the first forward pass runs before an optimiser step, i.e. at pi_old.
+                    at_pi_old = diagnose and epoch == 0 and i == 0
+                    self._train_mini_batch(mini_batch, temperature, metrics, from_update, at_pi_old)
+        metrics["actor/lr"].append(self.engine.lr_scheduler_step())
+        return dict(metrics)
+
+    def _check_single_step(self, rows: int, mini_rows: int) -> None:
+        """Old log-probs taken from the update are only pi_old if the update is one optimiser step."""
+        epochs = int(self.config.ppo_epochs)
+        if epochs != 1 or rows > mini_rows:
+            raise ValueError(
+                f"the batch asks for old log-probs from the update pass ({OLD_LOG_PROBS_FROM_UPDATE}), but this "
+                f"update makes {epochs} epoch(s) over {rows} rows in mini-batches of {mini_rows}: only "
+                "one optimiser step is on-policy; compute old_log_probs with compute_log_prob first, or set "
+                "actor_rollout_ref.actor.ppo_epochs=1 and ppo_mini_batch_size >= data.train_batch_size"
+            )
+
+    def _global_normalizers(self, micro_batches: list[DataProto]) -> dict[str, int]:
+        tokens, seqs = 0, 0
+        for mb in micro_batches:
+            counts = count_loss_normalizers(mb.batch["response_mask"])
+            tokens += counts["global_token_num"]
+            seqs += counts["global_batch_size"]
+        tokens, seqs = self.engine.all_reduce_sum([float(tokens), float(seqs)])
+        return {"global_token_num": int(tokens), "global_batch_size": int(seqs)}
+
+    def _train_mini_batch(
+        self, mini_batch: DataProto, temperature: float, metrics: dict[str, list[float]], from_update: bool = False,
+        at_pi_old: bool = False,
+    ) -> None:
+        cfg = self.config
+        micro_batches, _ = split_micro_batches(mini_batch, self.update_spec)
+        normalizers = self._global_normalizers(micro_batches)
+        view = with_global_batch_info(
+            cfg, loss_scale_factor=cfg.loss_scale_factor, dp_size=self.engine.dp_size, **normalizers
+        )
+        agg = {k: v for k, v in view.global_batch_info.items() if v is not None}
+        entropy_in_loss = cfg.entropy_coeff != 0
+        # The skipped old_log_prob stage reported actor/entropy; the update's pass at pi_old reports it instead.
+        want_entropy = bool(entropy_in_loss or cfg.calculate_entropy or from_update or at_pi_old)
+        diff_sums: dict[str, torch.Tensor] = {}
+        acc = _MicroBatchMetrics()
+        self.engine.zero_grad()
+        for mb in micro_batches:
+            has_tokens = bool(mb.batch["response_mask"].any())  # read before the copy to the device: no sync
+            b = mb.batch.to(self.engine.device)
+            mask = b["response_mask"]
+            with self.engine.autocast():
+                log_prob, entropy = response_log_probs(
+                    self.engine.module, b, temperature, want_entropy, self.use_remove_padding,
+                    entropy_grad=entropy_in_loss, packed=self.packed,
+                )
+            old_log_prob = log_prob.detach() if from_update else b["old_log_probs"]
+            if at_pi_old and "rollout_log_probs" in b:
+                for key, value in rollout_probs_diff_sums(b["rollout_log_probs"], log_prob, mask).items():
+                    diff_sums[key] = value if key not in diff_sums else (
+                        torch.maximum(diff_sums[key], value) if key == "max_d" else diff_sums[key] + value)
+            pg_loss, pg_metrics = self.policy_loss_fn(
+                old_log_prob, log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, b.get("rollout_is_weights")
+            )
+            loss = pg_loss
+            acc.add("actor/pg_loss", pg_loss)
+            if want_entropy:
+                entropy_term = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
+                acc.add("actor/entropy", entropy_term)
+                if entropy_in_loss:
+                    loss = loss - cfg.entropy_coeff * entropy_term
+            if cfg.use_kl_loss:
+                kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.kl_loss_type)
+                kl_term = agg_loss(kld, mask, cfg.loss_agg_mode, **agg)
+                loss = loss + cfg.kl_loss_coef * kl_term
+                acc.add("actor/kl_loss", kl_term)
+            loss.backward()
+            if has_tokens:  # a micro-batch of padding rows only has no policy-loss statistics to average in
+                acc.observe(pg_metrics)
+        step = self.engine.optimizer_step(cfg.grad_clip)
+        self._track_skips(step.stepped, step.grad_norm)
+        for name, value in acc.values().items():
+            metrics[name].append(value)
+        if at_pi_old and "rollout_log_probs" in mini_batch.batch:
+            metrics.update({k: [v] for k, v in self._global_probs_diff(diff_sums).items()})
+        if cfg.use_kl_loss:
+            metrics["actor/kl_coef"].append(float(cfg.kl_loss_coef))
+        metrics["actor/grad_norm"].append(step.grad_norm)
+        metrics["actor/nonfinite_grad_skipped"].append(0.0 if step.stepped else 1.0)
+
+    def _global_probs_diff(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        """``training/rollout_probs_diff_*`` of the whole mini-batch: the sums of every micro-batch and rank
+        (a collective: every rank calls it with the same keys, zeros where it saw no token)."""
+        totals = self.engine.all_reduce_sum([float(sums[k]) if k in sums else 0.0 for k in PROBS_DIFF_SUM_KEYS])
+        merged: dict[str, float] = dict(zip(PROBS_DIFF_SUM_KEYS, totals))
+        merged["max_d"] = self.engine.all_reduce_max([float(sums["max_d"]) if "max_d" in sums else 0.0])[0]
+        return rollout_probs_diff_from_sums(merged)
+
+    def _track_skips(self, stepped: bool, grad_norm: float) -> None:
+        if stepped:
+            self._skipped_in_a_row = 0
+            return
+        self._skipped_in_a_row += 1
+        limit = int(self.config.max_consecutive_skipped_steps)
+        if limit > 0 and self._skipped_in_a_row >= limit:
+            raise NonFiniteGradientError(
+                f"the actor's gradient norm was {grad_norm} for {self._skipped_in_a_row} optimizer steps in a row, "
+                "so those steps were skipped; lower actor.optim.lr, check rewards/advantages for inf/nan, or raise "
+                "actor_rollout_ref.actor.max_consecutive_skipped_steps (0 disables the abort)"
+            )
