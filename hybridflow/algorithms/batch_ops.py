@@ -20,7 +20,7 @@ from .pf_ppo import compute_pf_ppo_reweight_data
 from .registries import AdvantageEstimator, get_adv_estimator_fn
 
 __all__ = [
-    "OLD_LOG_PROBS_FROM_UPDATE", "PI_OLD_DIAGNOSTICS_IN_UPDATE", "AdvantageSettings", "apply_kl_penalty", "compute_advantage", "compute_response_mask",
+    "OLD_LOG_PROBS_FROM_UPDATE", "PI_OLD_DIAGNOSTICS_IN_UPDATE", "ROLLOUT_CORRECTION_BYPASS", "AdvantageSettings", "apply_kl_penalty", "compute_advantage", "compute_response_mask",
 ]
 
 # ``meta_info`` flag on a training batch: pi_old is the detached log-prob of the update's own forward pass
@@ -30,6 +30,9 @@ OLD_LOG_PROBS_FROM_UPDATE = "old_log_probs_from_update"
 # rollout), so the actor reports ``actor/entropy`` and ``training/rollout_probs_diff_*`` from its first forward
 # pass -- the one that runs before any optimiser step, i.e. exactly at pi_old.
 PI_OLD_DIAGNOSTICS_IN_UPDATE = "pi_old_diagnostics_in_update"
+# ``meta_info`` entry (a ``bypass_loss.BypassSettings``): rollout-correction bypass mode -- ``old_log_probs`` are
+# the rollout's, and the actor's loss corrects the mismatch against the policy being trained.
+ROLLOUT_CORRECTION_BYPASS = "rollout_correction_bypass"
 
 
 class AdvantageSettings:

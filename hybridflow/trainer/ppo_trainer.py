@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from hybridflow.algorithms.batch_ops import ROLLOUT_CORRECTION_BYPASS
+from hybridflow.algorithms.bypass_loss import BypassSettings
 from hybridflow.protocol import DataProto
 from hybridflow.tracking.metrics import (
     compute_data_metrics,
@@ -203,8 +205,10 @@ class PPOTrainer:
             if cfg.trainer.balance_batch:
                 metrics.update(balance_batch(batch, self.dp_size))
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            if plan.old_log_prob_in_update:  # exactly on-policy: pi_old comes from the update's own pass
-                stages.compute_old_log_prob(groups, batch, plan, cfg.actor_rollout_ref.actor.loss_agg_mode)
+            if plan.old_log_prob_in_update or plan.reuse_rollout_log_probs:  # pi_old without a forward pass:
+                # the update's own pass, or the rollout's log-probs (diagnostics then come from the update)
+                metrics.update(stages.compute_old_log_prob(groups, batch, plan,
+                                                           cfg.actor_rollout_ref.actor.loss_agg_mode))
             else:
                 with timed("old_log_prob", timing):
                     metrics.update(stages.compute_old_log_prob(groups, batch, plan,
@@ -223,6 +227,8 @@ class PPOTrainer:
             if plan.use_critic:
                 with timed("update_critic", timing):
                     metrics.update(stages.update_critic(groups, batch))
+            if cfg.algorithm.rollout_correction.bypass_mode:  # old_log_probs are mu; the actor's loss corrects
+                batch.meta_info[ROLLOUT_CORRECTION_BYPASS] = BypassSettings.from_config(cfg.algorithm.rollout_correction)
             if self.global_steps >= plan.critic_warmup:  # the first critic_warmup steps train the critic only
                 with timed("update_actor", timing):
                     metrics.update(stages.update_actor(groups, batch, cfg.actor_rollout_ref.rollout.temperature))

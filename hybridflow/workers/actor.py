@@ -23,7 +23,12 @@ from typing import Any
 
 import torch
 
-from hybridflow.algorithms.batch_ops import OLD_LOG_PROBS_FROM_UPDATE, PI_OLD_DIAGNOSTICS_IN_UPDATE
+from hybridflow.algorithms.batch_ops import (
+    OLD_LOG_PROBS_FROM_UPDATE,
+    PI_OLD_DIAGNOSTICS_IN_UPDATE,
+    ROLLOUT_CORRECTION_BYPASS,
+)
+from hybridflow.algorithms.bypass_loss import compute_policy_loss_bypass_mode
 from hybridflow.algorithms.aggregation import agg_loss, check_loss_agg_mode, count_loss_normalizers
 from hybridflow.algorithms.kl import kl_penalty
 from hybridflow.algorithms.loss_config import with_global_batch_info
@@ -182,6 +187,7 @@ class PPOActor:
         keys = list(_MODEL_KEYS) + ["response_mask", "advantages"] + ([] if from_update else ["old_log_probs"])
         if diagnose and "rollout_log_probs" in data.batch:
             keys.append("rollout_log_probs")
+        bypass = data.meta_info.get(ROLLOUT_CORRECTION_BYPASS)  # old_log_probs are the rollout's mu
         if cfg.use_kl_loss:
             if "ref_log_prob" not in data.batch:
                 raise KeyError("actor.use_kl_loss=true needs 'ref_log_prob' in the batch; compute it with the ref worker")
@@ -203,7 +209,7 @@ class PPOActor:
                 for i, mini_batch in enumerate(batch_e.split(self.mini_batch_size)):
                     # Only the first forward pass runs before an optimiser step, i.e. at pi_old.
                     at_pi_old = diagnose and epoch == 0 and i == 0
-                    self._train_mini_batch(mini_batch, temperature, metrics, from_update, at_pi_old)
+                    self._train_mini_batch(mini_batch, temperature, metrics, from_update, at_pi_old, bypass)
         metrics["actor/lr"].append(self.engine.lr_scheduler_step())
         return dict(metrics)
 
@@ -229,7 +235,7 @@ class PPOActor:
 
     def _train_mini_batch(
         self, mini_batch: DataProto, temperature: float, metrics: dict[str, list[float]], from_update: bool = False,
-        at_pi_old: bool = False,
+        at_pi_old: bool = False, bypass=None,
     ) -> None:
         cfg = self.config
         micro_batches, _ = split_micro_batches(mini_batch, self.update_spec)
@@ -258,9 +264,14 @@ class PPOActor:
                 for key, value in rollout_probs_diff_sums(b["rollout_log_probs"], log_prob, mask).items():
                     diff_sums[key] = value if key not in diff_sums else (
                         torch.maximum(diff_sums[key], value) if key == "max_d" else diff_sums[key] + value)
-            pg_loss, pg_metrics = self.policy_loss_fn(
-                old_log_prob, log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, b.get("rollout_is_weights")
-            )
+            if bypass is not None:
+                pg_loss, pg_metrics = compute_policy_loss_bypass_mode(
+                    old_log_prob, log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, bypass
+                )
+            else:
+                pg_loss, pg_metrics = self.policy_loss_fn(
+                    old_log_prob, log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, b.get("rollout_is_weights")
+                )
             loss = pg_loss
             acc.add("actor/pg_loss", pg_loss)
             if want_entropy:

@@ -108,3 +108,25 @@ def test_errors_exit_2_from_the_command_line():
     out = subprocess.run([sys.executable, "-m", "hybridflow", "train", "--dry-run", *BASE,
                           f"{A}.rollout.temperature=0"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "actor_rollout_ref.rollout.temperature=0.0" in out.stderr
+
+
+BYPASS = ["algorithm.adv_estimator=grpo", "algorithm.rollout_correction.bypass_mode=true"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (BYPASS, r"bypass_mode=true uses the rollout's log-probs as pi_old: set .*calculate_log_probs=true"),
+    (BYPASS + [f"{A}.rollout.calculate_log_probs=true", f"{A}.actor.policy_loss.loss_mode=gspo"],
+     r"replaces the policy loss .*loss_mode=gspo would be ignored"),
+    (["algorithm.adv_estimator=optimal_token_baseline", f"{A}.actor.calculate_sum_pi_squared=true",
+      "algorithm.rollout_correction.bypass_mode=true", f"{A}.rollout.calculate_log_probs=true"],
+     r"skips the actor's log-prob pass.*optimal_token_baseline"),
+    (["algorithm.rollout_correction.loss_type=reinforce"], r"loss_type=reinforce .* acts only with .*bypass_mode=true"),
+    (["algorithm.rollout_correction.loss_type=pg"], r"loss_type='pg': choose one of ppo_clip, reinforce"),
+    ([f"{A}.rollout.calculate_log_probs=true", "algorithm.rollout_correction.rollout_rs=token"],
+     r"rollout_rs=token .* set algorithm.rollout_correction.rollout_rs_threshold"),
+    ([f"{A}.rollout.calculate_log_probs=true", "algorithm.rollout_correction.rollout_is=tokens"],
+     r"rollout_is='tokens': choose null, token or sequence"),
+])
+def test_rollout_correction_combinations_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config([*BASE, *overrides])
