@@ -337,9 +337,7 @@ class PPOTrainer:
                 rng=ckpt.capture_rng_state(),
                 kl_ctrl=self.kl_ctrl.state_dict() if self.kl_ctrl is not None else {},
             ))
-            model = self.config.actor_rollout_ref.model
-            lora = {"lora": {"lora_rank": int(model.lora_rank), "lora_alpha": float(model.lora_alpha)}}
-            writer.commit(components, metadata=lora if model.lora_rank > 0 else None)
+            writer.commit(components, metadata=ckpt.lora_metadata(self.config.actor_rollout_ref.model))
         ckpt.rotate_checkpoints(root, "actor", tcfg.max_actor_ckpt_to_keep)
         ckpt.rotate_checkpoints(root, "critic", tcfg.max_critic_ckpt_to_keep)
 

@@ -25,6 +25,7 @@ from hybridflow.engine.model_loader import (
     apply_lora,
     enable_gradient_checkpointing,
     load_causal_lm,
+    load_lora_adapter,
     load_tokenizer,
 )
 from hybridflow.engine.train_engine import TrainEngine
@@ -62,7 +63,8 @@ class ActorRolloutRefWorker(Worker):
         self.actor: PPOActor | None = None
         self.ref_engine: TrainEngine | None = None
         self.rollout_engine = None
-        self._lora = int(config.model.lora_rank) > 0
+        # verl: a saved adapter (lora_adapter_path) makes the run LoRA even with lora_rank=0
+        self._lora = int(config.model.lora_rank) > 0 or config.model.lora_adapter_path is not None
 
     # ------------------------------------------------------------------ construction
     def _load_policy_module(self, fsdp_config, trainable: bool):
@@ -71,7 +73,9 @@ class ActorRolloutRefWorker(Worker):
             mc.path, dtype=fsdp_config.model_dtype, trust_remote_code=mc.trust_remote_code,
             override_config=mc.override_config, field="actor_rollout_ref.model.path",
         )
-        if trainable and self._lora:
+        if trainable and mc.lora_adapter_path:  # start from a saved adapter (its config sets rank and alpha)
+            module = load_lora_adapter(module, mc.lora_adapter_path)
+        elif trainable and self._lora:
             module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, mc.exclude_modules)
         if trainable and mc.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
