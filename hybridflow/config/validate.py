@@ -18,6 +18,8 @@ from hybridflow.config.schema import PPOConfig
 # verl's loss aggregation modes (algorithms/aggregation.py implements each; config cannot import algorithms)
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
+# dtype spellings the engine understands (engine/device.py maps them; tests/config keeps the two in step)
+DTYPE_NAMES = ("fp32", "float32", "float", "bf16", "bfloat16", "fp16", "float16", "half")
 SUPPORTED_STRATEGIES = ("fsdp", "fsdp2")
 SUPPORTED_ROLLOUTS = ("hf", "vllm", "sglang", "trtllm")
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
@@ -56,6 +58,7 @@ def validate_config(cfg: PPOConfig) -> list[str]:
     _check_batch_sizes(cfg, errors, notes)
     _check_legacy_micro(cfg, errors, notes)
     _check_sampling(cfg, errors)
+    _check_dtypes(cfg, errors)
     _check_schedules(cfg, errors)
     _check_unused(cfg, notes)
     if errors:
@@ -293,6 +296,21 @@ def _check_sampling(cfg: PPOConfig, errors: list[str]) -> None:
                       f"do_sample={str(rollout.do_sample).lower()}: {how}, and the actor scores the sampled tokens "
                       "under softmax(logits / temperature), which is undefined at 0. Set rollout.temperature > 0 "
                       "(1.0 samples from the model); greedy decoding belongs in rollout.val_kwargs")
+
+
+def _check_dtypes(cfg: PPOConfig, errors: list[str]) -> None:
+    nodes = (("actor_rollout_ref.actor.fsdp_config", cfg.actor_rollout_ref.actor.fsdp_config),
+             ("actor_rollout_ref.ref.fsdp_config", cfg.actor_rollout_ref.ref.fsdp_config),
+             ("critic.model.fsdp_config", cfg.critic.model.fsdp_config),
+             ("reward_model.model.fsdp_config", cfg.reward_model.model.fsdp_config))
+    for key, node in nodes:
+        mp = node.mixed_precision
+        for name, value in (("model_dtype", node.model_dtype), ("dtype", node.dtype),
+                            ("mixed_precision.param_dtype", mp.param_dtype),
+                            ("mixed_precision.reduce_dtype", mp.reduce_dtype),
+                            ("mixed_precision.buffer_dtype", mp.buffer_dtype)):
+            if value is not None and str(value).lower() not in DTYPE_NAMES + ("auto",):
+                errors.append(f"{key}.{name}={value!r} is not a dtype; use one of {', '.join(DTYPE_NAMES)}")
 
 
 def _check_schedules(cfg: PPOConfig, errors: list[str]) -> None:

@@ -13,8 +13,10 @@ from hybridflow.engine.train_engine import TrainEngine
 
 
 def fsdp_cfg(**kw):
+    from hybridflow.config.schema import MixedPrecisionConfig
+
     base = dict(fsdp_size=-1, dtype="bfloat16", reshard_after_forward=True, offload_policy=False,
-                param_offload=False, optimizer_offload=False)
+                param_offload=False, optimizer_offload=False, mixed_precision=MixedPrecisionConfig())
     base.update(kw)
     return SimpleNamespace(**base)
 
