@@ -59,6 +59,7 @@ def validate_config(cfg: PPOConfig) -> list[str]:
     _check_legacy_micro(cfg, errors, notes)
     _check_sampling(cfg, errors)
     _check_dtypes(cfg, errors)
+    _check_async_reward(cfg, errors)
     _check_schedules(cfg, errors)
     _check_unused(cfg, notes)
     if errors:
@@ -296,6 +297,18 @@ def _check_sampling(cfg: PPOConfig, errors: list[str]) -> None:
                       f"do_sample={str(rollout.do_sample).lower()}: {how}, and the actor scores the sampled tokens "
                       "under softmax(logits / temperature), which is undefined at 0. Set rollout.temperature > 0 "
                       "(1.0 samples from the model); greedy decoding belongs in rollout.val_kwargs")
+
+
+def _check_async_reward(cfg: PPOConfig, errors: list[str]) -> None:
+    if not cfg.reward_model.launch_reward_fn_async:
+        return
+    key = "reward_model.launch_reward_fn_async=true"
+    if cfg.algorithm.filter_groups.enable:
+        errors.append(f"{key} scores while the log-prob passes run, but algorithm.filter_groups (DAPO dynamic "
+                      "sampling) needs the scores before the batch exists, to choose its groups: use one or the other")
+    if cfg.reward_model.enable:
+        errors.append(f"{key} runs the reward *function* in the background; with reward_model.enable=true the scores "
+                      "come from the reward-model worker group instead, so there is nothing to launch: drop one")
 
 
 def _check_dtypes(cfg: PPOConfig, errors: list[str]) -> None:

@@ -31,6 +31,7 @@ from hybridflow.tracking.metrics import (
 )
 from hybridflow.trainer import run_checkpoint as ckpt
 from hybridflow.trainer import stages
+from hybridflow.trainer.async_reward import AsyncRewardScorer
 from hybridflow.trainer.balance import balance_batch
 from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator, zero_variance_fraction
 from hybridflow.trainer.rollout_correction_stage import apply_rollout_correction, correction_enabled
@@ -118,6 +119,9 @@ class PPOTrainer:
         self.skipped_steps = 0  # steps whose update was skipped for non-finite gradients
         self.history = RunHistory()
         self.flops_counters = build_flops_counters(config)
+        # reward_model.launch_reward_fn_async: the reward function scores in the background during the log-prob,
+        # reference and value passes (the config refuses it where scores are needed earlier)
+        self.async_reward = AsyncRewardScorer(reward_fn) if config.reward_model.launch_reward_fn_async else None
         self.validator = None
         if val_dataloader is not None:
             trainer_cfg = config.trainer
@@ -162,6 +166,8 @@ class PPOTrainer:
         return self.history
 
     def _finish(self) -> None:
+        if self.async_reward is not None:
+            self.async_reward.close()
         if self.logger is None:
             return
         output_dir = getattr(self.logger, "output_dir", None)  # loggers without a folder get no report
@@ -205,6 +211,7 @@ class PPOTrainer:
             if cfg.trainer.balance_batch:
                 metrics.update(balance_batch(batch, self.dp_size))
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+            pending_reward = self.async_reward.launch(batch) if self.async_reward is not None else None
             if plan.old_log_prob_in_update or plan.reuse_rollout_log_probs:  # pi_old without a forward pass:
                 # the update's own pass, or the rollout's log-probs (diagnostics then come from the update)
                 metrics.update(stages.compute_old_log_prob(groups, batch, plan,
@@ -219,6 +226,12 @@ class PPOTrainer:
             if plan.use_critic:
                 with timed("values", timing):
                     stages.compute_values(groups, batch)
+            if pending_reward is not None:  # wait for the background scorer (the time blocked is timing_s/reward)
+                with timed("reward", timing):
+                    metrics.update(stages.apply_reward_result(batch, self.async_reward.collect(pending_reward)))
+            if not plan.filter_groups:  # (with filtering, the accumulator reports it over every generated group)
+                # groups whose n scores are all equal give GRPO-style estimators no signal (DAPO, Yu et al. 2025)
+                metrics["train/zero_variance_group_fraction"] = zero_variance_fraction(batch, "seq_reward")
             with timed("adv", timing):
                 batch, adv_metrics = stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl)
                 metrics.update(adv_metrics)
@@ -273,8 +286,6 @@ class PPOTrainer:
                 return None
             batch = self.generate_and_score(stages.prompts_from_loader(batch_dict), timing, metrics)
             if acc is None:
-                # groups whose n scores are all equal give GRPO-style estimators no signal (DAPO, Yu et al. 2025)
-                metrics["train/zero_variance_group_fraction"] = zero_variance_fraction(batch, "seq_reward")
                 return batch
             acc.add(batch)
             if acc.full:
@@ -295,8 +306,9 @@ class PPOTrainer:
             with timed("gen_max", timing):
                 baselines = stages.generate_remax_baseline(self.groups, baseline_prompts, self.reward_fn)
             batch.batch["reward_baselines"] = baselines.repeat_interleave(len(batch) // len(baselines))
-        with timed("reward", timing):
-            metrics.update(stages.compute_reward(self.groups, batch, self.reward_fn, plan.use_rm))
+        if self.async_reward is None:  # else scored in the background once the batch is final (train_step)
+            with timed("reward", timing):
+                metrics.update(stages.compute_reward(self.groups, batch, self.reward_fn, plan.use_rm))
         return batch
 
     # ------------------------------------------------------------------------------------------ validation

@@ -205,7 +205,13 @@ def compute_reward(groups: WorkerGroups, batch: DataProto, reward_fn: Callable, 
     if use_rm:
         batch.batch["token_level_scores"] = batch.batch["rm_scores"]
         return {}
-    result = reward_fn(batch, return_dict=True)
+    return apply_reward_result(batch, reward_fn(batch, return_dict=True))
+
+
+def apply_reward_result(batch: DataProto, result: dict[str, Any]) -> dict[str, float]:
+    """Write a reward manager's ``result`` (``reward_tensor``, ``reward_extra_info``, ``reward_metrics``) into
+    ``batch``; returns the reward metrics.  Separate from the call so the call can run in the background
+    (``reward_model.launch_reward_fn_async``, ``trainer/async_reward.py``)."""
     batch.batch["token_level_scores"] = result["reward_tensor"]
     metrics: dict[str, float] = {}
     for key, values in result.get("reward_extra_info", {}).items():
@@ -315,6 +321,7 @@ def sync_rollout_weights(groups: WorkerGroups) -> None:
 
 __all__ = [
     "StepPlan",
+    "apply_reward_result",
     "WorkerGroups",
     "compute_advantages",
     "compute_old_log_prob",
