@@ -71,6 +71,7 @@ def compute_token_outputs(
     use_remove_padding: bool,
     packed: bool | None = None,
     calculate_sum_pi_squared: bool = False,
+    use_torch_compile: bool = False,
 ) -> dict[str, torch.Tensor]:
     """No-grad per-response-token outputs (B, R) of ``engine``'s module, in ``data``'s row order:
     ``log_probs``, plus ``entropy`` and ``sum_pi_squared`` when asked (see ``response_token_outputs``).
@@ -86,7 +87,7 @@ def compute_token_outputs(
         for mb in micro_batches:
             outs = response_token_outputs(
                 module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding,
-                packed=packed, calculate_sum_pi_squared=calculate_sum_pi_squared,
+                packed=packed, calculate_sum_pi_squared=calculate_sum_pi_squared, use_torch_compile=use_torch_compile,
             )
             for key, value in outs.items():
                 pieces.setdefault(key, []).append(value.float().cpu())
@@ -165,7 +166,7 @@ class PPOActor:
         """``log_probs`` (and ``entropy``, ``sum_pi_squared`` when asked) of ``data``'s response tokens."""
         return compute_token_outputs(
             self.engine, data, spec, temperature, calculate_entropy, self.use_remove_padding, self.packed,
-            calculate_sum_pi_squared,
+            calculate_sum_pi_squared, use_torch_compile=bool(self.config.use_torch_compile),
         )
 
     # ------------------------------------------------------------------ update
@@ -257,7 +258,7 @@ class PPOActor:
             with self.engine.autocast():
                 log_prob, entropy = response_log_probs(
                     self.engine.module, b, temperature, want_entropy, self.use_remove_padding,
-                    entropy_grad=entropy_in_loss, packed=self.packed,
+                    entropy_grad=entropy_in_loss, packed=self.packed, use_torch_compile=bool(cfg.use_torch_compile),
                 )
             old_log_prob = log_prob.detach() if from_update else b["old_log_probs"]
             if at_pi_old and "rollout_log_probs" in b:

@@ -222,11 +222,14 @@ class ActorRolloutRefWorker(Worker):
         temperature = self._temperature(data)
         spec = self._log_prob_spec(self.config.ref, "actor_rollout_ref.ref")
         use_rmpad = self.config.model.use_remove_padding
+        compile_ = bool(self.config.ref.use_torch_compile)
         if self.ref_engine is None:  # LoRA: the base model is the actor without its adapters
             with self.actor_engine.module.disable_adapter():
-                log_probs = compute_token_outputs(self.actor_engine, data, spec, temperature, False, use_rmpad)["log_probs"]
+                log_probs = compute_token_outputs(self.actor_engine, data, spec, temperature, False, use_rmpad,
+                                                  use_torch_compile=compile_)["log_probs"]
         else:
-            log_probs = compute_token_outputs(self.ref_engine, data, spec, temperature, False, use_rmpad)["log_probs"]
+            log_probs = compute_token_outputs(self.ref_engine, data, spec, temperature, False, use_rmpad,
+                                              use_torch_compile=compile_)["log_probs"]
         return DataProto.from_dict({"ref_log_prob": log_probs}, meta_info={"temperature": temperature})
 
     # ------------------------------------------------------------------ update
