@@ -530,7 +530,7 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: Optional[int]
     max_critic_ckpt_to_keep: Optional[int]
     ray_wait_register_center_timeout: int
-    use_legacy_worker_impl: str
+    use_legacy_worker_impl: Any  # "auto" | "enable" | "disable" (verl scripts also write False); inert here
     seed: int
     report: bool
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 
 from hybridflow.config.errors import ConfigError
+from hybridflow.config.key_policy import inert_note, refusal_errors
 from hybridflow.config.schema import PPOConfig
 
 # verl's loss aggregation modes (algorithms/aggregation.py implements each; config cannot import algorithms)
@@ -61,6 +62,7 @@ def validate_config(cfg: PPOConfig) -> list[str]:
     _check_dtypes(cfg, errors)
     _check_async_reward(cfg, errors)
     _check_schedules(cfg, errors)
+    errors.extend(refusal_errors(cfg))
     _check_unused(cfg, notes)
     if errors:
         raise ConfigError(errors)
@@ -185,6 +187,8 @@ def _normalise_deprecated(cfg: PPOConfig, notes: list[str]) -> None:
             role.grad_clip = role.optim.clip_grad
             notes.append(f"{key}.optim.clip_grad={role.optim.clip_grad} is used as {key}.grad_clip")
     actor = cfg.actor_rollout_ref.actor
+    # verl mirrors <role>.entropy_checkpointing into its engine's fsdp_config; either spelling turns it on
+    actor.entropy_checkpointing = bool(actor.entropy_checkpointing or actor.fsdp_config.entropy_checkpointing)
     if actor.use_gpg_loss and actor.policy_loss.loss_mode in ("vanilla", "gpg"):
         actor.policy_loss.loss_mode = "gpg"
         notes.append("actor_rollout_ref.actor.use_gpg_loss is deprecated; using "
@@ -372,25 +376,6 @@ def _largest_divisor(n: int, cap: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
-_UNUSED = {
-    "actor_rollout_ref.model.use_liger": False,
-    "actor_rollout_ref.model.use_fused_kernels": False,
-    "actor_rollout_ref.model.enable_activation_offload": False,
-    "actor_rollout_ref.model.use_shm": False,
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
-    "critic.ulysses_sequence_parallel_size": 1,
-    "data.use_shm": False,
-    "trainer.default_hdfs_dir": None,
-    "actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
-    "actor_rollout_ref.ref.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
-    "critic.model.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
-    "reward_model.rollout.name": None,
-    "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing": False,
-    "actor_rollout_ref.ref.fsdp_config.entropy_checkpointing": False,
-    "actor_rollout_ref.rollout.max_batch_size": None,
-}
-
-
 def _check_unused(cfg: PPOConfig, notes: list[str]) -> None:
     rollout = cfg.actor_rollout_ref.rollout
     if rollout.name in ("vllm", "sglang", "trtllm"):
@@ -399,10 +384,6 @@ def _check_unused(cfg: PPOConfig, notes: list[str]) -> None:
     if rollout.multi_turn.enable:
         notes.append("actor_rollout_ref.rollout.multi_turn.enable=true: multi-turn tool rollouts are not wired into "
                      "the trainer yet; responses are generated single-turn")
-    for key, default in _UNUSED.items():
-        val = _get(cfg, key)
-        if val != default:
-            notes.append(f"{key}={val!r} is accepted for verl compatibility but has no effect in hybridflow")
-    if cfg.global_profiler or cfg.actor_rollout_ref.actor.profiler:
-        notes.append("profiler settings are accepted for verl compatibility but ignored (use torch.profiler "
-                     "or py-spy around `hybridflow train`)")
+    note = inert_note(cfg)  # every inert key the command line set, in one note
+    if note:
+        notes.append(note)

@@ -43,6 +43,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.max_prompt_length = int(config.max_prompt_length)
         self.truncation = config.truncation
         self.template_kwargs = dict(config.apply_chat_template_kwargs or {})
+        self.return_full_prompt = bool(config.return_full_prompt)
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation must be one of {', '.join(TRUNCATION_MODES)}, got '{self.truncation}'")
         if self.max_prompt_length <= 0:
@@ -111,14 +112,17 @@ class RLHFDataset(torch.utils.data.Dataset):
         self._ids_cache = {new: ids for new, (_, ids) in enumerate(keep)}
 
     # ------------------------------------------------------------------ items
+    def _render(self, index: int) -> str:
+        """The prompt as text: the chat messages through the chat template, ready for generation."""
+        messages = check_chat_messages(self.rows[index][self.prompt_key], self._where(index), self.prompt_key)
+        templater = self.processor if self.processor is not None else self.tokenizer
+        return templater.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                             **self.template_kwargs)
+
     def _tokenize(self, index: int) -> list[int]:
         if index in self._ids_cache:
             return self._ids_cache[index]
-        messages = check_chat_messages(self.rows[index][self.prompt_key], self._where(index), self.prompt_key)
-        templater = self.processor if self.processor is not None else self.tokenizer
-        text = templater.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                             **self.template_kwargs)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(self._render(index), add_special_tokens=False))
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -135,6 +139,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         item["index"] = extra["index"] if extra.get("index") is not None else index
         item["tools_kwargs"] = extra.get("tools_kwargs") or {}
         item["interaction_kwargs"] = extra.get("interaction_kwargs") or {}
+        if self.return_full_prompt:  # verl's key: the templated prompt text, e.g. for reward functions
+            item["full_prompts"] = self._render(index)
         return item
 
 

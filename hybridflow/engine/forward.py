@@ -64,15 +64,23 @@ _CHUNK_ROWS = 2048  # tokens per chunk when turning logits into log-probs / entr
 
 def logprob_entropy(
     logits: torch.Tensor, labels: torch.Tensor, calculate_entropy: bool, chunk: int = _CHUNK_ROWS,
-    entropy_grad: bool = True, use_torch_compile: bool = False,
+    entropy_grad: bool = True, use_torch_compile: bool = False, entropy_checkpointing: bool = False,
 ):
     """Log-probs of ``labels`` and (optionally) entropies for (N, V) logits, ``chunk`` rows at a time.
 
     Chunking (in ``algorithms/entropy.py``) bounds the fp32 softmax temporaries to ``chunk x V``.
     ``entropy_grad=False`` computes the entropy outside autograd: a metric-only entropy then costs no
     saved softmax and no backward work.  ``use_torch_compile`` runs the per-chunk kernels compiled where that
-    was measured to pay off (``engine/compiled_kernels.py``).
+    was measured to pay off (``engine/compiled_kernels.py``).  ``entropy_checkpointing`` (verl's key) keeps no
+    softmax for the entropy's backward and recomputes it there instead: less memory, one more pass.
     """
+    if entropy_checkpointing and calculate_entropy and entropy_grad and torch.is_grad_enabled():
+        from torch.utils.checkpoint import checkpoint
+
+        log_probs, _ = logprob_entropy(logits, labels, False, chunk, use_torch_compile=use_torch_compile)
+        entropy = checkpoint(lambda x: logprob_entropy(x, labels, True, chunk, use_torch_compile=use_torch_compile)[1],
+                             logits, use_reentrant=False)
+        return log_probs, entropy
     from hybridflow.algorithms.entropy import entropy_from_logits_with_chunking, logprobs_from_logits
     from hybridflow.engine.compiled_kernels import compiled_entropy, compiled_logprob, wants_compiled
 
@@ -195,7 +203,7 @@ def _sum_pi_squared(logits: torch.Tensor, chunk: int = _CHUNK_ROWS) -> torch.Ten
 
 
 def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool, sum_pi_squared: bool = False,
-             use_torch_compile: bool = False) -> HeadFn:
+             use_torch_compile: bool = False, entropy_checkpointing: bool = False) -> HeadFn:
     def head(module, ids, attn, pos, keep):
         extra = {"logits_to_keep": keep} if keep is not None and _accepts_logits_to_keep(module) else {}
         logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **extra).logits
@@ -206,7 +214,7 @@ def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool, su
         b, l, v = logits.shape
         lp, ent = logprob_entropy(
             logits.reshape(b * l, v), labels.reshape(b * l), calculate_entropy, entropy_grad=entropy_grad,
-            use_torch_compile=use_torch_compile,
+            use_torch_compile=use_torch_compile, entropy_checkpointing=entropy_checkpointing,
         )
         out = {"log_probs": lp.view(b, l)}
         if ent is not None:
@@ -228,6 +236,7 @@ def response_token_outputs(
     packed: bool | None = None,
     calculate_sum_pi_squared: bool = False,
     use_torch_compile: bool = False,
+    entropy_checkpointing: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Per response token (B, R): ``log_probs`` = log π_T(response_t | context), and on request ``entropy``
     of π_T and ``sum_pi_squared`` = Σ_v π_T(v)², all from one forward pass (π_T: logits / temperature).
@@ -243,7 +252,8 @@ def response_token_outputs(
         batch["input_ids"],
         batch["attention_mask"],
         batch["position_ids"],
-        _lm_head(float(temperature), calculate_entropy, entropy_grad, calculate_sum_pi_squared, use_torch_compile),
+        _lm_head(float(temperature), calculate_entropy, entropy_grad, calculate_sum_pi_squared, use_torch_compile,
+                 entropy_checkpointing),
         use_remove_padding,
         packed,
         first_col=batch["input_ids"].shape[-1] - R - 1,  # the response's predictions start one column early
@@ -260,10 +270,11 @@ def response_log_probs(
     entropy_grad: bool = True,
     packed: bool | None = None,
     use_torch_compile: bool = False,
+    entropy_checkpointing: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(log_probs, entropy or None)`` of :func:`response_token_outputs`."""
     outs = response_token_outputs(module, batch, temperature, calculate_entropy, use_remove_padding, entropy_grad,
-                                  packed, use_torch_compile=use_torch_compile)
+                                  packed, use_torch_compile=use_torch_compile, entropy_checkpointing=entropy_checkpointing)
     return outs["log_probs"], outs.get("entropy")
 
 

@@ -133,11 +133,14 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     override_config: dict | None = None,
     field: str = "actor_rollout_ref.model.path",
+    hf_config_path: str | None = None,
 ):
-    """The policy / reference model. ``dtype`` is the *parameter* dtype (fp32 master weights by default)."""
+    """The policy / reference model. ``dtype`` is the *parameter* dtype (fp32 master weights by default).
+    ``hf_config_path`` (verl's ``model.hf_config_path``) takes the model config from another folder."""
     from transformers import AutoModelForCausalLM
 
-    cfg = load_hf_config(path, trust_remote_code, override_config, field)
+    cfg = load_hf_config(hf_config_path or path, trust_remote_code, override_config,
+                         "actor_rollout_ref.model.hf_config_path" if hf_config_path else field)
     return _from_pretrained(AutoModelForCausalLM, path, cfg, dev.resolve_dtype(dtype), trust_remote_code, field)
 
 

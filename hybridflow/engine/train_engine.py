@@ -79,9 +79,15 @@ class TrainEngine:
         total_training_steps: int | None = None,
         role: str = "actor",
         mesh=None,
+        activation_offload: bool = False,
     ):
         self.role = role
         self.fsdp_config = fsdp_config
+        self.offload_activations = bool(activation_offload)
+        if fsdp_config.full_determinism:  # verl: deterministic kernels (slower), every RNG seeded from fsdp seed
+            from transformers import enable_full_determinism
+
+            enable_full_determinism(int(fsdp_config.seed))
         self.device = dev.get_device()
         self.mesh = mesh if mesh is not None else build_device_mesh(fsdp_config.fsdp_size)
         module.to(self.device)
@@ -99,6 +105,8 @@ class TrainEngine:
                 reduce_dtype=reduce,
                 reshard_after_forward=bool(fsdp_config.reshard_after_forward),
                 cpu_offload=bool(fsdp_config.offload_policy),
+                layer_cls_names=fsdp_config.wrap_policy.transformer_layer_cls_to_wrap,
+                forward_prefetch=bool(fsdp_config.forward_prefetch),
             )
         self.module = module
         self.optimizer = None
@@ -194,6 +202,14 @@ class TrainEngine:
         if self.is_sharded or self.compute_dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(device_type=dev.device_type(), dtype=self.compute_dtype)
+
+    def activation_offload(self):
+        """``model.enable_activation_offload``: tensors saved for backward go to pinned host memory during the
+        forward and come back for the backward (``torch.autograd.graph.save_on_cpu``), trading PCIe transfers
+        for GPU memory.  On CPU the activations already live in host memory, so this is a no-op there."""
+        if not self.offload_activations or not dev.is_cuda():
+            return contextlib.nullcontext()
+        return torch.autograd.graph.save_on_cpu(pin_memory=True)
 
     # ------------------------------------------------------------------ offload between phases
     def offload_params(self) -> None:

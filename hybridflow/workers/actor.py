@@ -255,10 +255,11 @@ class PPOActor:
             has_tokens = bool(mb.batch["response_mask"].any())  # read before the copy to the device: no sync
             b = mb.batch.to(self.engine.device)
             mask = b["response_mask"]
-            with self.engine.autocast():
+            with self.engine.autocast(), self.engine.activation_offload():
                 log_prob, entropy = response_log_probs(
                     self.engine.module, b, temperature, want_entropy, self.use_remove_padding,
                     entropy_grad=entropy_in_loss, packed=self.packed, use_torch_compile=bool(cfg.use_torch_compile),
+                    entropy_checkpointing=bool(cfg.entropy_checkpointing),
                 )
             old_log_prob = log_prob.detach() if from_update else b["old_log_probs"]
             if at_pi_old and "rollout_log_probs" in b:

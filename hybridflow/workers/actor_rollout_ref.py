@@ -71,7 +71,7 @@ class ActorRolloutRefWorker(Worker):
         mc = self.config.model
         module = load_causal_lm(
             mc.path, dtype=fsdp_config.model_dtype, trust_remote_code=mc.trust_remote_code,
-            override_config=mc.override_config, field="actor_rollout_ref.model.path",
+            override_config=mc.override_config, field="actor_rollout_ref.model.path", hf_config_path=mc.hf_config_path,
         )
         if trainable and mc.lora_adapter_path:  # start from a saved adapter (its config sets rank and alpha)
             module = load_lora_adapter(module, mc.lora_adapter_path)
@@ -100,8 +100,9 @@ class ActorRolloutRefWorker(Worker):
         if self._is_actor:
             ac = self.config.actor
             module = self._load_policy_module(ac.fsdp_config, trainable=True)
-            self.actor_engine = TrainEngine(module, ac.fsdp_config, ac.optim, total_training_steps, role="actor")
-            self.actor = PPOActor(ac, self.actor_engine, mc.use_remove_padding, rollout_n=self.config.rollout.n)
+            self.actor_engine = TrainEngine(module, ac.fsdp_config, ac.optim, total_training_steps, role="actor",
+                                            activation_offload=bool(mc.enable_activation_offload))
+            self.actor = PPOActor(ac, self.actor_engine, ac.use_remove_padding, rollout_n=self.config.rollout.n)
         if self._is_ref and not (self._lora and self._is_actor):
             module = self._load_policy_module(self.config.ref.fsdp_config, trainable=False)
             self.ref_engine = TrainEngine(module, self.config.ref.fsdp_config, None, role="ref")

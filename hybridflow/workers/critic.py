@@ -93,7 +93,7 @@ class PPOCritic:
         for mb in micro_batches:
             b = mb.batch.to(self.engine.device)
             mask = b["response_mask"]
-            with self.engine.autocast():
+            with self.engine.autocast(), self.engine.activation_offload():
                 vpreds = response_values(self.engine.module, b, self.use_remove_padding)
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds, b["returns"], b["values"], mask, float(cfg.cliprange_value), cfg.loss_agg_mode, **norm
@@ -141,7 +141,8 @@ class CriticWorker(Worker):
             module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, task_type="TOKEN_CLS")
         if mc.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
-        self.engine = TrainEngine(module, mc.fsdp_config, self.config.optim, total_training_steps, role="critic")
+        self.engine = TrainEngine(module, mc.fsdp_config, self.config.optim, total_training_steps, role="critic",
+                                  activation_offload=bool(mc.enable_activation_offload))
         self.critic = PPOCritic(self.config, self.engine)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
