@@ -8,7 +8,7 @@ PYTHON  := $(VENV)/bin/python
 TORCH   := torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv test test-fast quickstart bench clean
+.PHONY: venv test test-fast test-learning quickstart bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PYTHON) -m pytest -q tests -m "not slow"
+
+# the seeded mini-runs whose reward must climb (also part of test and test-fast)
+test-learning: $(STAMP)
+	$(PYTHON) -m pytest -q tests -m learning
 
 quickstart: $(STAMP)
 	$(VENV)/bin/hybridflow quickstart --output-dir outputs/quickstart
