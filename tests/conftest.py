@@ -63,3 +63,13 @@ def _no_leaked_process_group():
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests need CUDA; on a machine without it they are skipped, saying so."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False here); run on a GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
