@@ -62,7 +62,9 @@ class StepPlan:
 
     * ``reuse_rollout_log_probs``: the rollout's own log-probs (``rollout.calculate_log_probs=true``) when the
       update is exactly on-policy (one optimiser step on the batch) or ``rollout_correction.bypass_mode`` asks
-      for them explicitly;
+      for them explicitly -- never for ``optimal_token_baseline``, whose advantages need the actor pass's
+      ``sum_pi_squared``; ``actor/entropy`` and ``training/rollout_probs_diff_*`` then come from the update's
+      first forward pass (``PI_OLD_DIAGNOSTICS_IN_UPDATE``);
     * ``old_log_prob_in_update`` (the default for GRPO-style runs): the update is one optimiser step over
       the whole batch -- ``actor.ppo_epochs == 1`` and ``actor.ppo_mini_batch_size >= data.train_batch_size``
       -- and nothing reads ``old_log_probs`` before it: ``algorithm.use_kl_in_reward=false``, rollout

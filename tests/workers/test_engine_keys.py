@@ -40,11 +40,13 @@ def test_actor_use_remove_padding_overrides_the_model_key(tiny_model_dir, config
     assert worker.actor.use_remove_padding is False
 
 
-def test_full_determinism_turns_on_deterministic_kernels(tiny_model_dir, config_factory):
+def test_full_determinism_turns_on_deterministic_kernels(tiny_model_dir, config_factory, batches):
     before = torch.are_deterministic_algorithms_enabled()
     try:
-        _worker(config_factory, tiny_model_dir, f"{A}.actor.fsdp_config.full_determinism=true")
+        worker = _worker(config_factory, tiny_model_dir, f"{A}.actor.fsdp_config.full_determinism=true")
         assert torch.are_deterministic_algorithms_enabled()
+        data = batches.make_update_batch(worker.actor_engine.module.config.vocab_size, seed=0)
+        assert batches.run_update(worker, data)["actor/grad_norm"][0] > 0  # every op of an update has such a kernel
     finally:
         torch.use_deterministic_algorithms(before)
 
