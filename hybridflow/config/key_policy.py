@@ -100,9 +100,6 @@ INERT: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.actor,critic}.optim.total_training_steps",
             "filled by the trainer from trainer.total_training_steps or the epochs (verl overwrites it too)"),
     KeyRule("trainer.use_legacy_worker_impl", "hybridflow has one worker implementation"),
-    KeyRule("reward_model.use_reward_loop",
-            "selects between verl's reward-loop and legacy reward paths; hybridflow has one (the trainer's reward "
-            "manager), with the same scores"),
     KeyRule("reward_model.rollout.{dtype,gpu_memory_utilization,enforce_eager,tensor_model_parallel_size,"
             "max_num_seqs,load_format,prompt_length,response_length}",
             "only read with reward_model.rollout.name, which is refused"),

@@ -211,7 +211,9 @@ class PPOTrainer:
             if cfg.trainer.balance_batch:
                 metrics.update(balance_batch(batch, self.dp_size))
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            pending_reward = self.async_reward.launch(batch) if self.async_reward is not None else None
+            # (scores already in the batch -- a reward model or the agent loops' reward loop -- need no launch)
+            pending_reward = (self.async_reward.launch(batch) if self.async_reward is not None
+                              and "rm_scores" not in batch.batch else None)
             if plan.old_log_prob_in_update or plan.reuse_rollout_log_probs:  # pi_old without a forward pass:
                 # the update's own pass, or the rollout's log-probs (diagnostics then come from the update)
                 metrics.update(stages.compute_old_log_prob(groups, batch, plan,
@@ -245,8 +247,9 @@ class PPOTrainer:
             if self.global_steps >= plan.critic_warmup:  # the first critic_warmup steps train the critic only
                 with timed("update_actor", timing):
                     metrics.update(stages.update_actor(groups, batch, cfg.actor_rollout_ref.rollout.temperature))
-                with timed("update_weights", timing):
-                    stages.sync_rollout_weights(groups)
+                moved = stages.sync_rollout_weights(groups)  # None: the rollout shares the actor's module
+                if moved is not None:
+                    timing["update_weights"] = moved
         if cfg.trainer.rollout_data_dir:
             from hybridflow.trainer.rollout_dump import dump_generations
 
@@ -302,11 +305,13 @@ class PPOTrainer:
             if plan.remax_baseline:
                 baseline_prompts = prompts.select(deepcopy=True)
             batch = stages.generate(self.groups, prompts, meta)
+        metrics.update(batch.meta_info.pop("gen_metrics", {}))
+        timing.update(batch.meta_info.pop("gen_timing", {}))  # verl's agent_loop/* timings
         if plan.remax_baseline:
             with timed("gen_max", timing):
                 baselines = stages.generate_remax_baseline(self.groups, baseline_prompts, self.reward_fn)
             batch.batch["reward_baselines"] = baselines.repeat_interleave(len(batch) // len(baselines))
-        if self.async_reward is None:  # else scored in the background once the batch is final (train_step)
+        if self.async_reward is None or "rm_scores" in batch.batch:  # else scored in the background (train_step)
             with timed("reward", timing):
                 metrics.update(stages.compute_reward(self.groups, batch, self.reward_fn, plan.use_rm))
         return batch

@@ -11,7 +11,8 @@ from .conftest import run, small_overrides
 
 A = "actor_rollout_ref"
 REWARD = [f"custom_reward_function.path={Path(__file__).with_name('reward_fns.py')}",
-          "custom_reward_function.name=compute_score_thread", "reward_model.num_workers=0"]
+          "custom_reward_function.name=compute_score_thread", "reward_model.num_workers=0",
+          "reward_model.use_reward_loop=false"]  # the trainer scores (the agent loops' reward loop is another path)
 # KL loss brings a reference pass and two mini-batches bring an old-log-prob pass: stages the scoring overlaps
 ALGO = ["algorithm.adv_estimator=grpo", f"{A}.actor.use_kl_loss=true"]
 

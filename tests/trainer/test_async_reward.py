@@ -46,8 +46,11 @@ def test_errors_of_the_scorer_surface_in_the_trainer():
 @pytest.mark.parametrize("extra,message", [
     (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"], "filter_groups"),
     (["reward_model.enable=true"], "reward-model worker group"),
+    ([], "use_reward_loop=true .* already scores every trajectory"),
 ])
 def test_refused_where_scores_are_needed_earlier(extra, message):
     with pytest.raises(ConfigError, match=message):
         load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
                      "reward_model.launch_reward_fn_async=true", *extra])
+    load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
+                 "reward_model.launch_reward_fn_async=true", "reward_model.use_reward_loop=false"])  # accepted
