@@ -100,6 +100,7 @@ INERT: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.actor,critic}.optim.total_training_steps",
             "filled by the trainer from trainer.total_training_steps or the epochs (verl overwrites it too)"),
     KeyRule("trainer.use_legacy_worker_impl", "hybridflow has one worker implementation"),
+    KeyRule("actor_rollout_ref.rollout.skip_dump_dir", "only read with rollout.skip_rollout, which is refused"),
     KeyRule("reward_model.rollout.{dtype,gpu_memory_utilization,enforce_eager,tensor_model_parallel_size,"
             "max_num_seqs,load_format,prompt_length,response_length}",
             "only read with reward_model.rollout.name, which is refused"),
