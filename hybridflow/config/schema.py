@@ -8,7 +8,7 @@ Free-form nodes (``override_config``, ``engine_kwargs``, ``reward_kwargs``...) a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 KW = dict(kw_only=True)
@@ -78,6 +78,16 @@ class WrapPolicy:
 
 
 @dataclass(**KW)
+class MixedPrecisionConfig:
+    """verl's ``fsdp_config.mixed_precision`` (``+...fsdp_config.mixed_precision.param_dtype=bf16``): the dtype
+    FSDP computes in (the unsharded parameters), reduces gradients in, and keeps buffers in; null = not set."""
+
+    param_dtype: Optional[str] = None
+    reduce_dtype: Optional[str] = None
+    buffer_dtype: Optional[str] = None
+
+
+@dataclass(**KW)
 class FSDPConfig:
     wrap_policy: WrapPolicy
     param_offload: bool
@@ -95,6 +105,7 @@ class FSDPConfig:
     # verl mirrors the role's entropy_checkpointing into its engine config; the role key is the one read
     # here. Defaulted so code building an FSDP config by hand (the SFT trainer) need not spell it out.
     entropy_checkpointing: bool = False
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
 
 @dataclass(**KW)
@@ -519,7 +530,7 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: Optional[int]
     max_critic_ckpt_to_keep: Optional[int]
     ray_wait_register_center_timeout: int
-    use_legacy_worker_impl: str
+    use_legacy_worker_impl: Any  # "auto" | "enable" | "disable" (verl scripts also write False); inert here
     seed: int
     report: bool
 

@@ -61,6 +61,14 @@ def _actor_role(config) -> str:
 _INIT_ORDER = ("critic", "reward_model", "actor_rollout")
 
 
+def pool_options(config) -> dict[str, Any]:
+    """Resource-pool options from the config: verl's ``trainer.ray_wait_register_center_timeout`` is how long the
+    Ray worker slots (placement groups) may take to come up before start-up fails naming what is missing."""
+    if config.trainer.backend != "ray":
+        return {}
+    return {"ready_timeout_s": float(config.trainer.ray_wait_register_center_timeout)}
+
+
 def create_workers(config) -> Runtime:
     """Start the backend and the role worker processes, without loading any model yet.
 
@@ -95,7 +103,7 @@ def create_workers(config) -> Runtime:
         from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
         process_on_nodes = [1] if backend == "local" else [tcfg.n_gpus_per_node] * tcfg.nnodes
-        pool = create_resource_pool(backend, process_on_nodes, use_gpu=use_gpu)
+        pool = create_resource_pool(backend, process_on_nodes, use_gpu=use_gpu, **pool_options(config))
         release = getattr(pool, "release", None)
         if callable(release):
             runtime._closers.append(release)
@@ -344,9 +352,20 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         for fn in reward_fns:
             fn.close()
         if runtime is not None:
+            dump_ray_timeline(config)
             runtime.close()
         else:
             start.abandon()
+
+
+def dump_ray_timeline(config) -> None:
+    """``ray_kwargs.timeline_json_file``: Ray's task timeline (chrome://tracing JSON) of the run, as verl writes it."""
+    path = config.ray_kwargs.timeline_json_file
+    if path and config.trainer.backend == "ray":
+        import ray
+
+        if ray.is_initialized():
+            ray.timeline(filename=str(path))
 
 
 def main(argv: list[str] | None = None) -> int:

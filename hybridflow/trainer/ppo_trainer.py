@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from hybridflow.algorithms.batch_ops import ROLLOUT_CORRECTION_BYPASS
+from hybridflow.algorithms.bypass_loss import BypassSettings
 from hybridflow.protocol import DataProto
 from hybridflow.tracking.metrics import (
     compute_data_metrics,
@@ -29,8 +31,9 @@ from hybridflow.tracking.metrics import (
 )
 from hybridflow.trainer import run_checkpoint as ckpt
 from hybridflow.trainer import stages
+from hybridflow.trainer.async_reward import AsyncRewardScorer
 from hybridflow.trainer.balance import balance_batch
-from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator
+from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator, zero_variance_fraction
 from hybridflow.trainer.rollout_correction_stage import apply_rollout_correction, correction_enabled
 from hybridflow.trainer.stages import StepPlan, WorkerGroups, timed
 from hybridflow.trainer.validation import Validator
@@ -116,6 +119,9 @@ class PPOTrainer:
         self.skipped_steps = 0  # steps whose update was skipped for non-finite gradients
         self.history = RunHistory()
         self.flops_counters = build_flops_counters(config)
+        # reward_model.launch_reward_fn_async: the reward function scores in the background during the log-prob,
+        # reference and value passes (the config refuses it where scores are needed earlier)
+        self.async_reward = AsyncRewardScorer(reward_fn) if config.reward_model.launch_reward_fn_async else None
         self.validator = None
         if val_dataloader is not None:
             trainer_cfg = config.trainer
@@ -161,6 +167,8 @@ class PPOTrainer:
         return self.history
 
     def _finish(self) -> None:
+        if self.async_reward is not None:
+            self.async_reward.close()
         if self.logger is None:
             return
         output_dir = getattr(self.logger, "output_dir", None)  # loggers without a folder get no report
@@ -204,8 +212,13 @@ class PPOTrainer:
             if cfg.trainer.balance_batch:
                 metrics.update(balance_batch(batch, self.dp_size))
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            if plan.old_log_prob_in_update:  # exactly on-policy: pi_old comes from the update's own pass
-                stages.compute_old_log_prob(groups, batch, plan, cfg.actor_rollout_ref.actor.loss_agg_mode)
+            # (scores already in the batch -- a reward model or the agent loops' reward loop -- need no launch)
+            pending_reward = (self.async_reward.launch(batch) if self.async_reward is not None
+                              and "rm_scores" not in batch.batch else None)
+            if plan.old_log_prob_in_update or plan.reuse_rollout_log_probs:  # pi_old without a forward pass:
+                # the update's own pass, or the rollout's log-probs (diagnostics then come from the update)
+                metrics.update(stages.compute_old_log_prob(groups, batch, plan,
+                                                           cfg.actor_rollout_ref.actor.loss_agg_mode))
             else:
                 with timed("old_log_prob", timing):
                     metrics.update(stages.compute_old_log_prob(groups, batch, plan,
@@ -216,6 +229,12 @@ class PPOTrainer:
             if plan.use_critic:
                 with timed("values", timing):
                     stages.compute_values(groups, batch)
+            if pending_reward is not None:  # wait for the background scorer (the time blocked is timing_s/reward)
+                with timed("reward", timing):
+                    metrics.update(stages.apply_reward_result(batch, self.async_reward.collect(pending_reward)))
+            if not plan.filter_groups:  # (with filtering, the accumulator reports it over every generated group)
+                # groups whose n scores are all equal give GRPO-style estimators no signal (DAPO, Yu et al. 2025)
+                metrics["train/zero_variance_group_fraction"] = zero_variance_fraction(batch, "seq_reward")
             with timed("adv", timing):
                 batch, adv_metrics = stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl)
                 metrics.update(adv_metrics)
@@ -224,6 +243,8 @@ class PPOTrainer:
             if plan.use_critic:
                 with timed("update_critic", timing):
                     metrics.update(stages.update_critic(groups, batch))
+            if cfg.algorithm.rollout_correction.bypass_mode:  # old_log_probs are mu; the actor's loss corrects
+                batch.meta_info[ROLLOUT_CORRECTION_BYPASS] = BypassSettings.from_config(cfg.algorithm.rollout_correction)
             if self.global_steps >= plan.critic_warmup:  # the first critic_warmup steps train the critic only
                 with timed("update_actor", timing):
                     metrics.update(stages.update_actor(groups, batch, cfg.actor_rollout_ref.rollout.temperature))
@@ -236,7 +257,8 @@ class PPOTrainer:
             extra = {k: list(batch.non_tensor_batch[k]) for k in self._reward_extra_keys(batch)}
             dump_generations(cfg.trainer.rollout_data_dir, self.global_steps + 1, self.tokenizer, batch,
                              batch.batch["token_level_scores"].sum(-1).tolist(), extra)
-        metrics.update(compute_data_metrics(batch, use_critic=plan.use_critic))
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        metrics.update(compute_data_metrics(batch, use_critic=plan.use_critic, eos_token_ids=[eos]))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, self.n_devices))
         metrics.update(compute_mfu_metrics(batch, timing, self.flops_counters, self.n_devices,
@@ -290,8 +312,9 @@ class PPOTrainer:
             with timed("gen_max", timing):
                 baselines = stages.generate_remax_baseline(self.groups, baseline_prompts, self.reward_fn)
             batch.batch["reward_baselines"] = baselines.repeat_interleave(len(batch) // len(baselines))
-        with timed("reward", timing):
-            metrics.update(stages.compute_reward(self.groups, batch, self.reward_fn, plan.use_rm))
+        if self.async_reward is None or "rm_scores" in batch.batch:  # else scored in the background (train_step)
+            with timed("reward", timing):
+                metrics.update(stages.compute_reward(self.groups, batch, self.reward_fn, plan.use_rm))
         return batch
 
     # ------------------------------------------------------------------------------------------ validation
@@ -332,9 +355,7 @@ class PPOTrainer:
                 rng=ckpt.capture_rng_state(),
                 kl_ctrl=self.kl_ctrl.state_dict() if self.kl_ctrl is not None else {},
             ))
-            model = self.config.actor_rollout_ref.model
-            lora = {"lora": {"lora_rank": int(model.lora_rank), "lora_alpha": float(model.lora_alpha)}}
-            writer.commit(components, metadata=lora if model.lora_rank > 0 else None)
+            writer.commit(components, metadata=ckpt.lora_metadata(self.config.actor_rollout_ref.model))
         ckpt.rotate_checkpoints(root, "actor", tcfg.max_actor_ckpt_to_keep)
         ckpt.rotate_checkpoints(root, "critic", tcfg.max_critic_ckpt_to_keep)
 

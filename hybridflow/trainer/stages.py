@@ -19,7 +19,11 @@ import torch
 from hybridflow.protocol import DataProto
 from hybridflow.utils.profiler import simple_timer as timed  # noqa: F401 - the stages' timer
 from hybridflow.tracking.metrics import reduce_metrics
-from hybridflow.algorithms.batch_ops import OLD_LOG_PROBS_FROM_UPDATE, compute_response_mask
+from hybridflow.algorithms.batch_ops import (
+    OLD_LOG_PROBS_FROM_UPDATE,
+    PI_OLD_DIAGNOSTICS_IN_UPDATE,
+    compute_response_mask,
+)
 
 # Keys the rollout needs from a prompt batch; everything else stays on the controller's copy.
 PROMPT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -50,7 +54,9 @@ class StepPlan:
 
     * ``reuse_rollout_log_probs``: the rollout's own log-probs (``rollout.calculate_log_probs=true``) when the
       update is exactly on-policy (one optimiser step on the batch) or ``rollout_correction.bypass_mode`` asks
-      for them explicitly;
+      for them explicitly -- never for ``optimal_token_baseline``, whose advantages need the actor pass's
+      ``sum_pi_squared``; ``actor/entropy`` and ``training/rollout_probs_diff_*`` then come from the update's
+      first forward pass (``PI_OLD_DIAGNOSTICS_IN_UPDATE``);
     * ``old_log_prob_in_update`` (the default for GRPO-style runs): the update is one optimiser step over
       the whole batch -- ``actor.ppo_epochs == 1`` and ``actor.ppo_mini_batch_size >= data.train_batch_size``
       -- and nothing reads ``old_log_probs`` before it: ``algorithm.use_kl_in_reward=false``, rollout
@@ -86,9 +92,11 @@ class StepPlan:
         rollout_correction = corrects or bool(rc.bypass_mode)
         # Exactly on-policy (one optimiser step on the batch the rollout sampled from), and the rollout was
         # asked for the log-probs of its samples: the actor's recomputation would give the same numbers.
-        reuse = bool(rollout.calculate_log_probs) and ((one_mini_batch and not corrects) or bool(rc.bypass_mode))
-        # Optimal Token Baseline reads pi_old (and sum_pi_squared) in the advantage stage, before the update.
+        # Optimal Token Baseline reads pi_old and sum_pi_squared (which only the actor's pass emits) in the
+        # advantage stage, before the update: the rollout's log-probs cannot stand in for that pass.
         otb = config.algorithm.adv_estimator == "optimal_token_baseline" or bool(actor.calculate_sum_pi_squared)
+        reuse = bool(rollout.calculate_log_probs) and not otb and (
+            (one_mini_batch and not corrects) or bool(rc.bypass_mode))
         in_update = (
             one_mini_batch and not reuse and not rollout_correction and not otb
             and not bool(config.algorithm.use_kl_in_reward)
@@ -205,7 +213,13 @@ def compute_reward(groups: WorkerGroups, batch: DataProto, reward_fn: Callable, 
         batch.batch["token_level_scores"] = batch.batch["rm_scores"]
         return _numeric_means({k: batch.non_tensor_batch[k] for k in batch.meta_info.get("reward_extra_keys", [])
                                if k in batch.non_tensor_batch})
-    result = reward_fn(batch, return_dict=True)
+    return apply_reward_result(batch, reward_fn(batch, return_dict=True))
+
+
+def apply_reward_result(batch: DataProto, result: dict[str, Any]) -> dict[str, float]:
+    """Write a reward manager's ``result`` (``reward_tensor``, ``reward_extra_info``, ``reward_metrics``) into
+    ``batch``; returns the reward metrics.  Separate from the call so the call can run in the background
+    (``reward_model.launch_reward_fn_async``, ``trainer/async_reward.py``)."""
     batch.batch["token_level_scores"] = result["reward_tensor"]
     # batch-level info (e.g. error counts) comes through reward_metrics, not as columns
     extra = {k: v for k, v in result.get("reward_extra_info", {}).items() if len(v) == len(batch)}
@@ -231,6 +245,7 @@ def compute_old_log_prob(groups: WorkerGroups, batch: DataProto, plan: StepPlan,
         return {}
     if plan.reuse_rollout_log_probs and "rollout_log_probs" in batch.batch:
         batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+        batch.meta_info[PI_OLD_DIAGNOSTICS_IN_UPDATE] = True  # entropy and probs diff from the update's first pass
         return {}
     from hybridflow.algorithms import agg_loss
 
@@ -305,6 +320,7 @@ def sync_rollout_weights(groups: WorkerGroups) -> float | None:
 
 __all__ = [
     "StepPlan",
+    "apply_reward_result",
     "WorkerGroups",
     "compute_advantages",
     "compute_old_log_prob",

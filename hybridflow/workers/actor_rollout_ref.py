@@ -24,6 +24,7 @@ from hybridflow.engine.model_loader import (
     apply_lora,
     enable_gradient_checkpointing,
     load_causal_lm,
+    load_lora_adapter,
     load_processor,
     load_tokenizer,
 )
@@ -65,18 +66,21 @@ class ActorRolloutRefWorker(Worker):
         self.actor: PPOActor | None = None
         self.ref_engine: TrainEngine | None = None
         self.rollout: RolloutHost | None = None
-        self._lora = int(config.model.lora_rank) > 0
+        # verl: a saved adapter (lora_adapter_path) makes the run LoRA even with lora_rank=0
+        self._lora = int(config.model.lora_rank) > 0 or config.model.lora_adapter_path is not None
 
     # ------------------------------------------------------------------ construction
     def _load_policy_module(self, fsdp_config, trainable: bool):
         mc = self.config.model
         module = load_causal_lm(
             mc.path, dtype=fsdp_config.model_dtype, trust_remote_code=mc.trust_remote_code,
-            override_config=mc.override_config, field="actor_rollout_ref.model.path",
+            override_config=mc.override_config, field="actor_rollout_ref.model.path", hf_config_path=mc.hf_config_path,
         )
         if trainable and self.config.actor.freeze_vision_tower:
             freeze_vision_tower(module)
-        if trainable and self._lora:
+        if trainable and mc.lora_adapter_path:  # start from a saved adapter (its config sets rank and alpha)
+            module = load_lora_adapter(module, mc.lora_adapter_path)
+        elif trainable and self._lora:
             module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, mc.exclude_modules)
         if trainable and mc.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
@@ -103,8 +107,9 @@ class ActorRolloutRefWorker(Worker):
         if self._is_actor:
             ac = self.config.actor
             module = self._load_policy_module(ac.fsdp_config, trainable=True)
-            self.actor_engine = TrainEngine(module, ac.fsdp_config, ac.optim, total_training_steps, role="actor")
-            self.actor = PPOActor(ac, self.actor_engine, mc.use_remove_padding, rollout_n=self.config.rollout.n)
+            self.actor_engine = TrainEngine(module, ac.fsdp_config, ac.optim, total_training_steps, role="actor",
+                                            activation_offload=bool(mc.enable_activation_offload))
+            self.actor = PPOActor(ac, self.actor_engine, ac.use_remove_padding, rollout_n=self.config.rollout.n)
         if self._is_ref and not (self._lora and self._is_actor):
             module = self._load_policy_module(self.config.ref.fsdp_config, trainable=False)
             self.ref_engine = TrainEngine(module, self.config.ref.fsdp_config, None, role="ref")
@@ -255,11 +260,14 @@ class ActorRolloutRefWorker(Worker):
         temperature = self._temperature(data)
         spec = self._log_prob_spec(self.config.ref, "actor_rollout_ref.ref")
         use_rmpad = self.config.model.use_remove_padding
+        compile_ = bool(self.config.ref.use_torch_compile)
         if self.ref_engine is None:  # LoRA: the base model is the actor without its adapters
             with self.actor_engine.module.disable_adapter():
-                log_probs = compute_token_outputs(self.actor_engine, data, spec, temperature, False, use_rmpad)["log_probs"]
+                log_probs = compute_token_outputs(self.actor_engine, data, spec, temperature, False, use_rmpad,
+                                                  use_torch_compile=compile_)["log_probs"]
         else:
-            log_probs = compute_token_outputs(self.ref_engine, data, spec, temperature, False, use_rmpad)["log_probs"]
+            log_probs = compute_token_outputs(self.ref_engine, data, spec, temperature, False, use_rmpad,
+                                              use_torch_compile=compile_)["log_probs"]
         return DataProto.from_dict({"ref_log_prob": log_probs}, meta_info={"temperature": temperature})
 
     # ------------------------------------------------------------------ update
