@@ -102,3 +102,53 @@ def test_unseeded_rows_keep_the_generator_stream():
     with_seeded = [SamplingParams(), SamplingParams(seed=3), SamplingParams(), SamplingParams(seed=4)]
     mixed, _ = sample_next_tokens(logits, rows(with_seeded, 30), torch.Generator().manual_seed(5), torch.zeros(4))
     assert mixed[0] == base[0] and mixed[2] == base[2]
+
+
+# ---------------------------------------------------------------------------------------------- engine level
+def _run_steps_until_done(engine, results, n):
+    while sum(r is not None for r in results) < n:
+        engine._locked_step()
+
+
+def _submit(engine, prompt, params, results, i):
+    def on_done(out, i=i):
+        results[i] = out
+
+    engine._batcher.submit(engine._request(prompt, params, f"r{i}", on_done, lambda e: (_ for _ in ()).throw(e)))
+
+
+def test_seeded_request_is_the_same_alone_batched_reordered_and_joining_mid_decode(model_and_tokenizer, prompt_texts):
+    from hybridflow.rollout.hf_engine import HFRolloutEngine
+
+    model, tok = model_and_tokenizer
+    prompts = [tok.encode(t) for t in prompt_texts]
+    target = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=14, seed=2024, logprobs=True, ignore_eos=True)
+    alone = HFRolloutEngine(model, tok, seed=0).generate_batch([prompts[1]], target)[0]
+    others = [SamplingParams(temperature=1.0, max_tokens=m, ignore_eos=True) for m in (5, 20, 9)]
+    batched = HFRolloutEngine(model, tok, seed=1).generate_batch(
+        [prompts[0], prompts[1], prompts[2], prompts[3]], [others[0], target, others[1], others[2]])[1]
+    reordered = HFRolloutEngine(model, tok, seed=2).generate_batch(
+        [prompts[3], prompts[4], prompts[1]], [others[2], SamplingParams(temperature=0.8, seed=5), target])[2]
+    # joining a batch that has been decoding for a few steps
+    engine = HFRolloutEngine(model, tok, seed=3)
+    results = [None] * 3
+    _submit(engine, prompts[0], others[1], results, 0)
+    _submit(engine, prompts[5], SamplingParams(temperature=1.0, max_tokens=20, seed=9), results, 1)
+    for _ in range(4):
+        engine._locked_step()
+    _submit(engine, prompts[1], target, results, 2)
+    _run_steps_until_done(engine, results, 3)
+    joined = results[2]
+    for out in (batched, reordered, joined):
+        assert out.token_ids == alone.token_ids
+        assert torch.allclose(torch.tensor(out.log_probs), torch.tensor(alone.log_probs), atol=1e-5)
+    other_seed = HFRolloutEngine(model, tok, seed=0).generate_batch([prompts[1]], SamplingParams(
+        temperature=1.0, top_p=0.95, max_tokens=14, seed=2025, ignore_eos=True))[0]
+    assert other_seed.token_ids != alone.token_ids  # the seed matters
+    # rollout.n copies with distinct seeds still share one prefill and diverge
+    group = HFRolloutEngine(model, tok).generate_batch(
+        [prompts[1]] * 4, [SamplingParams(temperature=1.0, max_tokens=14, seed=2024 + i, ignore_eos=True)
+                           for i in range(4)])
+    assert group[0].token_ids == HFRolloutEngine(model, tok).generate_batch(
+        [prompts[1]], SamplingParams(temperature=1.0, max_tokens=14, seed=2024, ignore_eos=True))[0].token_ids
+    assert len({tuple(o.token_ids) for o in group}) > 1
