@@ -155,7 +155,8 @@ class ContinuousBatcher:
         if self.reqs:
             live = [i for i, r in enumerate(self.reqs) if r is not None]
             n += len(live)
-            self._finish(live, ["abort"] * len(live))
+            with torch.inference_mode():
+                self._finish(live, ["abort"] * len(live))
         while self.pending:
             req = self.pending.popleft()
             n += 1
@@ -278,30 +279,20 @@ class ContinuousBatcher:
                 job = jobs[key] = PrefillJob(req.prompt_ids)
             job.members.append(i)
             job_of.append(job)
-        entries: list[ParkedSequence | None] = [None] * len(jobs)
+        takeovers: list[tuple[ParkedSequence, list[int]]] = []  # parked row -> the new rows it becomes
         if self.pool is not None and len(self.pool):
-            for j, job in enumerate(jobs.values()):
+            for job in jobs.values():
                 entry, reuse = self.pool.lookup(job.prompt)
-                if entry is not None and reuse > 0:
-                    entry.pinned, entries[j], job.start = True, entry, reuse
-        k = self._layout(len(reqs), cols, budget)
+                if entry is not None and reuse > 0:  # several jobs may share one parked row (copied)
+                    entry.pinned, job.start = True, reuse
+                    takeovers.append((entry, job.members))
+        k = self._layout(len(reqs), cols, budget, takeovers)
         for job in jobs.values():
             job.rows = [k + i for i in job.members]
-        dev = self.device
-        src, dst, width = [], [], 0
-        for job, entry in zip(jobs.values(), entries):
-            if entry is None:
-                continue
-            if entry.row < 0:  # evicted after all (no room): prefill from scratch
-                job.start = 0
-                continue
-            src += [entry.row] * len(job.rows)
-            dst += job.rows
-            width = max(width, job.start)
+        for entry, _ in takeovers:
             self.pool.remove(entry)
-            self.counters["prefix_hits"] += 1
-        if src:
-            self.cache.move_rows(torch.tensor(src, device=dev), torch.tensor(dst, device=dev), width)
+        self.counters["prefix_hits"] += len(takeovers)
+        dev = self.device
         logits, forwards = run_prefill(self.model, self.cache, list(jobs.values()), self.pad_token_id,
                                        self.limits.max_num_batched_tokens, self.param_dtype, dev)
 
@@ -337,12 +328,15 @@ class ContinuousBatcher:
         self.kv_len = max(self.kv_len, max(lens) + 1)
         self._record(k, tokens, log_probs)
 
-    def _layout(self, extra_rows: int, cols: int, budget: int | None) -> int:
+    def _layout(self, extra_rows: int, cols: int, budget: int | None,
+                takeovers: list[tuple[ParkedSequence, list[int]]] = ()) -> int:
         """Make room for ``extra_rows`` new decode rows of up to ``cols`` columns; return the first new row.
 
         Dead rows are compacted away (live rows move to the front, in order), parked rows move out of the
-        decode region, and the cache is reallocated (rows and/or columns) when the decode rows do not fit
-        -- all row moves in one gather / scatter per layer.  Parked rows never make the cache grow: they
+        decode region, and the cache is reallocated (rows and/or columns) when the decode rows do not fit.
+        A parked row in ``takeovers`` becomes the new rows listed with it (offsets among the new rows): its
+        columns move (or are copied, when several rows share it) there instead of staying parked.  All
+        row moves happen in one gather / scatter per layer.  Parked rows never make the cache grow: they
         keep the rows left over, least recently used evicted first.
         """
         cache = self.cache
@@ -359,24 +353,24 @@ class ContinuousBatcher:
             limit = self._row_limit(new_cols, budget)
             grown = max(_round_up(n_decode, _ROW_QUANTUM), cur_rows * 3 // 2 if n_decode > cur_rows else cur_rows)
             new_rows = max(n_decode, min(grown, limit))
-        entries = self.pool.entries() if self.pool is not None else []
-        if n_decode + len(entries) > new_rows:  # evict least recently used first, pinned ones last
-            victims = self.pool.lru() + [e for e in entries if e.pinned]
-            for e in victims[: n_decode + len(entries) - new_rows]:
+        taken = {id(e) for e, _ in takeovers}  # they become decode rows: no parked row of their own
+        entries = [e for e in self.pool.entries() if id(e) not in taken] if self.pool is not None else []
+        if n_decode + len(entries) > new_rows:  # evict the least recently used
+            for e in self.pool.lru()[: n_decode + len(entries) - new_rows]:
                 self.pool.remove(e)
-                e.row = -1
                 self.counters["evicted"] += 1
-            entries = self.pool.entries()
+            entries = [e for e in self.pool.entries() if id(e) not in taken]
         live_src = keep.tolist() if keep is not None else list(range(k))
         moves = [(s, d) for d, s in enumerate(live_src) if realloc or s != d]
+        moves += [(e.row, k + i) for e, members in takeovers for i in members]
         if realloc:  # everything is copied anyway: parked rows go right after the decode region
             targets = list(range(n_decode, n_decode + len(entries)))
-        else:  # in place: parked rows inside the decode region move to rows nobody holds
+        else:  # in place: parked rows inside the decode region move to rows nobody keeps
             staying = {e.row for e in entries if e.row >= n_decode}
             free = (r for r in range(n_decode, cur_rows) if r not in staying)
             targets = [e.row if e.row >= n_decode else next(free) for e in entries]
         moves += [(e.row, t) for e, t in zip(entries, targets) if realloc or e.row != t]
-        width = max([self.kv_len] + [len(e.tokens) for e in entries])
+        width = max([self.kv_len] + [len(e.tokens) for e in entries] + [len(e.tokens) for e, _ in takeovers])
         src = torch.tensor([s for s, _ in moves], dtype=torch.long, device=self.device)
         dst = torch.tensor([d for _, d in moves], dtype=torch.long, device=self.device)
         if cache is None:

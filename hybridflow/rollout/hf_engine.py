@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
+import time
 from typing import Iterable, Sequence
 
 import torch
@@ -154,6 +156,7 @@ class HFRolloutEngine(RolloutEngine):
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-rollout")
         self._driver: asyncio.Task | None = None
         self._asleep = False
+        self._abort_waiting = threading.Event()  # set while abort_all() waits for the step under way
 
     # ------------------------------------------------------------------ requests
     def _request(self, prompt_ids, params: SamplingParams, request_id: str, on_done, on_error) -> GenerationRequest:
@@ -191,6 +194,8 @@ class HFRolloutEngine(RolloutEngine):
                 continue
 
     def _locked_step(self) -> None:
+        while self._abort_waiting.is_set():  # let abort_all() take the lock before the next step
+            time.sleep(0.0005)
         with self._batcher.lock, eval_mode(self.model):
             if self._batcher.has_work():
                 self._batcher.step()
@@ -262,8 +267,12 @@ class HFRolloutEngine(RolloutEngine):
         """Finish every request in flight now with ``finish_reason="abort"`` and the tokens / log-probs
         generated so far (waiting requests with none); returns how many.  Waits at most for the decode
         step under way.  The engine stays usable."""
-        with self._batcher.lock:
-            return self._batcher.abort_all()
+        self._abort_waiting.set()
+        try:
+            with self._batcher.lock:
+                return self._batcher.abort_all()
+        finally:
+            self._abort_waiting.clear()
 
     def reseed(self, seed: int) -> None:
         """Restart the engine's random stream (requests without ``SamplingParams.seed``)."""

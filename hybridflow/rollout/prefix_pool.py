@@ -101,7 +101,7 @@ class PrefixPool:
         return None, 0
 
     def lru(self) -> list[ParkedSequence]:
-        """Unpinned entries, least recently used first (the eviction order)."""
+        """Unpinned entries (not being taken over), least recently used first: the eviction order."""
         return sorted((e for e in self._by_key.values() if not e.pinned), key=lambda e: e.last_used)
 
     def clear(self) -> int:
