@@ -29,6 +29,8 @@ CHOICES = {
     "actor_rollout_ref.actor.optim.lr_scheduler_type": ("constant", "cosine"),
     "critic.optim.lr_scheduler_type": ("constant", "cosine"),
     "reward_model.reward_manager": ("naive", "batch", "dapo", "prime"),
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": ("strict", "ignore_strippable", "disable"),
+    "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "right", "middle"),
 }
 
 
@@ -85,10 +87,37 @@ def _check_choices(cfg: PPOConfig, errors: list[str]) -> None:
         if val.rstrip("+") not in KL_ESTIMATORS:
             errors.append(f"{key}={val!r} is not a KL estimator; choose one of: {', '.join(KL_ESTIMATORS)} "
                           "(append '+' for the straight-through variant, e.g. low_var_kl+)")
+    _check_agent_keys(rollout, errors)
     fg = cfg.algorithm.filter_groups
     if fg.enable and fg.metric is None:
         errors.append("algorithm.filter_groups.enable=true needs algorithm.filter_groups.metric "
                       "(acc, score, seq_reward or seq_final_reward)")
+
+
+def _check_agent_keys(rollout, errors: list[str]) -> None:
+    """Agent-loop keys that cannot act here are refused (the files they name are checked before the models
+    load, by ``hybridflow.agents.setup_check``)."""
+    key = "actor_rollout_ref.rollout"
+    if rollout.agent.num_workers < 1:
+        errors.append(f"{key}.agent.num_workers={rollout.agent.num_workers}: at least one agent-loop worker is needed")
+    mt = rollout.multi_turn
+    if mt.use_inference_chat_template:
+        errors.append(f"{key}.multi_turn.use_inference_chat_template=true belongs to verl's retired SGLang multi-turn "
+                      "rollout; agent loops append the template's own continuation tokens. Remove the key.")
+    if mt.num_repeat_rollouts is not None:
+        errors.append(f"{key}.multi_turn.num_repeat_rollouts={mt.num_repeat_rollouts} belongs to verl's retired SGLang "
+                      f"multi-turn rollout; use {key}.n for samples per prompt.")
+    for name in ("max_assistant_turns", "max_user_turns"):
+        value = getattr(mt, name)
+        if value is not None and value < 1:
+            errors.append(f"{key}.multi_turn.{name}={value}: give a positive number of turns, or null for no limit")
+    if mt.max_parallel_calls < 1 or mt.max_tool_response_length < 1:
+        errors.append(f"{key}.multi_turn.max_parallel_calls and max_tool_response_length must be >= 1")
+    server = rollout.agent.custom_async_server
+    if server.path is not None or server.name is not None:
+        errors.append(f"{key}.agent.custom_async_server is verl's hook for its own server actor classes; in hybridflow "
+                      "an engine implements hybridflow.rollout.RolloutEngine and is registered in ROLLOUT_ENGINES "
+                      "(selected by rollout.name). Remove the key.")
 
 
 def _check_strategies(cfg: PPOConfig, errors: list[str]) -> None:
@@ -304,9 +333,6 @@ def _check_unused(cfg: PPOConfig, notes: list[str]) -> None:
     if rollout.name in ("vllm", "sglang", "trtllm"):
         notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: this version has no {rollout.name} adapter yet; "
                      "the run will stop when the workers start. Use rollout.name=hf (runs on CPU and GPU).")
-    if rollout.multi_turn.enable:
-        notes.append("actor_rollout_ref.rollout.multi_turn.enable=true: multi-turn tool rollouts are not wired into "
-                     "the trainer yet; responses are generated single-turn")
     for key, default in _UNUSED.items():
         val = _get(cfg, key)
         if val != default:

@@ -39,6 +39,10 @@ class ColocatedWorker(Worker):
         """Run ``method`` of role ``role``'s object in this process."""
         return getattr(self._roles[role], method)(*args, **kwargs)
 
+    def stream_role(self, role: str, method: str, *args, **kwargs):
+        """Yield from role ``role``'s generator method ``method`` (Ray streams only generator functions)."""
+        yield from getattr(self._roles[role], method)(*args, **kwargs)
+
 
 def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs]) -> ClassWithInitArgs:
     """One host class for all roles of ``class_dict``; build any group from it, then ``group.spawn(roles)``.

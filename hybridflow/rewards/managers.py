@@ -129,7 +129,7 @@ class RewardManager:
             out.data_sources.append(str(nt[self.reward_fn_key][i]))
             out.ground_truths.append(_ground_truth(nt["reward_model"][i]))
             extra = nt["extra_info"][i] if "extra_info" in nt else None
-            out.extra_infos.append(dict(extra) if isinstance(extra, dict) else {})
+            out.extra_infos.append(_with_trajectory_info(dict(extra) if isinstance(extra, dict) else {}, nt, i))
         return out
 
     def _per_sample(self, decoded: Decoded) -> list[TaskResult]:
@@ -144,6 +144,21 @@ class RewardManager:
         for i in range(min(self.num_examine, len(scores))):
             logger.info("[prompt] %s\n[response] %s\n[ground_truth] %s\n[score] %s", decoded.prompt_strs[i],
                         decoded.solution_strs[i], decoded.ground_truths[i], scores[i])
+
+
+# What the agent loop learned about a trajectory, passed to scorers in ``extra_info`` as verl passes it.
+_TRAJECTORY_COLUMNS = {"__num_turns__": "num_turns", "turn_scores": "turn_scores", "tool_rewards": "tool_rewards",
+                       "reward_scores": "rollout_reward_scores"}
+
+
+def _with_trajectory_info(extra_info: dict, non_tensors: dict, row: int) -> dict:
+    """``extra_info`` plus the row's ``num_turns``, ``turn_scores`` (interaction scores), ``tool_rewards``
+    (step rewards of its tool calls) and ``rollout_reward_scores`` when the rollout produced them."""
+    for column, key in _TRAJECTORY_COLUMNS.items():
+        if column in non_tensors and non_tensors[column][row] is not None:
+            value = non_tensors[column][row]
+            extra_info[key] = value.item() if isinstance(value, np.generic) else value
+    return extra_info
 
 
 def _ground_truth(reward_model: Any) -> Any:

@@ -10,8 +10,8 @@ step.  An engine therefore exposes, besides ``generate``:
   weights) while the trainer updates the actor;
 * ``abort_all()`` -- return every request in flight at once with what it has so far (partial rollouts).
 
-Engines work on token ids only; chat templates, tools and padding live above them (agent loops and the
-batch front-end in ``hybridflow.rollout.batch``).  Engines are looked up by verl's
+Engines work on token ids only; chat templates, tools and padding live above them (the agent loops of
+:mod:`hybridflow.agents`).  Engines are looked up by verl's
 ``actor_rollout_ref.rollout.name`` through :data:`ROLLOUT_ENGINES`.
 """
 

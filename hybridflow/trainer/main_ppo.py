@@ -91,6 +91,7 @@ def create_workers(config) -> Runtime:
             create_resource_pool,
             create_worker_group,
         )
+        from hybridflow.rollout.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
         from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
         process_on_nodes = [1] if backend == "local" else [tcfg.n_gpus_per_node] * tcfg.nnodes
@@ -110,7 +111,10 @@ def create_workers(config) -> Runtime:
             from hybridflow.workers.reward_model import RewardModelWorker
 
             class_dict["reward_model"] = ClassWithInitArgs(RewardModelWorker, config.reward_model)
-        host = create_worker_group(backend, pool, create_colocated_worker_cls(class_dict), role="colocated")
+        host_cls = create_colocated_worker_cls(class_dict)
+        # Rollout requests from the agent loops run in their own thread pool beside the dispatched calls.
+        host_cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: _rollout_threads(config)}
+        host = create_worker_group(backend, pool, host_cls, role="colocated")
         runtime._closers.append(host.shutdown)
         views = host.spawn(class_dict)
     except BaseException:
@@ -122,6 +126,23 @@ def create_workers(config) -> Runtime:
                                   critic=views.get("critic"), reward_model=views.get("reward_model"))
     runtime.n_devices = runtime.dp_size = pool.world_size
     return runtime
+
+
+def _rollout_threads(config) -> int:
+    """Threads a worker process gives to rollout requests: one per streamed request batch in flight."""
+    return max(64, min(1024, int(config.actor_rollout_ref.rollout.max_num_seqs)))
+
+
+def start_rollout_service(runtime: Runtime, config, tokenizer) -> None:
+    """The rollout service over the loaded workers: one replica per actor/rollout rank (the hybrid engine)
+    and the agent-loop manager (``rollout.agent.num_workers`` workers) that the trainer generates with."""
+    from hybridflow.agents import AgentLoopManager
+    from hybridflow.rollout.fleet import HybridFleet
+
+    fleet = HybridFleet(runtime.groups.actor_rollout)
+    manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer)
+    runtime._closers.append(manager.shutdown)
+    runtime.groups.rollout = manager
 
 
 def init_models(runtime: Runtime, total_training_steps: int | None = None) -> None:
@@ -143,6 +164,7 @@ def build_runtime(config, tokenizer=None, total_training_steps: int | None = Non
     runtime = create_workers(config)
     try:
         init_models(runtime, total_training_steps)
+        start_rollout_service(runtime, config, tokenizer if tokenizer is not None else load_tokenizer_for(config))
     except BaseException:
         runtime.close()
         raise
@@ -278,6 +300,7 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         reward_fns = [reward_fn, val_reward_fn]
         runtime = start.result()
         init_models(runtime, total)
+        start_rollout_service(runtime, config, tokenizer)
         if logger is None:
             logger = build_logger(config, total)
         trainer = PPOTrainer(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn, val_reward_fn,

@@ -226,8 +226,9 @@ class PPOTrainer:
             if self.global_steps >= plan.critic_warmup:  # the first critic_warmup steps train the critic only
                 with timed("update_actor", timing):
                     metrics.update(stages.update_actor(groups, batch, cfg.actor_rollout_ref.rollout.temperature))
-                with timed("update_weights", timing):
-                    stages.sync_rollout_weights(groups)
+                moved = stages.sync_rollout_weights(groups)  # None: the rollout shares the actor's module
+                if moved is not None:
+                    timing["update_weights"] = moved
         if cfg.trainer.rollout_data_dir:
             from hybridflow.trainer.rollout_dump import dump_generations
 
@@ -282,6 +283,8 @@ class PPOTrainer:
             if plan.remax_baseline:
                 baseline_prompts = prompts.select(deepcopy=True)
             batch = stages.generate(self.groups, prompts, meta)
+        metrics.update(batch.meta_info.pop("gen_metrics", {}))
+        timing.update(batch.meta_info.pop("gen_timing", {}))  # verl's agent_loop/* timings
         if plan.remax_baseline:
             with timed("gen_max", timing):
                 baselines = stages.generate_remax_baseline(self.groups, baseline_prompts, self.reward_fn)

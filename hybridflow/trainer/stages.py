@@ -9,16 +9,15 @@ ReMax's greedy baseline or DAPO's group filtering are options here, not copies o
 
 from __future__ import annotations
 
-import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from hybridflow.protocol import DataProto
+from hybridflow.utils.profiler import simple_timer as timed  # noqa: F401 - the stages' timer
 from hybridflow.tracking.metrics import reduce_metrics
 from hybridflow.algorithms.batch_ops import OLD_LOG_PROBS_FROM_UPDATE, compute_response_mask
 
@@ -26,28 +25,21 @@ from hybridflow.algorithms.batch_ops import OLD_LOG_PROBS_FROM_UPDATE, compute_r
 PROMPT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
-@contextmanager
-def timed(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
-    """Add the wall time of the block to ``timing_raw[name]`` (reported as ``timing_s/<name>``)."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        timing_raw[name] = timing_raw.get(name, 0.0) + time.perf_counter() - start
-
-
 @dataclass
 class WorkerGroups:
     """The controller's handles on the role worker groups (``None`` = role not used in this run).
 
     ``ref`` may be the same object as ``actor_rollout`` (actor_rollout_ref role, or LoRA where the
-    reference is the actor with its adapter disabled).
+    reference is the actor with its adapter disabled).  ``rollout`` is the rollout service: the
+    agent-loop manager whose ``generate_sequences`` is the one generation call (plain single-turn GRPO
+    included), over the fleet of engine replicas it wakes, puts to sleep and feeds new weights.
     """
 
     actor_rollout: Any
     ref: Any = None
     critic: Any = None
     reward_model: Any = None
+    rollout: Any = None
 
 
 @dataclass(frozen=True)
@@ -161,13 +153,14 @@ def generate(groups: WorkerGroups, batch: DataProto, meta: dict[str, Any]) -> Da
     """Sample responses; the rollout answers each prompt ``rollout.n`` times (``val_kwargs.n`` when validating).
 
     Its rows come back interleaved (the n samples of a prompt adjacent), so the controller's copy of the
-    prompt batch is repeated the same way before the two are merged.
+    prompt batch is repeated the same way before the two are merged.  The rollout's statistics (agent-loop
+    timing, turns, tool calls) are left in ``meta_info["gen_metrics"]``.
     """
     if len(batch) == 0:
         raise ValueError("generate: the prompt batch is empty")
     gen_input = split_generation_input(batch)
     gen_input.meta_info.update(meta)
-    output = groups.actor_rollout.generate_sequences(gen_input)
+    output = groups.rollout.generate_sequences(gen_input)
     n, rest = divmod(len(output), len(batch))
     if rest or n < 1:
         raise RuntimeError(f"the rollout returned {len(output)} rows for {len(batch)} prompts (not a multiple)")
@@ -295,15 +288,10 @@ def update_actor(groups: WorkerGroups, batch: DataProto, temperature: float) -> 
     return reduce_metrics(out.meta_info.get("metrics", {}))
 
 
-def sync_rollout_weights(groups: WorkerGroups) -> None:
-    """Make the rollout see the updated actor weights.
-
-    The colocated hf rollout generates with the actor's own module, so there is nothing to move; engines
-    that hold a separate copy (vLLM/SGLang) expose ``update_weights`` on the worker group.
-    """
-    updater = getattr(groups.actor_rollout, "update_weights", None)
-    if callable(updater):
-        updater()
+def sync_rollout_weights(groups: WorkerGroups) -> float | None:
+    """Bring the updated actor weights to the rollout replicas; the seconds it took, or ``None`` when the
+    replicas generate with the actor's own module (the colocated ``hf`` engine) and nothing moves."""
+    return groups.rollout.fleet.update_weights()
 
 
 __all__ = [

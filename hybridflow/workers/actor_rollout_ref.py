@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from hybridflow.controller import Dispatch, Worker, register
-from hybridflow.engine.forward import eval_mode
 from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.engine.model_loader import (
     apply_lora,
@@ -31,6 +30,7 @@ from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor import PPOActor, compute_token_outputs
 from hybridflow.workers.micro_batching import MicroBatchSpec
+from hybridflow.workers.rollout_host import RolloutHost
 
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
 
@@ -61,7 +61,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor_engine: TrainEngine | None = None
         self.actor: PPOActor | None = None
         self.ref_engine: TrainEngine | None = None
-        self.rollout_engine = None
+        self.rollout: RolloutHost | None = None
         self._lora = int(config.model.lora_rank) > 0
 
     # ------------------------------------------------------------------ construction
@@ -105,7 +105,7 @@ class ActorRolloutRefWorker(Worker):
             self._build_rollout()
 
     def _build_rollout(self) -> None:
-        from hybridflow.rollout import SamplingParams, create_rollout_engine
+        from hybridflow.rollout import create_rollout_engine
 
         rc = self.config.rollout
         if rc.name != "hf":
@@ -113,41 +113,56 @@ class ActorRolloutRefWorker(Worker):
                 f"actor_rollout_ref.rollout.name={rc.name!r}: the colocated ActorRolloutRefWorker drives the 'hf' "
                 "engine; vllm/sglang run as separate rollout servers"
             )
-        if self.actor_engine is None:  # rollout-only role: a frozen copy to generate with
+        shares_weights = self.actor_engine is not None
+        if not shares_weights:  # rollout-only role: a frozen copy to generate with
             module = self._load_policy_module(self.config.actor.fsdp_config, trainable=False)
             self.actor_engine = TrainEngine(module, self.config.actor.fsdp_config, None, role="rollout")
-        eos = self.tokenizer.eos_token_id
-        self.rollout_engine = create_rollout_engine(
+        engine = create_rollout_engine(
             "hf", model=self.actor_engine.module, tokenizer=self.tokenizer,
             max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank,
         )
-        eos_ids = [eos] if eos is not None else []
-        self.sampling = SamplingParams.from_rollout_config(rc, eos_token_ids=eos_ids)
-        self.val_sampling = SamplingParams.from_rollout_config(rc, validate=True, eos_token_ids=eos_ids)
+        self.rollout = RolloutHost(engine, self.actor_engine, name=f"{self.role}/rank{self.rank}",
+                                   shares_weights=shares_weights)
 
-    # ------------------------------------------------------------------ rollout
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate ``rollout.n`` responses per prompt with the actor's current weights.
+    # ------------------------------------------------------------------ rollout service (hybrid engine)
+    def _rollout_host(self) -> RolloutHost:
+        if self.rollout is None:
+            raise RuntimeError(f"the rollout service needs a role with 'rollout' (this worker is {self.role!r})")
+        return self.rollout
 
-        ``meta_info["global_steps"]`` (set by the trainer) reseeds the sampler for the step.
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_replica(self, host_role: str | None = None):
+        """The handle agent loops use to reach this rank's engine (picklable under Ray)."""
+        return self._rollout_host().replica(host_role)
+
+    def rollout_stream(self, requests):
+        """Data plane (not dispatched): serve ``requests`` on this rank, yielding outputs as they finish."""
+        yield from self._rollout_host().stream(requests)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def wake_up_rollout(self, global_step: int | None = None) -> None:
+        """Before a generation, on every rank together: full weights, eval mode, KV memory.
+
+        ``global_step`` restarts the engine's own sampling stream (used by requests without a seed) at a
+        function of (rollout.seed, step, rank), so a resumed run samples what the uninterrupted one did.
         """
-        from hybridflow.rollout import generate_sequences
+        seed = None if global_step is None else int(self.config.rollout.seed) + 7919 * int(global_step) + self.rank
+        self._rollout_host().wake_up(seed)
 
-        if self.rollout_engine is None:
-            raise RuntimeError(f"generate_sequences needs a role with 'rollout' (this worker is {self.role!r})")
-        if "global_steps" in prompts.meta_info:
-            # The sampling stream is a function of (rollout.seed, step, rank), so a run resumed from a
-            # checkpoint samples exactly what the uninterrupted run sampled at that step.
-            step = int(prompts.meta_info["global_steps"])
-            self.rollout_engine.reseed(int(self.config.rollout.seed) + 7919 * step + self.rank)
-        start = time.perf_counter()
-        with self.actor_engine.full_params() as module, eval_mode(module):
-            out = generate_sequences(
-                self.rollout_engine, prompts, self.sampling, self.tokenizer.pad_token_id, self.val_sampling
-            )
-        out.meta_info.setdefault("timing", {})["gen"] = time.perf_counter() - start
-        return out
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sleep_rollout(self) -> None:
+        """After a generation: free the KV cache and reshard the module for training."""
+        self._rollout_host().sleep()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_rollout_weights(self) -> float | None:
+        """Actor -> rollout weights; ``None`` when the engine generates with the actor's own module."""
+        return self._rollout_host().sync_weights()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def abort_rollout(self) -> None:
+        """Interrupt this rank's in-flight requests (they return with finish_reason 'abort')."""
+        self._rollout_host().abort()
 
     # ------------------------------------------------------------------ weight sync (split placement)
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -14,7 +14,8 @@ from hybridflow.data.preprocess.math_lighteval import preprocess_math
 from hybridflow.data.preprocess.synthetic import preprocess_synthetic
 
 DATA_COMMANDS = {
-    "gsm8k": ("GSM8K grade-school math (local jsonl via --input, or openai/gsm8k)", gsm8k.setup_parser, gsm8k.run),
+    "gsm8k": ("GSM8K grade-school math (local jsonl via --input, or openai/gsm8k); --tool: tool-agent rows",
+              gsm8k.setup_parser, gsm8k.run),
     "math": ("MATH competition problems (local files via --input, or MATH-lighteval)", math_lighteval.setup_parser,
              math_lighteval.run),
     "countdown": ("Countdown equations, generated locally (seeded)", countdown.setup_parser, countdown.run),

@@ -32,7 +32,8 @@ def _code_score(solution_str: str, ground_truth: Any, **kwargs: Any) -> float:
     return compute_score(solution_str, ground_truth, **kwargs)
 
 
-for _name in ("codecontests", "apps", "codeforces", "taco"):
+CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco")
+for _name in CODE_SOURCES:
     SCORERS.register(_name, _code_score)
 
 
@@ -50,10 +51,20 @@ def _lookup(data_source: str) -> Callable[..., Any]:
 
 
 def default_compute_score(
-    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
+    sandbox_fusion_url: str | None = None, concurrent_semaphore: Any = None, memory_limit_mb: int | None = None,
+    **kwargs: Any,
 ) -> float | dict:
-    """Score one response with the built-in scorer for ``data_source`` (verl's signature and names)."""
+    """Score one response with the built-in scorer for ``data_source`` (verl's signature and names).
+
+    ``sandbox_fusion_url`` / ``concurrent_semaphore`` / ``memory_limit_mb`` reach the code scorers only (as in
+    verl): their programs then run on that SandboxFusion service instead of the local sandbox.
+    """
+    if sandbox_fusion_url and str(data_source) in CODE_SOURCES:
+        kwargs.update(sandbox_fusion_url=sandbox_fusion_url, concurrent_semaphore=concurrent_semaphore)
+        if memory_limit_mb is not None:
+            kwargs["memory_limit_mb"] = memory_limit_mb
     return _lookup(str(data_source))(solution_str, ground_truth, **kwargs)
 
 
-__all__ = ["SCORERS", "default_compute_score"]
+__all__ = ["CODE_SOURCES", "SCORERS", "default_compute_score"]
