@@ -202,8 +202,13 @@ class ContinuousBatcher:
         self.n_dead = 0
 
     def _weights_stamp(self) -> int:
-        """Changes whenever a parameter is modified in place (optimizer step, load) or replaced."""
-        return hash(tuple((p.data_ptr(), p._version) for p in self.model.parameters()))
+        """Changes whenever a parameter is replaced or modified in place (optimizer step, load): storage and
+        version counter of every parameter, plus a few values of the first and last ones (fused optimizer
+        kernels do not bump version counters).  The engine's hooks (update_weights, sleep, wake_up) drop
+        parked prefixes explicitly; this catches a weight change that bypassed them."""
+        params = [getattr(p, "_local_tensor", p) for p in self.model.parameters()]  # DTensor: its local shard
+        probe = [v for p in (params[0], params[-1]) for v in p.detach().reshape(-1)[:4].tolist()]
+        return hash((tuple((p.data_ptr(), p._version) for p in params), tuple(probe)))
 
     # ------------------------------------------------------------------ memory
     def _bytes_per_token(self) -> int | None:

@@ -167,9 +167,22 @@ def test_weight_changes_invalidate_parked_prefixes(model_and_tokenizer, prompts)
     assert engine.stats()["prefix_hits"] == 0
     ref = HFRolloutEngine(model, tok, enable_prefix_caching=False).generate_batch(second, greedy(6))
     assert_same([outs], [ref])
-    # update_weights drops them too (the colocated call copies nothing but still means "new policy")
+    # a fused optimizer step changes the weights without bumping their version counters: still noticed
     engine.generate_batch(second, greedy(6))
-    assert engine.stats()["parked_rows"] == 2
+    hits = engine.stats()["prefix_hits"]
+    third = [p + o.token_ids + tok.encode(" again") for p, o in zip(second, outs)]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    versions = [p._version for p in model.parameters()]
+    model(torch.tensor([second[0]])).logits.sum().backward()
+    opt.step()
+    assert [p._version for p in model.parameters()] == versions
+    model.zero_grad(set_to_none=True)
+    outs = engine.generate_batch(third, greedy(6))
+    assert engine.stats()["prefix_hits"] == hits
+    ref = HFRolloutEngine(model, tok, enable_prefix_caching=False).generate_batch(third, greedy(6))
+    assert_same([outs], [ref])
+    # update_weights drops them too (the colocated call copies nothing but still means "new policy")
+    assert engine.stats()["parked_rows"] == 2  # the third turns, parked under the new weights
     engine.update_weights(model.named_parameters())
     assert engine.stats()["parked_rows"] == 0
 
