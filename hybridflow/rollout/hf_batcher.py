@@ -107,6 +107,11 @@ class ContinuousBatcher:
 
     # ------------------------------------------------------------------ public
     def submit(self, req: GenerationRequest) -> None:
+        self.check(req)
+        self.pending.append(req)
+
+    def check(self, req: GenerationRequest) -> None:
+        """Raise ``ValueError`` (naming the setting to change) for a request the engine cannot serve."""
         if not req.prompt_ids:
             raise ValueError(f"request {req.request_id}: prompt_ids is empty; a prompt needs at least one token")
         if req.params.n != 1:
@@ -123,7 +128,6 @@ class ContinuousBatcher:
                 f"{req.params.max_tokens} = {total} tokens exceed {source}; raise {_MAX_MODEL_LEN_KEY} or "
                 "shorten the prompt / response budget"
             )
-        self.pending.append(req)
 
     def has_work(self) -> bool:
         return bool(self.pending) or bool(self.reqs)

@@ -207,10 +207,14 @@ class HFRolloutEngine(RolloutEngine):
         params = _per_request(sampling_params, len(prompts))
         results: list[TokenOutput | None] = [None] * len(prompts)
         errors: list[BaseException] = []
+        requests = []
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             def on_done(out, i=i):
                 results[i] = out
-            self._batcher.submit(self._request(prompt, sp, f"batch-{i}", on_done, errors.append))
+            requests.append(self._request(prompt, sp, f"batch-{i}", on_done, errors.append))
+            self._batcher.check(requests[-1])  # all or none: a bad request leaves nothing behind
+        for request in requests:
+            self._batcher.submit(request)
         remaining = len(prompts)
         with eval_mode(self.model):  # once for the whole batch: the per-step switch inside is then a no-op
             while remaining:

@@ -62,6 +62,9 @@ def test_max_model_len_refuses_a_request_that_cannot_fit(model_and_tokenizer, pr
     engine = HFRolloutEngine(model, tok, max_model_len=20)
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.max_model_len=20"):
         engine.generate_batch([prompts[2]], greedy(16))  # 24 prompt tokens + 16
+    with pytest.raises(ValueError, match="max_model_len"):  # all or nothing: the good one is not left queued
+        engine.generate_batch([prompts[0], prompts[2]], greedy(16))
+    assert not engine._batcher.has_work()
     out = engine.generate_batch([prompts[0]], greedy(16))[0]  # 4 + 16 fits exactly
     assert len(out.token_ids) == 16
     default = HFRolloutEngine(model, tok)  # unset: the model's max_position_embeddings
