@@ -176,3 +176,14 @@ def test_rollout_log_probs_as_pi_old_need_the_training_precision():
     load_config(base + ["actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.dtype=float16"])
     load_config(on_policy + ["actor_rollout_ref.rollout.dtype=float16", "trainer.device=cpu"])  # CPU: fp32 both
     assert "not a known dtype" in errors_of(MICRO + ["actor_rollout_ref.rollout.dtype=bf17"])
+    with pytest.warns(UserWarning) as rec:  # CPU: say that these do nothing there (defaults stay silent)
+        load_config(MICRO + ["trainer.device=cpu", "actor_rollout_ref.rollout.dtype=float16",
+                             "actor_rollout_ref.rollout.gpu_memory_utilization=0.9"])
+    text = "\n".join(str(w.message) for w in rec)
+    assert "rollout.dtype=float16 has no effect on CPU" in text
+    assert "gpu_memory_utilization=0.9 has no effect on CPU" in text
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(MICRO + ["trainer.device=cpu"])
