@@ -137,11 +137,13 @@ def test_turns_joining_while_other_rows_decode(model_and_tokenizer, prompts):
             engine._batcher.submit(engine._request(prompt, greedy(m), rid, lambda o: results.__setitem__(o.request_id, o), None))
         for i, (p, m) in enumerate(zip(prompts, budgets)):
             submit(p, m, f"t1-{i}")
-        followed = set()
+        followed, steps = set(), 0
         while engine._batcher.has_work():
             engine._locked_step()
-            for i in (0, 2, 4, 5):  # short trajectories continue as soon as their first turn is back
-                if f"t1-{i}" in results and i not in followed:
+            steps += 1
+            for i in (0, 2, 4, 5):  # 0 and 2 continue as soon as their first turn is back; 4 and 5 wait
+                late = i in (4, 5) and steps < 20  # until compaction has moved their parked rows
+                if f"t1-{i}" in results and i not in followed and not late:
                     followed.add(i)
                     submit(prompts[i] + results[f"t1-{i}"].token_ids + tok.encode(OBS[i % 4]), 7, f"t2-{i}")
         return engine, results
@@ -199,3 +201,23 @@ def test_prefix_pool_lookup():
     assert [e.row for e in pool.lru()] == [2, 1, 0]  # lookups refreshed b, then a
     pool.remove(a)
     assert pool.lookup([1, 2, 3, 4]) == (None, 0) and len(pool) == 2
+
+
+def test_parked_rows_survive_cache_reallocation(model_and_tokenizer, prompts):
+    """A longer request (more columns) and then more requests (more rows) reallocate the cache while three
+    prefixes are parked; the parked rows move with it and are still reused correctly."""
+    model, tok = model_and_tokenizer
+    engine = HFRolloutEngine(model, tok)
+    first = engine.generate_batch(prompts[:3], greedy(6))
+    assert engine.stats()["kv_cache_rows"] == 8 and engine.stats()["kv_cache_columns"] == 64
+    engine.generate_batch([prompts[4] * 4], greedy(40))  # 1 row of 4 x 14 + 40 tokens -> 128 columns
+    assert engine.stats()["kv_cache_columns"] == 128 and engine.stats()["parked_rows"] == 4
+    fillers = [tok.encode(f"zz{i}") for i in range(9)]
+    engine.generate_batch(fillers, greedy(3))  # 9 rows > 8
+    assert engine.stats()["kv_cache_rows"] == 16 and engine.stats()["evicted"] == 0
+    second = [p + o.token_ids + tok.encode(OBS[i]) for i, (p, o) in enumerate(zip(prompts[:3], first))]
+    outs = engine.generate_batch(second, greedy(6))
+    assert engine.stats()["prefix_hits"] == 3
+    assert engine.stats()["prefix_reused_tokens"] == sum(len(p) + 5 for p in prompts[:3])
+    ref = HFRolloutEngine(model, tok, enable_prefix_caching=False).generate_batch(second, greedy(6))
+    assert_same([outs], [ref])
