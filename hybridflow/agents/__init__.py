@@ -17,6 +17,7 @@ from hybridflow.agents.base import (
 )
 from hybridflow.agents.loop_manager import AgentLoopManager
 from hybridflow.agents.single_turn import SingleTurnAgentLoop
+from hybridflow.agents.tool_agent import ToolAgentLoop
 from hybridflow.agents.loop_worker import AgentLoopWorker
 from hybridflow.rollout.server_manager import AsyncLLMServerManager
 
@@ -29,6 +30,7 @@ __all__ = [
     "AsyncLLMServerManager",
     "DictConfigWrap",
     "SingleTurnAgentLoop",
+    "ToolAgentLoop",
     "load_agent_loop_config",
     "register",
     "registered_agent_loops",

@@ -94,7 +94,10 @@ class AgentLoopBase(ABC):
         self.dataset_config = dataset_config.config if dataset_config is not None else None
         kwargs_cfg = self.dataset_config.get("apply_chat_template_kwargs") if self.dataset_config is not None else None
         self.apply_chat_template_kwargs: dict[str, Any] = dict(kwargs_cfg or {})
-        self.loop = asyncio.get_event_loop()
+        try:  # verl's loops keep the loop they run on; built outside one, there is none yet
+            self.loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
 
     async def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
                                   images: list | None = None, videos: list | None = None,

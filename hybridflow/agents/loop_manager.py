@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from hybridflow.agents.loop_worker import AgentLoopWorker, split_rows, stack_outputs
+from hybridflow.agents.reward_loop import ScorerClient, TrajectoryScorer, reward_loop_applies
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.fleet import RolloutFleet
 from hybridflow.rollout.server_manager import derive_seed
@@ -29,10 +30,13 @@ class AgentLoopManager:
     """Runs agent loops for the trainer on ``fleet``'s replicas.
 
     ``backend``: ``"ray"`` starts ``rollout.agent.num_workers`` worker actors (CPU-free: they wait on the
-    engines and on tools); ``"local"`` runs the workers in this process on one event loop.
+    engines and on tools); ``"local"`` runs the workers in this process on one event loop.  With verl's
+    reward loop on (``reward_model.use_reward_loop``, see :mod:`hybridflow.agents.reward_loop`) training
+    trajectories are scored as they finish, by ``reward_manager`` (in this process) or by a scorer actor.
     """
 
-    def __init__(self, config, fleet: RolloutFleet, backend: str, tokenizer=None, processor=None):
+    def __init__(self, config, fleet: RolloutFleet, backend: str, tokenizer=None, processor=None,
+                 reward_manager=None):
         self.config = config
         self.rollout_config = config.actor_rollout_ref.rollout
         self.fleet = fleet
@@ -41,11 +45,13 @@ class AgentLoopManager:
         num_workers = int(self.rollout_config.agent.num_workers)
         if num_workers < 1:
             raise ValueError(f"actor_rollout_ref.rollout.agent.num_workers={num_workers}: need at least 1")
+        self.scorer = _start_scorer(config, backend, reward_manager) if reward_loop_applies(config) else None
+        client = ScorerClient(self.scorer) if self.scorer is not None else None
         if backend == "local":
-            self.workers: list[Any] = [AgentLoopWorker(config, fleet.replicas, tokenizer, processor)
+            self.workers: list[Any] = [AgentLoopWorker(config, fleet.replicas, tokenizer, processor, scorer=client)
                                        for _ in range(num_workers)]
         else:
-            self.workers = _start_ray_workers(config, fleet.replicas, num_workers)
+            self.workers = _start_ray_workers(config, fleet.replicas, num_workers, client)
 
     # ------------------------------------------------------------------ generation
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -63,7 +69,7 @@ class AgentLoopManager:
             self.fleet.sleep()
         batch = stack_outputs(self.tokenizer, self.rollout_config, [o for o, _ in results])
         timing, metrics = summarize_trajectory_metrics([m for _, m in results], batch)
-        batch.meta_info = {**meta, "metrics": metrics, "timing": timing}
+        batch.meta_info = {**meta, **batch.meta_info, "metrics": metrics, "timing": timing}
         return batch
 
     def _trajectory_rows(self, prompts: DataProto, validate: bool, step: int) -> DataProto:
@@ -99,19 +105,35 @@ class AgentLoopManager:
         if self.backend != "local":
             import ray
 
-            for w in self.workers:
+            for w in self.workers + ([self.scorer] if self.scorer is not None else []):
                 ray.kill(w, no_restart=True)
-        self.workers = []
+        self.workers, self.scorer = [], None
 
 
-def _start_ray_workers(config, replicas, num_workers: int) -> list[Any]:
+def _start_scorer(config, backend: str, reward_manager) -> Any:
+    """The run's one trajectory scorer: the trainer's own manager in-process, or a Ray actor building its own."""
+    if backend == "local":
+        if reward_manager is None:
+            return TrajectoryScorer(config)
+        return TrajectoryScorer(manager=reward_manager)
+    import ray
+
+    from hybridflow.controller.ray_worker_group import wait_for_outputs
+    from hybridflow.controller.worker_group import CallInfo
+
+    scorer = ray.remote(num_cpus=0, max_restarts=0)(TrajectoryScorer).remote(config)
+    wait_for_outputs([scorer.ready.remote()], CallInfo("reward_loop", "TrajectoryScorer", "__init__", (0,)))
+    return scorer
+
+
+def _start_ray_workers(config, replicas, num_workers: int, scorer) -> list[Any]:
     import ray
 
     from hybridflow.controller.ray_worker_group import wait_for_outputs
     from hybridflow.controller.worker_group import CallInfo
 
     remote = ray.remote(num_cpus=0, max_restarts=0)(AgentLoopWorker)
-    workers = [remote.options(name=None).remote(config, list(replicas)) for _ in range(num_workers)]
+    workers = [remote.options(name=None).remote(config, list(replicas), scorer=scorer) for _ in range(num_workers)]
     info = CallInfo("agent_loop", "AgentLoopWorker", "__init__", tuple(range(num_workers)))
     wait_for_outputs([w.ready.remote() for w in workers], info)
     return workers
@@ -150,5 +172,13 @@ def summarize_trajectory_metrics(per_trajectory: Sequence[dict[str, float]],
         stats(metrics, "agent/tool_calls_per_trajectory", "tool_call_count")
         stats(metrics, "agent/tool_errors_per_trajectory", "tool_error_count")
     metrics["agent/error_count"] = float(sum(m.get("error", 0.0) for m in per_trajectory))
+    for key in sorted({k for m in per_trajectory for k in m if k.startswith("reward_loop/")}):
+        # the scorer's error accounting, summed over its calls: reward/error_count, reward/timeout_count
+        name = key.removeprefix("reward_loop/")
+        if name.endswith("_count"):
+            metrics[name] = float(sum(m.get(key, 0.0) for m in per_trajectory))
+    metrics["agent/tokenization_mismatch_count"] = float(sum(m.get("tokenization_mismatch", 0.0) for m in per_trajectory))
+    for kind in sorted({k for m in per_trajectory for k in m if k.startswith("tool_errors/")}):
+        metrics[f"agent/{kind}"] = float(sum(m.get(kind, 0.0) for m in per_trajectory))
     return timing, metrics
 

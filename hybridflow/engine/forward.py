@@ -17,6 +17,12 @@ into a dense block-diagonal N x N mask: attention does O(N^2) work instead of O(
 sdpa's ``is_causal`` fast path.  ``use_packed_layout`` therefore uses the trimmed layout there even when
 ``use_remove_padding=True``; see its docstring for the measurements.
 
+Vision-language batches (``data/multimodal.py``) add per-row ``multi_modal_inputs`` (pixel patches and grids,
+concatenated over the micro-batch's rows in order, which is the order of their image tokens in either layout)
+and ``position_ids`` of shape (B, 4, L) (text positions + M-RoPE, ``data/mrope.py``): the trimmed layout hands
+the model the (3, B, L) M-RoPE rows, the packed one the (4, 1, N) rows whose first row marks where each
+sequence starts.
+
 Outputs are computed in that compact layout, scattered back to (B, L) and sliced to the response:
 the output at position t is the prediction for token t+1, so response token j (at P + j) reads
 position P + j - 1, i.e. ``[:, -R-1:-1]``.
@@ -30,6 +36,9 @@ from typing import Callable, Iterator
 
 import torch
 from torch import nn
+
+from hybridflow.data.mrope import model_position_ids
+from hybridflow.engine.vision import merge_multi_modal_inputs, vision_in_every_step
 
 __all__ = [
     "response_log_probs", "response_token_outputs", "response_values", "last_token_scores", "per_position_outputs",
@@ -112,6 +121,7 @@ def per_position_outputs(
     use_remove_padding: bool,
     packed: bool | None = None,
     first_col: int = 0,
+    multi_modal_inputs=None,
 ) -> dict[str, torch.Tensor]:
     """Run ``head_fn`` on the compact (packed or trimmed) batch; return its outputs as (B, L) tensors.
 
@@ -122,27 +132,36 @@ def per_position_outputs(
     head can skip work on the prompt -- for a causal LM the vocabulary projection and log-softmax of every
     prompt position, which is most of a forward's memory and a large share of its FLOPs at 100k+ vocabularies.
     ``packed=None`` picks the layout with :func:`use_packed_layout`; True/False forces one (tests).
+    ``multi_modal_inputs``: the rows' dicts of pixel inputs (a VLM batch), passed to ``head_fn`` as keyword
+    arguments of the model.
     """
     mask = attention_mask.bool()
     B, L = input_ids.shape
     if packed is None:
         packed = use_packed_layout(module, input_ids.device, use_remove_padding)
-    if packed:
-        ids = input_ids[mask].unsqueeze(0)
-        pos = position_ids[mask].unsqueeze(0)
-        keep, where = None, mask
-        if first_col > 0:
-            wanted = torch.arange(L, device=mask.device) >= first_col
-            keep = wanted.expand(B, L)[mask].nonzero().flatten()
-            where = mask & wanted
-        outs = head_fn(module, ids, None, pos, keep)
-        return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__(where, v[0]))
-    cols = mask.any(dim=0).nonzero().flatten()
-    lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
-    start = min(max(first_col, lo), hi - 1)
-    keep = None if start == lo else hi - start
-    outs = head_fn(module, input_ids[:, lo:hi], attention_mask[:, lo:hi], position_ids[:, lo:hi], keep)
-    return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__((slice(None), slice(start, hi)), v))
+    mm = merge_multi_modal_inputs(multi_modal_inputs, input_ids.device)
+    sharded = hasattr(module, "unshard")  # an FSDP2 root: every rank must run the vision tower each pass
+    with vision_in_every_step(module, bool(mm), sharded) if multi_modal_inputs is not None else contextlib.nullcontext():
+        if packed:
+            ids = input_ids[mask].unsqueeze(0)
+            if position_ids.dim() == 3:  # (B, 4, L) -> (1, 4, N)
+                pos = model_position_ids(position_ids.transpose(0, 1)[:, mask].unsqueeze(0), packed=True)
+            else:
+                pos = position_ids[mask].unsqueeze(0)
+            keep, where = None, mask
+            if first_col > 0:
+                wanted = torch.arange(L, device=mask.device) >= first_col
+                keep = wanted.expand(B, L)[mask].nonzero().flatten()
+                where = mask & wanted
+            outs = head_fn(module, ids, None, pos, keep, **mm)
+            return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__(where, v[0]))
+        cols = mask.any(dim=0).nonzero().flatten()
+        lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
+        start = min(max(first_col, lo), hi - 1)
+        keep = None if start == lo else hi - start
+        pos = model_position_ids(position_ids[..., lo:hi])
+        outs = head_fn(module, input_ids[:, lo:hi], attention_mask[:, lo:hi], pos, keep, **mm)
+        return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__((slice(None), slice(start, hi)), v))
 
 
 def _scatter(outs: dict[str, torch.Tensor], shape: tuple[int, int], put) -> dict[str, torch.Tensor]:
@@ -183,9 +202,10 @@ def _sum_pi_squared(logits: torch.Tensor, chunk: int = _CHUNK_ROWS) -> torch.Ten
 
 
 def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool, sum_pi_squared: bool = False) -> HeadFn:
-    def head(module, ids, attn, pos, keep):
+    def head(module, ids, attn, pos, keep, **multi_modal):
         extra = {"logits_to_keep": keep} if keep is not None and _accepts_logits_to_keep(module) else {}
-        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **extra).logits
+        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **extra,
+                        **multi_modal).logits
         if not extra:
             logits = _take(logits, keep)
         logits = logits / temperature
@@ -213,12 +233,13 @@ def response_token_outputs(
     entropy_grad: bool = True,
     packed: bool | None = None,
     calculate_sum_pi_squared: bool = False,
+    multi_modal_inputs=None,
 ) -> dict[str, torch.Tensor]:
     """Per response token (B, R): ``log_probs`` = log π_T(response_t | context), and on request ``entropy``
     of π_T and ``sum_pi_squared`` = Σ_v π_T(v)², all from one forward pass (π_T: logits / temperature).
 
     ``entropy_grad=False``: the entropy is a metric only (no autograd graph through it).
-    ``packed``: see :func:`per_position_outputs`.
+    ``packed``, ``multi_modal_inputs``: see :func:`per_position_outputs`.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to compute log-probs, got {temperature}")
@@ -232,6 +253,7 @@ def response_token_outputs(
         use_remove_padding,
         packed,
         first_col=batch["input_ids"].shape[-1] - R - 1,  # the response's predictions start one column early
+        multi_modal_inputs=multi_modal_inputs,
     )
     return {k: v[:, -R - 1 : -1] for k, v in outs.items()}
 
@@ -244,10 +266,11 @@ def response_log_probs(
     use_remove_padding: bool = True,
     entropy_grad: bool = True,
     packed: bool | None = None,
+    multi_modal_inputs=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(log_probs, entropy or None)`` of :func:`response_token_outputs`."""
     outs = response_token_outputs(module, batch, temperature, calculate_entropy, use_remove_padding, entropy_grad,
-                                  packed)
+                                  packed, multi_modal_inputs=multi_modal_inputs)
     return outs["log_probs"], outs.get("entropy")
 
 

@@ -50,19 +50,57 @@ class RolloutReplica(ABC):
         return f"{type(self).__name__}({self.name})"
 
 
-class InProcessReplica(RolloutReplica):
+class _TickBatching(RolloutReplica):
+    """Requests an event loop makes before it next goes idle travel together (see the module docstring):
+    subclasses implement :meth:`_send` for one such batch and resolve its futures."""
+
+    def _reset_batching(self) -> None:
+        self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
+        self._flush_scheduled = False
+
+    async def generate(self, request_id, prompt_ids, sampling_params, multi_modal_data=None) -> TokenOutput:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._pending.append((GenerateRequest(request_id, list(prompt_ids), sampling_params, multi_modal_data), future))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        batch, self._pending, self._flush_scheduled = self._pending, [], False
+        asyncio.get_running_loop().create_task(self._send(batch))
+
+    async def _send(self, batch: list[tuple[GenerateRequest, asyncio.Future]]) -> None:
+        raise NotImplementedError
+
+
+class InProcessReplica(_TickBatching):
     """A server in this process; requests cross threads only."""
 
     def __init__(self, server: RolloutServer, name: str | None = None):
         self.server = server
         self.name = name or server.name
+        self._reset_batching()
 
-    async def generate(self, request_id, prompt_ids, sampling_params, multi_modal_data=None) -> TokenOutput:
-        request = GenerateRequest(request_id, list(prompt_ids), sampling_params, multi_modal_data)
-        return await asyncio.wrap_future(self.server.submit(request))
+    async def _send(self, batch) -> None:
+        futures = self.server.submit_many([r for r, _ in batch])
+        for (_, waiter), future in zip(batch, futures):
+            asyncio.ensure_future(_relay(future, waiter))
 
 
-class RayActorReplica(RolloutReplica):
+async def _relay(source, target: asyncio.Future) -> None:
+    try:
+        result = await asyncio.wrap_future(source)
+    except Exception as exc:  # noqa: BLE001 - handed to the waiting trajectory
+        if not target.done():
+            target.set_exception(exc)
+        return
+    if not target.done():
+        target.set_result(result)
+
+
+class RayActorReplica(_TickBatching):
     """A server inside a Ray actor, reached through the actor's generator method ``method``.
 
     ``method(requests: list[GenerateRequest])`` must yield lists of ``(index, TokenOutput | exception)``
@@ -78,29 +116,12 @@ class RayActorReplica(RolloutReplica):
         self.host_role = host_role
         self._reset_batching()
 
-    def _reset_batching(self) -> None:
-        self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
-        self._flush_scheduled = False
-
     def __getstate__(self) -> dict[str, Any]:
         return {"actor": self.actor, "method": self.method, "name": self.name, "host_role": self.host_role}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset_batching()
-
-    async def generate(self, request_id, prompt_ids, sampling_params, multi_modal_data=None) -> TokenOutput:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._pending.append((GenerateRequest(request_id, list(prompt_ids), sampling_params, multi_modal_data), future))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush)
-        return await future
-
-    def _flush(self) -> None:
-        batch, self._pending, self._flush_scheduled = self._pending, [], False
-        asyncio.get_running_loop().create_task(self._send(batch))
 
     def _stream_call(self, requests: list[GenerateRequest]):
         options = {"concurrency_group": RAY_ROLLOUT_CONCURRENCY_GROUP, "num_returns": "streaming"}

@@ -133,14 +133,16 @@ def _rollout_threads(config) -> int:
     return max(64, min(1024, int(config.actor_rollout_ref.rollout.max_num_seqs)))
 
 
-def start_rollout_service(runtime: Runtime, config, tokenizer) -> None:
+def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None) -> None:
     """The rollout service over the loaded workers: one replica per actor/rollout rank (the hybrid engine)
-    and the agent-loop manager (``rollout.agent.num_workers`` workers) that the trainer generates with."""
+    and the agent-loop manager (``rollout.agent.num_workers`` workers) that the trainer generates with.
+    ``reward_fn`` (the training reward manager) scores trajectories in the agent loops when verl's reward
+    loop applies and the backend is local."""
     from hybridflow.agents import AgentLoopManager
     from hybridflow.rollout.fleet import HybridFleet
 
     fleet = HybridFleet(runtime.groups.actor_rollout)
-    manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer)
+    manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer, reward_manager=reward_fn)
     runtime._closers.append(manager.shutdown)
     runtime.groups.rollout = manager
 
@@ -227,16 +229,19 @@ class RuntimeStart:
             self._runtime = None
 
 
-def build_data(config, tokenizer):
-    """Train / validation datasets and loaders (``data.*``); validation is skipped without ``val_files``."""
+def build_data(config, tokenizer, processor=None):
+    """Train / validation datasets and loaders (``data.*``); validation is skipped without ``val_files``.
+
+    ``processor``: the multimodal processor of a vision-language model (:func:`load_processor_for`).
+    """
     from hybridflow.data.loaders import create_train_dataloader, create_val_dataloader
     from hybridflow.data.rl_dataset import create_rl_dataset
 
-    train = create_rl_dataset(config.data.train_files, config.data, tokenizer, is_train=True)
+    train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor=processor, is_train=True)
     train_loader = create_train_dataloader(train, config.data)
     val_loader = None
     if config.data.val_files:
-        val = create_rl_dataset(config.data.val_files, config.data, tokenizer, is_train=False)
+        val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor=processor, is_train=False)
         val_loader = create_val_dataloader(val, config.data)
     return train_loader, val_loader
 
@@ -267,6 +272,26 @@ def load_tokenizer_for(config):
                           field="actor_rollout_ref.model.path")
 
 
+def load_processor_for(config):
+    """The multimodal processor of ``actor_rollout_ref.model`` (``None`` for a text-only model).
+
+    Until the rollout generates with pixel inputs (issue 14, second part), a vision-language run is refused
+    here rather than trained on image tokens without their pixels.
+    """
+    from hybridflow.engine.model_loader import load_processor
+
+    model = config.actor_rollout_ref.model
+    processor = load_processor(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template,
+                               field="actor_rollout_ref.model.path")
+    if processor is not None:
+        raise NotImplementedError(
+            f"actor_rollout_ref.model.path={model.path!r} is a vision-language model: its data, actor and reference "
+            "log-probs are supported, but the rollout does not generate with images yet, so training or "
+            "generating with it would see image tokens without their pixels. Use a text model for now."
+        )
+    return processor
+
+
 def run_ppo(config, should_stop: Callable[[], bool] | None = None) -> None:
     """verl's entry: one training run from a loaded ``PPOConfig`` (see ``train_ppo`` for the history)."""
     train_ppo(config, should_stop=should_stop)
@@ -293,14 +318,14 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         tokenizer = load_tokenizer_for(config)
         model_cfg = config.actor_rollout_ref.model
         check_causal_lm(model_cfg.path, model_cfg.trust_remote_code)
-        train_loader, val_loader = build_data(config, tokenizer)
+        train_loader, val_loader = build_data(config, tokenizer, load_processor_for(config))
         # The workers' LR schedules need the horizon; it is passed to init_model below.
         total = resolve_total_training_steps(config, len(train_loader))
         reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
         reward_fns = [reward_fn, val_reward_fn]
         runtime = start.result()
         init_models(runtime, total)
-        start_rollout_service(runtime, config, tokenizer)
+        start_rollout_service(runtime, config, tokenizer, reward_fn)
         if logger is None:
             logger = build_logger(config, total)
         trainer = PPOTrainer(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn, val_reward_fn,

@@ -126,6 +126,9 @@ def run_preflight(config, logger_dir: str | os.PathLike | None = None) -> None:
         # Rotation deletes the oldest step only after the new one is committed: keep + 1 copies at the peak.
         copies = (keep + 1) if keep and keep > 0 else 2
         check_free_space("trainer.default_local_dir", tcfg.default_local_dir, copies * estimate_checkpoint_bytes(config))
+    from hybridflow.agents.setup_check import check_agent_config
+
+    check_agent_config(config)  # tool / interaction / agent-loop files and names, before any model loads
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
@@ -134,6 +137,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     The CLI prints these as one line and exits 2 instead of dumping a traceback; anything else is a bug or
     a runtime fault and keeps its traceback. Imported lazily: each lives beside the code that raises it.
     """
+    from hybridflow.agents.setup_check import AgentConfigError
     from hybridflow.data.io import DataFileError
     from hybridflow.data.prompts import PromptTooLongError
     from hybridflow.engine.model_loader import ModelLoadError
@@ -142,7 +146,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from hybridflow.trainer.run_checkpoint import CheckpointError
 
     return (DataFileError, PromptTooLongError, ModelLoadError, RewardFunctionError, CheckpointError, BatchSizeError,
-            PreflightError)
+            PreflightError, AgentConfigError)
 
 
 __all__ = ["PreflightError", "user_error_types", "OutputDir", "output_dirs", "check_writable", "check_free_space", "model_bytes",

@@ -143,6 +143,8 @@ def merge_generation_output(batch: DataProto, output: DataProto) -> DataProto:
     for key in ("timing", "metrics"):
         if key in output.meta_info:
             batch.meta_info[f"gen_{key}"] = output.meta_info[key]
+    if "reward_extra_keys" in output.meta_info:  # the agent loops scored the trajectories (reward loop)
+        batch.meta_info["reward_extra_keys"] = list(output.meta_info["reward_extra_keys"])
     if "response_mask" not in batch.batch:
         batch.batch["response_mask"] = compute_response_mask(batch)
     return batch
@@ -181,6 +183,16 @@ def generate_remax_baseline(groups: WorkerGroups, prompts: DataProto, reward_fn:
 
 
 # ---------------------------------------------------------------------------------------------- reward
+def _numeric_means(columns: dict[str, Any]) -> dict[str, float]:
+    """``reward_extra/<key>/mean`` of every all-numeric extra-info column."""
+    out = {}
+    for key, values in columns.items():
+        numeric = [float(v) for v in values if isinstance(v, (bool, int, float, np.number))]
+        if len(numeric) == len(values) and numeric:
+            out[f"reward_extra/{key}/mean"] = float(np.mean(numeric))
+    return out
+
+
 def compute_reward(groups: WorkerGroups, batch: DataProto, reward_fn: Callable, use_rm: bool) -> dict[str, float]:
     """``token_level_scores`` from a reward model (``rm_scores``) or the rule reward manager.
 
@@ -189,22 +201,19 @@ def compute_reward(groups: WorkerGroups, batch: DataProto, reward_fn: Callable, 
     """
     if use_rm and "rm_scores" not in batch.batch:
         batch.union(groups.reward_model.compute_rm_score(batch).select(batch_keys=["rm_scores"], non_tensor_batch_keys=[]))
-    if use_rm:
+    if "rm_scores" in batch.batch:  # a reward model scored the batch, or the agent loops scored their trajectories
         batch.batch["token_level_scores"] = batch.batch["rm_scores"]
-        return {}
+        return _numeric_means({k: batch.non_tensor_batch[k] for k in batch.meta_info.get("reward_extra_keys", [])
+                               if k in batch.non_tensor_batch})
     result = reward_fn(batch, return_dict=True)
     batch.batch["token_level_scores"] = result["reward_tensor"]
-    metrics: dict[str, float] = {}
-    for key, values in result.get("reward_extra_info", {}).items():
-        if len(values) != len(batch):
-            continue  # batch-level info (e.g. error counts) is reported through metrics below
+    # batch-level info (e.g. error counts) comes through reward_metrics, not as columns
+    extra = {k: v for k, v in result.get("reward_extra_info", {}).items() if len(v) == len(batch)}
+    for key, values in extra.items():
         batch.non_tensor_batch[key] = np.asarray(list(values), dtype=object)
         batch.meta_info.setdefault("reward_extra_keys", []).append(key)
-        numeric = [float(v) for v in values if isinstance(v, (bool, int, float, np.number))]
-        if len(numeric) == len(values):
-            metrics[f"reward_extra/{key}/mean"] = float(np.mean(numeric))
-    for key, value in result.get("reward_metrics", {}).items():
-        metrics[key] = float(value)
+    metrics = _numeric_means(extra)
+    metrics.update({key: float(value) for key, value in result.get("reward_metrics", {}).items()})
     return metrics
 
 

@@ -43,6 +43,14 @@ __all__ = [
 ]
 
 _MODEL_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
+# Non-tensor model inputs of a vision-language batch (per-row pixel inputs, see engine/vision.py).
+_MULTI_MODAL_KEY = "multi_modal_inputs"
+
+
+def _model_inputs(data: DataProto, batch_keys: list[str]) -> DataProto:
+    """The tensors the forward needs, plus the rows' ``multi_modal_inputs`` when the batch has images."""
+    non_tensor = [_MULTI_MODAL_KEY] if _MULTI_MODAL_KEY in data.non_tensor_batch else []
+    return data.select(batch_keys=batch_keys, non_tensor_batch_keys=non_tensor)
 
 # meta_info flag set by the trainer (``StepPlan.old_log_prob_in_update``): the batch has no
 # ``old_log_probs`` because the update is exactly on-policy, so pi_old is the update's own detached log-prob.
@@ -67,7 +75,7 @@ def compute_token_outputs(
 
     Shared by the actor (``old_log_probs``) and the reference policy (``ref_log_prob``)."""
     module = engine.module
-    batch = data.select(batch_keys=list(_MODEL_KEYS))
+    batch = _model_inputs(data, list(_MODEL_KEYS))
     micro_batches, parts = split_micro_batches(batch, spec)
     pieces: dict[str, list[torch.Tensor]] = {}
     was_training = module.training
@@ -77,6 +85,7 @@ def compute_token_outputs(
             outs = response_token_outputs(
                 module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding,
                 packed=packed, calculate_sum_pi_squared=calculate_sum_pi_squared,
+                multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY),
             )
             for key, value in outs.items():
                 pieces.setdefault(key, []).append(value.float().cpu())
@@ -180,7 +189,7 @@ class PPOActor:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in data.batch:
             keys.append("rollout_is_weights")
-        batch = data.select(batch_keys=keys)
+        batch = _model_inputs(data, keys)
         global_step = int(data.meta_info.get("global_steps", 0))
         metrics: dict[str, list[float]] = defaultdict(list)
         module = self.engine.module
@@ -239,6 +248,7 @@ class PPOActor:
                 log_prob, entropy = response_log_probs(
                     self.engine.module, b, temperature, want_entropy, self.use_remove_padding,
                     entropy_grad=entropy_in_loss, packed=self.packed,
+                    multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY),
                 )
             old_log_prob = log_prob.detach() if from_update else b["old_log_probs"]
             pg_loss, pg_metrics = self.policy_loss_fn(

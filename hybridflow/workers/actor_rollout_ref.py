@@ -24,8 +24,10 @@ from hybridflow.engine.model_loader import (
     apply_lora,
     enable_gradient_checkpointing,
     load_causal_lm,
+    load_processor,
     load_tokenizer,
 )
+from hybridflow.engine.vision import freeze_vision_tower
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor import PPOActor, compute_token_outputs
@@ -58,6 +60,7 @@ class ActorRolloutRefWorker(Worker):
         for mesh in ("actor", "rollout", "ref"):
             self._register_dispatch_collect_info(mesh, dp_rank=self.rank, is_collect=True)
         self.tokenizer = None
+        self.processor = None  # the multimodal processor of a vision-language checkpoint (saved with checkpoints)
         self.actor_engine: TrainEngine | None = None
         self.actor: PPOActor | None = None
         self.ref_engine: TrainEngine | None = None
@@ -71,6 +74,8 @@ class ActorRolloutRefWorker(Worker):
             mc.path, dtype=fsdp_config.model_dtype, trust_remote_code=mc.trust_remote_code,
             override_config=mc.override_config, field="actor_rollout_ref.model.path",
         )
+        if trainable and self.config.actor.freeze_vision_tower:
+            freeze_vision_tower(module)
         if trainable and self._lora:
             module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, mc.exclude_modules)
         if trainable and mc.enable_gradient_checkpointing:
@@ -92,6 +97,8 @@ class ActorRolloutRefWorker(Worker):
             mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
             field="actor_rollout_ref.model.tokenizer_path",
         )
+        self.processor = load_processor(mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
+                                        field="actor_rollout_ref.model.tokenizer_path")
         torch.manual_seed(int(self.config.actor.fsdp_config.seed))
         if self._is_actor:
             ac = self.config.actor
@@ -263,7 +270,7 @@ class ActorRolloutRefWorker(Worker):
         engine = self._checkpoint_engine()
         save_engine_checkpoint(
             engine, local_path, self.tokenizer, self.config.actor.checkpoint.save_contents,
-            field="actor_rollout_ref.actor.checkpoint.save_contents",
+            field="actor_rollout_ref.actor.checkpoint.save_contents", processor=self.processor,
         )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

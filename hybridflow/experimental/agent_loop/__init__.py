@@ -14,6 +14,7 @@ from hybridflow.experimental.agent_loop.agent_loop import (
     register,
 )
 from hybridflow.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+from hybridflow.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
 __all__ = [
     "AgentLoopBase",
@@ -24,5 +25,6 @@ __all__ = [
     "AsyncLLMServerManager",
     "DictConfigWrap",
     "SingleTurnAgentLoop",
+    "ToolAgentLoop",
     "register",
 ]

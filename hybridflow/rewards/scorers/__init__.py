@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from hybridflow.rewards.scorers import countdown, gsm8k, math_dapo, math_reward, synthetic
+from hybridflow.rewards.scorers import countdown, geo3k, gsm8k, math_dapo, math_reward, synthetic
 from hybridflow.utils.registry import Registry
 
 SCORERS: Registry[Callable[..., Any]] = Registry("reward scorer (data_source)")
@@ -23,6 +23,9 @@ SCORERS.register("countdown", countdown.compute_score)
 for _name in ("synthetic/addition", "synthetic/addition_fixed", "synthetic/reverse", "synthetic/sort"):
     SCORERS.register(_name, synthetic.exact_match)
 SCORERS.register("synthetic/countdown", synthetic.countdown_lite)
+for _name in ("synthetic/vision_shape_color", "synthetic/vision_shape_count"):
+    SCORERS.register(_name, synthetic.exact_match)
+SCORERS.register(geo3k.DATA_SOURCE, geo3k.compute_score)
 
 
 def _code_score(solution_str: str, ground_truth: Any, **kwargs: Any) -> float:
