@@ -28,7 +28,7 @@ from hybridflow.rollout.sampling_params import SamplingParams
 __all__ = ["RowSampling", "inverse_cdf_sample", "sample_next_tokens", "seeded_uniform", "split_seed"]
 
 _M32 = 0xFFFFFFFF
-_U53 = float(2**53)
+_U52 = float(2**52)
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -55,7 +55,7 @@ def split_seed(seed: int) -> tuple[int, int]:
 
 
 def seeded_uniform(seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """One float64 uniform in [0, 1) per row, a pure function of ``(seed, step)`` (53 random bits).
+    """One float64 uniform in [0, 1 - 2**-52] per row, a pure function of ``(seed, step)`` (52 random bits).
 
     Counter-based (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3"): nothing is
     carried between draws, so a row's draw cannot depend on other rows or on earlier calls.
@@ -63,7 +63,7 @@ def seeded_uniform(seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Ten
     t = step.to(torch.int64) & _M32
     a = _mix32(seed_lo ^ _mix32(seed_hi ^ _mix32(t ^ 0x9E3779B9)))
     b = _mix32(a ^ _mix32(t ^ 0x85EBCA6B) ^ 0x27D4EB2F)
-    return ((a << 21) + (b >> 11)).to(torch.float64) / _U53
+    return ((a << 20) + (b >> 12)).to(torch.float64) / _U52
 
 
 @dataclass
@@ -159,14 +159,11 @@ def inverse_cdf_sample(candidates: torch.Tensor, uniforms: torch.Tensor) -> torc
     CDF is taken in float64, so a token is chosen with probability softmax(candidates)[token] up to
     ~1e-16; tokens of probability 0 (filtered out) are never chosen.
     """
-    probs = torch.softmax(candidates.double(), dim=-1)
-    cdf = probs.cumsum(dim=-1)
+    cdf = torch.softmax(candidates.double(), dim=-1).cumsum(dim=-1)
+    # u <= 1 - 2**-52 and the total is ~1, so the target lies a whole ulp below it: the first index whose
+    # CDF exceeds the target exists, and its probability is > 0 (adding 0.0 leaves a CDF value unchanged).
     target = uniforms * cdf[:, -1]
-    tokens = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
-    # A target rounding onto the total would step past the end: take the last token that can be drawn.
-    vocab = torch.arange(candidates.shape[-1], device=candidates.device)
-    last = torch.where(probs > 0, vocab, 0).amax(dim=-1)
-    return torch.minimum(tokens, last)
+    return torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
 
 
 def sample_next_tokens(

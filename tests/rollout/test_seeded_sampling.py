@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from hybridflow.rollout.sampling_params import SamplingParams
-from hybridflow.rollout.token_sampler import RowSampling, sample_next_tokens, seeded_uniform, split_seed
+from hybridflow.rollout.token_sampler import (RowSampling, inverse_cdf_sample, sample_next_tokens, seeded_uniform,
+                                              split_seed)
 
 # chi-square critical values at p = 0.001 (df -> value), so a correct sampler fails one in a thousand
 # seed sets; the seeds are fixed, so the test is deterministic.
@@ -36,7 +37,7 @@ def test_uniforms_are_a_pure_function_of_seed_and_step_golden():
     u = seeded_uniform(torch.tensor([lo, lo, lo]), torch.tensor([hi, hi, hi]), torch.tensor([0, 1, 0]))
     assert u[0] == u[2] and u[0] != u[1]
     # Pinned values: changing the hash changes what every seeded (resumed) run samples; do it knowingly.
-    assert u[:2].tolist() == [0.9163988114725636, 0.22215561825114183]
+    assert u[:2].tolist() == [0.9163988114725636, 0.22215561825114172]
     lo, hi = split_seed(2**40 + 3)  # the high half of the seed matters too
     assert seeded_uniform(torch.tensor([lo]), torch.tensor([hi]), torch.tensor([1000])).item() == 0.7982035882219511
     assert split_seed(-1) == (0xFFFFFFFF, 0xFFFFFFFF) and split_seed(2**64 + 5) == (5, 0)
@@ -44,6 +45,13 @@ def test_uniforms_are_a_pure_function_of_seed_and_step_golden():
     assert 0.0 <= float(many.min()) and float(many.max()) < 1.0
     counts = torch.histc(many.float(), bins=5, min=0.0, max=1.0)
     assert chi_square(counts, torch.full((5,), 0.2)) < CHI2_999[4]
+
+
+def test_inverse_cdf_never_draws_a_filtered_token_at_the_extremes():
+    inf = float("-inf")
+    candidates = torch.tensor([[inf, 0.0, 1.0, inf, 2.0, inf, inf]] * 2)
+    extremes = torch.tensor([0.0, 1.0 - 2.0**-52], dtype=torch.float64)  # the smallest and largest uniform
+    assert inverse_cdf_sample(candidates, extremes).tolist() == [1, 4]
 
 
 def test_seeded_draws_follow_softmax_over_seeds_chi_square():
