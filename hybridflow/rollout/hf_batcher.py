@@ -77,6 +77,17 @@ def _round_up(x: int, quantum: int = _COLUMN_QUANTUM) -> int:
     return -(-x // quantum) * quantum
 
 
+_PLAIN = (torch.nn.Parameter, torch.Tensor)
+
+
+def _stamp_params(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
+    """(module, attribute) of the first, a middle and the last trainable parameter (all parameters when
+    none is trainable), read afresh at every stamp: FSDP swaps the tensors behind the same attributes."""
+    named = [(m, n, p) for m in model.modules() for n, p in m.named_parameters(recurse=False)]
+    pool = [x for x in named if x[2].requires_grad] or named
+    return [(pool[i][0], pool[i][1]) for i in sorted({0, len(pool) // 2, len(pool) - 1})]
+
+
 class ContinuousBatcher:
     """Owns the decode batch and KV cache of one model; not thread-safe by itself (callers hold ``lock``)."""
 
@@ -100,6 +111,8 @@ class ContinuousBatcher:
         self.cache: SlotKVCache | None = None
         self.pool = PrefixPool() if limits.enable_prefix_caching else None
         self._pool_stamp: int | None = None
+        self._step_stamp: int | None = None
+        self._stamp_params = _stamp_params(model)
         self.counters: collections.Counter[str] = collections.Counter()
         self.out_tokens = torch.empty(0)
         self.out_log_probs = torch.empty(0)
@@ -134,6 +147,7 @@ class ContinuousBatcher:
 
     def step(self) -> None:
         """Admit waiting requests, then decode one token for every live row."""
+        self._step_stamp = None
         with torch.inference_mode(), self._autocast():
             try:
                 self._admit()
@@ -206,13 +220,17 @@ class ContinuousBatcher:
         self.n_dead = 0
 
     def _weights_stamp(self) -> int:
-        """Changes whenever a parameter is replaced or modified in place (optimizer step, load): storage and
-        version counter of every parameter, plus a few values of the first and last ones (fused optimizer
-        kernels do not bump version counters).  The engine's hooks (update_weights, sleep, wake_up) drop
-        parked prefixes explicitly; this catches a weight change that bypassed them."""
-        params = [getattr(p, "_local_tensor", p) for p in self.model.parameters()]  # DTensor: its local shard
-        probe = [v for p in (params[0], params[-1]) for v in p.detach().reshape(-1)[:4].tolist()]
-        return hash((tuple((p.data_ptr(), p._version) for p in params), tuple(probe)))
+        """Changes when the weights change: storage and version counter (bumped by every in-place update:
+        optimizer step, load) of the first, a middle and the last trainable parameter -- an optimizer step
+        updates them all -- plus a few of their values (fused optimizer kernels do not bump version
+        counters).  Computed at most once per step.  The engine's hooks (update_weights, sleep, wake_up)
+        drop parked prefixes explicitly; this catches a weight change that bypassed them."""
+        if self._step_stamp is None:
+            params = [getattr(module, name) for module, name in self._stamp_params]
+            params = [getattr(p, "_local_tensor", p) if type(p) not in _PLAIN else p for p in params]  # DTensor
+            probe = [v for p in params for v in p.detach().reshape(-1)[:2].tolist()]
+            self._step_stamp = hash((tuple((p.data_ptr(), p._version) for p in params), tuple(probe)))
+        return self._step_stamp
 
     # ------------------------------------------------------------------ memory
     def _bytes_per_token(self) -> int | None:

@@ -88,17 +88,19 @@ class SlotKVCache:
         if layer_idx == len(self.keys):  # first forward: allocate from the real shapes
             self._allocate_layer(key_states, value_states)
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        if key_states.dtype != self.dtype:  # computed in fp32 around autocast (RoPE): stored in the cache's dtype
+            key_states, value_states = key_states.to(self.dtype), value_states.to(self.dtype)
         if self._mode == "decode":
             n = self.n_rows
             rows = self._row_index[:n]
-            k_buf[rows, :, self._write_cols] = key_states[:, :, 0].to(self.dtype)
-            v_buf[rows, :, self._write_cols] = value_states[:, :, 0].to(self.dtype)
+            k_buf[rows, :, self._write_cols] = key_states[:, :, 0]
+            v_buf[rows, :, self._write_cols] = value_states[:, :, 0]
             return k_buf[:n, :, : self.kv_len], v_buf[:n, :, : self.kv_len]
         if self._mode not in ("prefill", "extend"):
             raise RuntimeError("SlotKVCache.update called outside begin_extend()/begin_decode()")
         src_row, src_tok, dst_row, dst_col = self._write
-        k_buf[dst_row, :, dst_col] = key_states[src_row, :, src_tok].to(self.dtype)
-        v_buf[dst_row, :, dst_col] = value_states[src_row, :, src_tok].to(self.dtype)
+        k_buf[dst_row, :, dst_col] = key_states[src_row, :, src_tok]
+        v_buf[dst_row, :, dst_col] = value_states[src_row, :, src_tok]
         if self._mode == "prefill":  # the forward's tokens are the whole sequences: attend over them
             return key_states, value_states
         rows = self._read_rows

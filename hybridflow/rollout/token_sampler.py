@@ -25,26 +25,33 @@ import torch
 
 from hybridflow.rollout.sampling_params import SamplingParams
 
-__all__ = ["RowSampling", "inverse_cdf_sample", "sample_next_tokens", "seeded_uniform", "split_seed"]
+__all__ = ["RowSampling", "inverse_cdf_sample", "sample_next_tokens", "seed_key", "seeded_uniform", "split_seed"]
 
 _M32 = 0xFFFFFFFF
-_U52 = float(2**52)
-
-
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """``(x * c) mod 2**32`` for int64 tensors holding values < 2**32, without int64 overflow."""
-    lo = x * (c & 0xFFFF)  # < 2**48
-    hi = (x * (c >> 16)) & 0xFFFF  # the product's bits that survive the shift by 16
-    return (lo + (hi << 16)) & _M32
+_U32 = float(2**32)
+# The "lowbias32" multipliers of Wellons' hash-prospector.  The second is >= 2**31; it is applied as its
+# negative residue mod 2**32, so a product with a 32-bit value never leaves int64 (no overflow) and its
+# low 32 bits are the same.
+_C1, _C2 = 0x7FEB352D, 0x846CA68B
+_C2_RESIDUE = _C2 - 2**32
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finaliser (the "lowbias32" constants of Wellons' hash-prospector): every
-    input bit flips each output bit with probability close to 1/2."""
+    """A 32-bit integer finaliser on int64 tensors holding values < 2**32: every input bit flips each
+    output bit with probability close to 1/2."""
     x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
+    x = (x * _C1) & _M32
     x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
+    x = (x * _C2_RESIDUE) & _M32
+    return x ^ (x >> 16)
+
+
+def _mix32_int(x: int) -> int:
+    """:func:`_mix32` on a Python int (the per-request part, computed once at admission)."""
+    x ^= x >> 16
+    x = (x * _C1) & _M32
+    x ^= x >> 15
+    x = (x * _C2) & _M32
     return x ^ (x >> 16)
 
 
@@ -54,16 +61,21 @@ def split_seed(seed: int) -> tuple[int, int]:
     return s & _M32, s >> 32
 
 
-def seeded_uniform(seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """One float64 uniform in [0, 1 - 2**-52] per row, a pure function of ``(seed, step)`` (52 random bits).
+def seed_key(seed: int) -> int:
+    """The 32-bit key of a request seed (all 64 bits of it matter)."""
+    lo, hi = split_seed(seed)
+    return _mix32_int(lo ^ _mix32_int(hi ^ 0x9E3779B9))
+
+
+def seeded_uniform(keys: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """One float64 uniform in [0, 1 - 2**-32] per row, a pure function of ``(seed key, step)``.
 
     Counter-based (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3"): nothing is
-    carried between draws, so a row's draw cannot depend on other rows or on earlier calls.
+    carried between draws, so a row's draw cannot depend on other rows or on earlier calls.  32 bits of
+    resolution, as many as a float32 uniform has mantissa and more than enough for a sampling threshold.
     """
     t = step.to(torch.int64) & _M32
-    a = _mix32(seed_lo ^ _mix32(seed_hi ^ _mix32(t ^ 0x9E3779B9)))
-    b = _mix32(a ^ _mix32(t ^ 0x85EBCA6B) ^ 0x27D4EB2F)
-    return ((a << 20) + (b >> 12)).to(torch.float64) / _U52
+    return _mix32(keys ^ _mix32(t ^ 0x85EBCA6B)).to(torch.float64) / _U32
 
 
 @dataclass
@@ -74,13 +86,13 @@ class RowSampling:
     greedy: torch.Tensor  # (B,) bool
     top_k: torch.Tensor  # (B,) long, vocab size where top-k is off
     top_p: torch.Tensor  # (B,) float
-    seed_lo: torch.Tensor  # (B,) int64, low 32 bits of the request seed (0 when unseeded)
-    seed_hi: torch.Tensor  # (B,) int64, high 32 bits
+    seed_key: torch.Tensor  # (B,) int64, seed_key(request seed) (0 when unseeded)
     seeded: torch.Tensor  # (B,) bool: a sampling row with its own seed (inverse-CDF path)
     any_sample: bool
     any_greedy: bool
     any_top_k: bool
     any_top_p: bool
+    any_seeded: bool = True  # False: no row is seeded (skips counting them)
     seeded_rows: torch.Tensor | None = None  # indices of the seeded rows; None when there are none
     all_seeded: bool = False
 
@@ -88,7 +100,7 @@ class RowSampling:
         self._index_seeded()
 
     def _index_seeded(self) -> None:
-        n_seeded = int(self.seeded.sum()) if self.seeded.numel() else 0
+        n_seeded = int(self.seeded.sum()) if self.any_seeded and self.seeded.numel() else 0
         self.seeded_rows = self.seeded.nonzero().flatten() if n_seeded else None
         self.all_seeded = n_seeded == self.seeded.numel() and n_seeded > 0
 
@@ -98,29 +110,29 @@ class RowSampling:
         greedy = [p.greedy for p in params]
         top_k = [p.top_k if p.top_k > 0 and not p.greedy else vocab_size for p in params]
         top_p = [1.0 if p.greedy else p.top_p for p in params]
-        seeds = [split_seed(p.seed) if p.seed is not None else (0, 0) for p in params]
         return cls(
             inv_temperature=torch.tensor([1.0 / t for t in temps], dtype=torch.float32, device=device),
             greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
             top_k=torch.tensor(top_k, dtype=torch.long, device=device),
             top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-            seed_lo=torch.tensor([lo for lo, _ in seeds], dtype=torch.int64, device=device),
-            seed_hi=torch.tensor([hi for _, hi in seeds], dtype=torch.int64, device=device),
+            seed_key=torch.tensor([seed_key(p.seed) if p.seed is not None else 0 for p in params], dtype=torch.int64,
+                                  device=device),
             seeded=torch.tensor([p.seed is not None and not p.greedy for p in params], dtype=torch.bool,
                                 device=device),
             any_sample=not all(greedy),
             any_greedy=any(greedy),
             any_top_k=any(k < vocab_size for k in top_k),
             any_top_p=any(p < 1.0 for p in top_p),
+            any_seeded=any(p.seed is not None for p in params),
         )
 
     def _fields(self):
-        return (self.inv_temperature, self.greedy, self.top_k, self.top_p, self.seed_lo, self.seed_hi, self.seeded)
+        return (self.inv_temperature, self.greedy, self.top_k, self.top_p, self.seed_key, self.seeded)
 
     def select(self, idx: torch.Tensor) -> "RowSampling":
         """Rows ``idx`` (used when finished rows leave the batch); flags stay conservative."""
         return RowSampling(*(t[idx] for t in self._fields()),
-                           self.any_sample, self.any_greedy, self.any_top_k, self.any_top_p)
+                           self.any_sample, self.any_greedy, self.any_top_k, self.any_top_p, self.any_seeded)
 
     @staticmethod
     def cat(parts: Sequence["RowSampling"]) -> "RowSampling":
@@ -131,6 +143,7 @@ class RowSampling:
             any(p.any_greedy for p in parts),
             any(p.any_top_k for p in parts),
             any(p.any_top_p for p in parts),
+            any(p.any_seeded for p in parts),
         )
 
 
@@ -160,8 +173,8 @@ def inverse_cdf_sample(candidates: torch.Tensor, uniforms: torch.Tensor) -> torc
     ~1e-16; tokens of probability 0 (filtered out) are never chosen.
     """
     cdf = torch.softmax(candidates.double(), dim=-1).cumsum(dim=-1)
-    # u <= 1 - 2**-52 and the total is ~1, so the target lies a whole ulp below it: the first index whose
-    # CDF exceeds the target exists, and its probability is > 0 (adding 0.0 leaves a CDF value unchanged).
+    # u <= 1 - 2**-32 and the total is ~1, so the target lies far below it: the first index whose CDF
+    # exceeds the target exists, and its probability is > 0 (adding 0.0 leaves a CDF value unchanged).
     target = uniforms * cdf[:, -1]
     return torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
 
@@ -180,13 +193,13 @@ def sample_next_tokens(
     if rows.any_sample:
         candidates = _filter_top_k_top_p(scaled, rows) if (rows.any_top_k or rows.any_top_p) else scaled
         if rows.all_seeded:
-            tokens = inverse_cdf_sample(candidates, seeded_uniform(rows.seed_lo, rows.seed_hi, steps))
+            tokens = inverse_cdf_sample(candidates, seeded_uniform(rows.seed_key, steps))
         else:
             noise = torch.empty_like(candidates).exponential_(generator=generator)
             tokens = (candidates - noise.log_()).argmax(dim=-1)
             if rows.seeded_rows is not None:
                 idx = rows.seeded_rows
-                u = seeded_uniform(rows.seed_lo[idx], rows.seed_hi[idx], steps[idx])
+                u = seeded_uniform(rows.seed_key[idx], steps[idx])
                 tokens[idx] = inverse_cdf_sample(candidates[idx], u)
         if rows.any_greedy:
             tokens = torch.where(rows.greedy, scaled.argmax(dim=-1), tokens)
