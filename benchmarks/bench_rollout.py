@@ -156,11 +156,14 @@ def measure(model, tok, engine, name: str, batch: int, new_tokens: int, rounds: 
     hf_rates, ours_rates, base_rates = [], [], []  # (wall tok/s, cpu tok/s) per round
     for r in range(rounds):
         hf_rates.append(run_generate(model, ids, mask, new_tokens, tok.pad_token_id, sum(lengths)))
+        if baseline is not None and r % 2:  # the two engines take turns going first
+            base_rates.append(run_engine(baseline[0], prompts, lengths, baseline[1]))
         ours_rates.append(run_engine(engine, prompts, lengths))
+        if baseline is not None and not r % 2:
+            base_rates.append(run_engine(baseline[0], prompts, lengths, baseline[1]))
         line = (f"[{name}] round {r}: generate {hf_rates[-1][0]:8.1f} tok/s ({hf_rates[-1][1]:8.1f} per cpu-s)   "
                 f"hybridflow {ours_rates[-1][0]:8.1f} tok/s ({ours_rates[-1][1]:8.1f} per cpu-s)")
         if baseline is not None:
-            base_rates.append(run_engine(baseline[0], prompts, lengths, baseline[1]))
             line += f"   baseline {base_rates[-1][0]:8.1f} tok/s ({base_rates[-1][1]:8.1f} per cpu-s)"
         print(line)
     return hf_rates, ours_rates, base_rates
