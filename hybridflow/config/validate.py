@@ -64,6 +64,7 @@ def validate_config(cfg: PPOConfig) -> list[str]:
     _check_dtypes(cfg, errors)
     _check_async_reward(cfg, errors)
     _check_schedules(cfg, errors)
+    _check_rollout_precision(cfg, errors, notes)
     errors.extend(refusal_errors(cfg))
     _check_unused(cfg, notes)
     _check_rollout_hardware(cfg, errors, notes)
@@ -379,6 +380,59 @@ def _check_schedules(cfg: PPOConfig, errors: list[str]) -> None:
                           f"min_lr_ratio x lr: set {key}.min_lr_ratio to a number in [0, 1] (0.0 decays to zero)")
         elif not 0.0 <= optim.min_lr_ratio <= 1.0:
             errors.append(f"{key}.min_lr_ratio={optim.min_lr_ratio} must lie in [0, 1] (a fraction of the lr)")
+
+
+_PRECISIONS = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+               "fp16": "fp16", "float16": "fp16", "half": "fp16"}
+
+
+def _on_cuda(cfg: PPOConfig) -> bool:
+    if cfg.trainer.device != "auto":
+        return cfg.trainer.device == "cuda"
+    import torch  # the config layer needs torch only for this question
+
+    return torch.cuda.is_available()
+
+
+def _check_rollout_precision(cfg: PPOConfig, errors: list[str], notes: list[str]) -> None:
+    """Where the rollout's log-probs stand in for pi_old, the rollout must compute in the training precision.
+
+    That is the trainer's ``StepPlan.reuse_rollout_log_probs`` (``rollout.calculate_log_probs=true`` with an
+    exactly on-policy update -- one mini-batch, one epoch, no IS/RS correction -- or ``bypass_mode``).  On
+    GPU the hf rollout computes in ``rollout.dtype`` and the actor in ``actor.fsdp_config.dtype``; on CPU
+    both compute in fp32, so there is nothing to compare (a non-default ``rollout.dtype`` or
+    ``gpu_memory_utilization`` on CPU gets a note saying it has no effect there).
+    """
+    arr = cfg.actor_rollout_ref
+    rollout, actor = arr.rollout, arr.actor
+    for key, val in (("actor_rollout_ref.rollout.dtype", rollout.dtype),
+                     ("actor_rollout_ref.actor.fsdp_config.dtype", actor.fsdp_config.dtype)):
+        if str(val).lower() not in _PRECISIONS:
+            errors.append(f"{key}={val!r} is not a known dtype; use one of bfloat16, float16, float32")
+            return
+    on_cuda = _on_cuda(cfg)
+    if not on_cuda and rollout.name == "hf":
+        if _PRECISIONS[str(rollout.dtype).lower()] != "bf16":
+            notes.append(f"actor_rollout_ref.rollout.dtype={rollout.dtype} has no effect on CPU: the hf rollout "
+                         "computes in fp32 there, like the actor")
+        if rollout.gpu_memory_utilization != 0.5:
+            notes.append(f"actor_rollout_ref.rollout.gpu_memory_utilization={rollout.gpu_memory_utilization} has no "
+                         "effect on CPU: the hf KV cache is bounded by rollout.max_num_seqs and max_model_len there")
+    rc = cfg.algorithm.rollout_correction
+    one_update = actor.ppo_mini_batch_size >= cfg.data.train_batch_size and actor.ppo_epochs == 1
+    corrects = rc.rollout_is is not None or rc.rollout_rs is not None
+    if not (rollout.calculate_log_probs and ((one_update and not corrects) or rc.bypass_mode)):
+        return
+    rollout_p, actor_p = _PRECISIONS[str(rollout.dtype).lower()], _PRECISIONS[str(actor.fsdp_config.dtype).lower()]
+    if rollout_p == actor_p or not on_cuda:
+        return
+    errors.append(
+        f"actor_rollout_ref.rollout.dtype={rollout.dtype} but actor_rollout_ref.actor.fsdp_config.dtype="
+        f"{actor.fsdp_config.dtype}: with rollout.calculate_log_probs=true and an exactly on-policy update the "
+        "rollout's log-probs are used as pi_old, so they must come from the training precision. Set "
+        f"actor_rollout_ref.rollout.dtype={actor.fsdp_config.dtype}, or let the actor recompute pi_old "
+        "(rollout.calculate_log_probs=false)"
+    )
 
 
 def _check_micro(cfg, role, mini, micro_global, micro_per_gpu, dynamic, name, errors, notes) -> None:
