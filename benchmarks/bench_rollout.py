@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = build_bpe_tokenizer()
     model = build_tiny_model(tok, size=size).eval()
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
-    engine = HFRolloutEngine(model, tok, max_batch_size=batch, seed=0)
+    engine = HFRolloutEngine(model, tok, max_num_seqs=batch, seed=0)
     load = os.getloadavg()
     print(f"[{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}] "
           f"model: qwen2 {size} {params_m:.1f}M params, vocab {len(tok)}, fp32, {threads} threads; "

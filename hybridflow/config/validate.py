@@ -54,6 +54,7 @@ def validate_config(cfg: PPOConfig) -> list[str]:
     _check_algorithms(cfg, errors)
     _normalise_deprecated(cfg, notes)
     _check_batch_sizes(cfg, errors, notes)
+    _check_rollout_precision(cfg, errors)
     _check_unused(cfg, notes)
     if errors:
         raise ConfigError(errors)
@@ -232,6 +233,47 @@ def _check_batch_sizes(cfg: PPOConfig, errors: list[str], notes: list[str]) -> N
     if cfg.algorithm.adv_estimator in ("grpo", "rloo", "grpo_passk", "reinforce_plus_plus_baseline") and n == 1:
         notes.append(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares the responses of one prompt, "
                      "but actor_rollout_ref.rollout.n=1: every advantage will be 0. Set rollout.n >= 2.")
+
+
+_PRECISIONS = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+               "fp16": "fp16", "float16": "fp16", "half": "fp16"}
+
+
+def _check_rollout_precision(cfg: PPOConfig, errors: list[str]) -> None:
+    """Where the rollout's log-probs stand in for pi_old, the rollout must compute in the training precision.
+
+    That is the trainer's ``StepPlan.reuse_rollout_log_probs`` (``rollout.calculate_log_probs=true`` with an
+    exactly on-policy update -- one mini-batch, one epoch, no IS/RS correction -- or ``bypass_mode``).  On
+    GPU the hf rollout computes in ``rollout.dtype`` and the actor in ``actor.fsdp_config.dtype``; on CPU
+    both compute in fp32, so there is nothing to compare.
+    """
+    arr = cfg.actor_rollout_ref
+    rollout, actor = arr.rollout, arr.actor
+    for key, val in (("actor_rollout_ref.rollout.dtype", rollout.dtype),
+                     ("actor_rollout_ref.actor.fsdp_config.dtype", actor.fsdp_config.dtype)):
+        if str(val).lower() not in _PRECISIONS:
+            errors.append(f"{key}={val!r} is not a known dtype; use one of bfloat16, float16, float32")
+            return
+    rc = cfg.algorithm.rollout_correction
+    one_update = actor.ppo_mini_batch_size >= cfg.data.train_batch_size and actor.ppo_epochs == 1
+    corrects = rc.rollout_is is not None or rc.rollout_rs is not None
+    if not (rollout.calculate_log_probs and ((one_update and not corrects) or rc.bypass_mode)):
+        return
+    rollout_p, actor_p = _PRECISIONS[str(rollout.dtype).lower()], _PRECISIONS[str(actor.fsdp_config.dtype).lower()]
+    if rollout_p == actor_p or cfg.trainer.device == "cpu":
+        return
+    if cfg.trainer.device == "auto":
+        import torch  # the config layer needs torch only for this question
+
+        if not torch.cuda.is_available():
+            return
+    errors.append(
+        f"actor_rollout_ref.rollout.dtype={rollout.dtype} but actor_rollout_ref.actor.fsdp_config.dtype="
+        f"{actor.fsdp_config.dtype}: with rollout.calculate_log_probs=true and an exactly on-policy update the "
+        "rollout's log-probs are used as pi_old, so they must come from the training precision. Set "
+        f"actor_rollout_ref.rollout.dtype={actor.fsdp_config.dtype}, or let the actor recompute pi_old "
+        "(rollout.calculate_log_probs=false)"
+    )
 
 
 def _check_micro(cfg, role, mini, micro_global, micro_per_gpu, dynamic, name, errors, notes) -> None:

@@ -7,7 +7,8 @@ step.  An engine therefore exposes, besides ``generate``:
 * ``update_weights(named_tensors)`` -- receive the actor's latest weights (a no-op when the engine runs
   the actor's own module, as the ``hf`` engine does when colocated);
 * ``sleep()`` / ``wake_up()`` -- release / reclaim inference memory (KV cache, and for vLLM/SGLang the
-  weights) while the trainer updates the actor.
+  weights) while the trainer updates the actor;
+* ``abort_all()`` -- return every request in flight at once with what it has so far (partial rollouts).
 
 Engines work on token ids only; chat templates, tools and padding live above them (the agent loops of
 :mod:`hybridflow.agents`).  Engines are looked up by verl's
@@ -51,8 +52,13 @@ class RolloutEngine(ABC):
     """Token-in / token-out generation engine driven by the rollout worker and agent loops."""
 
     @abstractmethod
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams, request_id: str) -> TokenOutput:
-        """Generate one response (``sampling_params.n`` must be 1: callers expand groups themselves)."""
+    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams, request_id: str,
+                       multi_modal_data: dict | None = None) -> TokenOutput:
+        """Generate one response (``sampling_params.n`` must be 1: callers expand groups themselves).
+
+        ``multi_modal_data`` (e.g. ``{"image": [PIL images]}``, verl's name) is for engines serving
+        vision-language models; a text-only engine raises when it is given any.
+        """
 
     def generate_batch(
         self, prompts: Sequence[list[int]], sampling_params: SamplingParams | Sequence[SamplingParams]
@@ -83,6 +89,12 @@ class RolloutEngine(ABC):
     @abstractmethod
     def wake_up(self) -> None:
         """Reclaim what :meth:`sleep` released, before the next rollout."""
+
+    @abstractmethod
+    def abort_all(self) -> int:
+        """Finish every request in flight now: each returns ``finish_reason="abort"`` with the tokens (and
+        log-probs) generated so far -- partial rollouts at a weight sync.  Returns how many were aborted;
+        the engine stays usable."""
 
     @abstractmethod
     def reseed(self, seed: int) -> None:
