@@ -14,6 +14,7 @@ import warnings
 
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.schema import PPOConfig
+from hybridflow.config.validate_async import check_async_config
 
 SUPPORTED_STRATEGIES = ("fsdp", "fsdp2")
 SUPPORTED_ROLLOUTS = ("hf", "vllm", "sglang", "trtllm")
@@ -53,6 +54,7 @@ def validate_config(cfg: PPOConfig) -> list[str]:
     _check_strategies(cfg, errors)
     _check_algorithms(cfg, errors)
     _normalise_deprecated(cfg, notes)
+    check_async_config(cfg, errors, notes)
     _check_batch_sizes(cfg, errors, notes)
     _check_rollout_precision(cfg, errors)
     _check_unused(cfg, notes)
