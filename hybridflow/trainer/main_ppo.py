@@ -139,7 +139,14 @@ def start_rollout_service(runtime: Runtime, config, tokenizer) -> None:
     from hybridflow.agents import AgentLoopManager
     from hybridflow.rollout.fleet import HybridFleet
 
-    fleet = HybridFleet(runtime.groups.actor_rollout)
+    if config.split_placement:  # standalone replicas on the rollout pool, fed weights by the checkpoint engine
+        from hybridflow.trainer.rollout_pool import rollout_pool_devices, start_standalone_fleet
+
+        fleet = start_standalone_fleet(config, runtime.groups.actor_rollout, resolve_device(config) == "cuda",
+                                       runtime._closers)
+        runtime.n_devices += rollout_pool_devices(config)
+    else:
+        fleet = HybridFleet(runtime.groups.actor_rollout)
     manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer)
     runtime._closers.append(manager.shutdown)
     runtime.groups.rollout = manager
@@ -290,6 +297,22 @@ def load_processor_for(config):
     return processor
 
 
+def trainer_class(config) -> type:
+    """The controller of ``async_training.mode``: the synchronous HybridFlow step, one-step-off or fully async."""
+    mode = config.async_training.mode
+    if mode == "one_step_off":
+        from hybridflow.trainer.one_step_off import OneStepOffTrainer
+
+        return OneStepOffTrainer
+    if mode == "fully_async":
+        from hybridflow.trainer.fully_async import FullyAsyncTrainer
+
+        return FullyAsyncTrainer
+    from hybridflow.trainer.ppo_trainer import PPOTrainer
+
+    return PPOTrainer
+
+
 def run_ppo(config, should_stop: Callable[[], bool] | None = None) -> None:
     """verl's entry: one training run from a loaded ``PPOConfig`` (see ``train_ppo`` for the history)."""
     train_ppo(config, should_stop=should_stop)
@@ -300,7 +323,7 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
     import torch
 
     from hybridflow.engine.model_loader import check_causal_lm
-    from hybridflow.trainer.ppo_trainer import PPOTrainer, resolve_total_training_steps
+    from hybridflow.trainer.ppo_trainer import resolve_total_training_steps
     from hybridflow.trainer.preflight import run_preflight
 
     tcfg = config.trainer
@@ -326,8 +349,9 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         start_rollout_service(runtime, config, tokenizer)
         if logger is None:
             logger = build_logger(config, total)
-        trainer = PPOTrainer(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn, val_reward_fn,
-                             logger=logger, n_devices=runtime.n_devices, dp_size=runtime.dp_size)
+        trainer = trainer_class(config)(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn,
+                                        val_reward_fn, logger=logger, n_devices=runtime.n_devices,
+                                        dp_size=runtime.dp_size)
         return trainer.fit(should_stop=should_stop)
     finally:
         for fn in reward_fns:

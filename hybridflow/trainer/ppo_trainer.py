@@ -38,6 +38,8 @@ from hybridflow.trainer.validation import Validator
 
 def resolve_total_training_steps(config, steps_per_epoch: int) -> int:
     """``trainer.total_training_steps`` if set, else epochs x loader length; written into the optim configs.
+    Fully async training runs ``rollout.total_epochs`` passes, at most ``rollout.total_rollout_steps`` prompts
+    (and at most ``trainer.total_training_steps`` steps).
 
     The LR schedule of every worker needs the total, so this runs before the workers are built (as verl).
     """
@@ -46,9 +48,17 @@ def resolve_total_training_steps(config, steps_per_epoch: int) -> int:
             f"the training dataloader yields no batch: the dataset is smaller than data.train_batch_size="
             f"{config.data.train_batch_size} (or data.gen_batch_size); lower the batch size or add data"
         )
-    total = steps_per_epoch * config.trainer.total_epochs
-    if config.trainer.total_training_steps is not None:
-        total = int(config.trainer.total_training_steps)
+    tcfg = config.trainer
+    if config.async_training.mode == "fully_async":  # the rollouter's horizon, in trainer steps
+        total = steps_per_epoch * config.rollout.total_epochs
+        if config.rollout.total_rollout_steps is not None:
+            total = min(total, int(config.rollout.total_rollout_steps) // config.data.train_batch_size)
+        if tcfg.total_training_steps is not None:
+            total = min(total, int(tcfg.total_training_steps))
+    else:
+        total = steps_per_epoch * tcfg.total_epochs
+        if tcfg.total_training_steps is not None:
+            total = int(tcfg.total_training_steps)
     if total <= 0:
         raise ValueError(f"total training steps is {total}; set trainer.total_epochs or trainer.total_training_steps > 0")
     config.actor_rollout_ref.actor.optim.total_training_steps = total
@@ -132,7 +142,8 @@ class PPOTrainer:
         it stops after is treated as the last one (validated and saved).
         """
         tcfg = self.config.trainer
-        self.load_checkpoint()
+        resumed = self.load_checkpoint()
+        self.start_rollout(resumed)
         if self.validator is not None and tcfg.val_before_train:
             self._validate()
             if tcfg.val_only:
@@ -158,6 +169,12 @@ class PPOTrainer:
                 break
         self._finish()
         return self.history
+
+    def start_rollout(self, resumed: bool) -> None:
+        """Before the first generation: replicas with their own copy of the weights get the actor's (a resumed
+        actor differs from the model path they were loaded from; the sync also forms the weight-sync group)."""
+        if resumed or self.config.split_placement:
+            stages.sync_rollout_weights(self.groups)
 
     def _finish(self) -> None:
         if self.logger is None:
@@ -195,47 +212,66 @@ class PPOTrainer:
         """One PPO step on the next prompt batch(es); returns its metrics (``None`` when data ran out)."""
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
-        cfg, plan, groups = self.config, self.plan, self.groups
         with timed("step", timing):
             batch = self.collect_batch(prompts, timing, metrics)
             if batch is None:
                 return None
-            if cfg.trainer.balance_batch:
-                metrics.update(balance_batch(batch, self.dp_size))
-            batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            if plan.old_log_prob_in_update:  # exactly on-policy: pi_old comes from the update's own pass
-                stages.compute_old_log_prob(groups, batch, plan, cfg.actor_rollout_ref.actor.loss_agg_mode)
-            else:
-                with timed("old_log_prob", timing):
-                    metrics.update(stages.compute_old_log_prob(groups, batch, plan,
-                                                               cfg.actor_rollout_ref.actor.loss_agg_mode))
-            if plan.use_ref:
-                with timed("ref", timing):
-                    stages.compute_ref_log_prob(groups, batch)
-            if plan.use_critic:
-                with timed("values", timing):
-                    stages.compute_values(groups, batch)
-            with timed("adv", timing):
-                batch, adv_metrics = stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl)
-                metrics.update(adv_metrics)
-            if correction_enabled(cfg.algorithm.rollout_correction):  # actor pi_old vs the rollout's mu
-                metrics.update(apply_rollout_correction(batch, cfg.algorithm.rollout_correction))
-            if plan.use_critic:
-                with timed("update_critic", timing):
-                    metrics.update(stages.update_critic(groups, batch))
-            if self.global_steps >= plan.critic_warmup:  # the first critic_warmup steps train the critic only
-                with timed("update_actor", timing):
-                    metrics.update(stages.update_actor(groups, batch, cfg.actor_rollout_ref.rollout.temperature))
-                moved = stages.sync_rollout_weights(groups)  # None: the rollout shares the actor's module
-                if moved is not None:
-                    timing["update_weights"] = moved
+            batch = self.train_on_batch(batch, timing, metrics)
+        self.finish_step_metrics(batch, timing, metrics)
+        return metrics
+
+    def train_on_batch(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
+        """The stages after generation: log-probs, values, advantages, updates, then the weight push.
+
+        Returns the batch trained on (PF-PPO resamples it in the advantage stage)."""
+        cfg, plan, groups = self.config, self.plan, self.groups
+        if cfg.trainer.balance_batch:
+            metrics.update(balance_batch(batch, self.dp_size))
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+        if plan.old_log_prob_in_update:  # pi_old comes from the update's own pass (see StepPlan)
+            stages.compute_old_log_prob(groups, batch, plan, cfg.actor_rollout_ref.actor.loss_agg_mode)
+        else:
+            with timed("old_log_prob", timing):
+                metrics.update(stages.compute_old_log_prob(groups, batch, plan,
+                                                           cfg.actor_rollout_ref.actor.loss_agg_mode))
+        if plan.use_ref:
+            with timed("ref", timing):
+                stages.compute_ref_log_prob(groups, batch)
+        if plan.use_critic:
+            with timed("values", timing):
+                stages.compute_values(groups, batch)
+        with timed("adv", timing):
+            batch, adv_metrics = stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl)
+            metrics.update(adv_metrics)
+        if correction_enabled(cfg.algorithm.rollout_correction):  # actor pi_old vs the rollout's mu
+            metrics.update(apply_rollout_correction(batch, cfg.algorithm.rollout_correction))
+        if plan.use_critic:
+            with timed("update_critic", timing):
+                metrics.update(stages.update_critic(groups, batch))
+        if self.global_steps >= plan.critic_warmup:  # the first critic_warmup steps train the critic only
+            with timed("update_actor", timing):
+                metrics.update(stages.update_actor(groups, batch, cfg.actor_rollout_ref.rollout.temperature))
+            self.push_weights(timing, metrics)
+        return batch
+
+    def push_weights(self, timing: dict[str, float], metrics: dict[str, float]) -> None:
+        """After an actor update: bring the new weights to the rollout (``timing_s/update_weights`` when
+        something moves; the colocated hf engine shares the actor's module and moves nothing).  The async
+        controllers push at other moments and override this."""
+        moved = stages.sync_rollout_weights(self.groups)
+        if moved is not None:
+            timing["update_weights"] = moved
+
+    def finish_step_metrics(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
+        """verl's data / timing / throughput metrics of the step just trained, the rollout dump, counters."""
+        cfg = self.config
         if cfg.trainer.rollout_data_dir:
             from hybridflow.trainer.rollout_dump import dump_generations
 
             extra = {k: list(batch.non_tensor_batch[k]) for k in self._reward_extra_keys(batch)}
             dump_generations(cfg.trainer.rollout_data_dir, self.global_steps + 1, self.tokenizer, batch,
                              batch.batch["token_level_scores"].sum(-1).tolist(), extra)
-        metrics.update(compute_data_metrics(batch, use_critic=plan.use_critic))
+        metrics.update(compute_data_metrics(batch, use_critic=self.plan.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, self.n_devices))
         metrics.update(compute_mfu_metrics(batch, timing, self.flops_counters, self.n_devices,
@@ -246,7 +282,6 @@ class PPOTrainer:
         metrics["training/skipped_steps"] = float(self.skipped_steps)
         metrics["training/global_step"] = float(self.global_steps + 1)
         metrics["training/epoch"] = float(self.epoch)
-        return metrics
 
     @staticmethod
     def _reward_extra_keys(batch: DataProto) -> list[str]:
@@ -337,13 +372,13 @@ class PPOTrainer:
         ckpt.rotate_checkpoints(root, "actor", tcfg.max_actor_ckpt_to_keep)
         ckpt.rotate_checkpoints(root, "critic", tcfg.max_critic_ckpt_to_keep)
 
-    def load_checkpoint(self) -> None:
-        """Restore everything from the folder ``trainer.resume_mode`` selects (no-op on a fresh start)."""
+    def load_checkpoint(self) -> bool:
+        """Restore everything from the folder ``trainer.resume_mode`` selects; False on a fresh start."""
         tcfg = self.config.trainer
         ckpt.clean_stale_temp_dirs(tcfg.default_local_dir)
         folder = ckpt.find_resume_dir(tcfg.default_local_dir, tcfg.resume_mode, tcfg.resume_from_path)
         if folder is None:
-            return
+            return False
         manifest = ckpt.read_manifest(folder)
         if self.plan.use_critic and "critic" not in manifest["components"]:
             raise ckpt.CheckpointError(
@@ -362,6 +397,7 @@ class PPOTrainer:
         load_state_dict = getattr(self.train_dataloader, "load_state_dict", None)
         if data_state is not None and callable(load_state_dict):
             load_state_dict(data_state)
+        return True
 
 
 __all__ = ["PPOTrainer", "RunHistory", "resolve_total_training_steps"]
