@@ -41,6 +41,7 @@ class AgentLoopManager:
         num_workers = int(self.rollout_config.agent.num_workers)
         if num_workers < 1:
             raise ValueError(f"actor_rollout_ref.rollout.agent.num_workers={num_workers}: need at least 1")
+        self._next_worker = 0
         if backend == "local":
             self.workers: list[Any] = [AgentLoopWorker(config, fleet.replicas, tokenizer, processor)
                                        for _ in range(num_workers)]
@@ -55,7 +56,7 @@ class AgentLoopManager:
             raise ValueError("generate_sequences: the prompt batch is empty")
         meta = dict(prompts.meta_info)
         validate = bool(meta.get("validate", False))
-        rows = self._trajectory_rows(prompts, validate, int(meta.get("global_steps", 0)))
+        rows = self.trajectory_rows(prompts, validate, int(meta.get("global_steps", 0)))
         self.fleet.wake_up(None if validate else meta.get("global_steps"))
         try:
             results = [r for part in self._run(rows) for r in part]
@@ -66,7 +67,10 @@ class AgentLoopManager:
         batch.meta_info = {**meta, "metrics": metrics, "timing": timing}
         return batch
 
-    def _trajectory_rows(self, prompts: DataProto, validate: bool, step: int) -> DataProto:
+    def trajectory_rows(self, prompts: DataProto, validate: bool, step: int, first_row: int = 0) -> DataProto:
+        """The ``n`` trajectory rows of each prompt row, with request ids and seeds from (step, row, sample);
+        ``first_row`` is the batch position of ``prompts``' first row (async training sends prompts one by
+        one and keeps the seeds of the synchronous batch)."""
         rc = self.rollout_config
         src = rc.val_kwargs if validate else rc
         n = int(src.n)
@@ -76,10 +80,21 @@ class AgentLoopManager:
         tag = "val" if validate else "train"
         count = len(rows)
         rows.non_tensor_batch["__request_id__"] = np.array(
-            [f"{tag}-{step}-{i // n}-{i % n}" for i in range(count)], dtype=object)
-        seeds = [None if greedy else derive_seed(int(rc.seed), tag, step, i // n, i % n) for i in range(count)]
+            [f"{tag}-{step}-{first_row + i // n}-{i % n}" for i in range(count)], dtype=object)
+        seeds = [None if greedy else derive_seed(int(rc.seed), tag, step, first_row + i // n, i % n)
+                 for i in range(count)]
         rows.non_tensor_batch["__seed__"] = np.array(seeds, dtype=object)
         return rows
+
+    async def run_rows(self, rows: DataProto) -> list[tuple[Any, dict[str, float]]]:
+        """Run trajectory rows (from :meth:`trajectory_rows`) on the next agent-loop worker; ``(output,
+        metrics)`` per row.  Awaitable from any event loop, and leaves the fleet's wake/sleep to the caller:
+        async training streams prompts through this while the replicas stay awake."""
+        worker = self.workers[self._next_worker % len(self.workers)]
+        self._next_worker += 1
+        if self.backend == "local":
+            return await worker.run_trajectories(rows)
+        return await worker.run_trajectories.remote(rows)
 
     def _run(self, rows: DataProto) -> list[DataProto]:
         chunks = [rows.select_idxs(idx) for idx in split_rows(len(rows), len(self.workers))]

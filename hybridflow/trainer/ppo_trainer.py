@@ -95,10 +95,12 @@ def build_flops_counters(config) -> dict:
 
 @dataclass
 class RunHistory:
-    """What the run report and tests read back: metrics per step and sample generations."""
+    """What the run report and tests read back: metrics per step, sample generations and (async training)
+    which samples each step trained on with their staleness."""
 
     metrics: list[dict[str, float]] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
+    trained: list[dict[str, Any]] = field(default_factory=list)  # async training: one entry per trained sample
 
 
 class PPOTrainer:
@@ -150,25 +152,42 @@ class PPOTrainer:
                 self._finish()
                 return self.history
         prompts = self._prompt_stream()
-        while self.global_steps < self.total_training_steps:
-            metrics = self.train_step(prompts)
-            if metrics is None:
-                break  # data exhausted (total_epochs reached)
-            self.global_steps += 1
-            last = self.global_steps >= self.total_training_steps or (should_stop is not None and should_stop())
-            timing: dict[str, float] = {}
-            if self.validator is not None and tcfg.test_freq > 0 and (last or self.global_steps % tcfg.test_freq == 0):
-                with timed("testing", timing):
-                    metrics.update(self._validate(log=False))
-            if tcfg.save_freq > 0 and (last or self.global_steps % tcfg.save_freq == 0):
-                with timed("save_checkpoint", timing):
-                    self.save_checkpoint()
-            metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
-            self._log(metrics)
-            if last:
-                break
+        try:
+            while self.global_steps < self.total_training_steps:
+                metrics = self.train_step(prompts)
+                if metrics is None:
+                    break  # data exhausted (total_epochs reached)
+                self.global_steps += 1
+                last = self.global_steps >= self.total_training_steps or (should_stop is not None and should_stop())
+                timing: dict[str, float] = {}
+                if self.validator is not None and self.validate_now(last):
+                    with timed("testing", timing):
+                        metrics.update(self._validate(log=False))
+                if self.save_now(last):
+                    with timed("save_checkpoint", timing):
+                        self.save_checkpoint()
+                metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
+                self._log(metrics)
+                if last:
+                    break
+        finally:
+            self.stop_rollout()
         self._finish()
         return self.history
+
+    def validate_now(self, last: bool) -> bool:
+        """Validate after this step? Every ``trainer.test_freq`` steps and after the last one."""
+        freq = self.config.trainer.test_freq
+        return freq > 0 and (last or self.global_steps % freq == 0)
+
+    def save_now(self, last: bool) -> bool:
+        """Checkpoint after this step? Every ``trainer.save_freq`` steps and after the last one."""
+        freq = self.config.trainer.save_freq
+        return freq > 0 and (last or self.global_steps % freq == 0)
+
+    def stop_rollout(self) -> None:
+        """When the loop ends (finished, stopped or failed): stop generation running beside training (the async
+        controllers); nothing runs beside the synchronous step."""
 
     def start_rollout(self, resumed: bool) -> None:
         """Before the first generation: replicas with their own copy of the weights get the actor's (a resumed
@@ -288,8 +307,9 @@ class PPOTrainer:
         return [k for k in batch.meta_info.get("reward_extra_keys", []) if k in batch.non_tensor_batch]
 
     def collect_batch(self, prompts: Iterator[dict[str, Any]], timing: dict[str, float],
-                      metrics: dict[str, float]) -> DataProto | None:
-        """Generate and score one training batch; with DAPO filtering, as many rounds as needed."""
+                      metrics: dict[str, float], step: int | None = None) -> DataProto | None:
+        """Generate and score the batch of step ``step`` (default: the next one); with DAPO filtering, as many
+        rounds as needed."""
         plan = self.plan
         fg = self.config.algorithm.filter_groups
         acc = None
@@ -300,7 +320,7 @@ class PPOTrainer:
             batch_dict = next(prompts, None)
             if batch_dict is None:
                 return None
-            batch = self.generate_and_score(stages.prompts_from_loader(batch_dict), timing, metrics)
+            batch = self.generate_and_score(stages.prompts_from_loader(batch_dict), timing, metrics, step)
             if acc is None:
                 return batch
             acc.add(batch)
@@ -309,11 +329,13 @@ class PPOTrainer:
                 return acc.take()
             acc.check_budget()
 
-    def generate_and_score(self, prompts: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
+    def generate_and_score(self, prompts: DataProto, timing: dict[str, float], metrics: dict[str, float],
+                           step: int | None = None) -> DataProto:
         plan = self.plan
         rollout_cfg = self.config.actor_rollout_ref.rollout
-        meta = {"do_sample": bool(rollout_cfg.do_sample), "validate": False, "global_steps": self.global_steps + 1}
-        prompts.meta_info["global_steps"] = self.global_steps + 1
+        step = self.global_steps + 1 if step is None else int(step)  # the sampling seeds derive from it
+        meta = {"do_sample": bool(rollout_cfg.do_sample), "validate": False, "global_steps": step}
+        prompts.meta_info["global_steps"] = step
         with timed("gen", timing):
             if plan.remax_baseline:
                 baseline_prompts = prompts.select(deepcopy=True)
@@ -357,9 +379,9 @@ class PPOTrainer:
             if self.plan.use_critic:
                 self.groups.critic.save_checkpoint(str(writer.tmp_dir / "critic"), self.global_steps, None)
                 components.append("critic")
-            state_dict = getattr(self.train_dataloader, "state_dict", None)
-            if callable(state_dict):
-                writer.save_data_state(state_dict())
+            data_state = self.data_state()
+            if data_state is not None:
+                writer.save_data_state(data_state)
             writer.save_trainer_state(ckpt.TrainerState(
                 global_step=self.global_steps,
                 epoch=self.epoch,
@@ -371,6 +393,12 @@ class PPOTrainer:
             writer.commit(components, metadata=lora if model.lora_rank > 0 else None)
         ckpt.rotate_checkpoints(root, "actor", tcfg.max_actor_ckpt_to_keep)
         ckpt.rotate_checkpoints(root, "critic", tcfg.max_critic_ckpt_to_keep)
+
+    def data_state(self) -> dict[str, Any] | None:
+        """The loader position to resume from: after the last batch *trained* on (the async controllers fetch
+        prompts ahead of training and override this)."""
+        state_dict = getattr(self.train_dataloader, "state_dict", None)
+        return state_dict() if callable(state_dict) else None
 
     def load_checkpoint(self) -> bool:
         """Restore everything from the folder ``trainer.resume_mode`` selects; False on a fresh start."""
@@ -394,10 +422,15 @@ class PPOTrainer:
         if self.kl_ctrl is not None and state.kl_ctrl:
             self.kl_ctrl.load_state_dict(state.kl_ctrl)
         data_state = ckpt.load_data_state(folder)
-        load_state_dict = getattr(self.train_dataloader, "load_state_dict", None)
-        if data_state is not None and callable(load_state_dict):
-            load_state_dict(data_state)
+        if data_state is not None:
+            self.restore_data_state(data_state)
         return True
+
+    def restore_data_state(self, state: dict[str, Any]) -> None:
+        """Continue the prompt stream where :meth:`data_state` left it."""
+        load_state_dict = getattr(self.train_dataloader, "load_state_dict", None)
+        if callable(load_state_dict):
+            load_state_dict(state)
 
 
 __all__ = ["PPOTrainer", "RunHistory", "resolve_total_training_steps"]
