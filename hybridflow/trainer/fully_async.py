@@ -86,6 +86,7 @@ class FullyAsyncTrainer(PPOTrainer):
     def stop_rollout(self) -> None:
         if self.rollouter is not None:
             self.rollouter.stop()
+            self.history.abandoned = self.queue.pending()  # a resumed run generates them again
         manager = getattr(self, "_validation_manager", None)
         if manager is not None:
             manager.shutdown()

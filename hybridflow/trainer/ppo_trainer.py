@@ -101,6 +101,7 @@ class RunHistory:
     metrics: list[dict[str, float]] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
     trained: list[dict[str, Any]] = field(default_factory=list)  # async training: one entry per trained sample
+    abandoned: list[int] = field(default_factory=list)  # fully async: samples generated but not trained at the end
 
 
 class PPOTrainer:

@@ -105,8 +105,11 @@ class Rollouter:
             self.queue.fail(e)
             raise
         finally:
-            for task in list(self._active.values()):
+            tasks = list(self._active.values())
+            for task in tasks:
                 task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     def _begin(self, sample: Sample) -> None:
         sample.version_start = self.version

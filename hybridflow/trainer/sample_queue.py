@@ -88,6 +88,11 @@ class SampleQueue:
         with self._cond:
             return len(self._finished) + len(self._in_flight)
 
+    def pending(self) -> list[int]:
+        """Ordinals of the outstanding samples (in flight or finished, not taken)."""
+        with self._cond:
+            return sorted([*self._in_flight, *(s.ordinal for _, _, s in self._finished)])
+
     def take(self, k: int, due_version: int | None = None, room_after: int = 0,
              timeout: float | None = None) -> list[Sample] | None:
         """``k`` finished samples, oldest weight version first; ``None`` when the stream ended with fewer.
