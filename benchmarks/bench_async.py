@@ -97,7 +97,8 @@ def prepare(workdir: Path, train_size: int, sft_steps: int, seed: int = 0) -> tu
     return str(out / "huggingface"), data
 
 
-def overrides(mode: str, model: str, data: Path, prompts: int, group: int, lr: float) -> list[str]:
+def overrides(mode: str, model: str, data: Path, prompts: int, group: int, lr: float,
+              local: bool = False) -> list[str]:
     a = "actor_rollout_ref"
     trajectories = prompts * group
     common = [
@@ -111,18 +112,19 @@ def overrides(mode: str, model: str, data: Path, prompts: int, group: int, lr: f
         f"{a}.model.enable_gradient_checkpointing=false", f"{a}.rollout.agent.num_workers=1",
         "reward_model.num_workers=0", f"custom_reward_function.path={SCRIPT}", "custom_reward_function.name=compute_score",
         "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=100000",
-        "trainer.test_freq=100000", "trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.resume_mode=disable",
+        "trainer.test_freq=100000", "trainer.val_before_train=true", "trainer.save_freq=-1", "trainer.resume_mode=disable",
         "trainer.logger=[]", "trainer.project_name=bench_async", f"trainer.experiment_name={mode}", "trainer.seed=0",
         "trainer.balance_batch=false", "ray_kwargs.ray_init.num_cpus=2",
     ]
     split = [f"{a}.hybrid_engine=false", "rollout.nnodes=1", "rollout.n_gpus_per_node=1",
              f"{a}.rollout.free_cache_engine=false"]
+    ray = "trainer.backend=local" if local else "trainer.backend=ray"  # --smoke: the async modes in one process
     return common + {
         "sync_local": ["trainer.backend=local"],
-        "sync_ray": ["trainer.backend=ray"],
-        "one_step_off": ["trainer.backend=ray", "async_training.mode=one_step_off",
+        "sync_ray": [ray],
+        "one_step_off": [ray, "async_training.mode=one_step_off",
                          "algorithm.rollout_correction.bypass_mode=true", *split],
-        "fully_async": ["trainer.backend=ray", "async_training.mode=fully_async", "data.train_batch_size=0",
+        "fully_async": [ray, "async_training.mode=fully_async", "data.train_batch_size=0",
                         "async_training.staleness_threshold=0.5", "async_training.trigger_parameter_sync_step=1",
                         "async_training.partial_rollout=true", "async_training.use_rollout_log_probs=true", *split],
     }[mode]
@@ -143,7 +145,8 @@ def child(args) -> None:
         return marks[-1] - marks[0] >= args.budget_s
 
     logger = C.RecordingLogger()
-    cfg = load_config(overrides(args.run, args.model, Path(args.data), args.prompts, args.group, args.lr))
+    cfg = load_config(overrides(args.run, args.model, Path(args.data), args.prompts, args.group, args.lr,
+                                local=args.local))
     history = train_ppo(cfg, logger=logger, should_stop=stop)
     steps = [m for m in history.metrics if "timing_s/step" in m]
     lengths = [m["response_length/mean"] for m in steps]
@@ -152,6 +155,7 @@ def child(args) -> None:
     C.emit_result({
         "mode": args.run, "steps": len(steps), "samples_per_s": trajectories / seconds if seconds > 0 else 0.0,
         "seconds": seconds, "accuracy": next((m[VAL_KEY] for m in reversed(history.metrics) if VAL_KEY in m), None),
+        "accuracy_before": next((m[VAL_KEY] for m in history.metrics if VAL_KEY in m), None),
         "response_length_mean": sum(lengths) / max(len(lengths), 1),
         "response_clip_ratio": sum(m.get("response_length/clip_ratio", 0.0) for m in steps) / max(len(steps), 1),
         "staleness_mean": sum(m.get("training/staleness/mean", 0.0) for m in steps) / max(len(steps), 1),
@@ -163,7 +167,7 @@ def run_mode(mode: str, model: str, data: Path, args) -> dict:
     threads = 2 if mode == "sync_local" else 1
     cmd = [sys.executable, str(SCRIPT), "--run", mode, "--model", model, "--data", str(data), "--threads",
            str(threads), "--budget-s", str(args.budget_s), "--prompts", str(args.prompts), "--group",
-           str(args.group), "--lr", str(args.lr)]
+           str(args.group), "--lr", str(args.lr)] + (["--local"] if args.local else [])
     env = dict(C.single_thread_env(), OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=C.REPO,
                           timeout=args.budget_s * 4 + 900)
@@ -182,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--sft-steps", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="budget 120 s per mode")
-    parser.add_argument("--smoke", action="store_true", help="tiny: local backend modes, 15 s each")
+    parser.add_argument("--smoke", action="store_true", help="tiny: every mode on the local backend, 5 s each")
+    parser.add_argument("--local", action="store_true", help="run the Ray modes on the local backend (threads)")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -195,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         args.budget_s = 120.0
     modes = args.modes.split(",")
     if args.smoke:
-        args.budget_s, args.prompts, args.group, args.sft_steps = 8.0, 4, 4, 20
-        modes = ["sync_local"]
+        args.budget_s, args.prompts, args.group, args.sft_steps, args.local = 5.0, 4, 4, 20, True
+        modes = ["sync_local", "one_step_off", "fully_async"]
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         parser.error(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
@@ -208,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         results.append(run_mode(mode, model, data, args))
         print(f"[bench_async] {mode}: {results[-1]} ({time.perf_counter() - start:.0f}s)", flush=True)
-    C.print_table(["mode", "steps", "samples/s", "held-out acc", "resp len", "clipped", "staleness", "trainer idle"],
-                  [[r["mode"], r["steps"], r["samples_per_s"], r["accuracy"], r["response_length_mean"],
+    C.print_table(["mode", "steps", "samples/s", "acc before", "acc after", "resp len", "clipped", "staleness",
+                   "trainer idle"],
+                  [[r["mode"], r["steps"], r["samples_per_s"], r["accuracy_before"], r["accuracy"], r["response_length_mean"],
                     r["response_clip_ratio"], r["staleness_mean"], r["trainer_idle"]] for r in results])
     print(f"load after: {'%.2f %.2f %.2f' % os.getloadavg()} (before: {state['load']})")
     sync = [r for r in results if r["mode"].startswith("sync")]

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 __all__ = ["ASYNC_MODES", "CHECKPOINT_ENGINE_BACKENDS", "check_async_config", "fully_async_batch_prompts"]
@@ -35,11 +36,10 @@ _CKPT_ENGINE_KEYS = ("actor_rollout_ref.rollout.checkpoint_engine.backend",
 
 @lru_cache(maxsize=1)
 def _defaults() -> Any:
+    """The defaults file (what a key is when nobody set it)."""
     from omegaconf import OmegaConf
 
-    from hybridflow.config.loader import CONFIG_DIR, DEFAULT_CONFIG_NAME
-
-    return OmegaConf.load(CONFIG_DIR / f"{DEFAULT_CONFIG_NAME}.yaml")
+    return OmegaConf.load(Path(__file__).with_name("ppo_trainer.yaml"))
 
 
 def _default(key: str) -> Any:

@@ -133,11 +133,17 @@ class OneStepOffTrainer(PPOTrainer):
         return resumed
 
     def stop_rollout(self) -> None:
-        if self._pending is not None:
-            try:
-                self._pending.result()  # the batch generated ahead is not trained on; let it finish cleanly
-            except Exception:  # noqa: BLE001 - the run already ended (or failed for its own reason)
-                pass
+        if self._pending is not None:  # the batch generated ahead is not trained on: cut it short
+            fleet = self.groups.rollout.fleet
+            while not self._pending.done():
+                try:
+                    fleet.abort_all()
+                except Exception:  # noqa: BLE001 - a dead replica fails the pending job, which ends the wait
+                    pass
+                try:
+                    self._pending.result(timeout=0.5)
+                except Exception:  # noqa: BLE001 - timeout (abort again) or the job's own failure
+                    pass
             self._pending = None
         self._executor.shutdown(wait=True)
         manager = getattr(self, "_validation_manager", None)

@@ -63,9 +63,11 @@ def test_one_step_off_trains_exactly_one_update_behind(nano_model_dir, addition_
     """Batch k comes from the weights before update k-1: one update old (none on the first step).  With pi_old
     recomputed, the rollout's log-probs differ from it exactly from step 2 on, and rollout correction acts."""
     extra = GRPO + ONE_STEP_OFF + SLOW_LOOP + ["actor_rollout_ref.actor.optim.lr=1e-2",
-                                                "algorithm.rollout_correction.rollout_is=token"]
+                                                "algorithm.rollout_correction.rollout_is=token", "trainer.test_freq=2"]
     history = _runs(tmp_path, "one_step_off", nano_model_dir, addition_data, 4, extra)
     steps = [m for m in history.metrics if "timing_s/step" in m]
+    # validation (its own agent loops on the same replica) ran beside the batch generated ahead
+    assert [m["step"] for m in steps if "val/num_samples" in m] == [2, 4]
     assert [m["training/staleness/max"] for m in steps] == [0, 1, 1, 1]
     assert [m["training/staleness/mean"] for m in steps] == [0, 1, 1, 1]
     assert {t["staleness"] for t in history.trained if t["step"] > 1} == {1}
@@ -79,11 +81,14 @@ def test_one_step_off_trains_exactly_one_update_behind(nano_model_dir, addition_
 def test_fully_async_with_threshold_zero_is_the_synchronous_run(nano_model_dir, addition_data, tmp_path):
     """staleness_threshold=0 and one sync per step: the same prompts, seeds, weights and updates as the
     synchronous trainer, so the same metrics."""
-    common = GRPO + ["actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    common = GRPO + ["actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.test_freq=3"]
     sync = _runs(tmp_path, "sync", nano_model_dir, addition_data, 3, common)
     fully = _runs(tmp_path, "fully", nano_model_dir, addition_data, 3, common + FULLY_ASYNC + [
         "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1"])
     _assert_same_metrics(sync, fully)
+    val = [[m[k] for k in sorted(m) if k.startswith("val-core/")] for h in (sync, fully) for m in h.metrics
+           if "val/num_samples" in m]
+    assert len(val) == 2 and val[0] and val[0] == pytest.approx(val[1])  # validated on the replica, same answers
     assert {t["staleness"] for t in fully.trained} == {0}
     assert [t["ordinal"] for t in fully.trained] == list(range(24))
 
