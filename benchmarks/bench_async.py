@@ -14,7 +14,8 @@ wall-clock budget:
 * ``one_step_off`` -- 1 training process + 1 rollout process (1 thread each), batch k+1 generated while batch
   k trains;
 * ``fully_async`` -- 1 training process + 1 rollout process, the rollouter streaming prompts
-  (``staleness_threshold`` 0.5, partial rollout, one weight sync per step).
+  (``staleness_threshold`` 0.5, partial rollout, a weight sync every 2 steps: a version is 16 prompts and the
+  rollouter may run 8 ahead -- one step's worth).
 
 Throughput is trained trajectories per second in steady state: from the end of the first step to the end of
 the step that crosses the budget (start-up, the first step and the final validation left out).  Accuracy is
@@ -97,8 +98,8 @@ def prepare(workdir: Path, train_size: int, sft_steps: int, seed: int = 0) -> tu
     return str(out / "huggingface"), data
 
 
-def overrides(mode: str, model: str, data: Path, prompts: int, group: int, lr: float,
-              local: bool = False) -> list[str]:
+def overrides(mode: str, model: str, data: Path, prompts: int, group: int, lr: float, staleness: float = 0.5,
+              sync_step: int = 2, local: bool = False) -> list[str]:
     a = "actor_rollout_ref"
     trajectories = prompts * group
     common = [
@@ -107,6 +108,8 @@ def overrides(mode: str, model: str, data: Path, prompts: int, group: int, lr: f
         "data.seed=0", "algorithm.adv_estimator=grpo", f"{a}.rollout.name=hf", f"{a}.rollout.n={group}",
         f"{a}.rollout.calculate_log_probs=true", f"{a}.actor.ppo_mini_batch_size={prompts}",
         f"{a}.actor.ppo_micro_batch_size_per_gpu={trajectories}", f"{a}.rollout.log_prob_micro_batch_size_per_gpu={trajectories}",
+        # token-budget micro-batches: the few long rows are not padded into every short one's micro-batch
+        f"{a}.actor.use_dynamic_bsz=true", f"{a}.actor.ppo_max_token_len_per_gpu={8 * (8 + RESPONSE_LENGTH)}",
         f"{a}.actor.optim.lr={lr}", f"{a}.actor.optim.weight_decay=0.0", f"{a}.actor.use_kl_loss=false",
         f"{a}.actor.entropy_coeff=0", f"{a}.actor.loss_agg_mode=token-mean", f"{a}.model.use_remove_padding=true",
         f"{a}.model.enable_gradient_checkpointing=false", f"{a}.rollout.agent.num_workers=1",
@@ -125,7 +128,8 @@ def overrides(mode: str, model: str, data: Path, prompts: int, group: int, lr: f
         "one_step_off": [ray, "async_training.mode=one_step_off",
                          "algorithm.rollout_correction.bypass_mode=true", *split],
         "fully_async": [ray, "async_training.mode=fully_async", "data.train_batch_size=0",
-                        "async_training.staleness_threshold=0.5", "async_training.trigger_parameter_sync_step=1",
+                        f"async_training.staleness_threshold={staleness}",
+                        f"async_training.trigger_parameter_sync_step={sync_step}",
                         "async_training.partial_rollout=true", "async_training.use_rollout_log_probs=true", *split],
     }[mode]
 
@@ -146,7 +150,7 @@ def child(args) -> None:
 
     logger = C.RecordingLogger()
     cfg = load_config(overrides(args.run, args.model, Path(args.data), args.prompts, args.group, args.lr,
-                                local=args.local))
+                                args.staleness, args.sync_step, local=args.local))
     history = train_ppo(cfg, logger=logger, should_stop=stop)
     steps = [m for m in history.metrics if "timing_s/step" in m]
     lengths = [m["response_length/mean"] for m in steps]
@@ -160,14 +164,23 @@ def child(args) -> None:
         "response_clip_ratio": sum(m.get("response_length/clip_ratio", 0.0) for m in steps) / max(len(steps), 1),
         "staleness_mean": sum(m.get("training/staleness/mean", 0.0) for m in steps) / max(len(steps), 1),
         "trainer_idle": sum(m.get("trainer/idle_ratio", 0.0) for m in steps) / max(len(steps), 1),
+        "timing": {k: _mean(steps, f"timing_s/{k}") for k in ("step", "gen", "reward", "old_log_prob",
+                                                             "update_actor", "update_weights", "param_sync")},
+        "rollouter_idle": _mean(steps, "rollouter/idle_ratio"),
     })
+
+
+def _mean(steps: list[dict], key: str) -> float | None:
+    values = [m[key] for m in steps if key in m]
+    return sum(values) / len(values) if values else None
 
 
 def run_mode(mode: str, model: str, data: Path, args) -> dict:
     threads = 2 if mode == "sync_local" else 1
     cmd = [sys.executable, str(SCRIPT), "--run", mode, "--model", model, "--data", str(data), "--threads",
            str(threads), "--budget-s", str(args.budget_s), "--prompts", str(args.prompts), "--group",
-           str(args.group), "--lr", str(args.lr)] + (["--local"] if args.local else [])
+           str(args.group), "--lr", str(args.lr), "--staleness", str(args.staleness), "--sync-step",
+           str(args.sync_step)] + (["--local"] if args.local else [])
     env = dict(C.single_thread_env(), OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=C.REPO,
                           timeout=args.budget_s * 4 + 900)
@@ -181,9 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--budget-s", type=float, default=300.0, help="training wall clock per mode")
-    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--staleness", type=float, default=0.5, help="fully async staleness_threshold")
+    parser.add_argument("--sync-step", type=int, default=2, help="fully async trigger_parameter_sync_step")
     parser.add_argument("--sft-steps", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="budget 120 s per mode")
     parser.add_argument("--smoke", action="store_true", help="tiny: every mode on the local backend, 5 s each")
