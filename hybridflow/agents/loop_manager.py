@@ -46,6 +46,7 @@ class AgentLoopManager:
         num_workers = agent_worker_count(self.rollout_config.agent.num_workers, backend)
         self.scorer = _start_scorer(config, backend, reward_manager) if reward_loop_applies(config) else None
         client = ScorerClient(self.scorer) if self.scorer is not None else None
+        self._next_worker = 0
         if backend == "local":
             self.workers: list[Any] = [AgentLoopWorker(config, fleet.replicas, tokenizer, processor, scorer=client)
                                        for _ in range(num_workers)]
@@ -60,7 +61,7 @@ class AgentLoopManager:
             raise ValueError("generate_sequences: the prompt batch is empty")
         meta = dict(prompts.meta_info)
         validate = bool(meta.get("validate", False))
-        rows = self._trajectory_rows(prompts, validate, int(meta.get("global_steps", 0)))
+        rows = self.trajectory_rows(prompts, validate, int(meta.get("global_steps", 0)))
         self.fleet.wake_up(None if validate else meta.get("global_steps"))
         try:
             results = [r for part in self._run(rows) for r in part]
@@ -71,7 +72,10 @@ class AgentLoopManager:
         batch.meta_info = {**meta, **batch.meta_info, "metrics": metrics, "timing": timing}
         return batch
 
-    def _trajectory_rows(self, prompts: DataProto, validate: bool, step: int) -> DataProto:
+    def trajectory_rows(self, prompts: DataProto, validate: bool, step: int, first_row: int = 0) -> DataProto:
+        """The ``n`` trajectory rows of each prompt row, with request ids and seeds from (step, row, sample);
+        ``first_row`` is the batch position of ``prompts``' first row (async training sends prompts one by
+        one and keeps the seeds of the synchronous batch)."""
         rc = self.rollout_config
         src = rc.val_kwargs if validate else rc
         n = int(src.n)
@@ -81,10 +85,21 @@ class AgentLoopManager:
         tag = "val" if validate else "train"
         count = len(rows)
         rows.non_tensor_batch["__request_id__"] = np.array(
-            [f"{tag}-{step}-{i // n}-{i % n}" for i in range(count)], dtype=object)
-        seeds = [None if greedy else derive_seed(int(rc.seed), tag, step, i // n, i % n) for i in range(count)]
+            [f"{tag}-{step}-{first_row + i // n}-{i % n}" for i in range(count)], dtype=object)
+        seeds = [None if greedy else derive_seed(int(rc.seed), tag, step, first_row + i // n, i % n)
+                 for i in range(count)]
         rows.non_tensor_batch["__seed__"] = np.array(seeds, dtype=object)
         return rows
+
+    async def run_rows(self, rows: DataProto) -> list[tuple[Any, dict[str, float]]]:
+        """Run trajectory rows (from :meth:`trajectory_rows`) on the next agent-loop worker; ``(output,
+        metrics)`` per row.  Awaitable from any event loop, and leaves the fleet's wake/sleep to the caller:
+        async training streams prompts through this while the replicas stay awake."""
+        worker = self.workers[self._next_worker % len(self.workers)]
+        self._next_worker += 1
+        if self.backend == "local":
+            return await worker.run_trajectories(rows)
+        return await worker.run_trajectories.remote(rows)
 
     def _run(self, rows: DataProto) -> list[DataProto]:
         chunks = [rows.select_idxs(idx) for idx in split_rows(len(rows), len(self.workers))]

@@ -536,6 +536,40 @@ class TrainerConfig:
 
 
 @dataclass(**KW)
+class RolloutPoolConfig:
+    """verl's top-level ``rollout`` node of its async configs: the standalone rollout pool and the fully
+    async rollouter's horizon."""
+
+    nnodes: int
+    n_gpus_per_node: int
+    total_rollout_steps: Optional[int]
+    total_epochs: int
+    test_freq: int
+
+
+@dataclass(**KW)
+class AsyncCheckpointEngineConfig:
+    enable: bool
+    device_buffer_size_M: int
+    overlap_broadcast_and_consume: bool
+
+
+@dataclass(**KW)
+class AsyncTrainingConfig:
+    """verl's ``async_training`` node, plus ``mode`` (which controller runs: verl picks it by entry point)."""
+
+    mode: str
+    staleness_threshold: float
+    trigger_parameter_sync_step: int
+    require_batches: int
+    partial_rollout: bool
+    use_rollout_log_probs: bool
+    compute_prox_log_prob: bool
+    use_trainer_do_validate: bool
+    checkpoint_engine: AsyncCheckpointEngineConfig
+
+
+@dataclass(**KW)
 class RayKwargsConfig:
     ray_init: dict
     timeline_json_file: Optional[str]
@@ -552,6 +586,8 @@ class PPOConfig:
     trainer: TrainerConfig
     global_profiler: dict
     ray_kwargs: RayKwargsConfig
+    rollout: RolloutPoolConfig
+    async_training: AsyncTrainingConfig
 
     @property
     def use_critic(self) -> bool:
@@ -559,6 +595,11 @@ class PPOConfig:
         if self.critic.enable is not None:
             return bool(self.critic.enable)
         return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def split_placement(self) -> bool:
+        """Rollout replicas on their own pool (verl's ``actor_rollout_ref.hybrid_engine=false``)."""
+        return not self.actor_rollout_ref.hybrid_engine
 
     @property
     def use_reference_policy(self) -> bool:

@@ -15,6 +15,7 @@ import warnings
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.key_policy import inert_note, refusal_errors
 from hybridflow.config.schema import PPOConfig
+from hybridflow.config.validate_async import check_async_config
 
 # verl's loss aggregation modes (algorithms/aggregation.py implements each; config cannot import algorithms)
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -58,6 +59,7 @@ def validate_config(cfg: PPOConfig) -> list[str]:
     _check_strategies(cfg, errors)
     _check_algorithms(cfg, errors)
     _normalise_deprecated(cfg, notes)
+    check_async_config(cfg, errors, notes)
     _check_batch_sizes(cfg, errors, notes)
     _check_legacy_micro(cfg, errors, notes)
     _check_sampling(cfg, errors)
@@ -474,10 +476,8 @@ def _check_rollout_hardware(cfg: PPOConfig, errors: list[str], notes: list[str])
         gpu_visible,
         rollout_hardware_errors,
         rollout_hardware_notes,
-        rollout_mode_errors,
     )
 
-    errors.extend(rollout_mode_errors(cfg))
     if cfg.trainer.device == "cpu":
         errors.extend(rollout_hardware_errors(cfg, "cpu"))
         notes.extend(rollout_hardware_notes(cfg, "cpu"))

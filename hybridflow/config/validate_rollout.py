@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["rollout_hardware_errors", "rollout_hardware_notes", "rollout_mode_errors", "gpu_visible"]
+__all__ = ["rollout_hardware_errors", "rollout_hardware_notes", "gpu_visible"]
 
 _PARALLEL_KEYS = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
 
@@ -45,16 +45,6 @@ def rollout_hardware_errors(cfg, device: str) -> list[str]:
             errors.append(f"{key}.cudagraph_capture_sizes={rollout.cudagraph_capture_sizes}: CUDA graphs need a GPU; "
                           f"remove the key (or set it to null) on CPU")
     return errors
-
-
-def rollout_mode_errors(cfg) -> list[str]:
-    """``actor_rollout_ref.hybrid_engine=false`` means standalone rollout replicas, which are vLLM servers here."""
-    arr = cfg.actor_rollout_ref
-    if not arr.hybrid_engine and arr.rollout.name != "vllm":
-        return [f"actor_rollout_ref.hybrid_engine=false runs the rollout as standalone vLLM server replicas, but "
-                f"actor_rollout_ref.rollout.name={arr.rollout.name}; set rollout.name=vllm, or hybrid_engine=true "
-                f"(the {arr.rollout.name} engine runs colocated with the actor)"]
-    return []
 
 
 def rollout_hardware_notes(cfg, device: str) -> list[str]:

@@ -175,14 +175,14 @@ class VLLMServerFleet(RolloutFleet):
     @classmethod
     def from_config(cls, config: Any, weights_source: WeightsSource, device: str) -> "VLLMServerFleet":
         """Standalone replicas for a training run (``actor_rollout_ref.hybrid_engine=false``): as many servers as
-        the devices hold engines (``nnodes x n_gpus_per_node / (TP x DP x PP)``, at least one), started from
-        ``model.path`` and then given the actor's weights."""
+        the rollout pool's devices hold engines (``rollout.nnodes x rollout.n_gpus_per_node / (TP x DP x PP)``,
+        at least one; one on CPU), started from ``model.path`` and then given the actor's weights."""
         from hybridflow.rollout.vllm_config import vllm_engine_kwargs
 
-        rc, mc, tc = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model, config.trainer
+        rc, mc, pool = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model, config.rollout
         per_engine = int(rc.tensor_model_parallel_size) * int(rc.data_parallel_size) * \
             int(rc.pipeline_model_parallel_size)
-        n_servers = max(1, int(tc.nnodes) * int(tc.n_gpus_per_node) // per_engine) if device == "cuda" else 1
+        n_servers = max(1, int(pool.nnodes) * int(pool.n_gpus_per_node) // per_engine) if device == "cuda" else 1
         kwargs = vllm_engine_kwargs(rc, mc.path, device, lora_rank=int(mc.lora_rank), hybrid=False)
         fleet = cls(mc.path, kwargs, n_servers, weights_source, device=device,
                     free_cache_engine=bool(rc.free_cache_engine), lora_rank=int(mc.lora_rank),

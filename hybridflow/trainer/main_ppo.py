@@ -149,16 +149,24 @@ def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None) -
     from hybridflow.agents import AgentLoopManager
     from hybridflow.rollout.fleet import HybridFleet
 
-    if config.actor_rollout_ref.hybrid_engine:
+    arr = config.actor_rollout_ref
+    if arr.hybrid_engine:
         fleet = HybridFleet(runtime.groups.actor_rollout)
-    else:  # standalone vLLM server replicas, fed the actor's weights after every update
-        from hybridflow.engine.device import device_type
+    elif arr.rollout.name == "vllm":  # standalone vLLM server processes, fed the actor's weights after every update
         from hybridflow.rollout.vllm_server_fleet import VLLMServerFleet
+        from hybridflow.trainer.rollout_pool import rollout_pool_devices
 
         actor = runtime.groups.actor_rollout
         fleet = VLLMServerFleet.from_config(config, lambda: actor.get_actor_weights()[0].items(),
-                                            "cpu" if config.trainer.device == "cpu" else device_type())
+                                            resolve_device(config))
         runtime._closers.append(fleet.shutdown)
+        runtime.n_devices += rollout_pool_devices(config)
+    else:  # hf replicas on the rollout pool, fed weights by the checkpoint engine
+        from hybridflow.trainer.rollout_pool import rollout_pool_devices, start_standalone_fleet
+
+        fleet = start_standalone_fleet(config, runtime.groups.actor_rollout, resolve_device(config) == "cuda",
+                                       runtime._closers)
+        runtime.n_devices += rollout_pool_devices(config)
     manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer, reward_manager=reward_fn)
     runtime._closers.append(manager.shutdown)
     runtime.groups.rollout = manager
@@ -309,6 +317,22 @@ def load_processor_for(config):
     return processor
 
 
+def trainer_class(config) -> type:
+    """The controller of ``async_training.mode``: the synchronous HybridFlow step, one-step-off or fully async."""
+    mode = config.async_training.mode
+    if mode == "one_step_off":
+        from hybridflow.trainer.one_step_off import OneStepOffTrainer
+
+        return OneStepOffTrainer
+    if mode == "fully_async":
+        from hybridflow.trainer.fully_async import FullyAsyncTrainer
+
+        return FullyAsyncTrainer
+    from hybridflow.trainer.ppo_trainer import PPOTrainer
+
+    return PPOTrainer
+
+
 def run_ppo(config, should_stop: Callable[[], bool] | None = None) -> None:
     """verl's entry: one training run from a loaded ``PPOConfig`` (see ``train_ppo`` for the history)."""
     train_ppo(config, should_stop=should_stop)
@@ -319,7 +343,7 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
     import torch
 
     from hybridflow.engine.model_loader import check_causal_lm
-    from hybridflow.trainer.ppo_trainer import PPOTrainer, resolve_total_training_steps
+    from hybridflow.trainer.ppo_trainer import resolve_total_training_steps
     from hybridflow.trainer.preflight import run_preflight
 
     tcfg = config.trainer
@@ -345,8 +369,9 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         start_rollout_service(runtime, config, tokenizer, reward_fn)
         if logger is None:
             logger = build_logger(config, total)
-        trainer = PPOTrainer(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn, val_reward_fn,
-                             logger=logger, n_devices=runtime.n_devices, dp_size=runtime.dp_size)
+        trainer = trainer_class(config)(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn,
+                                        val_reward_fn, logger=logger, n_devices=runtime.n_devices,
+                                        dp_size=runtime.dp_size)
         return trainer.fit(should_stop=should_stop)
     finally:
         for fn in reward_fns:
@@ -392,7 +417,23 @@ def main(argv: list[str] | None = None) -> int:
     except user_error_types() as e:  # bad input: one clear line, not a traceback
         print(f"hybridflow: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except rollout_failure_types() as e:  # a rollout replica died: say which, and how to go on
+        print(f"hybridflow: {e}\nhybridflow: the run stopped; its last checkpoint (if any) under "
+              f"{cfg.trainer.default_local_dir} is intact: fix the cause and run the same command again to resume "
+              "from it (trainer.resume_mode=auto)", file=sys.stderr)
+        return EXIT_ROLLOUT_FAILED
     return interrupt.exit_code
+
+
+EXIT_ROLLOUT_FAILED = 3
+
+
+def rollout_failure_types() -> tuple[type[BaseException], ...]:
+    """Errors that mean the rollout side of the run died (a replica's process, an agent-loop worker)."""
+    from hybridflow.rollout.replica import ReplicaError
+    from hybridflow.trainer.sample_queue import RolloutFailed
+
+    return ReplicaError, RolloutFailed
 
 
 if __name__ == "__main__":

@@ -68,6 +68,11 @@ class StepPlan:
       the plain policy gradient A * grad log pi -- what TRL does for ``num_iterations=1``), so the separate
       ``old_log_prob`` forward pass is skipped and the update reports ``actor/entropy`` instead;
     * otherwise the actor's ``compute_log_prob`` forward pass (the ``old_log_prob`` stage).
+
+    Async training (``async_training.mode`` one_step_off / fully_async) trains on batches sampled by older
+    weights, so the rollout's log-probs are pi_old only when asked for explicitly: ``bypass_mode``, or fully
+    async ``use_rollout_log_probs`` without ``compute_prox_log_prob`` (verl's default there).  Taking pi_old
+    from the update's own pass stays exact: it *is* the recomputation with the current weights.
     """
 
     n: int
@@ -87,16 +92,21 @@ class StepPlan:
         actor, rollout = arr.actor, arr.rollout
         one_mini_batch = actor.ppo_mini_batch_size >= config.data.train_batch_size and actor.ppo_epochs == 1
         rc = config.algorithm.rollout_correction
+        at = config.async_training
+        on_policy = at.mode == "sync"
+        # Fully async default (verl): pi_old = the rollout's log-probs, as bypass_mode asks explicitly.
+        bypass = bool(rc.bypass_mode) or (
+            at.mode == "fully_async" and at.use_rollout_log_probs and not at.compute_prox_log_prob)
         # IS weights / rejection compare the actor's pi_old with the rollout's mu: pi_old must be recomputed.
         corrects = rc.rollout_is is not None or rc.rollout_rs is not None
-        rollout_correction = corrects or bool(rc.bypass_mode)
+        rollout_correction = corrects or bypass
         # Exactly on-policy (one optimiser step on the batch the rollout sampled from), and the rollout was
         # asked for the log-probs of its samples: the actor's recomputation would give the same numbers.
         # Optimal Token Baseline reads pi_old and sum_pi_squared (which only the actor's pass emits) in the
         # advantage stage, before the update: the rollout's log-probs cannot stand in for that pass.
         otb = config.algorithm.adv_estimator == "optimal_token_baseline" or bool(actor.calculate_sum_pi_squared)
         reuse = bool(rollout.calculate_log_probs) and not otb and (
-            (one_mini_batch and not corrects) or bool(rc.bypass_mode))
+            (one_mini_batch and not corrects and on_policy) or bypass)
         in_update = (
             one_mini_batch and not reuse and not rollout_correction and not otb
             and not bool(config.algorithm.use_kl_in_reward)

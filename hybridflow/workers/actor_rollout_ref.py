@@ -66,6 +66,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor: PPOActor | None = None
         self.ref_engine: TrainEngine | None = None
         self.rollout: RolloutHost | None = None
+        self._weight_sync = None  # split placement: the checkpoint engine to standalone replicas (rank 0)
         # verl: a saved adapter (lora_adapter_path) makes the run LoRA even with lora_rank=0
         self._lora = int(config.model.lora_rank) > 0 or config.model.lora_adapter_path is not None
 
@@ -222,6 +223,54 @@ class ActorRolloutRefWorker(Worker):
         else:
             engine.module.load_state_dict(state_dict)
         return time.perf_counter() - start
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weight_sync_address(self) -> tuple[str, int] | None:
+        """Where rank 0 will listen for the weight-sync group of standalone rollout replicas."""
+        if self.rank != 0:
+            return None
+        from hybridflow.rollout.checkpoint_engine import free_port, node_address
+
+        return node_address(), free_port()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def connect_weight_sync(self, spec) -> None:
+        """Rank 0 joins the weight-sync group as its sender (blocks until every replica has joined)."""
+        if self.actor is None:
+            raise RuntimeError(f"connect_weight_sync needs a role with 'actor' (this worker is {self.role!r})")
+        if self.rank == 0:
+            from hybridflow.rollout.checkpoint_engine import BroadcastCheckpointEngine
+
+            self._weight_sync = BroadcastCheckpointEngine(spec, 0, self.device).connect()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def send_rollout_weights(self) -> dict[str, float]:
+        """Broadcast the actor's full weights to the replicas, bucket by bucket (every rank gathers its shards;
+        rank 0 sends).  Returns what was sent (``{}`` on the other ranks)."""
+        from hybridflow.rollout.checkpoint_engine import full_tensors
+
+        if self.actor is None:
+            raise RuntimeError(f"send_rollout_weights needs a role with 'actor' (this worker is {self.role!r})")
+        tensors = full_tensors(self.actor_engine.module)
+        if self.rank != 0:
+            for _ in tensors:  # the gathers are collectives: every rank takes part
+                pass
+            return {}
+        sync = self._weight_sync
+        if sync is None:
+            raise RuntimeError("send_rollout_weights: connect_weight_sync has not run on rank 0")
+        stats = sync.send_weights(tensors)
+        return {"tensors": float(stats.tensors), "bytes": float(stats.bytes), "buckets": float(stats.buckets),
+                "seconds": stats.seconds}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weights_checksum(self) -> float:
+        """Sum of all actor parameters (tests compare it with the replicas')."""
+        from hybridflow.rollout.checkpoint_engine import full_tensors
+
+        with torch.no_grad():
+            return float(sum(t.double().sum() for _, t in full_tensors(self.actor_engine.module)
+                             if t.is_floating_point()))
 
     # ------------------------------------------------------------------ log-probs
     def _temperature(self, data: DataProto) -> float:

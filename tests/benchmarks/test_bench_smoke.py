@@ -87,3 +87,8 @@ def test_bench_kv_cache_smoke(capsys):
 def test_bench_prefix_reuse_smoke(capsys):
     out = _run("bench_prefix_reuse", capsys)
     assert "same_tokens=True" in out and 0 < _number(out, "prefill_saving") < 1
+
+
+def test_bench_async_smoke(capsys):
+    out = _run("bench_async", capsys)
+    assert _number(out, "ratio_samples_per_s") > 0 and "accuracy_delta=" in out

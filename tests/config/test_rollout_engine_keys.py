@@ -99,9 +99,10 @@ def test_server_flags():
                     "--compilation-config", '{"cudagraph_capture_sizes": [1, 2]}']
 
 
-def test_standalone_replicas_are_vllm_servers():
-    with pytest.raises(ConfigError, match=r"hybrid_engine=false runs the rollout as standalone vLLM server"):
-        load_config(BASE[:2] + ["actor_rollout_ref.hybrid_engine=false"])  # rollout.name=hf
+def test_standalone_replicas_are_hf_or_vllm():
+    with pytest.raises(ConfigError, match=r"run the hf engine or vLLM servers"):
+        load_config(BASE[:2] + ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.name=sglang"])
+    assert load_config(BASE[:2] + ["actor_rollout_ref.hybrid_engine=false"]).split_placement  # hf replicas
     cfg = load_config(BASE + ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"])
     assert cfg.actor_rollout_ref.hybrid_engine is False
 
