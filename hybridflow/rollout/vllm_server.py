@@ -113,7 +113,7 @@ class VLLMServerClient(RolloutReplica):
     def _init_runtime(self) -> None:
         self._rng = random.Random(self._seed)
         self._lock = threading.Lock()
-        self._sessions: dict[int, Any] = {}
+        self._sessions: dict[int, tuple[asyncio.AbstractEventLoop, Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "name": self.name, "model": self.model, "request_timeout_s": self.request_timeout_s,
@@ -146,15 +146,27 @@ class VLLMServerClient(RolloutReplica):
         return body
 
     async def _session(self):
+        """One HTTP session per event loop (a session is bound to the loop it was made on).  The local backend
+        runs each step in a fresh loop (``asyncio.run``): sessions of loops that have closed are released
+        here, so their sockets do not pile up over a run."""
         import aiohttp
 
         loop = asyncio.get_running_loop()
-        session = self._sessions.get(id(loop))
-        if session is None or session.closed:
+        self.close_idle_sessions()
+        entry = self._sessions.get(id(loop))
+        if entry is None or entry[0] is not loop or entry[1].closed:  # (ids of dead loops can be reused)
             session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
                                             connector=aiohttp.TCPConnector(limit=0))
-            self._sessions[id(loop)] = session
-        return session
+            entry = self._sessions[id(loop)] = (loop, session)
+        return entry[1]
+
+    def close_idle_sessions(self) -> None:
+        """Release the sessions whose event loop has closed or is not running (no request can be in flight)."""
+        for key, (loop, session) in list(self._sessions.items()):
+            if loop.is_closed() or not loop.is_running():
+                if session.connector is not None:
+                    session.connector.close()  # closes the sockets now; the returned awaitable is a no-op
+                del self._sessions[key]
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams,
                        multi_modal_data: dict[str, Any] | None = None) -> TokenOutput:
@@ -177,9 +189,10 @@ class VLLMServerClient(RolloutReplica):
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
-        session = self._sessions.pop(id(loop), None)
-        if session is not None:
-            await session.close()
+        entry = self._sessions.pop(id(loop), None)
+        if entry is not None:
+            await entry[1].close()
+        self.close_idle_sessions()
 
     def __repr__(self) -> str:
         return f"VLLMServerClient({self.name} at {self.url})"

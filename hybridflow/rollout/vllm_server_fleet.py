@@ -161,6 +161,8 @@ class VLLMServerFleet(RolloutFleet):
     def shutdown(self) -> None:
         """Stop every server this fleet started and remove its /dev/shm folder."""
         errors = []
+        for client in self.replicas:  # this process's HTTP sessions (agent-loop actors hold their own copies)
+            client.close_idle_sessions()
         for server in self.servers:
             try:
                 server.stop()

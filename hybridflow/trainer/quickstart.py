@@ -74,14 +74,14 @@ def warm_up(base: str, rows: list[dict], out_dir: Path, steps: int, seed: int, l
 
 
 def grpo_overrides(model: str, data_dir: Path, out_dir: Path, backend: str, steps: int, seed: int,
-                   lr: float = 5e-5, test_freq: int = 50) -> list[str]:
+                   lr: float = 5e-5, test_freq: int = 25, temperature: float = 0.5) -> list[str]:
     """The GRPO run as verl command-line overrides (what a user would type)."""
     a = "actor_rollout_ref"
     return [
         f"{a}.model.path={model}", f"data.train_files={data_dir / 'train.parquet'}",
         f"data.val_files={data_dir / 'test.parquet'}", "data.train_batch_size=32", "data.max_prompt_length=8",
         "data.max_response_length=4", f"data.seed={seed}", "algorithm.adv_estimator=grpo",
-        f"{a}.rollout.name=hf", f"{a}.rollout.n=8", f"{a}.rollout.temperature=1.0",
+        f"{a}.rollout.name=hf", f"{a}.rollout.n=8", f"{a}.rollout.temperature={temperature}",
         f"{a}.actor.ppo_mini_batch_size=32", f"{a}.actor.ppo_micro_batch_size_per_gpu=256",
         f"{a}.rollout.log_prob_micro_batch_size_per_gpu=256", f"{a}.rollout.calculate_log_probs=true", f"{a}.actor.optim.lr={lr}",
         f"{a}.actor.optim.weight_decay=0.0", f"{a}.actor.use_kl_loss=false", f"{a}.actor.entropy_coeff=0",
@@ -140,9 +140,9 @@ class LiveLogger:
         self.tracking.finish()
 
 
-def run_quickstart(output_dir: str = "outputs/quickstart", backend: str = "local", sft_steps: int = 250,
-                   rl_steps: int = 300, seed: int = 1, train_size: int = 4000, test_size: int = 200,
-                   sft_lr: float = 1e-3, rl_lr: float = 5e-5, test_freq: int = 50, max_seconds: float | None = None,
+def run_quickstart(output_dir: str = "outputs/quickstart", backend: str = "local", sft_steps: int = 500,
+                   rl_steps: int = 150, seed: int = 1, train_size: int = 4000, test_size: int = 200,
+                   sft_lr: float = 1e-3, rl_lr: float = 5e-5, test_freq: int = 25, max_seconds: float | None = None,
                    overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run the whole demo and return the summary written to ``output_dir/summary.json``.
 
