@@ -23,7 +23,9 @@ commands:
   generate / eval    generate from a model for a dataset and score it
   merge CKPT_DIR TARGET_DIR
                      export a checkpoint (LoRA merged) to a Hugging Face folder
-  data NAME ...      write verl-format parquet for a dataset (gsm8k, math, countdown, synthetic tasks)
+  data NAME ...      write verl-format parquet for a dataset (gsm8k [--tool], math, countdown, synthetic tasks)
+  sandbox serve [--host H --port P --workers N]
+                     serve the SandboxFusion API (/run_code) on the local code sandbox
 """
 
 
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval": cmd_generate,
         "merge": cmd_merge,
         "data": cmd_data,
+        "sandbox": cmd_sandbox,
     }
     if cmd not in handlers:
         from hybridflow.utils.registry import closest
@@ -123,6 +126,19 @@ def cmd_data(argv: list[str]) -> int:
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+def cmd_sandbox(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("hybridflow sandbox serve [--host 127.0.0.1] [--port 8080] [--workers 4] [--max-timeout 60] "
+              "[--max-memory-mb 4096] [--isolation auto|namespace|audit]")
+        return 0
+    if argv[0] != "serve":
+        print(f"hybridflow sandbox: unknown sub-command '{argv[0]}'; use 'hybridflow sandbox serve'", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    from hybridflow.tools.sandbox_server import main as serve_main
+
+    return serve_main(argv[1:])
 
 
 if __name__ == "__main__":

@@ -63,3 +63,29 @@ def _no_leaked_process_group():
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory):
+    """A ~0.14M-parameter Qwen2-VL (nano language model + 2-block vision tower) with its processor."""
+    from hybridflow.utils.tiny_vlm import make_tiny_vlm_checkpoint
+
+    return str(make_tiny_vlm_checkpoint(tmp_path_factory.mktemp("tiny_vlm"), size="nano", arch="qwen2_vl"))
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm25_dir(tmp_path_factory):
+    """The Qwen2.5-VL variant (windowed vision attention, tokens_per_second)."""
+    from hybridflow.utils.tiny_vlm import make_tiny_vlm_checkpoint
+
+    return str(make_tiny_vlm_checkpoint(tmp_path_factory.mktemp("tiny_vlm25"), size="nano", arch="qwen2_5_vl"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests need CUDA; on a machine without it they are skipped, saying so."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False here); run on a GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

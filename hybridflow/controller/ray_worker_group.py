@@ -131,7 +131,14 @@ class RayWorkerGroup(WorkerGroup):
 
         pool = self.resource_pool
         pgs = pool.get_placement_groups()
-        remote_cls = cls_with_init.cls if hasattr(cls_with_init.cls, "remote") else ray.remote(cls_with_init.cls)
+        groups = dict(getattr(cls_with_init, "concurrency_groups", {}))
+        if hasattr(cls_with_init.cls, "remote"):
+            if groups:
+                raise ValueError(f"{cls_with_init!r}: pass the plain class (not ray.remote(cls)) to use "
+                                 f"concurrency_groups {sorted(groups)}")
+            remote_cls = cls_with_init.cls
+        else:
+            remote_cls = ray.remote(concurrency_groups=groups)(cls_with_init.cls) if groups else ray.remote(cls_with_init.cls)
         options = dict(getattr(cls_with_init, "actor_options", {}))
         runtime_env = dict(options.pop("runtime_env", {}))
         user_env = dict(runtime_env.pop("env_vars", {}))

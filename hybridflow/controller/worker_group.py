@@ -44,6 +44,10 @@ class ClassWithInitArgs:
         self.cls = cls
         self.args = args
         self.kwargs = kwargs
+        # Ray only: extra thread pools, {name: threads}, for methods the caller starts with
+        # ``.options(concurrency_group=name)`` so they run beside the worker's dispatched calls (e.g. the
+        # rollout requests a hybrid worker serves).  The local backend runs everything in the caller's thread.
+        self.concurrency_groups: dict[str, int] = {}
 
     @property
     def user_cls(self) -> type:
@@ -120,6 +124,11 @@ class WorkerGroup:
     @property
     def world_size(self) -> int:
         raise NotImplementedError
+
+    @property
+    def host_role(self) -> str | None:
+        """The role this view routes to inside colocated processes (``None`` for a plain group)."""
+        return self._host_role
 
     def _execute(self, method: str, ranks: Iterable[int], plan: DispatchPlan) -> list:
         """Start ``method`` on ``ranks`` with their planned arguments; returns one handle per rank."""

@@ -82,6 +82,7 @@ def save_engine_checkpoint(
     tokenizer=None,
     save_contents: Iterable[str] = ("model", "optimizer", "extra"),
     field: str = "actor.checkpoint.save_contents",
+    processor=None,
 ) -> None:
     """Write this rank's shards (and, from rank 0, the ``huggingface/`` folder) under ``path``."""
     contents = _check_contents(save_contents, field)
@@ -97,7 +98,8 @@ def save_engine_checkpoint(
         if "extra" in contents:
             sched = engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None
             torch.save({"lr_scheduler": sched, "rng": rng}, files["extra_state"])
-    export_hf_model(engine, os.path.join(path, "huggingface"), tokenizer, with_weights="hf_model" in contents)
+    export_hf_model(engine, os.path.join(path, "huggingface"), tokenizer, with_weights="hf_model" in contents,
+                    processor=processor)
     set_rng_state(rng)
     if rank == 0:
         with open(os.path.join(path, "fsdp_config.json"), "w") as f:
@@ -146,8 +148,11 @@ def load_engine_checkpoint(
             set_rng_state(extra["rng"])
 
 
-def export_hf_model(engine: TrainEngine, hf_dir: str, tokenizer=None, with_weights: bool = True) -> None:
+def export_hf_model(engine: TrainEngine, hf_dir: str, tokenizer=None, with_weights: bool = True,
+                    processor=None) -> None:
     """Save an HF folder (config, tokenizer, and with ``with_weights`` the full merged weights).
+
+    A vision-language model's ``processor`` (image processor, tokenizer, chat template) is saved with it.
 
     Weights are gathered to rank 0 (a collective: every rank must call this).  A LoRA model is
     exported with its adapters merged into the base weights, so the folder loads with plain
@@ -164,6 +169,10 @@ def export_hf_model(engine: TrainEngine, hf_dir: str, tokenizer=None, with_weigh
         generation_config.save_pretrained(hf_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(hf_dir)
+    if processor is not None:
+        from hybridflow.utils.hf_processor import save_processor
+
+        save_processor(processor, hf_dir)
     if with_weights:
         _save_full_weights(engine.module, state, hf_dir)
 

@@ -17,6 +17,12 @@ into a dense block-diagonal N x N mask: attention does O(N^2) work instead of O(
 sdpa's ``is_causal`` fast path.  ``use_packed_layout`` therefore uses the trimmed layout there even when
 ``use_remove_padding=True``; see its docstring for the measurements.
 
+Vision-language batches (``data/multimodal.py``) add per-row ``multi_modal_inputs`` (pixel patches and grids,
+concatenated over the micro-batch's rows in order, which is the order of their image tokens in either layout)
+and ``position_ids`` of shape (B, 4, L) (text positions + M-RoPE, ``data/mrope.py``): the trimmed layout hands
+the model the (3, B, L) M-RoPE rows, the packed one the (4, 1, N) rows whose first row marks where each
+sequence starts.
+
 Outputs are computed in that compact layout, scattered back to (B, L) and sliced to the response:
 the output at position t is the prediction for token t+1, so response token j (at P + j) reads
 position P + j - 1, i.e. ``[:, -R-1:-1]``.
@@ -30,6 +36,9 @@ from typing import Callable, Iterator
 
 import torch
 from torch import nn
+
+from hybridflow.data.mrope import model_position_ids
+from hybridflow.engine.vision import merge_multi_modal_inputs, vision_in_every_step
 
 __all__ = [
     "response_log_probs", "response_token_outputs", "response_values", "last_token_scores", "per_position_outputs",
@@ -64,16 +73,36 @@ _CHUNK_ROWS = 2048  # tokens per chunk when turning logits into log-probs / entr
 
 def logprob_entropy(
     logits: torch.Tensor, labels: torch.Tensor, calculate_entropy: bool, chunk: int = _CHUNK_ROWS,
-    entropy_grad: bool = True,
+    entropy_grad: bool = True, use_torch_compile: bool = False, entropy_checkpointing: bool = False,
 ):
     """Log-probs of ``labels`` and (optionally) entropies for (N, V) logits, ``chunk`` rows at a time.
 
     Chunking (in ``algorithms/entropy.py``) bounds the fp32 softmax temporaries to ``chunk x V``.
     ``entropy_grad=False`` computes the entropy outside autograd: a metric-only entropy then costs no
-    saved softmax and no backward work.
+    saved softmax and no backward work.  ``use_torch_compile`` runs the per-chunk kernels compiled where that
+    was measured to pay off (``engine/compiled_kernels.py``).  ``entropy_checkpointing`` (verl's key) keeps no
+    softmax for the entropy's backward and recomputes it there instead: less memory, one more pass.
     """
-    from hybridflow.algorithms.entropy import entropy_from_logits_with_chunking, logprobs_from_logits
+    if entropy_checkpointing and calculate_entropy and entropy_grad and torch.is_grad_enabled():
+        from torch.utils.checkpoint import checkpoint
 
+        log_probs, _ = logprob_entropy(logits, labels, False, chunk, use_torch_compile=use_torch_compile)
+        entropy = checkpoint(lambda x: logprob_entropy(x, labels, True, chunk, use_torch_compile=use_torch_compile)[1],
+                             logits, use_reentrant=False)
+        return log_probs, entropy
+    from hybridflow.algorithms.entropy import entropy_from_logits_with_chunking, logprobs_from_logits
+    from hybridflow.engine.compiled_kernels import compiled_entropy, compiled_logprob, wants_compiled
+
+    if wants_compiled(use_torch_compile, logits.shape[-1]):
+        rows = range(0, logits.shape[0], chunk)
+        log_probs = torch.cat([compiled_logprob(logits[i : i + chunk].float(), labels[i : i + chunk].long())
+                               for i in rows]) if len(rows) else logits.new_zeros(0, dtype=torch.float32)
+        entropy = None
+        if calculate_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = torch.cat([compiled_entropy(logits[i : i + chunk].float()) for i in rows]) \
+                    if len(rows) else logits.new_zeros(0, dtype=torch.float32)
+        return log_probs, entropy
     log_probs = logprobs_from_logits(logits, labels, chunk_size=chunk)
     entropy = None
     if calculate_entropy:
@@ -112,6 +141,7 @@ def per_position_outputs(
     use_remove_padding: bool,
     packed: bool | None = None,
     first_col: int = 0,
+    multi_modal_inputs=None,
 ) -> dict[str, torch.Tensor]:
     """Run ``head_fn`` on the compact (packed or trimmed) batch; return its outputs as (B, L) tensors.
 
@@ -122,27 +152,36 @@ def per_position_outputs(
     head can skip work on the prompt -- for a causal LM the vocabulary projection and log-softmax of every
     prompt position, which is most of a forward's memory and a large share of its FLOPs at 100k+ vocabularies.
     ``packed=None`` picks the layout with :func:`use_packed_layout`; True/False forces one (tests).
+    ``multi_modal_inputs``: the rows' dicts of pixel inputs (a VLM batch), passed to ``head_fn`` as keyword
+    arguments of the model.
     """
     mask = attention_mask.bool()
     B, L = input_ids.shape
     if packed is None:
         packed = use_packed_layout(module, input_ids.device, use_remove_padding)
-    if packed:
-        ids = input_ids[mask].unsqueeze(0)
-        pos = position_ids[mask].unsqueeze(0)
-        keep, where = None, mask
-        if first_col > 0:
-            wanted = torch.arange(L, device=mask.device) >= first_col
-            keep = wanted.expand(B, L)[mask].nonzero().flatten()
-            where = mask & wanted
-        outs = head_fn(module, ids, None, pos, keep)
-        return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__(where, v[0]))
-    cols = mask.any(dim=0).nonzero().flatten()
-    lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
-    start = min(max(first_col, lo), hi - 1)
-    keep = None if start == lo else hi - start
-    outs = head_fn(module, input_ids[:, lo:hi], attention_mask[:, lo:hi], position_ids[:, lo:hi], keep)
-    return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__((slice(None), slice(start, hi)), v))
+    mm = merge_multi_modal_inputs(multi_modal_inputs, input_ids.device)
+    sharded = hasattr(module, "unshard")  # an FSDP2 root: every rank must run the vision tower each pass
+    with vision_in_every_step(module, bool(mm), sharded) if multi_modal_inputs is not None else contextlib.nullcontext():
+        if packed:
+            ids = input_ids[mask].unsqueeze(0)
+            if position_ids.dim() == 3:  # (B, 4, L) -> (1, 4, N)
+                pos = model_position_ids(position_ids.transpose(0, 1)[:, mask].unsqueeze(0), packed=True)
+            else:
+                pos = position_ids[mask].unsqueeze(0)
+            keep, where = None, mask
+            if first_col > 0:
+                wanted = torch.arange(L, device=mask.device) >= first_col
+                keep = wanted.expand(B, L)[mask].nonzero().flatten()
+                where = mask & wanted
+            outs = head_fn(module, ids, None, pos, keep, **mm)
+            return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__(where, v[0]))
+        cols = mask.any(dim=0).nonzero().flatten()
+        lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
+        start = min(max(first_col, lo), hi - 1)
+        keep = None if start == lo else hi - start
+        pos = model_position_ids(position_ids[..., lo:hi])
+        outs = head_fn(module, input_ids[:, lo:hi], attention_mask[:, lo:hi], pos, keep, **mm)
+        return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__((slice(None), slice(start, hi)), v))
 
 
 def _scatter(outs: dict[str, torch.Tensor], shape: tuple[int, int], put) -> dict[str, torch.Tensor]:
@@ -182,17 +221,20 @@ def _sum_pi_squared(logits: torch.Tensor, chunk: int = _CHUNK_ROWS) -> torch.Ten
         return torch.cat([sum_pi_squared_from_logits(logits[i : i + chunk]) for i in range(0, logits.shape[0], chunk)])
 
 
-def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool, sum_pi_squared: bool = False) -> HeadFn:
-    def head(module, ids, attn, pos, keep):
+def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool, sum_pi_squared: bool = False,
+             use_torch_compile: bool = False, entropy_checkpointing: bool = False) -> HeadFn:
+    def head(module, ids, attn, pos, keep, **multi_modal):
         extra = {"logits_to_keep": keep} if keep is not None and _accepts_logits_to_keep(module) else {}
-        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **extra).logits
+        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **extra,
+                        **multi_modal).logits
         if not extra:
             logits = _take(logits, keep)
         logits = logits / temperature
         labels = _take(torch.roll(ids, shifts=-1, dims=1), keep)  # the last column's label is never read
         b, l, v = logits.shape
         lp, ent = logprob_entropy(
-            logits.reshape(b * l, v), labels.reshape(b * l), calculate_entropy, entropy_grad=entropy_grad
+            logits.reshape(b * l, v), labels.reshape(b * l), calculate_entropy, entropy_grad=entropy_grad,
+            use_torch_compile=use_torch_compile, entropy_checkpointing=entropy_checkpointing,
         )
         out = {"log_probs": lp.view(b, l)}
         if ent is not None:
@@ -213,12 +255,15 @@ def response_token_outputs(
     entropy_grad: bool = True,
     packed: bool | None = None,
     calculate_sum_pi_squared: bool = False,
+    use_torch_compile: bool = False,
+    entropy_checkpointing: bool = False,
+    multi_modal_inputs=None,
 ) -> dict[str, torch.Tensor]:
     """Per response token (B, R): ``log_probs`` = log π_T(response_t | context), and on request ``entropy``
     of π_T and ``sum_pi_squared`` = Σ_v π_T(v)², all from one forward pass (π_T: logits / temperature).
 
     ``entropy_grad=False``: the entropy is a metric only (no autograd graph through it).
-    ``packed``: see :func:`per_position_outputs`.
+    ``packed``, ``multi_modal_inputs``: see :func:`per_position_outputs`.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to compute log-probs, got {temperature}")
@@ -228,10 +273,12 @@ def response_token_outputs(
         batch["input_ids"],
         batch["attention_mask"],
         batch["position_ids"],
-        _lm_head(float(temperature), calculate_entropy, entropy_grad, calculate_sum_pi_squared),
+        _lm_head(float(temperature), calculate_entropy, entropy_grad, calculate_sum_pi_squared, use_torch_compile,
+                 entropy_checkpointing),
         use_remove_padding,
         packed,
         first_col=batch["input_ids"].shape[-1] - R - 1,  # the response's predictions start one column early
+        multi_modal_inputs=multi_modal_inputs,
     )
     return {k: v[:, -R - 1 : -1] for k, v in outs.items()}
 
@@ -244,10 +291,14 @@ def response_log_probs(
     use_remove_padding: bool = True,
     entropy_grad: bool = True,
     packed: bool | None = None,
+    use_torch_compile: bool = False,
+    entropy_checkpointing: bool = False,
+    multi_modal_inputs=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(log_probs, entropy or None)`` of :func:`response_token_outputs`."""
     outs = response_token_outputs(module, batch, temperature, calculate_entropy, use_remove_padding, entropy_grad,
-                                  packed)
+                                  packed, use_torch_compile=use_torch_compile, entropy_checkpointing=entropy_checkpointing,
+                                  multi_modal_inputs=multi_modal_inputs)
     return outs["log_probs"], outs.get("entropy")
 
 

@@ -1,6 +1,8 @@
 """Load HF tokenizers and models for the training roles (actor/ref, critic, reward model).
 
-* actor / ref: ``AutoModelForCausalLM``.
+* actor / ref: ``AutoModelForCausalLM``; a vision-language checkpoint (its config has a ``vision_config``)
+  loads through ``AutoModelForImageTextToText`` and its processor through :func:`load_processor`
+  (``engine/vision.py`` says which VLMs are supported).
 * critic: as verl, the critic is a *causal-LM checkpoint* loaded as
   ``AutoModelForTokenClassification(num_labels=1)``: the backbone weights come from the checkpoint
   and the one-output ``score`` head is freshly initialised; per-token values are ``logits[..., 0]``.
@@ -16,20 +18,25 @@ mixed-precision policy), the attention kernel is chosen by ``engine/device.py``.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Iterable
 
 import torch
 
 from hybridflow.engine import device as dev
+from hybridflow.engine.vision import check_supported_vlm, is_vision_language_config, vision_linear_names
 
 __all__ = [
     "ModelLoadError",
     "load_tokenizer",
     "load_hf_config",
     "load_causal_lm",
+    "load_processor",
     "load_value_model",
     "load_reward_model",
     "apply_lora",
+    "load_lora_adapter",
+    "read_adapter_config",
     "enable_gradient_checkpointing",
 ]
 
@@ -104,6 +111,12 @@ def check_causal_lm(path: str, trust_remote_code: bool = False, field: str = "ac
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     cfg = load_hf_config(path, trust_remote_code, None, field)
+    if is_vision_language_config(cfg):
+        try:
+            check_supported_vlm(cfg, f"{field}={path!r}")
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from None
+        return
     remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(cfg, "auto_map", None) or {})
     if not remote and cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ModelLoadError(f"{field}={path!r} is a '{cfg.model_type}' model, which has no causal-LM (text "
@@ -131,12 +144,44 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     override_config: dict | None = None,
     field: str = "actor_rollout_ref.model.path",
+    hf_config_path: str | None = None,
 ):
-    """The policy / reference model. ``dtype`` is the *parameter* dtype (fp32 master weights by default)."""
-    from transformers import AutoModelForCausalLM
+    """The policy / reference model. ``dtype`` is the *parameter* dtype (fp32 master weights by default).
 
-    cfg = load_hf_config(path, trust_remote_code, override_config, field)
-    return _from_pretrained(AutoModelForCausalLM, path, cfg, dev.resolve_dtype(dtype), trust_remote_code, field)
+    A vision-language checkpoint loads as ``AutoModelForImageTextToText`` (Qwen2-VL family only).
+    ``hf_config_path`` (verl's ``model.hf_config_path``) takes the model config from another folder.
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    cfg = load_hf_config(hf_config_path or path, trust_remote_code, override_config,
+                         "actor_rollout_ref.model.hf_config_path" if hf_config_path else field)
+    auto_cls = AutoModelForCausalLM
+    if is_vision_language_config(cfg):
+        try:
+            check_supported_vlm(cfg, f"{field}={path!r}")
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from None
+        auto_cls = AutoModelForImageTextToText
+    return _from_pretrained(auto_cls, path, cfg, dev.resolve_dtype(dtype), trust_remote_code, field)
+
+
+def load_processor(path: str, trust_remote_code: bool = False, custom_chat_template: str | None = None,
+                   field: str = "actor_rollout_ref.model.path"):
+    """The multimodal processor of a vision-language checkpoint, or ``None`` for a text-only one.
+
+    Works without torchvision (``utils/hf_processor.py``); ``custom_chat_template`` replaces the processor's
+    chat template as it does the tokenizer's.
+    """
+    from hybridflow.utils.hf_processor import load_processor as _load
+
+    src = _resolve_path(path, field)
+    try:
+        processor = _load(src, trust_remote_code)
+    except (OSError, ValueError, ImportError) as e:
+        raise ModelLoadError(f"cannot load the multimodal processor of {field}={path!r}: {e}") from e
+    if processor is not None and custom_chat_template:
+        processor.chat_template = custom_chat_template
+    return processor
 
 
 def load_value_model(
@@ -196,20 +241,56 @@ def apply_lora(
 
     Only adapter weights are trainable afterwards; ``with model.disable_adapter():`` gives the base
     model back, which is how the reference policy is computed without a second copy of the weights.
+    On a vision-language model the adapters go on the language model only: the vision tower's linear
+    layers are added to the exclusions (train the tower, or not, with ``actor.freeze_vision_tower``).
     """
     if lora_rank <= 0:
         raise ValueError(f"lora_rank must be > 0 to apply LoRA, got {lora_rank}")
     from peft import LoraConfig, get_peft_model
 
+    exclude = _as_target_modules(exclude_modules) if exclude_modules else None
+    vision = vision_linear_names(model)
+    if vision:
+        if isinstance(exclude, str):  # a regex: either it or a vision-tower layer
+            exclude = "|".join([f"(?:{exclude})"] + [f"(?:{re.escape(n)})" for n in vision])
+        else:
+            exclude = list(exclude or []) + vision
     cfg = LoraConfig(
         r=int(lora_rank),
         lora_alpha=float(lora_alpha),
         target_modules=_as_target_modules(target_modules),
-        exclude_modules=_as_target_modules(exclude_modules) if exclude_modules else None,
+        exclude_modules=exclude,
         bias="none",
         task_type=task_type,
     )
     return get_peft_model(model, cfg)
+
+
+def read_adapter_config(adapter_path: str, field: str = "actor_rollout_ref.model.lora_adapter_path") -> dict:
+    """``adapter_config.json`` of a saved PEFT adapter folder (what ``PeftModel.save_pretrained`` writes)."""
+    import json
+
+    path = os.path.join(os.path.expanduser(adapter_path), "adapter_config.json")
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"{field}={adapter_path!r} holds no adapter_config.json; point it at a folder written by "
+                             "PeftModel.save_pretrained (e.g. <checkpoint>/actor/huggingface/lora_adapter)")
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_lora_adapter(model, adapter_path: str, field: str = "actor_rollout_ref.model.lora_adapter_path"):
+    """Wrap ``model`` with a *saved* LoRA adapter, trainable (verl's ``model.lora_adapter_path``).
+
+    The adapter's own ``adapter_config.json`` decides rank, alpha and target modules (``lora_rank`` /
+    ``lora_alpha`` / ``target_modules`` are not used), as in verl.  ``disable_adapter()`` still gives the base
+    model back, so the reference policy stays the base model the adapter was trained from.
+    """
+    from peft import PeftModel
+
+    cfg = read_adapter_config(adapter_path, field)
+    if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
+        raise ModelLoadError(f"{field}={adapter_path!r} is a {cfg.get('peft_type')} adapter; only LoRA adapters load here")
+    return PeftModel.from_pretrained(model, os.path.expanduser(adapter_path), is_trainable=True)
 
 
 def enable_gradient_checkpointing(model) -> None:

@@ -11,7 +11,9 @@ all-or-nothing. Ground truth is JSON (a string, as stored in verl parquet files,
   ``assert`` is one test case; other statements (imports, helpers) run before each of them.
 
 Every case is a separate sandbox run, so a crash, hang or ``sys.exit(0)`` affects only that case and the
-program cannot see or tamper with other cases' expectations.
+program cannot see or tamper with other cases' expectations. With ``sandbox_fusion_url`` (verl's keyword, set
+from ``reward_model.sandbox_fusion.url``) the runs go to a SandboxFusion service instead of the local sandbox
+(``hybridflow sandbox serve`` is one); the scoring rules are the same.
 """
 
 from __future__ import annotations
@@ -21,9 +23,14 @@ import json
 import math
 import re
 from concurrent.futures import ThreadPoolExecutor
+import contextlib
 from dataclasses import dataclass, field
+from typing import Callable
 
 from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
+from hybridflow.tools.sandbox_fusion_client import run_code_remote
+
+Runner = Callable[[str, str], SandboxResult]
 
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = ("python", "py", "python3")
@@ -154,15 +161,31 @@ def _case_passed(case: _Case, result: SandboxResult) -> bool:
     return True
 
 
+def remote_runner(url: str, timeout_s: float, memory_mb: int, semaphore=None) -> Runner:
+    """``(program, stdin) -> SandboxResult`` on the SandboxFusion service at ``url`` (``semaphore``: verl's
+    ``concurrent_semaphore``, held around each request)."""
+
+    def run(program: str, stdin: str) -> SandboxResult:
+        with semaphore if semaphore is not None else contextlib.nullcontext():
+            return run_code_remote(url, program, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
+
+    return run
+
+
 def evaluate_code(code: str, ground_truth, timeout_s: float = 5.0, memory_mb: int = 512, max_workers: int = 2,
-                  sandbox_config: SandboxConfig | None = None) -> CodeEvalResult:
-    """Run ``code`` against every case of ``ground_truth`` (cases in parallel, ``max_workers`` at a time)."""
+                  sandbox_config: SandboxConfig | None = None, runner: Runner | None = None) -> CodeEvalResult:
+    """Run ``code`` against every case of ``ground_truth`` (cases in parallel, ``max_workers`` at a time).
+
+    ``runner(program, stdin)`` runs one case; the default is the local sandbox with ``sandbox_config``.
+    """
     gt = _parse_ground_truth(ground_truth)
     cases = _assert_cases(gt["assert"]) if "assert" in gt else _io_cases(gt)
-    config = sandbox_config or SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb)
+    if runner is None:
+        config = sandbox_config or SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb)
+        runner = lambda program, stdin: run_python(program, stdin=stdin, config=config)  # noqa: E731
 
     def run(case: _Case) -> SandboxResult:
-        return run_python(code + case.code_suffix, stdin=case.stdin, config=config)
+        return runner(code + case.code_suffix, case.stdin)
 
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(cases)))) as pool:
         results = list(pool.map(run, cases))
@@ -170,23 +193,31 @@ def evaluate_code(code: str, ground_truth, timeout_s: float = 5.0, memory_mb: in
                           statuses=[r.status for r in results])
 
 
-def compute_score(solution_str: str, ground_truth, extra_info: dict | None = None, **kwargs) -> float:
+def compute_score(solution_str: str, ground_truth, extra_info: dict | None = None, *, timeout_s: float = 5.0,
+                  memory_mb: int | None = None, memory_limit_mb: int | None = None, max_workers: int = 2,
+                  sandbox_config: SandboxConfig | None = None, sandbox_fusion_url: str | None = None,
+                  concurrent_semaphore=None, **kwargs) -> float:
     """Pass fraction of the last ```python block of ``solution_str`` on the tests in ``ground_truth``.
 
     0.0 when the response has no code block. Keywords used: ``timeout_s`` (per case, default 5),
     ``memory_mb`` (or verl's ``memory_limit_mb``, default 512), ``max_workers`` (parallel cases, default 2),
-    ``sandbox_config``. Other keywords (reward managers forward ``reward_kwargs`` meant for every scorer, and
-    verl passes ``sandbox_fusion_url``/``concurrent_semaphore`` for its remote service) are not used here.
-    Invalid ground truth raises ``ValueError`` (a data problem, reported by the reward manager), never a
-    silent 0.
+    ``sandbox_config``, and verl's ``sandbox_fusion_url`` (run on that service) with ``concurrent_semaphore``
+    (held around each request; its permits also set the parallel cases). Other keywords (reward managers
+    forward ``reward_kwargs`` meant for every scorer) are not used here. Invalid ground truth raises
+    ``ValueError`` (a data problem, reported by the reward manager), never a silent 0; an unreachable service
+    raises ``SandboxFusionError`` (counted as a reward error).
     """
     gt = _parse_ground_truth(ground_truth)  # validate even when there is no code, so bad data is noticed
     code = extract_code(solution_str)
     if code is None:
         return 0.0
-    memory_mb = kwargs["memory_mb"] if "memory_mb" in kwargs else kwargs.get("memory_limit_mb", 512)
-    return evaluate_code(code, gt, timeout_s=kwargs.get("timeout_s", 5.0), memory_mb=memory_mb,
-                         max_workers=kwargs.get("max_workers", 2), sandbox_config=kwargs.get("sandbox_config")).score
+    memory_mb = memory_mb or memory_limit_mb or 512
+    runner = None
+    if sandbox_fusion_url:
+        runner = remote_runner(sandbox_fusion_url, timeout_s, memory_mb, concurrent_semaphore)
+        max_workers = getattr(concurrent_semaphore, "permits", max_workers)
+    return evaluate_code(code, gt, timeout_s=timeout_s, memory_mb=memory_mb, max_workers=max_workers,
+                         sandbox_config=sandbox_config, runner=runner).score
 
 
-__all__ = ["compute_score", "evaluate_code", "extract_code", "stdout_matches", "CodeEvalResult"]
+__all__ = ["compute_score", "evaluate_code", "extract_code", "remote_runner", "stdout_matches", "CodeEvalResult"]

@@ -11,11 +11,42 @@ from hybridflow.rewards.outcome import ScoringConfig
 _DAPO_CTOR_KEYS = ("max_resp_len", "overlong_buffer_cfg")
 
 
+def sandbox_fusion_kwargs(rm, custom: bool) -> dict[str, Any]:
+    """verl's keywords for the code scorers from ``reward_model.sandbox_fusion`` (empty without a url).
+
+    ``max_concurrent`` bounds requests in flight across the ``reward_model.num_workers`` scoring processes: each
+    process gets ``max_concurrent // num_workers`` permits (a sample's test cases share them).
+    """
+    sf = rm.sandbox_fusion
+    if not sf.url:
+        return {}
+    from hybridflow.tools.sandbox_fusion_client import ConcurrencyLimit, run_code_url
+
+    if custom:
+        raise ValueError("reward_model.sandbox_fusion.url is used by the built-in code scorers only (as in verl), and "
+                         "custom_reward_function.path replaces them: pass the url to your function through "
+                         "reward_model.reward_kwargs.sandbox_fusion_url, or unset one of the two")
+    try:
+        run_code_url(sf.url)
+    except ValueError as e:
+        raise ValueError(f"reward_model.sandbox_fusion.url: {e}") from None
+    processes = max(rm.num_workers, 1)
+    if sf.max_concurrent < processes:
+        raise ValueError(f"reward_model.sandbox_fusion.max_concurrent={sf.max_concurrent} is below "
+                         f"reward_model.num_workers={rm.num_workers} (each scoring process needs one request in "
+                         "flight): raise max_concurrent or lower num_workers")
+    if sf.memory_limit_mb < 32:
+        raise ValueError(f"reward_model.sandbox_fusion.memory_limit_mb={sf.memory_limit_mb} must be >= 32")
+    return {"sandbox_fusion_url": sf.url, "memory_limit_mb": sf.memory_limit_mb,
+            "concurrent_semaphore": ConcurrencyLimit(sf.max_concurrent // processes)}
+
+
 def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs: Any) -> RewardManager:
     """Reward manager named by ``config.reward_model.reward_manager``.
 
     Reads ``config.custom_reward_function.{path,name}`` (null path = built-in scorers by data_source),
-    ``config.data.reward_fn_key``, ``config.reward_model.{reward_kwargs,num_workers,timeout_s,error_score}``.
+    ``config.data.reward_fn_key``, ``config.reward_model.{reward_kwargs,num_workers,timeout_s,error_score}``,
+    ``config.reward_model.sandbox_fusion.{url,max_concurrent,memory_limit_mb}`` (see :func:`sandbox_fusion_kwargs`).
     ``max_resp_len`` / ``overlong_buffer_cfg`` in the kwargs configure the ``dapo`` manager (verl passes them
     the same way); all other kwargs are forwarded to every ``compute_score`` call.
     """
@@ -30,6 +61,7 @@ def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs
     crf = config.custom_reward_function
     spec = ScoreFnSpec(path=crf.path, name=crf.name) if crf.path else ScoreFnSpec()
     scoring = ScoringConfig(num_workers=rm.num_workers, timeout_s=rm.timeout_s, error_score=rm.error_score)
+    kwargs.update(sandbox_fusion_kwargs(rm, custom=bool(crf.path)))
     cls = REWARD_MANAGERS.get(name)
     return cls(tokenizer, num_examine=num_examine, compute_score=spec, reward_fn_key=config.data.reward_fn_key,
                reward_kwargs=kwargs, scoring=scoring, **ctor)

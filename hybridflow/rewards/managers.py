@@ -85,8 +85,9 @@ class RewardManager:
         scores, extras = self.score_batch(decoded)
         responses = data.batch["responses"]
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
-        for i, (score, length) in enumerate(zip(scores, decoded.valid_lengths)):
-            reward_tensor[i, max(length - 1, 0)] = score
+        positions = reward_positions(data.batch.get("response_mask"), decoded.valid_lengths)
+        for i, score in enumerate(scores):
+            reward_tensor[i, positions[i]] = score
         self._examine(decoded, scores)
         out = {
             "reward_tensor": reward_tensor,
@@ -129,7 +130,7 @@ class RewardManager:
             out.data_sources.append(str(nt[self.reward_fn_key][i]))
             out.ground_truths.append(_ground_truth(nt["reward_model"][i]))
             extra = nt["extra_info"][i] if "extra_info" in nt else None
-            out.extra_infos.append(dict(extra) if isinstance(extra, dict) else {})
+            out.extra_infos.append(_with_trajectory_info(dict(extra) if isinstance(extra, dict) else {}, nt, i))
         return out
 
     def _per_sample(self, decoded: Decoded) -> list[TaskResult]:
@@ -144,6 +145,33 @@ class RewardManager:
         for i in range(min(self.num_examine, len(scores))):
             logger.info("[prompt] %s\n[response] %s\n[ground_truth] %s\n[score] %s", decoded.prompt_strs[i],
                         decoded.solution_strs[i], decoded.ground_truths[i], scores[i])
+
+
+def reward_positions(response_mask: torch.Tensor | None, valid_lengths: list[int]) -> list[int]:
+    """Where each row's sequence-level reward sits: on its last *model* token (``response_mask`` 1), so that a
+    multi-turn response ending in an observation still credits the model's last action (GAE carries values
+    only across model tokens); on the last valid token when no mask is given or a row has no model token."""
+    fallback = [max(int(n) - 1, 0) for n in valid_lengths]
+    if response_mask is None:
+        return fallback
+    mask = response_mask.bool()
+    last = mask.shape[1] - 1 - torch.flip(mask, dims=[1]).long().argmax(dim=1)
+    return [int(last[i]) if bool(mask[i].any()) else fallback[i] for i in range(mask.shape[0])]
+
+
+# What the agent loop learned about a trajectory, passed to scorers in ``extra_info`` as verl passes it.
+_TRAJECTORY_COLUMNS = {"__num_turns__": "num_turns", "turn_scores": "turn_scores", "tool_rewards": "tool_rewards",
+                       "reward_scores": "rollout_reward_scores"}
+
+
+def _with_trajectory_info(extra_info: dict, non_tensors: dict, row: int) -> dict:
+    """``extra_info`` plus the row's ``num_turns``, ``turn_scores`` (interaction scores), ``tool_rewards``
+    (step rewards of its tool calls) and ``rollout_reward_scores`` when the rollout produced them."""
+    for column, key in _TRAJECTORY_COLUMNS.items():
+        if column in non_tensors and non_tensors[column][row] is not None:
+            value = non_tensors[column][row]
+            extra_info[key] = value.item() if isinstance(value, np.generic) else value
+    return extra_info
 
 
 def _ground_truth(reward_model: Any) -> Any:

@@ -21,7 +21,7 @@ class SamplingParams:
     * ``top_p`` -- nucleus sampling (Holtzman et al. 2020, "The Curious Case of Neural Text
       Degeneration"): keep the smallest set of tokens whose probability mass reaches ``top_p``.
     * ``top_k`` -- keep the ``top_k`` most likely tokens; ``-1`` (or 0, as HF writes it) turns it off.
-    * ``n`` -- samples per prompt (GRPO group size).  Engines see ``n=1`` requests; the batch front-end
+    * ``n`` -- samples per prompt (GRPO group size).  Engines see ``n=1`` requests; the agent-loop manager
       expands ``n``.
     * ``do_sample`` -- False means greedy decoding whatever the temperature (verl's validation default).
     * ``max_tokens`` -- response budget (verl's ``rollout.response_length``).

@@ -1,24 +1,34 @@
-"""Tools for agent loops (verl's tool API) and the local sandbox that runs model-written code.
+"""Tools for agent loops (verl's tool API at verl's module paths), their executor, and the code sandbox.
 
-Importing this package registers the built-in tools: ``code_interpreter``, ``calc_gsm8k_reward``,
-``calculator``, ``search``.
+Importing this package registers the built-in tools: ``code_interpreter`` (``SandboxFusionTool``),
+``calc_gsm8k_reward`` (``Gsm8kTool``), ``calculator``, ``search`` (``SearchTool``). MCP tools
+(``mcp_base_tool.MCPBaseTool``, ``mcp_search_tool.MCPSearchTool``) need the ``mcp`` extra and are imported
+on use. See docs/agents.md.
 """
 
-from hybridflow.tools.base_tool import TOOL_REGISTRY, BaseTool, register_tool, safe_execute
+from hybridflow.tools.base_tool import TOOL_REGISTRY, BaseTool, register_tool
 from hybridflow.tools.calculator import CalculatorTool
-from hybridflow.tools.code_interpreter import CodeInterpreterTool
+from hybridflow.tools.executor import ToolCallOutcome, ToolExecutor, ToolSession, summarize_outcomes, truncate_tool_response
+from hybridflow.tools.function_tool import FunctionTool, function_tool
 from hybridflow.tools.gsm8k_tool import Gsm8kTool
-from hybridflow.tools.utils.tool_registry import initialize_tools_from_config
 from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
+from hybridflow.tools.sandbox_fusion_tools import CodeInterpreterTool, SandboxFusionTool
 from hybridflow.tools.schemas import OpenAIFunctionCallSchema, OpenAIFunctionToolSchema, ToolResponse
-from hybridflow.tools.search import SearchTool
+from hybridflow.tools.search_tool import SearchTool
+from hybridflow.tools.utils.tool_registry import initialize_tools_from_config
 
 __all__ = [
     "BaseTool",
     "TOOL_REGISTRY",
     "register_tool",
-    "safe_execute",
+    "function_tool",
+    "FunctionTool",
     "initialize_tools_from_config",
+    "ToolExecutor",
+    "ToolSession",
+    "ToolCallOutcome",
+    "summarize_outcomes",
+    "truncate_tool_response",
     "OpenAIFunctionToolSchema",
     "OpenAIFunctionCallSchema",
     "ToolResponse",
@@ -27,6 +37,7 @@ __all__ = [
     "run_python",
     "CalculatorTool",
     "CodeInterpreterTool",
+    "SandboxFusionTool",
     "Gsm8kTool",
     "SearchTool",
 ]

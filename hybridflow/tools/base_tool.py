@@ -1,19 +1,22 @@
-"""The tool interface used by multi-turn agent loops (same surface as verl's ``BaseTool``).
+"""The tool interface used by multi-turn agent loops (verl's ``BaseTool``, same signatures).
 
 A tool object is shared by every trajectory of a rollout; per-trajectory state lives in an *instance* created
 with :meth:`BaseTool.create` (e.g. the ground truth of the sample being solved) and dropped by
 :meth:`BaseTool.release`. :meth:`BaseTool.execute` answers one call with ``(ToolResponse, step_reward,
 metrics)``. All methods are async so slow tools (sandbox, retrieval) overlap across trajectories.
 
-Rollouts must survive whatever the policy writes: :func:`safe_execute` parses and validates raw call
-arguments against the tool schema and turns any failure - bad JSON, wrong types, a tool that raises - into an
-error *text* for the model, never an exception that would kill the rollout.
+The schema the model sees comes from, in order: the ``tool_schema`` given to the constructor (the tool YAML's
+``tool_schema``), an overridden :meth:`get_openai_tool_schema` (verl's pattern with
+``transformers.utils.get_json_schema``), or the class attribute ``default_schema``.
+
+Agent loops never call these methods bare: :mod:`hybridflow.tools.executor` runs create -> execute -> release
+with a timeout and turns every failure (bad JSON, wrong arguments, a tool that raises, hangs or returns
+garbage) into an error observation for the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import traceback
 import uuid
 from typing import Any, ClassVar
 
@@ -31,43 +34,58 @@ def register_tool(name: str):
 
 
 class BaseTool:
-    """Base class of every tool. Subclasses set ``default_schema`` and override :meth:`execute`.
+    """Base class of every tool. Subclasses give a schema (see the module doc) and override :meth:`execute`.
 
-    ``config`` is the tool's ``config:`` mapping from the tool YAML; subclasses turn it into a typed dataclass
-    with :func:`parse_tool_config`. ``tool_schema`` overrides ``default_schema`` (the YAML's ``tool_schema``).
+    ``config`` is the tool's ``config:`` mapping from the tool YAML; built-ins turn it into a typed dataclass
+    with :func:`parse_tool_config`.
     """
 
     default_schema: ClassVar[dict | None] = None
 
     def __init__(self, config: dict | None = None, tool_schema: OpenAIFunctionToolSchema | dict | None = None):
         self.config = dict(config or {})
-        schema = tool_schema if tool_schema is not None else self.default_schema
+        self.tool_schema: OpenAIFunctionToolSchema | None = None
+        schema = tool_schema if tool_schema is not None else self._schema_from_class()
         if schema is None:
             raise ValueError(
                 f"{type(self).__name__} needs a tool_schema: give 'tool_schema: {{type: function, function: "
-                "{name, description, parameters}}' in the tool config or set default_schema on the class"
+                "{name, description, parameters}}' in the tool config, set default_schema on the class or "
+                "override get_openai_tool_schema()"
             )
         if isinstance(schema, dict):
             schema = OpenAIFunctionToolSchema.model_validate(schema)
-        self.tool_schema: OpenAIFunctionToolSchema = schema
+        self.tool_schema = schema
         self.name: str = schema.function.name
         self._instances: dict[str, dict[str, Any]] = {}
+
+    def _schema_from_class(self) -> OpenAIFunctionToolSchema | dict | None:
+        if type(self).get_openai_tool_schema is not BaseTool.get_openai_tool_schema:
+            try:
+                return self.get_openai_tool_schema()
+            except AttributeError:  # an override that returns self.tool_schema, as verl's built-ins do
+                pass
+        return self.default_schema
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         return self.tool_schema
 
-    async def create(self, instance_id: str | None = None, **kwargs) -> str:
-        """Start a per-trajectory instance; ``kwargs`` are the sample's ``tools_kwargs[name].create_kwargs``."""
+    async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
+        """Start a per-trajectory instance; returns ``(instance_id, creation response)`` as verl does.
+
+        ``kwargs`` are the sample's ``tools_kwargs[name].create_kwargs``, given either spread out or as one
+        ``create_kwargs=`` mapping (verl's agent loop passes the latter); both land in the instance's
+        ``create_kwargs``.
+        """
         instance_id = instance_id or str(uuid.uuid4())
-        self._instances[instance_id] = {"create_kwargs": kwargs, "reward": 0.0}
-        return instance_id
+        self._instances[instance_id] = {"create_kwargs": merge_create_kwargs(kwargs), "reward": 0.0}
+        return instance_id, ToolResponse()
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> ExecuteResult:
         raise NotImplementedError(f"{type(self).__name__} must implement execute(instance_id, parameters)")
 
     async def calc_reward(self, instance_id: str, **kwargs) -> float:
         """Trajectory-level reward contributed by this tool (0 unless the tool scores answers)."""
-        return float(self._instance(instance_id)["reward"])
+        return float(self._instances.get(instance_id, {}).get("reward", 0.0))
 
     async def release(self, instance_id: str, **kwargs) -> None:
         self._instances.pop(instance_id, None)
@@ -95,24 +113,16 @@ class BaseTool:
         return args, None
 
 
+def merge_create_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``create(create_kwargs={...}, **rest)`` -> one flat mapping (explicit keywords win)."""
+    nested = kwargs.get("create_kwargs")
+    flat = {k: v for k, v in kwargs.items() if k != "create_kwargs"}
+    return {**nested, **flat} if isinstance(nested, dict) else flat
+
+
 def error_result(message: str) -> ExecuteResult:
     """A failed call as the model should see it: an error text, zero reward, and an ``error`` metric."""
     return ToolResponse(text=f"Error: {message}"), 0.0, {"error": 1.0}
-
-
-async def safe_execute(tool: BaseTool, instance_id: str, raw_arguments: str | dict | None, **kwargs) -> ExecuteResult:
-    """Execute a model-issued call without ever raising: malformed input and tool crashes become error text."""
-    args, bad = tool.check_arguments(raw_arguments)
-    if bad is not None:
-        return bad
-    try:
-        response, reward, metrics = await tool.execute(instance_id, args, **kwargs)
-    except Exception as e:  # the rollout must go on; the model sees what went wrong
-        last = traceback.format_exception_only(type(e), e)[-1].strip()
-        return error_result(f"{tool.name} failed: {last}")
-    if not isinstance(response, ToolResponse):
-        response = ToolResponse(text=str(response))
-    return response, float(reward), dict(metrics or {})
 
 
 def parse_tool_config(cls: type, config: dict | None, tool_name: str):
@@ -135,7 +145,7 @@ __all__ = [
     "ExecuteResult",
     "TOOL_REGISTRY",
     "register_tool",
-    "safe_execute",
     "error_result",
+    "merge_create_kwargs",
     "parse_tool_config",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hybridflow.tools.base_tool import BaseTool, ExecuteResult, parse_tool_config, register_tool
+from hybridflow.tools.base_tool import BaseTool, ExecuteResult, merge_create_kwargs, parse_tool_config, register_tool
 from hybridflow.tools.schemas import ToolResponse
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -64,18 +64,19 @@ class Gsm8kTool(BaseTool):
         super().__init__(config, tool_schema)
         self.settings = parse_tool_config(Gsm8kToolConfig, self.config, self.name)
 
-    async def create(self, instance_id: str | None = None, ground_truth: str | None = None, **kwargs) -> str:
+    async def create(self, instance_id: str | None = None, ground_truth: str | None = None,
+                     **kwargs) -> tuple[str, ToolResponse]:
         """``ground_truth`` may come directly or nested in ``create_kwargs`` (both spellings appear in verl data)."""
-        nested = kwargs.pop("create_kwargs", None) or {}
-        ground_truth = ground_truth if ground_truth is not None else nested.get("ground_truth")
+        kwargs = merge_create_kwargs(kwargs)
+        ground_truth = ground_truth if ground_truth is not None else kwargs.pop("ground_truth", None)
         if ground_truth is None:
             raise ValueError(
                 f"{self.name}.create() needs ground_truth: put it in the sample's "
                 f"extra_info.tools_kwargs.{self.name}.create_kwargs.ground_truth"
             )
-        instance_id = await super().create(instance_id, **kwargs)
+        instance_id, response = await super().create(instance_id, **kwargs)
         self._instances[instance_id].update(ground_truth=str(ground_truth), answer=None)
-        return instance_id
+        return instance_id, response
 
     def coerce_arguments(self, arguments: dict) -> dict:
         if type(arguments.get("answer")) in (int, float):

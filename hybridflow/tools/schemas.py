@@ -12,13 +12,19 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class OpenAIFunctionPropertySchema(BaseModel):
-    """One argument: JSON-Schema ``type`` (e.g. string, number, integer, boolean, array, object)."""
+    """One argument: JSON-Schema ``type`` (e.g. string, number, integer, boolean, array, object).
 
-    type: str | list[str]
+    Other JSON-Schema keywords (``nullable``, ``default``, ``properties`` of a nested object, ...) are kept as
+    written, so the schema a chat template renders is the one the user gave (or ``get_json_schema`` produced).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str | list[str] | None = None
     description: str | None = None
     enum: list[Any] | None = None
     items: dict[str, Any] | None = None
@@ -44,6 +50,13 @@ class OpenAIFunctionToolSchema(BaseModel):
     function: OpenAIFunctionSchema
 
 
+class OpenAIFunctionParsedSchema(BaseModel):
+    """A call as a parser extracts it: the name and the arguments as the model wrote them (JSON text)."""
+
+    name: str
+    arguments: str
+
+
 class OpenAIFunctionCallSchema(BaseModel):
     """A call parsed from model output: the function name and its arguments (already a dict)."""
 
@@ -59,13 +72,48 @@ class OpenAIFunctionCallSchema(BaseModel):
         parsed, error = parse_arguments(arguments)
         return cls(name=name, arguments=parsed if parsed is not None else {}), error
 
+    @staticmethod
+    def from_openai_function_parsed_schema(
+        parsed_schema: OpenAIFunctionParsedSchema,
+    ) -> tuple["OpenAIFunctionCallSchema", bool]:
+        """verl's spelling: ``(call, has_decode_error)``; arguments that are not a JSON object become ``{}``."""
+        call, error = OpenAIFunctionCallSchema.from_raw(parsed_schema.name, parsed_schema.arguments)
+        return call, error is not None
+
+
+class OpenAIFunctionToolCall(BaseModel):
+    """A tool call in an assistant message (OpenAI chat format)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: OpenAIFunctionCallSchema
+
 
 class ToolResponse(BaseModel):
-    """What a tool returns to the conversation: text and/or images/videos (multimodal tools)."""
+    """What a tool returns to the conversation: text and/or images/videos (multimodal tools).
+
+    ``image`` and ``video`` are lists (one item per picture/clip); a single image must be wrapped: ``[img]``.
+    """
 
     text: str | None = None
     image: list[Any] | None = None
     video: list[Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _media_are_lists(cls, values):
+        if isinstance(values, dict):
+            for key in ("image", "video"):
+                if values.get(key) is not None and not isinstance(values[key], list):
+                    raise ValueError(f"ToolResponse.{key} must be a list, got {type(values[key]).__name__}; "
+                                     f"wrap a single item: {key}=[item]")
+        return values
+
+    def is_empty(self) -> bool:
+        return not self.text and not self.image and not self.video
+
+    def is_text_only(self) -> bool:
+        return bool(self.text) and not self.image and not self.video
 
 
 def parse_arguments(arguments: str | dict | None) -> tuple[dict | None, str | None]:
@@ -121,7 +169,9 @@ def validate_arguments(schema: OpenAIFunctionToolSchema, arguments: dict) -> str
         return f"{name}: unknown argument(s) {unknown}; expected {sorted(params.properties)}"
     for key, value in arguments.items():
         prop = params.properties[key]
-        if not _type_ok(value, prop.type):
+        if value is None and (prop.model_extra or {}).get("nullable"):
+            continue
+        if prop.type is not None and not _type_ok(value, prop.type):
             return f"{name}: argument '{key}' must be of type {prop.type}, got {type(value).__name__} {value!r:.80}"
         if prop.enum is not None and value not in prop.enum:
             return f"{name}: argument '{key}' must be one of {prop.enum}, got {value!r:.80}"
@@ -137,7 +187,9 @@ __all__ = [
     "OpenAIFunctionParametersSchema",
     "OpenAIFunctionSchema",
     "OpenAIFunctionToolSchema",
+    "OpenAIFunctionParsedSchema",
     "OpenAIFunctionCallSchema",
+    "OpenAIFunctionToolCall",
     "ToolResponse",
     "parse_arguments",
     "validate_arguments",

@@ -20,14 +20,15 @@ def run_generation(config) -> ValidationResult:
     """Generate ``val_kwargs.n`` responses per prompt of ``data.val_files``, score them, aggregate."""
     from hybridflow.data.loaders import create_val_dataloader
     from hybridflow.data.rl_dataset import create_rl_dataset
-    from hybridflow.trainer.main_ppo import build_reward_fns, build_runtime, load_tokenizer_for
+    from hybridflow.trainer.main_ppo import build_reward_fns, build_runtime, load_processor_for, load_tokenizer_for
 
     if not config.data.val_files:
         raise ValueError("hybridflow generate needs data.val_files=<parquet/json with prompts> to generate for")
     tcfg = config.trainer
     dump_dir = tcfg.validation_data_dir or str(Path("outputs") / tcfg.project_name / tcfg.experiment_name / "generations")
     tokenizer = load_tokenizer_for(config)
-    dataset = create_rl_dataset(config.data.val_files, config.data, tokenizer, is_train=False)
+    dataset = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor=load_processor_for(config),
+                                is_train=False)
     loader = create_val_dataloader(dataset, config.data)
     _, reward_fn = build_reward_fns(config, tokenizer)
     # Generation never trains: no critic, reference or optimizer schedule is needed.

@@ -61,6 +61,14 @@ def _actor_role(config) -> str:
 _INIT_ORDER = ("critic", "reward_model", "actor_rollout")
 
 
+def pool_options(config) -> dict[str, Any]:
+    """Resource-pool options from the config: verl's ``trainer.ray_wait_register_center_timeout`` is how long the
+    Ray worker slots (placement groups) may take to come up before start-up fails naming what is missing."""
+    if config.trainer.backend != "ray":
+        return {}
+    return {"ready_timeout_s": float(config.trainer.ray_wait_register_center_timeout)}
+
+
 def create_workers(config) -> Runtime:
     """Start the backend and the role worker processes, without loading any model yet.
 
@@ -91,10 +99,11 @@ def create_workers(config) -> Runtime:
             create_resource_pool,
             create_worker_group,
         )
+        from hybridflow.rollout.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
         from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
         process_on_nodes = [1] if backend == "local" else [tcfg.n_gpus_per_node] * tcfg.nnodes
-        pool = create_resource_pool(backend, process_on_nodes, use_gpu=use_gpu)
+        pool = create_resource_pool(backend, process_on_nodes, use_gpu=use_gpu, **pool_options(config))
         release = getattr(pool, "release", None)
         if callable(release):
             runtime._closers.append(release)
@@ -110,7 +119,10 @@ def create_workers(config) -> Runtime:
             from hybridflow.workers.reward_model import RewardModelWorker
 
             class_dict["reward_model"] = ClassWithInitArgs(RewardModelWorker, config.reward_model)
-        host = create_worker_group(backend, pool, create_colocated_worker_cls(class_dict), role="colocated")
+        host_cls = create_colocated_worker_cls(class_dict)
+        # Rollout requests from the agent loops run in their own thread pool beside the dispatched calls.
+        host_cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: _rollout_threads(config)}
+        host = create_worker_group(backend, pool, host_cls, role="colocated")
         runtime._closers.append(host.shutdown)
         views = host.spawn(class_dict)
     except BaseException:
@@ -122,6 +134,42 @@ def create_workers(config) -> Runtime:
                                   critic=views.get("critic"), reward_model=views.get("reward_model"))
     runtime.n_devices = runtime.dp_size = pool.world_size
     return runtime
+
+
+def _rollout_threads(config) -> int:
+    """Threads a worker process gives to rollout requests: one per streamed request batch in flight."""
+    return max(64, min(1024, int(config.actor_rollout_ref.rollout.max_num_seqs)))
+
+
+def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None) -> None:
+    """The rollout service over the loaded workers: one replica per actor/rollout rank (the hybrid engine)
+    and the agent-loop manager (``rollout.agent.num_workers`` workers) that the trainer generates with.
+    ``reward_fn`` (the training reward manager) scores trajectories in the agent loops when verl's reward
+    loop applies and the backend is local."""
+    from hybridflow.agents import AgentLoopManager
+    from hybridflow.rollout.fleet import HybridFleet
+
+    arr = config.actor_rollout_ref
+    if arr.hybrid_engine:
+        fleet = HybridFleet(runtime.groups.actor_rollout)
+    elif arr.rollout.name == "vllm":  # standalone vLLM server processes, fed the actor's weights after every update
+        from hybridflow.rollout.vllm_server_fleet import VLLMServerFleet
+        from hybridflow.trainer.rollout_pool import rollout_pool_devices
+
+        actor = runtime.groups.actor_rollout
+        fleet = VLLMServerFleet.from_config(config, lambda: actor.get_actor_weights()[0].items(),
+                                            resolve_device(config))
+        runtime._closers.append(fleet.shutdown)
+        runtime.n_devices += rollout_pool_devices(config)
+    else:  # hf replicas on the rollout pool, fed weights by the checkpoint engine
+        from hybridflow.trainer.rollout_pool import rollout_pool_devices, start_standalone_fleet
+
+        fleet = start_standalone_fleet(config, runtime.groups.actor_rollout, resolve_device(config) == "cuda",
+                                       runtime._closers)
+        runtime.n_devices += rollout_pool_devices(config)
+    manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer, reward_manager=reward_fn)
+    runtime._closers.append(manager.shutdown)
+    runtime.groups.rollout = manager
 
 
 def init_models(runtime: Runtime, total_training_steps: int | None = None) -> None:
@@ -143,6 +191,7 @@ def build_runtime(config, tokenizer=None, total_training_steps: int | None = Non
     runtime = create_workers(config)
     try:
         init_models(runtime, total_training_steps)
+        start_rollout_service(runtime, config, tokenizer if tokenizer is not None else load_tokenizer_for(config))
     except BaseException:
         runtime.close()
         raise
@@ -205,16 +254,19 @@ class RuntimeStart:
             self._runtime = None
 
 
-def build_data(config, tokenizer):
-    """Train / validation datasets and loaders (``data.*``); validation is skipped without ``val_files``."""
+def build_data(config, tokenizer, processor=None):
+    """Train / validation datasets and loaders (``data.*``); validation is skipped without ``val_files``.
+
+    ``processor``: the multimodal processor of a vision-language model (:func:`load_processor_for`).
+    """
     from hybridflow.data.loaders import create_train_dataloader, create_val_dataloader
     from hybridflow.data.rl_dataset import create_rl_dataset
 
-    train = create_rl_dataset(config.data.train_files, config.data, tokenizer, is_train=True)
+    train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor=processor, is_train=True)
     train_loader = create_train_dataloader(train, config.data)
     val_loader = None
     if config.data.val_files:
-        val = create_rl_dataset(config.data.val_files, config.data, tokenizer, is_train=False)
+        val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor=processor, is_train=False)
         val_loader = create_val_dataloader(val, config.data)
     return train_loader, val_loader
 
@@ -245,6 +297,42 @@ def load_tokenizer_for(config):
                           field="actor_rollout_ref.model.path")
 
 
+def load_processor_for(config):
+    """The multimodal processor of ``actor_rollout_ref.model`` (``None`` for a text-only model).
+
+    Until the rollout generates with pixel inputs (issue 14, second part), a vision-language run is refused
+    here rather than trained on image tokens without their pixels.
+    """
+    from hybridflow.engine.model_loader import load_processor
+
+    model = config.actor_rollout_ref.model
+    processor = load_processor(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template,
+                               field="actor_rollout_ref.model.path")
+    if processor is not None:
+        raise NotImplementedError(
+            f"actor_rollout_ref.model.path={model.path!r} is a vision-language model: its data, actor and reference "
+            "log-probs are supported, but the rollout does not generate with images yet, so training or "
+            "generating with it would see image tokens without their pixels. Use a text model for now."
+        )
+    return processor
+
+
+def trainer_class(config) -> type:
+    """The controller of ``async_training.mode``: the synchronous HybridFlow step, one-step-off or fully async."""
+    mode = config.async_training.mode
+    if mode == "one_step_off":
+        from hybridflow.trainer.one_step_off import OneStepOffTrainer
+
+        return OneStepOffTrainer
+    if mode == "fully_async":
+        from hybridflow.trainer.fully_async import FullyAsyncTrainer
+
+        return FullyAsyncTrainer
+    from hybridflow.trainer.ppo_trainer import PPOTrainer
+
+    return PPOTrainer
+
+
 def run_ppo(config, should_stop: Callable[[], bool] | None = None) -> None:
     """verl's entry: one training run from a loaded ``PPOConfig`` (see ``train_ppo`` for the history)."""
     train_ppo(config, should_stop=should_stop)
@@ -255,7 +343,7 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
     import torch
 
     from hybridflow.engine.model_loader import check_causal_lm
-    from hybridflow.trainer.ppo_trainer import PPOTrainer, resolve_total_training_steps
+    from hybridflow.trainer.ppo_trainer import resolve_total_training_steps
     from hybridflow.trainer.preflight import run_preflight
 
     tcfg = config.trainer
@@ -271,25 +359,38 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         tokenizer = load_tokenizer_for(config)
         model_cfg = config.actor_rollout_ref.model
         check_causal_lm(model_cfg.path, model_cfg.trust_remote_code)
-        train_loader, val_loader = build_data(config, tokenizer)
+        train_loader, val_loader = build_data(config, tokenizer, load_processor_for(config))
         # The workers' LR schedules need the horizon; it is passed to init_model below.
         total = resolve_total_training_steps(config, len(train_loader))
         reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
         reward_fns = [reward_fn, val_reward_fn]
         runtime = start.result()
         init_models(runtime, total)
+        start_rollout_service(runtime, config, tokenizer, reward_fn)
         if logger is None:
             logger = build_logger(config, total)
-        trainer = PPOTrainer(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn, val_reward_fn,
-                             logger=logger, n_devices=runtime.n_devices, dp_size=runtime.dp_size)
+        trainer = trainer_class(config)(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn,
+                                        val_reward_fn, logger=logger, n_devices=runtime.n_devices,
+                                        dp_size=runtime.dp_size)
         return trainer.fit(should_stop=should_stop)
     finally:
         for fn in reward_fns:
             fn.close()
         if runtime is not None:
+            dump_ray_timeline(config)
             runtime.close()
         else:
             start.abandon()
+
+
+def dump_ray_timeline(config) -> None:
+    """``ray_kwargs.timeline_json_file``: Ray's task timeline (chrome://tracing JSON) of the run, as verl writes it."""
+    path = config.ray_kwargs.timeline_json_file
+    if path and config.trainer.backend == "ray":
+        import ray
+
+        if ray.is_initialized():
+            ray.timeline(filename=str(path))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,7 +417,23 @@ def main(argv: list[str] | None = None) -> int:
     except user_error_types() as e:  # bad input: one clear line, not a traceback
         print(f"hybridflow: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except rollout_failure_types() as e:  # a rollout replica died: say which, and how to go on
+        print(f"hybridflow: {e}\nhybridflow: the run stopped; its last checkpoint (if any) under "
+              f"{cfg.trainer.default_local_dir} is intact: fix the cause and run the same command again to resume "
+              "from it (trainer.resume_mode=auto)", file=sys.stderr)
+        return EXIT_ROLLOUT_FAILED
     return interrupt.exit_code
+
+
+EXIT_ROLLOUT_FAILED = 3
+
+
+def rollout_failure_types() -> tuple[type[BaseException], ...]:
+    """Errors that mean the rollout side of the run died (a replica's process, an agent-loop worker)."""
+    from hybridflow.rollout.replica import ReplicaError
+    from hybridflow.trainer.sample_queue import RolloutFailed
+
+    return ReplicaError, RolloutFailed
 
 
 if __name__ == "__main__":

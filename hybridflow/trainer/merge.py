@@ -94,7 +94,9 @@ def _lora_alpha(role_dir: Path) -> float:
 
 def merge_checkpoint(ckpt_dir: str, target_dir: str) -> str:
     """Write ``target_dir`` as an HF model folder (config, tokenizer, merged weights); returns its path."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+
+    from hybridflow.utils.hf_processor import load_processor, save_processor
 
     role_dir = _role_dir(Path(ckpt_dir))
     hf_dir = role_dir / "huggingface"
@@ -104,8 +106,9 @@ def merge_checkpoint(ckpt_dir: str, target_dir: str) -> str:
     if any(".lora_A." in k for k in state):
         state = fold_lora(state, _lora_alpha(role_dir))
     config = AutoConfig.from_pretrained(hf_dir)
+    auto_cls = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
     with torch.device("cpu"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = auto_cls.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
@@ -117,6 +120,9 @@ def merge_checkpoint(ckpt_dir: str, target_dir: str) -> str:
     model.save_pretrained(target)
     if (hf_dir / "tokenizer_config.json").is_file():
         AutoTokenizer.from_pretrained(hf_dir).save_pretrained(target)
+    processor = load_processor(str(hf_dir))
+    if processor is not None:  # a vision-language model: image processor + chat template travel with it
+        save_processor(processor, str(target))
     return str(target)
 
 

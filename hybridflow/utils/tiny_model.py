@@ -29,22 +29,50 @@ MODEL_SIZES: dict[str, tuple[int, int, int, int, int]] = {
     "tiny": (128, 256, 2, 4, 2),  # ~0.4M: integration tests, quickstart
     "small": (256, 768, 4, 4, 2),  # ~3M
     "medium": (512, 1408, 6, 8, 4),  # ~20-25M: benchmarks
+    "qwen2.5-0.5b": (896, 4864, 24, 14, 2),  # Qwen2.5-0.5B's shape (~360M without its 151k vocab): GPU tests
 }
 
 
 def build_char_tokenizer(alphabet: str = CHAR_ALPHABET, chat_template: str = CHATML_TEMPLATE):
-    """A character-level ``PreTrainedTokenizerFast`` with ChatML specials, EOS=<|im_end|>, PAD=<pad>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """A character-level tokenizer with ChatML specials, EOS=<|im_end|>, PAD=<pad>: one token per character.
 
+    It is built as a byte-level BPE without merges over the alphabet -- the pipeline of Qwen2's tokenizer
+    (NFC, Qwen2's split regex, byte-level symbols) -- because transformers loads every checkpoint whose
+    ``model_type`` is ``qwen2`` with that pipeline, whatever ``tokenizer.json`` says: a plain character
+    vocabulary would lose its spaces and newlines on the way through ``save_pretrained`` /
+    ``AutoTokenizer.from_pretrained``.  Built this way, the tokenizer in memory and the one a run loads
+    from the checkpoint produce the same ids.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    symbol = _byte_level_symbols()
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in alphabet:
-        vocab.setdefault(ch, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    tok.decoder = decoders.Fuse()
+        for b in ch.encode("utf-8"):
+            vocab.setdefault(symbol[b], len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIAL_TOKENS)  # without this the specials would be split into characters
     return _wrap(tok, chat_template)
+
+
+def _byte_level_symbols() -> dict[int, str]:
+    """GPT-2's byte -> printable-symbol table used by byte-level tokenizers (Radford et al. 2019)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    codes = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            codes.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, codes)}
 
 
 def build_bpe_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = 512, chat_template: str = CHATML_TEMPLATE):

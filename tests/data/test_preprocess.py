@@ -78,7 +78,7 @@ def test_countdown_generated_and_solvable(tmp_path):
 
 
 def test_data_commands_table(tmp_path):
-    assert set(DATA_COMMANDS) == {"gsm8k", "math", "countdown", "synthetic"}
+    assert set(DATA_COMMANDS) == {"gsm8k", "math", "countdown", "synthetic", "geo3k", "vision"}
     description, setup, run = DATA_COMMANDS["synthetic"]
     parser = argparse.ArgumentParser()
     setup(parser)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hybridflow.protocol import DataProto
@@ -79,3 +80,41 @@ def run_update(worker, data: DataProto) -> dict:
     data = DataProto.from_dict(dict(data.batch), dict(data.non_tensor_batch), dict(data.meta_info))
     data = data.union(worker.compute_log_prob(data))
     return worker.update_actor(data).meta_info["metrics"]
+
+
+class OneRankGroup:
+    """A bare worker seen as a one-rank worker group (each method returns a one-element list), which is
+    what :class:`hybridflow.rollout.fleet.HybridFleet` drives."""
+
+    host_role = None
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def __getattr__(self, name):
+        method = getattr(self.worker, name)
+        return lambda *args, **kwargs: [method(*args, **kwargs)]
+
+
+def with_raw_prompt_ids(prompts: DataProto) -> DataProto:
+    """Add the unpadded ``raw_prompt_ids`` the dataset gives every row (read through the attention mask)."""
+    ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
+    raw = np.empty(len(prompts), dtype=object)
+    raw[:] = [row[m].tolist() for row, m in zip(ids, mask)]
+    prompts.non_tensor_batch["raw_prompt_ids"] = raw
+    return prompts
+
+
+def generate(worker, config, prompts: DataProto, backend: str = "local") -> DataProto:
+    """Generate through the rollout service (hybrid fleet on ``worker``'s engine, local agent-loop manager)."""
+    from hybridflow.agents import AgentLoopManager
+    from hybridflow.rollout.fleet import HybridFleet
+    from hybridflow.trainer.stages import split_generation_input
+
+    group = worker if hasattr(worker, "host_role") else OneRankGroup(worker)
+    config.reward_model.use_reward_loop = False  # these prompts carry no reward columns: generation only
+    manager = AgentLoopManager(config, HybridFleet(group), backend, tokenizer=getattr(worker, "tokenizer", None))
+    gen = split_generation_input(with_raw_prompt_ids(DataProto.from_dict(dict(prompts.batch),
+                                                                         dict(prompts.non_tensor_batch),
+                                                                         dict(prompts.meta_info))))
+    return manager.generate_sequences(gen)

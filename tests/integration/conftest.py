@@ -15,33 +15,4 @@ def addition_data(tmp_path_factory):
     return d
 
 
-def small_overrides(model_dir, data_dir, out_dir, backend="local", steps=2, n=4, batch=8, extra=()):
-    """A few-second run: ``batch`` prompts x ``n`` samples, 4-token answers, fp32 on CPU."""
-    a = "actor_rollout_ref"
-    return [
-        f"{a}.model.path={model_dir}", f"critic.model.path={model_dir}", f"data.train_files={data_dir / 'train.parquet'}",
-        f"data.val_files={data_dir / 'test.parquet'}", f"data.train_batch_size={batch}",
-        "data.max_prompt_length=32", "data.max_response_length=4", "data.seed=1",
-        f"{a}.rollout.name=hf", f"{a}.rollout.n={n}", f"{a}.actor.ppo_mini_batch_size={batch // 2}",
-        f"{a}.actor.ppo_micro_batch_size_per_gpu=8", f"{a}.rollout.log_prob_micro_batch_size_per_gpu=16",
-        f"{a}.ref.log_prob_micro_batch_size_per_gpu=16", f"{a}.actor.optim.lr=1e-3",
-        f"{a}.model.enable_gradient_checkpointing=false",
-        "critic.ppo_micro_batch_size_per_gpu=8", "critic.forward_micro_batch_size_per_gpu=16", "critic.optim.lr=1e-3",
-        f"trainer.backend={backend}", "trainer.device=cpu", "trainer.nnodes=1",
-        f"trainer.n_gpus_per_node={1 if backend == 'local' else 2}", f"trainer.total_training_steps={steps}",
-        "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
-        "trainer.logger=[file]", "trainer.report=false", f"trainer.default_local_dir={out_dir / 'ckpt'}",
-        "trainer.project_name=it", "trainer.experiment_name=run", "trainer.seed=1",
-        *extra,
-    ]
-
-
-def run(overrides, out_dir, should_stop=None):
-    """Load the config and train; the logger writes into ``out_dir``. Returns the metric history."""
-    from hybridflow.config import load_config
-    from hybridflow.tracking import Tracking
-    from hybridflow.trainer.main_ppo import train_ppo
-
-    cfg = load_config(list(overrides))
-    logger = Tracking("it", "run", default_backend=["file"], output_dir=out_dir)
-    return train_ppo(cfg, logger=logger, should_stop=should_stop)
+from run_helpers import run, small_overrides  # noqa: E402,F401 - re-exported for `from .conftest import ...`

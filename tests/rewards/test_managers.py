@@ -129,7 +129,8 @@ def test_load_reward_manager_from_config(char_tokenizer, tmp_path):
 
     cfg = NS(
         reward_model=NS(reward_manager="dapo", num_workers=0, timeout_s=5.0, error_score=-1.0,
-                        reward_kwargs={"max_resp_len": 8, "overlong_buffer_cfg": {"enable": True, "len": 2}}),
+                        reward_kwargs={"max_resp_len": 8, "overlong_buffer_cfg": {"enable": True, "len": 2}},
+                        sandbox_fusion=NS(url=None, max_concurrent=64, memory_limit_mb=1024)),
         custom_reward_function=NS(path=None, name="compute_score"),
         data=NS(reward_fn_key="data_source"),
     )

@@ -43,7 +43,7 @@ def test_verl_gsm8k_tool_config_loads_unchanged(tmp_path):
     assert schema["function"]["parameters"]["required"] == ["answer"]
 
     async def go():
-        iid = await tool.create(ground_truth="42")
+        iid, _ = await tool.create(ground_truth="42")
         await tool.execute(iid, {"answer": "42"})
         return await tool.calc_reward(iid)
 
@@ -81,7 +81,8 @@ def test_names_paths_and_default_schemas(tmp_path):
     ("tools:\n  - class_name: no_such_pkg.mod.Tool", "cannot import module 'no_such_pkg.mod'"),
     ("tools:\n  - class_name: hybridflow.tools.calculator.evaluate", "must be a subclass"),
     ("tools:\n  - class_name: hybridflow.tools.calculator.Nope", "has no attribute 'Nope'"),
-    ("tools:\n  - class_name: calculator\n    config: {type: mcp}", "config.type='mcp' is not supported"),
+    ("tools:\n  - class_name: calculator\n    config: {type: mcpp}", "config.type='mcpp' must be 'native' or 'mcp'"),
+    ("tools:\n  - class_name: calculator\n    mcp: {mcp_servers_config_path: x.json}", "needs config.type: mcp"),
     ("tools:\n  - class_name: calculator\n    config: {max_exponnent: 3}", "did you mean 'max_exponent'"),
     ("tools:\n  - class_name: calculator\n    schema: {}", "unknown key(s) ['schema']"),
     ("tools:\n  - class_name: calculator\n  - class_name: calculator", "duplicated: ['calculator']"),
@@ -104,7 +105,7 @@ def test_verl_sandbox_and_search_examples(tmp_path):
     sandbox = write(tmp_path, """
         tools:
           - class_name: "verl.tools.sandbox_fusion_tools.SandboxFusionTool"
-            config: {"sandbox_fusion_url": "https://example.invalid/run_code"}
+            config: {"sandbox_fusion_url": "https://example.invalid/run_code", "rate_limit": 10}
             tool_schema:
               type: "function"
               function:
@@ -112,9 +113,8 @@ def test_verl_sandbox_and_search_examples(tmp_path):
                 description: "A tool for executing code."
                 parameters: {type: "object", properties: {code: {type: "string"}}, required: ["code"]}
     """, "sandbox.yaml")
-    with pytest.warns(UserWarning, match="local sandbox"):
-        (tool,) = initialize_tools_from_config(sandbox)
-    assert isinstance(tool, CodeInterpreterTool)
+    (tool,) = initialize_tools_from_config(sandbox)
+    assert isinstance(tool, CodeInterpreterTool) and tool.settings.rate_limit == 10
     search_schema = """
             tool_schema:
               type: "function"
@@ -144,7 +144,66 @@ def test_verl_sandbox_and_search_examples(tmp_path):
     (search,) = initialize_tools_from_config(local)
 
     async def go():
-        iid = await search.create()
+        iid, _ = await search.create()
         return await search.execute(iid, {"query_list": ["who was Ada Lovelace"]})
 
     assert "First programmer." in asyncio.run(go())[0].text
+
+
+VERL_USER_TOOL = '''
+import json
+from typing import Any
+
+from transformers.utils import get_json_schema
+
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+
+class WeatherTool(BaseTool):
+    def get_current_temperature(self, location: str, unit: str = "celsius"):
+        """Get current temperature at a location.
+
+        Args:
+            location: The location to get the temperature for, in the format "City, State, Country".
+            unit: The unit to return the temperature in. Defaults to "celsius". (choices: ["celsius", "fahrenheit"])
+
+        Returns:
+            the temperature, the location, and the unit in a dict
+        """
+        return {"temperature": 26.1, "location": location, "unit": unit}
+
+    def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
+        schema = get_json_schema(self.get_current_temperature)
+        return OpenAIFunctionToolSchema(**schema)
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
+        try:
+            result = self.get_current_temperature(**parameters)
+            return ToolResponse(text=json.dumps(result)), 0, {}
+        except Exception as e:
+            return ToolResponse(text=str(e)), 0, {}
+'''
+
+
+def test_a_verl_user_tool_file_works_after_renaming_verl(tmp_path, monkeypatch):
+    import sys
+
+    from hybridflow.tools import ToolExecutor
+
+    (tmp_path / "weather_tools.py").write_text(VERL_USER_TOOL.replace("from verl.", "from hybridflow."))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = write(tmp_path, """
+        tools:
+          - class_name: weather_tools.WeatherTool
+            config: {type: native}
+    """)
+    try:
+        (tool,) = initialize_tools_from_config(path)
+        schema = tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+        assert schema["function"]["name"] == "get_current_temperature"
+        assert schema["function"]["parameters"]["properties"]["unit"]["enum"] == ["celsius", "fahrenheit"]
+        out = asyncio.run(ToolExecutor([tool]).call("get_current_temperature", '{"location": "Paris"}'))
+        assert out.ok and '"temperature": 26.1' in out.text
+    finally:
+        sys.modules.pop("weather_tools", None)

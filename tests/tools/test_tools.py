@@ -16,23 +16,28 @@ from hybridflow.tools import (
     Gsm8kTool,
     OpenAIFunctionCallSchema,
     SearchTool,
+    ToolExecutor,
     ToolResponse,
-    safe_execute,
 )
 from hybridflow.tools.calculator import CalculatorError, evaluate
 from hybridflow.tools.gsm8k_tool import normalize_answer
-from hybridflow.tools.search import BM25Index
+from hybridflow.tools.search_tool import BM25Index
 
 
 def call(tool: BaseTool, raw_args, **create_kwargs):
-    async def go():
-        instance = await tool.create(**create_kwargs)
-        try:
-            return await safe_execute(tool, instance, raw_args), await tool.calc_reward(instance)
-        finally:
-            await tool.release(instance)
+    """One call through the executor: ((response, step_reward, metrics), calc_reward)."""
+    executor = ToolExecutor([tool], max_tool_response_length=100_000)
 
-    return asyncio.run(go())
+    async def go():
+        session = executor.session({tool.name: {"create_kwargs": create_kwargs}})
+        outcome = await session.call(tool.name, raw_args)
+        rewards = await session.close()
+        return (outcome.response, outcome.step_reward, outcome.metrics, outcome.error_kind), rewards.get(tool.name)
+
+    (response, reward, metrics, kind), total = asyncio.run(go())
+    if kind is not None:  # rejected before execute(): same shape as a tool-reported error
+        metrics = {"error": 1.0}
+    return (response, reward, metrics), total
 
 
 def test_registry_has_the_builtins():
@@ -91,7 +96,8 @@ def test_gsm8k_tool_rewards_and_penalties():
     tool = Gsm8kTool()
 
     async def go():
-        iid = await tool.create(ground_truth="1,200")
+        iid, created = await tool.create(ground_truth="1,200")
+        assert created.is_empty()
         wrong = await tool.execute(iid, {"answer": "1100"})
         right = await tool.execute(iid, {"answer": "$1200"})
         again = await tool.execute(iid, {"answer": 1200})  # a number is accepted as the answer
@@ -104,8 +110,11 @@ def test_gsm8k_tool_rewards_and_penalties():
 
 
 def test_gsm8k_tool_create_kwargs_and_errors():
-    (response, _, _), reward = call(Gsm8kTool(), {"answer": "5"}, create_kwargs={"ground_truth": "5"})
+    (response, _, _), reward = call(Gsm8kTool(), {"answer": "5"}, ground_truth="5")
     assert "reward=1.0" in response.text and reward == 1.0
+    tool = Gsm8kTool()  # verl's agent loop nests them: create(create_kwargs={...})
+    iid, _ = asyncio.run(tool.create(create_kwargs={"ground_truth": "7"}))
+    assert tool._instances[iid]["ground_truth"] == "7"
     (bad, _, metrics), _ = call(Gsm8kTool(), {"answer": None}, ground_truth="5")
     assert "must be of type string" in bad.text and metrics == {"error": 1.0}
     with pytest.raises(ValueError, match="needs ground_truth"):
@@ -187,13 +196,20 @@ def test_code_interpreter_runs_code_and_reports_stops():
 
 
 def test_code_interpreter_accepts_verl_config_keys():
-    with pytest.warns(UserWarning, match="local sandbox"):
-        tool = CodeInterpreterTool(config={"type": "native", "sandbox_fusion_url": "http://x/run_code",
-                                           "num_workers": 2, "rate_limit": 10, "default_timeout": 30,
-                                           "default_language": "python", "memory_limit_mb": 1024})
+    tool = CodeInterpreterTool(config={"type": "native", "sandbox_fusion_url": "http://x/run_code",
+                                       "num_workers": 2, "rate_limit": 10, "default_timeout": 30,
+                                       "default_language": "python", "memory_limit_mb": 1024,
+                                       "enable_global_rate_limit": False})
     assert tool.sandbox_config.timeout_s == 30 and tool.sandbox_config.memory_mb == 1024
+    assert tool.settings.sandbox_fusion_url == "http://x/run_code"
     with pytest.raises(ValueError, match="default_language='cpp' is not supported"):
         CodeInterpreterTool(config={"default_language": "cpp"})
+    with pytest.raises(ValueError, match="needs sandbox_fusion_url"):
+        CodeInterpreterTool(config={"rate_limit": 3})
+    with pytest.raises(ValueError, match="enable_global_rate_limit=true .* set it to false"):
+        CodeInterpreterTool(config={"sandbox_fusion_url": "http://x/run_code", "enable_global_rate_limit": True})
+    with pytest.raises(ValueError, match="must be an http"):
+        CodeInterpreterTool(config={"sandbox_fusion_url": "x/run_code"})
 
 
 # ---- base API ----------------------------------------------------------------------------------------------
@@ -219,8 +235,8 @@ def test_base_tool_requires_a_schema_and_tracks_instances():
     tool = CalculatorTool()
 
     async def go():
-        a = await tool.create("fixed-id")
-        b = await tool.create()
+        a, _ = await tool.create("fixed-id")
+        b, _ = await tool.create()
         assert a == "fixed-id" and b != a and len(tool._instances) == 2
         await tool.release(a)
         await tool.release(b)

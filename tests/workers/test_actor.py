@@ -13,6 +13,7 @@ def _worker(config_factory, model_dir, *overrides, eps_one=True, role="actor_rol
         cfg.actor_rollout_ref.actor.optim.override_optimizer_config = {"eps": 1.0}
     worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, role)
     worker.init_model()
+    worker.test_config = cfg  # the full config, for generating through the rollout service
     return worker
 
 
@@ -69,7 +70,7 @@ def test_rollout_log_probs_match_recomputed_actor_log_probs(tiny_model_dir, conf
         "actor_rollout_ref.rollout.temperature=0.8",
     )
     prompts = batches.prompts_of(batches.make_rollout_batch(_vocab(worker), batch_size=3, seed=5))
-    out = worker.generate_sequences(prompts)
+    out = batches.generate(worker, worker.test_config, prompts)
     assert len(out) == 3 * 2 and "rollout_log_probs" in out.batch
     out.meta_info["temperature"] = 0.8
     lp = worker.compute_log_prob(out)
@@ -121,14 +122,22 @@ def test_non_finite_updates_are_skipped_then_abort(tiny_model_dir, config_factor
         batches.run_update(worker, data)
 
 
-def test_colocated_worker_refuses_a_server_rollout(tiny_model_dir, config_factory):
+def test_colocated_worker_engine_choice(tiny_model_dir, config_factory):
+    """The hybrid worker builds hf, vllm or sglang; without vLLM installed the error names the extra."""
+    import importlib.util
+
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
     cfg = config_factory(tiny_model_dir)
-    cfg.actor_rollout_ref.rollout.name = "vllm"
+    cfg.actor_rollout_ref.rollout.name = "trtllm"
     worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor_rollout")
-    with pytest.raises(ValueError, match="rollout.name='vllm'"):
+    with pytest.raises(ValueError, match="rollout.name='trtllm'"):
         worker.init_model()
+    if importlib.util.find_spec("vllm") is None:
+        cfg.actor_rollout_ref.rollout.name = "vllm"
+        worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor_rollout")
+        with pytest.raises(ImportError, match=r"hybridflow\[vllm\].*make venv-vllm"):
+            worker.init_model()
     with pytest.raises(ValueError, match="role must be one of"):
         ActorRolloutRefWorker(cfg.actor_rollout_ref, "critic")
 
@@ -155,7 +164,7 @@ def test_sampling_stream_is_a_function_of_the_step(tiny_model_dir, config_factor
     outs = {}
     for step in (3, 4, 3):
         prompts.meta_info["global_steps"] = step
-        outs.setdefault(step, []).append(worker.generate_sequences(prompts).batch["responses"])
+        outs.setdefault(step, []).append(batches.generate(worker, worker.test_config, prompts).batch["responses"])
     assert torch.equal(outs[3][0], outs[3][1])
     assert not torch.equal(outs[3][0], outs[4][0])
 

@@ -14,7 +14,7 @@ def test_actor_rollout_ref_through_a_local_worker_group(tiny_model_dir, config_f
     vocab = group.worker.actor_engine.module.config.vocab_size
     prompts = batches.prompts_of(batches.make_rollout_batch(vocab, batch_size=2, seed=12))
     prompts.meta_info["temperature"] = 1.0
-    batch = group.generate_sequences(prompts)
+    batch = batches.generate(group, cfg, prompts)
     assert batch.batch["responses"].shape[0] == 4  # rollout.n = 2, interleaved
     batch.batch["advantages"] = torch.randn(batch.batch["responses"].shape)
     batch.meta_info["temperature"] = 1.0

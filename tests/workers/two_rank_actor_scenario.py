@@ -21,8 +21,6 @@ def main(rank: int, world: int, port: int, cfg_path: str, out_dir: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HYBRIDFLOW_DEVICE="cpu")
     torch.set_num_threads(1)
-    from dataclasses import replace
-
     from hybridflow.engine.fsdp import fsdp_modules
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
@@ -40,8 +38,9 @@ def main(rank: int, world: int, port: int, cfg_path: str, out_dir: str) -> None:
         torch.save({"state": state, "metrics": metrics}, os.path.join(out_dir, "after_update.pt"))
 
     # Generation with sharded weights: ranks decode different lengths and must not deadlock.
-    worker.sampling = replace(worker.sampling, max_tokens=3 + 4 * rank, ignore_eos=True)
-    gen = worker.generate_sequences(batches.prompts_of(mine))
+    cfg.actor_rollout_ref.rollout.response_length = 3 + 4 * rank
+    cfg.actor_rollout_ref.rollout.ignore_eos = True
+    gen = batches.generate(worker, cfg, batches.prompts_of(mine))
     assert gen.batch["responses"].shape == (len(mine) * cfg.actor_rollout_ref.rollout.n, 3 + 4 * rank)
 
     # Split placement: a second (rollout-only) sharded copy receives the weights broadcast from rank 0.

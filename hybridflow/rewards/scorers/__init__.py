@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from hybridflow.rewards.scorers import countdown, gsm8k, math_dapo, math_reward, synthetic
+from hybridflow.rewards.scorers import countdown, geo3k, gsm8k, math_dapo, math_reward, synthetic
 from hybridflow.utils.registry import Registry
 
 SCORERS: Registry[Callable[..., Any]] = Registry("reward scorer (data_source)")
@@ -23,6 +23,9 @@ SCORERS.register("countdown", countdown.compute_score)
 for _name in ("synthetic/addition", "synthetic/addition_fixed", "synthetic/reverse", "synthetic/sort"):
     SCORERS.register(_name, synthetic.exact_match)
 SCORERS.register("synthetic/countdown", synthetic.countdown_lite)
+for _name in ("synthetic/vision_shape_color", "synthetic/vision_shape_count"):
+    SCORERS.register(_name, synthetic.exact_match)
+SCORERS.register(geo3k.DATA_SOURCE, geo3k.compute_score)
 
 
 def _code_score(solution_str: str, ground_truth: Any, **kwargs: Any) -> float:
@@ -32,7 +35,8 @@ def _code_score(solution_str: str, ground_truth: Any, **kwargs: Any) -> float:
     return compute_score(solution_str, ground_truth, **kwargs)
 
 
-for _name in ("codecontests", "apps", "codeforces", "taco"):
+CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco")
+for _name in CODE_SOURCES:
     SCORERS.register(_name, _code_score)
 
 
@@ -50,10 +54,20 @@ def _lookup(data_source: str) -> Callable[..., Any]:
 
 
 def default_compute_score(
-    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
+    sandbox_fusion_url: str | None = None, concurrent_semaphore: Any = None, memory_limit_mb: int | None = None,
+    **kwargs: Any,
 ) -> float | dict:
-    """Score one response with the built-in scorer for ``data_source`` (verl's signature and names)."""
+    """Score one response with the built-in scorer for ``data_source`` (verl's signature and names).
+
+    ``sandbox_fusion_url`` / ``concurrent_semaphore`` / ``memory_limit_mb`` reach the code scorers only (as in
+    verl): their programs then run on that SandboxFusion service instead of the local sandbox.
+    """
+    if sandbox_fusion_url and str(data_source) in CODE_SOURCES:
+        kwargs.update(sandbox_fusion_url=sandbox_fusion_url, concurrent_semaphore=concurrent_semaphore)
+        if memory_limit_mb is not None:
+            kwargs["memory_limit_mb"] = memory_limit_mb
     return _lookup(str(data_source))(solution_str, ground_truth, **kwargs)
 
 
-__all__ = ["SCORERS", "default_compute_score"]
+__all__ = ["CODE_SOURCES", "SCORERS", "default_compute_score"]

@@ -4,11 +4,14 @@
       - class_name: verl.tools.gsm8k_tool.Gsm8kTool      # a class path, or a registered name: calc_gsm8k_reward
         config: {type: native}
         tool_schema: {type: function, function: {name: calc_gsm8k_reward, description: ..., parameters: ...}}
+      - class_name: verl.tools.mcp_base_tool.MCPBaseTool # type: mcp -> one tool per tool of the MCP servers
+        config: {type: mcp, timeout: 30}
+        mcp: {mcp_servers_config_path: ./mcp_servers.json, tool_selected_list: [add]}
 
-verl users keep their files: class paths of verl's built-in tools (``verl.tools.*`` or the same path with
-``hybridflow`` in place of ``verl``) resolve to our equivalents; any other dotted path is imported, so custom
-tools written against :class:`hybridflow.tools.base_tool.BaseTool` work as in verl. ``tool_schema`` may be omitted
-for built-in tools (their default schema is used).
+verl users keep their files: a class path starting with ``verl.`` is read with ``hybridflow.`` in its place
+(the built-in tools live at verl's module paths), and any other dotted path is imported, so custom tools
+written against :class:`hybridflow.tools.base_tool.BaseTool` (or made with ``@function_tool``) work as in
+verl. ``tool_schema`` may be omitted when the class provides one.
 """
 
 from __future__ import annotations
@@ -21,12 +24,8 @@ import yaml
 
 from hybridflow.tools.base_tool import TOOL_REGISTRY, BaseTool
 
-# verl's built-in tool classes -> our registered tool names (matched on the class name of any verl path).
-VERL_TOOL_ALIASES = {
-    "Gsm8kTool": "calc_gsm8k_reward",
-    "SandboxFusionTool": "code_interpreter",
-    "SearchTool": "search",
-}
+_ENTRY_KEYS = {"class_name", "config", "tool_schema", "mcp"}
+_MCP_KEYS = {"mcp_servers_config_path", "tool_selected_list"}
 
 
 def resolve_tool_class(class_name: str) -> type[BaseTool]:
@@ -34,56 +33,108 @@ def resolve_tool_class(class_name: str) -> type[BaseTool]:
     if class_name in TOOL_REGISTRY:
         return TOOL_REGISTRY.get(class_name)
     module_name, _, attr = class_name.rpartition(".")
-    root = module_name.split(".")[0]
-    if root in ("verl", "hybridflow") and attr in VERL_TOOL_ALIASES:
-        return TOOL_REGISTRY.get(VERL_TOOL_ALIASES[attr])
     if not module_name:
         raise ValueError(f"tool class_name {class_name!r} is neither a registered tool "
                          f"({', '.join(TOOL_REGISTRY.names())}) nor a 'package.module.Class' path")
+    if module_name.split(".")[0] == "verl":
+        module_name = "hybridflow" + module_name[len("verl"):]
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ImportError(f"tool class_name {class_name!r}: cannot import module {module_name!r} ({e})") from e
+        raise ImportError(f"tool class_name {class_name!r}: cannot import module {module_name!r} ({e}); the "
+                          "module must be importable (on PYTHONPATH / in the working directory)") from e
     cls = getattr(module, attr, None)
     if cls is None:
         raise ValueError(f"tool class_name {class_name!r}: module {module_name!r} has no attribute {attr!r}")
     if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-        raise TypeError(f"tool class_name {class_name!r} must be a subclass of hybridflow.tools.base_tool.BaseTool")
+        raise TypeError(f"tool class_name {class_name!r} must be a subclass of hybridflow.tools.base_tool.BaseTool "
+                        "(or a function decorated with @hybridflow.tools.function_tool)")
     return cls
 
 
-def tool_from_entry(entry: Any, where: str) -> BaseTool:
-    """One ``tools:`` list item -> a tool object; errors name the entry and the missing/wrong field."""
+def _check_entry(entry: Any, where: str) -> dict:
     if not isinstance(entry, dict) or "class_name" not in entry:
         raise ValueError(f"{where}: each tool needs 'class_name' (and optionally 'config', 'tool_schema'), "
                          f"got {entry!r:.200}")
-    unknown = sorted(set(entry) - {"class_name", "config", "tool_schema"})
+    unknown = sorted(set(entry) - _ENTRY_KEYS)
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; a tool entry has class_name, config, tool_schema")
+        raise ValueError(f"{where}: unknown key(s) {unknown}; a tool entry has class_name, config, tool_schema "
+                         "(and mcp for type: mcp)")
     config = entry.get("config") or {}
     if not isinstance(config, dict):
         raise ValueError(f"{where}: 'config' must be a mapping, got {type(config).__name__}")
+    return config
+
+
+def _mcp_tools(entry: dict, config: dict, where: str, base_dir: str) -> list[BaseTool]:
+    from hybridflow.tools.utils.mcp_client import get_client_manager, require_mcp
+
+    try:
+        require_mcp()
+    except ImportError as e:
+        raise ImportError(f"{where}: config.type=mcp: {e}") from e
+    from hybridflow.tools.base_tool import parse_tool_config
+    from hybridflow.tools.mcp_base_tool import MCPBaseTool, MCPToolConfig
+
+    mcp = entry.get("mcp")
+    if not isinstance(mcp, dict) or not mcp.get("mcp_servers_config_path"):
+        raise ValueError(f"{where}: config.type=mcp needs 'mcp: {{mcp_servers_config_path: <servers json>, "
+                         "tool_selected_list: [optional names]}}'")
+    unknown = sorted(set(mcp) - _MCP_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} under 'mcp'; known: {sorted(_MCP_KEYS)}")
+    if entry.get("tool_schema") is not None:
+        raise ValueError(f"{where}: an MCP tool's schema comes from its server; remove 'tool_schema'")
+    cls = resolve_tool_class(str(entry["class_name"]))
+    if not issubclass(cls, MCPBaseTool):
+        raise TypeError(f"{where}: config.type=mcp needs an MCPBaseTool subclass, got {entry['class_name']}")
+    path = str(mcp["mcp_servers_config_path"])
+    if not os.path.isabs(path) and not os.path.exists(path):
+        path = os.path.join(base_dir, path)  # relative to the tool config file as a fallback
+    selected = mcp.get("tool_selected_list")
+    if selected is not None and not (isinstance(selected, list) and all(isinstance(s, str) for s in selected)):
+        raise ValueError(f"{where}: mcp.tool_selected_list must be a list of tool names")
+    settings = parse_tool_config(MCPToolConfig, config, str(entry["class_name"]))
+    manager = get_client_manager(path, rate_limit=settings.rate_limit)
+    tools = []
+    for schema in manager.list_tools(selected):
+        try:
+            tool = cls(config=config, tool_schema=schema)
+        except Exception as e:
+            raise ValueError(f"{where} ({entry['class_name']}, MCP tool {schema['function']['name']!r}): {e}") from e
+        tool.client_manager = manager
+        tools.append(tool)
+    return tools
+
+
+def tools_from_entry(entry: Any, where: str, base_dir: str = ".") -> list[BaseTool]:
+    """One ``tools:`` list item -> its tool objects (one, or one per MCP server tool)."""
+    config = _check_entry(entry, where)
     tool_type = config.get("type", "native")
+    if tool_type == "mcp":
+        return _mcp_tools(entry, config, where, base_dir)
     if tool_type != "native":
-        raise ValueError(f"{where}: config.type={tool_type!r} is not supported; only 'native' tools are built in "
-                         "(MCP tools need the 'mcp' extra and an MCP tool class)")
+        raise ValueError(f"{where}: config.type={tool_type!r} must be 'native' or 'mcp'")
+    if entry.get("mcp") is not None:
+        raise ValueError(f"{where}: an 'mcp:' section needs config.type: mcp")
     cls = resolve_tool_class(str(entry["class_name"]))
     try:
-        return cls(config=config, tool_schema=entry.get("tool_schema"))
+        return [cls(config=config, tool_schema=entry.get("tool_schema"))]
     except Exception as e:  # the schema or config is wrong: say which entry
         raise ValueError(f"{where} ({entry['class_name']}): {e}") from e
 
 
-def initialize_tools_from_config(path: str | os.PathLike) -> list[BaseTool]:
+def initialize_tools_from_config(tools_config_file: str | os.PathLike) -> list[BaseTool]:
     """Read a tool-config YAML and instantiate every tool in order (names must be unique)."""
-    path = os.fspath(path)
+    path = os.fspath(tools_config_file)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"tool config {path!r} does not exist (rollout.multi_turn.tool_config_path)")
     with open(path, encoding="utf-8") as f:
         data = yaml.safe_load(f)
     if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
         raise ValueError(f"{path}: expected a top-level 'tools:' list of tool entries")
-    tools = [tool_from_entry(entry, f"{path}: tools[{i}]") for i, entry in enumerate(data["tools"])]
+    base_dir = os.path.dirname(os.path.abspath(path))
+    tools = [t for i, entry in enumerate(data["tools"]) for t in tools_from_entry(entry, f"{path}: tools[{i}]", base_dir)]
     names = [t.name for t in tools]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -91,4 +142,4 @@ def initialize_tools_from_config(path: str | os.PathLike) -> list[BaseTool]:
     return tools
 
 
-__all__ = ["initialize_tools_from_config", "resolve_tool_class", "tool_from_entry", "VERL_TOOL_ALIASES"]
+__all__ = ["initialize_tools_from_config", "resolve_tool_class", "tools_from_entry"]

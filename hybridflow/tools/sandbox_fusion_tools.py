@@ -1,29 +1,31 @@
-"""``code_interpreter``: the model runs Python and reads the output (verl's SandboxFusionTool, run locally).
+"""``code_interpreter``: the model runs Python and reads the output (verl's ``SandboxFusionTool``).
 
-verl sends the code to a remote sandbox-fusion service; we run it in :mod:`hybridflow.tools.sandbox` on the
-same machine, so a laptop run needs no service. Output returned to the model is stdout, then stderr (so
-tracebacks teach it), then a one-line status when the run timed out or ran out of memory, truncated to
-``max_output_chars``. Concurrency across trajectories is bounded by ``num_workers`` sandboxes at a time.
+Without ``sandbox_fusion_url`` the code runs in :mod:`hybridflow.tools.sandbox` on this machine, so a laptop
+run needs no service; with it, the code is sent to a SandboxFusion service (verl's remote sandbox, or
+``hybridflow sandbox serve`` on another process/machine). Output returned to the model is stdout, then stderr
+(so tracebacks teach it), then a one-line status when the run timed out or ran out of memory, truncated to
+``max_output_chars``. Concurrency across trajectories is bounded by ``num_workers`` runs at a time, and with a
+service also by ``rate_limit`` requests in flight (verl's meaning of the key).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import warnings
 from dataclasses import dataclass
 
 from hybridflow.tools.base_tool import BaseTool, ExecuteResult, error_result, parse_tool_config, register_tool
 from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
+from hybridflow.tools.sandbox_fusion_client import run_code_remote, run_code_url
 from hybridflow.tools.schemas import ToolResponse
 
 
 @dataclass
 class CodeInterpreterConfig:
-    """``default_timeout`` (s), ``memory_limit_mb`` and ``num_workers`` keep verl's names.
-
-    ``sandbox_fusion_url``, ``rate_limit`` and ``enable_global_rate_limit`` configure verl's remote service;
-    they are accepted so verl tool configs load, and a warning says that the local sandbox is used instead.
+    """verl's keys: ``default_timeout`` (s), ``memory_limit_mb``, ``num_workers``, ``default_language``,
+    ``sandbox_fusion_url`` (run remotely), ``rate_limit`` (requests in flight to the service) and
+    ``enable_global_rate_limit`` (verl shares the limit across processes through a Ray actor; here it is per
+    tool object, so only ``false`` or unset is accepted).
     """
 
     default_timeout: float = 10.0
@@ -59,7 +61,7 @@ def format_result(result: SandboxResult, max_chars: int) -> str:
 
 
 @register_tool("code_interpreter")
-class CodeInterpreterTool(BaseTool):
+class SandboxFusionTool(BaseTool):
     default_schema = {
         "type": "function",
         "function": {
@@ -83,16 +85,27 @@ class CodeInterpreterTool(BaseTool):
                              "the local sandbox runs 'python' only")
         if s.num_workers < 1:
             raise ValueError(f"tool '{self.name}': num_workers={s.num_workers} must be >= 1")
-        if s.sandbox_fusion_url or s.rate_limit is not None or s.enable_global_rate_limit is not None:
-            warnings.warn(f"tool '{self.name}': sandbox_fusion_url/rate_limit are settings of verl's remote "
-                          "sandbox service; hybridflow runs code in its local sandbox and ignores them",
-                          stacklevel=2)
+        if s.sandbox_fusion_url:
+            run_code_url(s.sandbox_fusion_url)  # validates the URL now, not at the first call
+        elif s.rate_limit is not None:
+            raise ValueError(f"tool '{self.name}': rate_limit limits requests to a sandbox service; it needs "
+                             "sandbox_fusion_url (the local sandbox is bounded by num_workers)")
+        if s.rate_limit is not None and s.rate_limit < 1:
+            raise ValueError(f"tool '{self.name}': rate_limit={s.rate_limit} must be >= 1")
+        if s.enable_global_rate_limit:
+            raise ValueError(f"tool '{self.name}': enable_global_rate_limit=true (one limit shared by every process "
+                             "through a Ray actor) is not implemented; set it to false: rate_limit then bounds "
+                             "the requests of each process")
         self.sandbox_config = SandboxConfig(timeout_s=s.default_timeout, memory_mb=s.memory_limit_mb,
                                             isolation=s.isolation)
-        self._slots = threading.BoundedSemaphore(s.num_workers)
+        self._slots = threading.BoundedSemaphore(min(s.num_workers, s.rate_limit or s.num_workers))
 
     def _run(self, code: str) -> SandboxResult:
+        s = self.settings
         with self._slots:
+            if s.sandbox_fusion_url:
+                return run_code_remote(s.sandbox_fusion_url, code, timeout_s=s.default_timeout,
+                                       memory_mb=s.memory_limit_mb, language=s.default_language)
             return run_python(code, config=self.sandbox_config)
 
     async def execute(self, instance_id: str, parameters: dict, **kwargs) -> ExecuteResult:
@@ -107,4 +120,6 @@ class CodeInterpreterTool(BaseTool):
         return ToolResponse(text=format_result(result, self.settings.max_output_chars)), 0.0, metrics
 
 
-__all__ = ["CodeInterpreterTool", "CodeInterpreterConfig", "format_result"]
+CodeInterpreterTool = SandboxFusionTool  # hybridflow's earlier name
+
+__all__ = ["SandboxFusionTool", "CodeInterpreterTool", "CodeInterpreterConfig", "format_result"]

@@ -1,0 +1,211 @@
+"""``AgentLoopWorker``: runs the trajectories of a prompt chunk, one asyncio task per trajectory.
+
+The manager sends each worker a chunk of rows (non-tensor columns only: ``raw_prompt``,
+``raw_prompt_ids``, ``tools_kwargs``, ``agent_name``, ... plus ``__request_id__`` and ``__seed__``, which
+the manager assigns so that the draws of a trajectory depend only on (run seed, step, row, sample)).
+Every row runs its agent loop (``agent_name`` or ``rollout.agent.default_agent_loop``) concurrently; the
+loops' model calls meet in the replicas' engines, which batch them.
+
+A trajectory whose loop raises is not lost and does not stop the batch: it becomes an empty, untrained
+trajectory (score 0 from the reward, ``response_mask`` 0) counted in ``agent/error_count``, with the first
+traceback printed once.  Only a replica failure (:class:`ReplicaError`: a rollout process died) stops the
+run, since every later request would fail too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from hybridflow.agents.base import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    DictConfigWrap,
+    load_agent_loop_config,
+    resolve_agent_loop,
+)
+from hybridflow.agents.postprocess import outputs_to_batch
+from hybridflow.protocol import DataProto
+from hybridflow.rollout.replica import ReplicaError, RolloutReplica
+from hybridflow.rollout.server_manager import AsyncLLMServerManager
+
+__all__ = ["AgentLoopWorker", "sampling_dict", "TRAJECTORY_KEYS"]
+
+# Columns the manager adds to every row and the worker consumes.
+TRAJECTORY_KEYS = ("__request_id__", "__seed__")
+
+
+def sampling_dict(rollout_config, validate: bool) -> dict[str, Any]:
+    """verl's sampling-params dict for agent loops, from ``rollout`` (training) or ``rollout.val_kwargs``."""
+    src = rollout_config.val_kwargs if validate else rollout_config
+    return {
+        "temperature": float(src.temperature),
+        "top_p": float(src.top_p),
+        "top_k": int(src.top_k),
+        "do_sample": bool(src.do_sample),
+        "logprobs": bool(rollout_config.calculate_log_probs),
+        "ignore_eos": bool(rollout_config.ignore_eos),
+    }
+
+
+class AgentLoopWorker:
+    """One agent-loop worker (a Ray actor, or an object in the trainer's process for ``backend=local``).
+
+    ``config`` is the typed ``PPOConfig``; ``tokenizer``/``processor`` are loaded from the model config
+    when not given (in a Ray actor, where nothing is shared with the trainer).
+    """
+
+    def __init__(self, config, replicas: list[RolloutReplica], tokenizer=None, processor=None, scorer=None):
+        from omegaconf import OmegaConf
+
+        from hybridflow.config import config_to_dict
+
+        self.config = config
+        self.rollout_config = config.actor_rollout_ref.rollout
+        if tokenizer is None:
+            from hybridflow.engine.model_loader import load_tokenizer
+
+            mc = config.actor_rollout_ref.model
+            tokenizer = load_tokenizer(mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
+                                       field="actor_rollout_ref.model.tokenizer_path")
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.server_manager = AsyncLLMServerManager(replicas, default_max_tokens=int(self.rollout_config.response_length))
+        plain = OmegaConf.create(config_to_dict(config))
+        self.trainer_config = DictConfigWrap(plain, typed=config)
+        self.dataset_config = DictConfigWrap(plain.data, typed=config.data)
+        register_builtin_loops()
+        if self.rollout_config.agent.agent_loop_config_path:
+            load_agent_loop_config(self.rollout_config.agent.agent_loop_config_path)
+        self._reported_error = False
+        self.scorer = scorer  # a ScorerClient when the agent loops score their own trajectories
+
+    def ready(self) -> bool:
+        """For the manager to wait until Ray actors are constructed."""
+        return True
+
+    async def run_trajectories(self, batch: DataProto) -> list[tuple[AgentLoopOutput, dict[str, float]]]:
+        """Run every row's agent loop concurrently; ``(output, per-trajectory metrics)`` in row order."""
+        validate = bool(batch.meta_info.get("validate", False))
+        params = sampling_dict(self.rollout_config, validate)
+        default_agent = default_agent_loop(self.rollout_config)
+        rows = [{k: v[i] for k, v in batch.non_tensor_batch.items()} for i in range(len(batch))]
+        score = self.scorer is not None and not validate
+        return list(await asyncio.gather(*(self._run_one(row, params, default_agent, score) for row in rows)))
+
+    async def generate_sequences(self, batch: DataProto) -> DataProto:
+        """verl's worker call: the rollout layout of this chunk (see ``postprocess``), per-trajectory metrics
+        in ``meta_info["metrics"]``.  The manager stacks the whole batch at once instead (one layout)."""
+        results = await self.run_trajectories(batch)
+        out = stack_outputs(self.tokenizer, self.rollout_config, [o for o, _ in results])
+        out.meta_info["metrics"] = [m for _, m in results]
+        return out
+
+    async def _run_one(self, row: dict[str, Any], params: dict[str, Any], default_agent: str, score: bool = False):
+        request_id = str(row.pop("__request_id__"))
+        seed = row.pop("__seed__")
+        agent_name = row.pop("agent_name", None) or default_agent
+        sampling = dict(params, seed=int(seed)) if seed is not None else dict(params)
+        start = time.perf_counter()
+        try:
+            cls, extra = resolve_agent_loop(str(agent_name))
+            loop: AgentLoopBase = cls(trainer_config=self.trainer_config, server_manager=self.server_manager,
+                                      tokenizer=self.tokenizer, processor=self.processor, dataset_cls=None,
+                                      dataset_config=self.dataset_config, **extra)
+            output = await loop.run(sampling, request_id=request_id, **row)
+            if not isinstance(output, AgentLoopOutput):
+                raise TypeError(f"agent loop {agent_name!r} returned {type(output).__name__}, not AgentLoopOutput")
+            failed = 0.0
+        except ReplicaError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one trajectory's failure must not cost the batch
+            self._report(agent_name, request_id, exc)
+            output = self._failed_output(row)
+            failed = 1.0
+        finally:
+            self.server_manager.release(request_id)
+        metrics = self._metrics(output, time.perf_counter() - start, failed)
+        if score and output.reward_score is None:
+            metrics.update(await self._score(output, row))
+        return output, metrics
+
+    async def _score(self, output: AgentLoopOutput, row: dict[str, Any]) -> dict[str, float]:
+        """Score the finished trajectory now (the reward loop); its score rides in ``reward_score``."""
+        one = stack_outputs(self.tokenizer, self.rollout_config, [output])
+        for key, value in row.items():
+            column = np.empty(1, dtype=object)
+            column[0] = value
+            one.non_tensor_batch[key] = column
+        result = await self.scorer.score(one)
+        output.reward_score = result["score"]
+        output.extra_fields["reward_extra_info"] = result["extra"]
+        return {f"reward_loop/{k}": float(v) for k, v in result.get("metrics", {}).items()}
+
+    def _failed_output(self, row: dict[str, Any]) -> AgentLoopOutput:
+        prompt = [int(t) for t in row.get("raw_prompt_ids") or []] or [self.tokenizer.pad_token_id or 0]
+        eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
+        # One masked token gives the reward a place to sit; response_mask 0 keeps it out of every loss.
+        return AgentLoopOutput(prompt_ids=prompt, response_ids=[eos], response_mask=[0],
+                               response_logprobs=[0.0] if self.rollout_config.calculate_log_probs else None,
+                               num_turns=0, extra_fields={"agent_error": True})
+
+    def _report(self, agent_name: str, request_id: str, exc: BaseException) -> None:
+        if self._reported_error:
+            return
+        self._reported_error = True
+        print(f"hybridflow: agent loop {agent_name!r} failed on trajectory {request_id} (counted in "
+              f"agent/error_count; later failures are only counted):\n"
+              + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), file=sys.stderr)
+
+    @staticmethod
+    def _metrics(output: AgentLoopOutput, seconds: float, failed: float) -> dict[str, float]:
+        mask = output.response_mask
+        timing = output.metrics.model_dump() if isinstance(output.metrics, AgentLoopMetrics) else dict(output.metrics)
+        metrics = {
+            "generate_sequences": float(timing.get("generate_sequences", 0.0)),
+            "tool_calls": float(timing.get("tool_calls", 0.0)),
+            "num_preempted": float(timing.get("num_preempted", -1)),
+            "seconds": seconds,
+            "model_tokens": float(sum(mask)),
+            "observation_tokens": float(len(mask) - sum(mask)),
+            "error": failed,
+        }
+        for key in ("tool_call_count", "tool_error_count"):
+            if key in output.extra_fields:
+                metrics[key] = float(output.extra_fields[key])
+        metrics.update({k: float(v) for k, v in timing.items() if k.startswith("tool_errors/")})
+        if "tokenization_mismatch" in output.extra_fields:
+            metrics["tokenization_mismatch"] = 1.0
+        return metrics
+
+
+def stack_outputs(tokenizer, rollout_config, outputs: list[AgentLoopOutput]) -> DataProto:
+    """``outputs_to_batch`` with the run's widths and the tokenizer's pad id."""
+    pad = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
+    return outputs_to_batch(outputs, int(rollout_config.prompt_length), int(rollout_config.response_length), pad)
+
+
+def default_agent_loop(rollout_config) -> str:
+    """The loop of rows without ``agent_name``: ``rollout.agent.default_agent_loop``, except that
+    ``multi_turn.enable=true`` turns the stock ``single_turn_agent`` default into ``tool_agent``."""
+    name = rollout_config.agent.default_agent_loop
+    if rollout_config.multi_turn.enable and name == "single_turn_agent":
+        return "tool_agent"
+    return name
+
+
+def register_builtin_loops() -> None:
+    """Importing the built-in loops registers them (``single_turn_agent``, ``tool_agent``)."""
+    import hybridflow.agents.single_turn  # noqa: F401
+    import hybridflow.agents.tool_agent  # noqa: F401
+
+
+def split_rows(n: int, parts: int) -> list[np.ndarray]:
+    """Row indices of ``n`` rows in ``parts`` contiguous, nearly equal chunks (empty chunks dropped)."""
+    return [c for c in np.array_split(np.arange(n), max(1, parts)) if len(c)]

@@ -1,0 +1,95 @@
+"""Finished trajectories -> verl's rollout batch layout (``DataProto``).
+
+For each trajectory (``prompt_ids`` P_i tokens, ``response_ids`` R_i tokens, model tokens and observation
+tokens interleaved)::
+
+    prompts        (B, P)   left-padded with pad_token_id
+    responses      (B, R)   right-padded; R = rollout.response_length
+    response_mask  (B, R)   1 on model tokens, 0 on observation tokens and padding
+    input_ids      (B, P+R) cat(prompts, responses)
+    attention_mask (B, P+R) 1 on every real token (observations included: the model reads them)
+    position_ids   (B, P+R) cumsum(attention_mask) - 1, clipped at 0
+    rollout_log_probs (B, R)  when every trajectory has log-probs (0 on observations and padding)
+    rm_scores      (B, R)   when every trajectory carries a reward_score: the score on its last model token
+                            (the extra info of the scoring becomes columns named in
+                            ``meta_info["reward_extra_keys"]``)
+
+P is ``rollout.prompt_length`` or the longest prompt of the batch if longer (a tool agent's prompt holds
+the tool schemas, which the dataset's length filter never saw).  Non-tensor columns: ``__num_turns__`` and every key of the
+trajectories' ``extra_fields`` (``turn_scores``, ``tool_rewards``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from hybridflow.agents.base import AgentLoopOutput
+from hybridflow.protocol import DataProto
+
+__all__ = ["outputs_to_batch"]
+
+
+def _left(rows: Sequence[Sequence[int]], width: int, fill: int) -> torch.Tensor:
+    return torch.tensor([[fill] * (width - len(r)) + list(r) for r in rows], dtype=torch.long).reshape(len(rows), width)
+
+
+def _right(rows: Sequence[Sequence], width: int, fill, dtype) -> torch.Tensor:
+    return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype).reshape(len(rows), width)
+
+
+def outputs_to_batch(outputs: Sequence[AgentLoopOutput], prompt_length: int, response_length: int,
+                     pad_token_id: int) -> DataProto:
+    """Stack ``outputs`` into the rollout layout above (rows in the given order)."""
+    for i, out in enumerate(outputs):
+        if len(out.response_ids) > response_length or len(out.response_mask) != len(out.response_ids):
+            raise ValueError(f"trajectory {i}: {len(out.response_ids)} response tokens with {len(out.response_mask)} "
+                             f"mask entries; an agent loop must return equal lengths within "
+                             f"rollout.response_length={response_length}")
+        if out.response_logprobs is not None and len(out.response_logprobs) != len(out.response_ids):
+            raise ValueError(f"trajectory {i}: {len(out.response_logprobs)} log-probs for {len(out.response_ids)} "
+                             "response tokens; give one per token (0.0 on observation tokens)")
+    width = max([prompt_length, *(len(o.prompt_ids) for o in outputs)])
+    prompts = _left([o.prompt_ids for o in outputs], width, pad_token_id)
+    prompt_mask = _left([[1] * len(o.prompt_ids) for o in outputs], width, 0)
+    responses = _right([o.response_ids for o in outputs], response_length, pad_token_id, torch.long)
+    response_mask = _right([o.response_mask for o in outputs], response_length, 0, torch.long)
+    response_attention = _right([[1] * len(o.response_ids) for o in outputs], response_length, 0, torch.long)
+    attention_mask = torch.cat([prompt_mask, response_attention], dim=1)
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": response_mask * response_attention,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(dim=-1) - 1).clamp(min=0),
+    }
+    if outputs and all(o.response_logprobs is not None for o in outputs):
+        tensors["rollout_log_probs"] = _right([o.response_logprobs for o in outputs], response_length, 0.0,
+                                              torch.float32)
+    if outputs and all(o.reward_score is not None for o in outputs):
+        from hybridflow.rewards.managers import reward_positions
+
+        rm_scores = torch.zeros(len(outputs), response_length, dtype=torch.float32)
+        last = reward_positions(tensors["response_mask"], response_attention.sum(dim=1).tolist())
+        rm_scores[torch.arange(len(outputs)), torch.tensor(last)] = torch.tensor([float(o.reward_score) for o in outputs])
+        tensors["rm_scores"] = rm_scores
+    non_tensors: dict[str, np.ndarray] = {"__num_turns__": np.array([o.num_turns for o in outputs], dtype=np.int64)}
+    for key in sorted({k for o in outputs for k in o.extra_fields} - {"reward_extra_info"}):
+        non_tensors[key] = _column([o.extra_fields.get(key) for o in outputs])
+    meta: dict = {}
+    if "rm_scores" in tensors:  # scored in the agent loops: their extra info becomes columns, as a manager's does
+        infos = [o.extra_fields.get("reward_extra_info") or {} for o in outputs]
+        keys = sorted({k for info in infos for k in info})
+        non_tensors.update({k: _column([info.get(k) for info in infos]) for k in keys})
+        meta["reward_extra_keys"] = keys
+    return DataProto.from_dict(tensors, non_tensors, meta)
+
+
+def _column(values: list) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
+

@@ -1,0 +1,62 @@
+"""``Gsm8kInteraction``: the user checks the model's GSM8K answer and asks it to retry (verl's behaviour).
+
+After each assistant turn the latest answer is scored with the strict GSM8K rule (``#### <number>``): a correct
+answer ends the conversation with "Your response is correct!" and score 1.0; otherwise the user says "Your
+response is incorrect! You need to reflect on your answer and try again." (score 0.0) and the model gets
+another turn. The sample's ``interaction_kwargs`` must carry ``ground_truth`` (``hybridflow data gsm8k --tool``
+writes it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridflow.interactions.base import BaseInteraction, last_assistant_content
+from hybridflow.rewards.scorers import gsm8k
+
+CORRECT = "Your response is correct!"
+INCORRECT = "Your response is incorrect! You need to reflect on your answer and try again."
+
+
+class Gsm8kInteraction(BaseInteraction):
+    def __init__(self, config: dict[str, Any]):
+        super().__init__(config)
+        unknown = sorted(set(self.config) - {"name"})
+        if unknown:
+            raise ValueError(f"interaction '{self.name}' (Gsm8kInteraction) takes no config keys, got {unknown}")
+        self._instances: dict[str, dict[str, Any]] = {}
+
+    async def start_interaction(self, instance_id: str | None = None, ground_truth: str | None = None,
+                                **kwargs) -> str:
+        if ground_truth is None:
+            raise ValueError(f"interaction '{self.name}' needs ground_truth in the sample's "
+                             "extra_info.interaction_kwargs")
+        instance_id = await super().start_interaction(instance_id)
+        self._instances[instance_id] = {"response": "", "ground_truth": str(ground_truth), "reward": 0.0}
+        return instance_id
+
+    async def generate_response(self, instance_id: str, messages: list[dict[str, Any]],
+                                **kwargs) -> tuple[bool, str, float, dict[str, Any]]:
+        state = self._state(instance_id)
+        state["response"] = last_assistant_content(messages)
+        reward = await self.calculate_score(instance_id)
+        state["reward"] = reward
+        if reward == 1.0:
+            return True, CORRECT, reward, {}
+        return False, INCORRECT, reward, {}
+
+    async def calculate_score(self, instance_id: str | None = None, **kwargs) -> float:
+        state = self._state(instance_id)
+        return gsm8k.compute_score(state["response"], state["ground_truth"], method="strict", format_score=0.0,
+                                   score=1.0)
+
+    async def finalize_interaction(self, instance_id: str | None = None, **kwargs) -> None:
+        self._instances.pop(instance_id, None)
+
+    def _state(self, instance_id: str | None) -> dict[str, Any]:
+        if instance_id not in self._instances:
+            raise KeyError(f"interaction '{self.name}': unknown instance {instance_id!r}; call start_interaction first")
+        return self._instances[instance_id]
+
+
+__all__ = ["Gsm8kInteraction", "CORRECT", "INCORRECT"]

@@ -1,0 +1,1 @@
+"""Loading interactions from their YAML config."""

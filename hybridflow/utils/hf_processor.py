@@ -1,0 +1,142 @@
+"""Multimodal HF processors (image processor + tokenizer + chat template) that work without torchvision.
+
+transformers 5 builds a vision-language processor (``Qwen2VLProcessor``...) from its image processor,
+tokenizer *and video processor*, and checks each against its base class. The video processors and their
+base class are only importable with torchvision, so on a machine without it (this project's CPU machines:
+PyPI only has a CUDA build of torchvision, which breaks with the CPU torch) neither
+``AutoProcessor.from_pretrained`` nor the processor's constructor works, even for image-only data.
+
+This module keeps torchvision optional:
+
+* :func:`load_processor` tries ``AutoProcessor.from_pretrained`` first (the normal path with torchvision);
+  when that fails for want of torchvision it assembles the same processor class from the checkpoint's
+  image processor (the PIL/numpy backend), tokenizer and chat template, with no video processor -- so
+  images work and videos raise a clear error naming torchvision.
+* :func:`build_processor` is that construction, used by the tiny-model builders too.
+* :func:`save_processor` writes the hub layout (``preprocessor_config.json`` naming the processor class,
+  tokenizer files, ``chat_template.jinja``) that both load paths read, so a saved checkpoint loads the
+  way a downloaded Qwen2-VL checkpoint does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+__all__ = ["build_processor", "save_processor", "load_processor", "is_multimodal_processor", "torchvision_available"]
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def torchvision_available() -> bool:
+    from transformers.utils import is_torchvision_available
+
+    return bool(is_torchvision_available())
+
+
+def is_multimodal_processor(obj: Any) -> bool:
+    """A processor with an image processor (not a bare tokenizer, which ``AutoProcessor`` may return)."""
+    from transformers import ProcessorMixin
+
+    return isinstance(obj, ProcessorMixin) and getattr(obj, "image_processor", None) is not None
+
+
+def build_processor(processor_cls: type, image_processor: Any, tokenizer: Any, chat_template: str | None,
+                    video_processor: Any = None):
+    """``processor_cls(image_processor, tokenizer, video_processor, chat_template)``, allowing no video processor.
+
+    The base-class check of ``ProcessorMixin.__init__`` is relaxed for ``None`` arguments on this one
+    instance only (an instance attribute shadowing the method during construction), so nothing global
+    in transformers is patched.
+    """
+    processor = processor_cls.__new__(processor_cls)
+    strict = processor.check_argument_for_proper_class
+    processor.check_argument_for_proper_class = lambda name, arg: None if arg is None else strict(name, arg)
+    try:
+        processor_cls.__init__(processor, image_processor=image_processor, tokenizer=tokenizer,
+                               video_processor=video_processor, chat_template=chat_template)
+    finally:
+        del processor.check_argument_for_proper_class
+    return processor
+
+
+def save_processor(processor: Any, path: str) -> None:
+    """Save ``processor`` so that :func:`load_processor` (and ``AutoProcessor`` with torchvision) reload it."""
+    if getattr(processor, "video_processor", None) is not None:
+        processor.save_pretrained(path)
+        return
+    os.makedirs(path, exist_ok=True)
+    image_processor = processor.image_processor
+    image_processor._processor_class = type(processor).__name__
+    image_processor.save_pretrained(path)
+    processor.tokenizer.save_pretrained(path)
+    if isinstance(processor.chat_template, str):
+        with open(os.path.join(path, CHAT_TEMPLATE_FILE), "w", encoding="utf-8") as f:
+            f.write(processor.chat_template)
+
+
+def _processor_class_name(path: str, model_type: str | None) -> str | None:
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        file = os.path.join(path, name)
+        if os.path.isfile(file):
+            with open(file, encoding="utf-8") as f:
+                saved = json.load(f)
+            value = saved.get("processor_class") or saved.get("_processor_class")
+            if value:
+                return value
+    config = os.path.join(path, "config.json")
+    if model_type is None and os.path.isfile(config):
+        with open(config, encoding="utf-8") as f:
+            model_type = json.load(f).get("model_type")
+    if model_type:
+        from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+        return PROCESSOR_MAPPING_NAMES.get(model_type)
+    return None
+
+
+def _chat_template(path: str, tokenizer: Any) -> str | None:
+    jinja = os.path.join(path, CHAT_TEMPLATE_FILE)
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            return f.read()
+    legacy = os.path.join(path, "chat_template.json")
+    if os.path.isfile(legacy):
+        with open(legacy, encoding="utf-8") as f:
+            return json.load(f).get("chat_template")
+    return getattr(tokenizer, "chat_template", None)
+
+
+def _assemble_without_torchvision(path: str, trust_remote_code: bool, model_type: str | None):
+    import transformers
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    name = _processor_class_name(path, model_type)
+    cls = getattr(transformers, name, None) if name else None
+    if cls is None:
+        return None
+    image_processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return build_processor(cls, image_processor, tokenizer, _chat_template(path, tokenizer))
+
+
+def load_processor(path: str, trust_remote_code: bool = False, model_type: str | None = None):
+    """The checkpoint's multimodal processor, or ``None`` for a text-only checkpoint.
+
+    Without torchvision the processor is assembled from its parts (see the module docstring); a local
+    folder with no image-processor config is text-only.
+    """
+    from transformers import AutoProcessor
+
+    local = os.path.isdir(path)
+    if local and not any(os.path.isfile(os.path.join(path, f))
+                         for f in ("preprocessor_config.json", "processor_config.json")):
+        return None
+    try:
+        processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except ImportError:
+        if torchvision_available() or not local:
+            raise
+        processor = _assemble_without_torchvision(path, trust_remote_code, model_type)
+    return processor if processor is not None and is_multimodal_processor(processor) else None

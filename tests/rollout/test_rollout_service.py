@@ -1,0 +1,193 @@
+"""The rollout service: a server hosting an engine on its own loop, replicas, and the server manager's routing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+from hybridflow.rollout import SamplingParams, create_rollout_engine
+from hybridflow.rollout.base import TokenOutput
+from hybridflow.rollout.replica import InProcessReplica, RolloutReplica
+from hybridflow.rollout.server import GenerateRequest, RolloutServer
+from hybridflow.rollout.server_manager import AsyncLLMServerManager, derive_seed
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa").eval()
+    return create_rollout_engine("hf", model=model, tokenizer=tok, seed=0), tok
+
+
+GREEDY = SamplingParams(do_sample=False, max_tokens=6, ignore_eos=True)
+
+
+def _ids(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+def test_server_answers_requests_from_other_threads_in_input_order(engine):
+    eng, tok = engine
+    server = RolloutServer(eng, name="t")
+    try:
+        prompts = [_ids(tok, t) for t in ("1+2=", "33+4=", "5+66=", "7+8=")]
+        expected = eng.generate_batch(prompts, GREEDY)
+        results: dict[int, TokenOutput] = {}
+
+        def client(i):
+            results[i] = server.submit(GenerateRequest(f"r{i}", prompts[i], GREEDY)).result(timeout=60)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [results[i].token_ids for i in range(4)] == [e.token_ids for e in expected]
+        assert all(results[i].request_id == f"r{i}" for i in range(4))
+    finally:
+        server.close()
+
+
+def test_stream_yields_every_request_once_and_isolates_a_failing_one(engine):
+    eng, tok = engine
+    server = RolloutServer(eng, name="t")
+    try:
+        requests = [GenerateRequest("a", _ids(tok, "1+1="), GREEDY), GenerateRequest("bad", [], GREEDY),
+                    GenerateRequest("c", _ids(tok, "2+2="), GREEDY)]
+        seen = {}
+        for group in server.stream(requests):
+            for index, out in group:
+                assert index not in seen
+                seen[index] = out
+        assert sorted(seen) == [0, 1, 2]
+        assert isinstance(seen[1], ValueError) and "empty" in str(seen[1])
+        assert len(seen[0].token_ids) == 6 and len(seen[2].token_ids) == 6
+    finally:
+        server.close()
+
+
+class _Recorder(RolloutReplica):
+    """A replica that records what it was asked and answers after ``delay`` seconds."""
+
+    def __init__(self, name, delay=0.0):
+        self.name, self.delay, self.calls = name, delay, []
+
+    async def generate(self, request_id, prompt_ids, sampling_params, multi_modal_data=None):
+        self.calls.append((request_id, sampling_params))
+        await asyncio.sleep(self.delay)
+        return TokenOutput(request_id, [1, 2], None, "stop")
+
+
+def test_server_manager_is_sticky_per_request_and_balances_new_ones():
+    slow, fast = _Recorder("slow", delay=0.05), _Recorder("fast")
+    manager = AsyncLLMServerManager([slow, fast], default_max_tokens=8)
+
+    async def scenario():
+        # a long request occupies replica 0; new trajectories go to the idle replica 1
+        first = asyncio.create_task(manager.generate("t0", prompt_ids=[1], sampling_params={}))
+        await asyncio.sleep(0)
+        await manager.generate("t1", prompt_ids=[1], sampling_params={})
+        await manager.generate("t1", prompt_ids=[1, 2, 3], sampling_params={})  # second turn: same replica
+        await first
+        await manager.generate("t0", prompt_ids=[1, 5], sampling_params={})  # t0's second turn: back to replica 0
+
+    asyncio.run(scenario())
+    assert [c[0] for c in slow.calls] == ["t0/0", "t0/1"]
+    assert [c[0] for c in fast.calls] == ["t1/0", "t1/1"]
+    assert manager.outstanding == [0, 0]
+
+
+def test_server_manager_converts_verl_sampling_dicts_and_derives_per_turn_seeds():
+    rep = _Recorder("r")
+    manager = AsyncLLMServerManager([rep], default_max_tokens=12)
+    params = {"temperature": 0.7, "top_p": 0.9, "top_k": None, "repetition_penalty": 1.0, "logprobs": True, "seed": 5}
+
+    async def two_turns():
+        await manager.generate("t", prompt_ids=[1], sampling_params=params)
+        await manager.generate("t", prompt_ids=[1, 2], sampling_params=params)
+
+    asyncio.run(two_turns())
+    (_, p0), (_, p1) = rep.calls
+    assert p0.temperature == 0.7 and p0.top_k == -1 and p0.max_tokens == 12 and p0.logprobs
+    assert p0.seed == 5 and p1.seed == derive_seed(5, 1) != 5
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        manager.to_sampling_params({"repetition_penalty": 1.2})
+    with pytest.raises(ValueError, match="unknown key"):
+        manager.to_sampling_params({"temprature": 1.0})
+    assert manager.to_sampling_params({"temperature": 0.0}).greedy
+
+
+def test_in_process_replica_batches_concurrent_trajectories(engine):
+    eng, tok = engine
+    server = RolloutServer(eng, name="t")
+    try:
+        manager = AsyncLLMServerManager([InProcessReplica(server)], default_max_tokens=5)
+        prompts = [_ids(tok, f"{i}+{i}=") for i in range(6)]
+
+        async def many():
+            return await asyncio.gather(*(manager.generate(f"t{i}", prompt_ids=p, sampling_params=GREEDY)
+                                          for i, p in enumerate(prompts)))
+
+        outs = asyncio.run(many())
+        expected = eng.generate_batch(prompts, GREEDY)
+        assert [o.token_ids for o in outs] == [e.token_ids for e in expected]
+    finally:
+        server.close()
+
+
+class _StreamHost:
+    """A Ray actor hosting a server the way a hybrid worker does (generator method in the rollout group)."""
+
+    def __init__(self, model_dir):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(1)
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+        self.server = RolloutServer(create_rollout_engine("hf", model=model, tokenizer=tok, seed=0), name="ray-host")
+        self.stream_calls = 0
+
+    def replica(self):
+        from hybridflow.rollout.replica import replica_for_server
+
+        return replica_for_server(self.server, "rollout_stream")
+
+    def rollout_stream(self, requests):
+        self.stream_calls += 1
+        yield from self.server.stream(requests)
+
+    def count(self):
+        return self.stream_calls
+
+
+@pytest.mark.ray
+def test_ray_replica_coalesces_a_tick_of_requests_into_one_stream(tiny_model_dir, engine):
+    ray = pytest.importorskip("ray")
+    from hybridflow.rollout.replica import RAY_ROLLOUT_CONCURRENCY_GROUP, RayActorReplica
+
+    eng, tok = engine
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        host = ray.remote(concurrency_groups={RAY_ROLLOUT_CONCURRENCY_GROUP: 8})(_StreamHost).remote(tiny_model_dir)
+        replica = ray.get(host.replica.remote())
+        assert isinstance(replica, RayActorReplica)
+        prompts = [_ids(tok, f"{i}+1=") for i in range(5)]
+
+        async def many():
+            return await asyncio.gather(*(replica.generate(f"r{i}", p, GREEDY) for i, p in enumerate(prompts)))
+
+        outs = asyncio.run(many())
+        assert [o.token_ids for o in outs] == [e.token_ids for e in eng.generate_batch(prompts, GREEDY)]
+        assert ray.get(host.count.remote()) == 1  # five requests, one Ray call
+        ray.kill(host)
+        from hybridflow.rollout.replica import ReplicaError
+
+        with pytest.raises(ReplicaError, match="ray-host"):
+            asyncio.run(replica.generate("late", prompts[0], GREEDY))
+    finally:
+        ray.shutdown()
