@@ -92,3 +92,15 @@ def test_bench_prefix_reuse_smoke(capsys):
 def test_bench_async_smoke(capsys):
     out = _run("bench_async", capsys)
     assert _number(out, "ratio_samples_per_s") > 0 and "accuracy_delta=" in out
+
+
+def test_grpo_reference_loop_runs_from_a_model_folder(tmp_path, capsys):
+    """The reference GRPO loop (the learning-quality oracle of the quickstart) runs from an HF folder."""
+    from hybridflow.trainer.quickstart import build_base_model
+
+    model = build_base_model(tmp_path / "base", seed=1)
+    result = _load("grpo_reference").main(["--model", model, "--steps", "2", "--prompts", "4", "--n", "2",
+                                            "--eval-every", "1", "--temperature", "0.5"])
+    steps = [rec["step"] for rec in result["history"]]
+    assert steps == [0, 1, 2] and all("acc" in rec and "p_right" in rec for rec in result["history"])
+    assert all("grad_norm" in rec and "entropy" in rec for rec in result["history"][1:])

@@ -62,8 +62,8 @@ def _overlap(rows: list[dict], prompts: set[str]) -> bool:
 
 
 # The quickstart learns: 50 GRPO steps after the default warm-up must add this much held-out accuracy.  Measured
-# 2026-11-23 (2-core CPU): 35.0% -> 59.5% (+24.5 points) in 83 s.  The margin leaves room for the quickstart's
-# settings to be retuned (another engineer tunes them) without this test depending on the exact numbers.
+# 2026-11-23 (2-core CPU, defaults: 500 SFT steps, temperature 0.5): 64.5% -> 85.5% (+21 points) at step 50.
+# With the advantage sign flipped, or the policy gradient zeroed, the run does not gain (checked by mutation).
 GAIN = 0.15
 
 
