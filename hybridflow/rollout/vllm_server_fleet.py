@@ -49,7 +49,8 @@ class VLLMServerFleet(RolloutFleet):
     def __init__(self, model_path: str, engine_kwargs: dict[str, Any], n_servers: int = 1,
                  weights_source: WeightsSource | None = None, *, device: str = "cpu", free_cache_engine: bool = True,
                  lora_rank: int = 0, lora_alpha: float = 16.0, seed: int = 0, log_dir: str | None = None,
-                 start_timeout_s: float = 600.0, python: str | None = None, name: str = "vllm-server"):
+                 start_timeout_s: float = 600.0, python: str | None = None, name: str = "vllm-server",
+                 keep_awake: bool = False):
         kwargs = {**engine_kwargs, "model": str(model_path)}
         if kwargs.get("load_format") == "dummy":  # reloads read safetensors folders, which a dummy loader cannot
             kwargs["load_format"] = "auto"
@@ -67,6 +68,7 @@ class VLLMServerFleet(RolloutFleet):
         self.weights_source = weights_source
         self.device = device
         self.free_cache_engine = bool(free_cache_engine)
+        self.keep_awake = bool(keep_awake)  # async training: the servers generate while the actor trains
         self.lora_rank, self.lora_alpha = int(lora_rank), float(lora_alpha)
         self.seed = int(seed)
         self._tied = bool(model_config(self.model_path).get("tie_word_embeddings", False))
@@ -111,6 +113,8 @@ class VLLMServerFleet(RolloutFleet):
                 client.reseed(self.seed + 7919 * int(global_step) + i)
 
     def sleep(self) -> None:
+        if self.keep_awake:
+            return
         if self.free_cache_engine and self.device == "cuda":
             for server in self.servers:
                 server.sleep(level=2 if self.lora_rank == 0 and self.weights_source is not None else 1)
@@ -188,7 +192,8 @@ class VLLMServerFleet(RolloutFleet):
         kwargs = vllm_engine_kwargs(rc, mc.path, device, lora_rank=int(mc.lora_rank), hybrid=False)
         fleet = cls(mc.path, kwargs, n_servers, weights_source, device=device,
                     free_cache_engine=bool(rc.free_cache_engine), lora_rank=int(mc.lora_rank),
-                    lora_alpha=float(mc.lora_alpha), seed=int(rc.seed))
+                    lora_alpha=float(mc.lora_alpha), seed=int(rc.seed),
+                    keep_awake=config.async_training.mode != "sync")
         if int(mc.lora_rank) == 0:  # LoRA fleets synced in __init__ already
             try:
                 fleet.update_weights()

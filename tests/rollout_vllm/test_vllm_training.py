@@ -54,6 +54,34 @@ def test_gsm8k_grpo_with_a_standalone_server_replica(tiny_bpe_model_dir, gsm8k_p
     assert_engine_agrees_with_actor(metrics)
 
 
+def test_one_step_off_on_a_standalone_server_replica(tiny_bpe_model_dir, gsm8k_parquet, tmp_path):
+    """Async training on vLLM servers: batch k+1 is generated while the actor trains on batch k, one update
+    behind (none on the first step); the rollout's log-probs then differ from the recomputed pi_old."""
+    cfg = config_for(GRPO, tiny_bpe_model_dir, gsm8k_parquet, tmp_path,
+                     ["actor_rollout_ref.hybrid_engine=false", "async_training.mode=one_step_off",
+                      "actor_rollout_ref.actor.optim.lr=1e-2"], steps=3)
+    metrics = train(cfg, tmp_path)
+    assert [m["training/staleness/max"] for m in metrics] == [0, 1, 1]
+    diffs = [m["training/rollout_probs_diff_mean"] for m in metrics]
+    assert diffs[0] <= 1e-4 < min(diffs[1:]), diffs  # on-policy first, then one update old
+    assert all("timing_s/generate_async" in m for m in metrics)
+
+
+def test_fully_async_without_partial_rollouts_on_a_server_replica(tiny_bpe_model_dir, gsm8k_parquet, tmp_path):
+    """Fully async on vLLM servers: trajectories stream from the server into the queue, the trainer syncs the
+    weights after every step and the staleness bound holds."""
+    cfg = config_for(GRPO, tiny_bpe_model_dir, gsm8k_parquet, tmp_path,
+                     ["actor_rollout_ref.hybrid_engine=false", "async_training.mode=fully_async",
+                      "async_training.partial_rollout=false", "async_training.staleness_threshold=0.5",
+                      "async_training.trigger_parameter_sync_step=1", "async_training.require_batches=1",
+                      "actor_rollout_ref.rollout.calculate_log_probs=true", "data.train_batch_size=0",
+                      "data.gen_batch_size=1", "rollout.total_rollout_steps=12", "actor_rollout_ref.rollout.free_cache_engine=false"], steps=3)
+    metrics = train(cfg, tmp_path)
+    steps = [m for m in metrics if "timing_s/step" in m]
+    assert len(steps) >= 2 and all(m["training/staleness/max"] <= 1 for m in steps)
+    assert all(m["timing_s/update_weights"] > 0 for m in steps)
+
+
 def test_gsm8k_ppo_gae_colocated(tiny_bpe_model_dir, gsm8k_parquet, tmp_path):
     cfg = config_for(PPO, tiny_bpe_model_dir, gsm8k_parquet, tmp_path)
     assert cfg.use_critic
