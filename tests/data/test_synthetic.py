@@ -48,12 +48,13 @@ def _solve(target, nums):
 
 
 def test_multiplication_rows_and_final_answer_scoring():
-    """3-digit x 2-digit products; the last line of a multi-turn response is the answer, never a tool result."""
+    """3-digit x 2-digit, 5-digit products; the last line of a multi-turn response is the answer, never a tool result."""
     from hybridflow.rewards.scorers.synthetic import compute_score
 
     for row in make_rows("multiplication", 50, seed=0, split="train"):
         a, b = row["prompt"][0]["content"].split("*")
         assert len(a) == 3 and len(b) == 2 and row["reward_model"]["ground_truth"] == str(int(a) * int(b))
+        assert len(row["reward_model"]["ground_truth"]) == 5
     call = '<tool_call>{"name":"calculator","arguments":{"expression":"123*45"}}</tool_call>'
     observation = "\nuser\n<tool_response>5535</tool_response>\nassistant\n"
     for score in (default_compute_score, compute_score):  # built-in scorer and the verl custom-function file
