@@ -1,21 +1,32 @@
 """``hybridflow quickstart --task tool-use``: a tiny model learns, with GRPO through ``tool_agent``, to use a calculator.
 
-The task (``synthetic/multiplication``): ``"123*45"`` -> ``"5535"``, a 3-digit times a 2-digit number.  A
-0.4M-parameter char-level model cannot multiply in its head; with the ``calculator`` tool it only has to copy:
-the operands into a hermes tool call, the tool's result into its answer::
+The task (``synthetic/multiplication``): ``"423*45"`` -> ``"19035"``, a 3-digit times a 2-digit number with a
+5-digit product.  A 0.4M-parameter char-level model cannot multiply in its head (the no-tool arm stays at 0%);
+with the ``calculator`` tool it only has to copy: the operands into a hermes tool call, the tool's result into
+its answer::
 
-    <|im_start|>user\\n123*45<|im_end|>\\n<|im_start|>assistant\\n
-    <tool_call>{"name":"calculator","arguments":{"expression":"123*45"}}</tool_call><|im_end|>   model (trained)
-    \\n<|im_start|>user\\n<tool_response>5535</tool_response><|im_end|>\\n<|im_start|>assistant\\n        observation (masked)
-    5535<|im_end|>                                                                              model (trained)
+    <|im_start|>user\n423*45<|im_end|>\n<|im_start|>assistant\n
+    <tool_call>{"name":"calculator","arguments":{"expression":"423*45"}}</tool_call><|im_end|>   model (trained)
+    \n<|im_start|>user\n<tool_response>19035</tool_response><|im_end|>\n<|im_start|>assistant\n       observation (masked)
+    19035<|im_end|>                                                                             model (trained)
 
 Two arms with the same model, data, SFT and RL budget:
 
-* **tool**: SFT warm-up on chats of which only ``tool_share`` demonstrate the tool (the rest answer directly,
-  as the no-tool arm does), so the warmed-up model calls the calculator on a minority of questions, and its
-  greedy answer mostly does not; GRPO through ``tool_agent`` (``multi_turn.enable``) then rewards correct final
-  answers only -- the model has to *discover* that calling the tool pays;
-* **no_tool_baseline**: the same number of SFT steps on direct answers only, then single-turn GRPO.
+* **tool**: SFT warm-up on ``demos`` chats in which the demonstrator reached for the calculator mostly on the
+  "big" questions -- 90% of those whose first factor is at least ``LARGE_FACTOR`` (about half of them), 10% of
+  the others -- and answered the rest directly (``tool_rates``).  The warmed-up model copies well but has learnt
+  the demonstrator's habit: greedily it calls the tool on the big questions only, so it starts at ~50%.  GRPO
+  through ``tool_agent`` (``multi_turn.enable``) rewards the final answer only; the occasional sampled tool call
+  on a small question is right where direct answers are wrong, so RL -- not SFT -- makes tool use reliable;
+* **no_tool_baseline**: the same number of SFT steps on the same questions answered directly, then single-turn
+  GRPO with the same steps, batch and learning rate.
+
+Why this warm-up: copying is learnt abruptly (after ~100-150 steps of this recipe, like an induction-head phase
+change), so a warm-up cut short to leave room for RL gives a start that depends on luck; a warm-up with the tool
+on a random half of the chats makes greedy decoding call it nearly always (the tool token beats each single
+digit).  Tying the demonstrator's tool use to a visible feature gives a stable, genuinely imperfect start.
+Answers have 5 digits so that copying the result is one fixed offset (with 4- and 5-digit results the warm-up
+copied 4-digit ones at 5% and RL plateaued near 75%).
 
 Both validate greedily (``val_kwargs``) on held-out prompts through the agent-loop path.  ``summary.json``
 holds ``before`` (after the warm-up, before RL) / ``after`` accuracy and tool-call rate of the tool arm and the
@@ -120,6 +131,7 @@ def arm_overrides(model: str, data_dir: Path, out_dir: Path, backend: str, steps
         f"{a}.rollout.n={n}", f"{a}.actor.ppo_micro_batch_size_per_gpu={batch_size * n}",
         f"{a}.rollout.log_prob_micro_batch_size_per_gpu={batch_size * n}", f"trainer.experiment_name={TASK}_{'tool' if use_tool else 'no_tool'}_grpo",
         "trainer.log_val_generations=6", f"{a}.rollout.agent.num_workers=1",
+        "trainer.report=false",  # one report for both arms, written at the end
     ]
     if use_tool:
         tools = out_dir / "tools.yaml"
@@ -139,7 +151,9 @@ def run_arm(name: str, base: str, chats: list[dict], data_dir: Path, out: Path, 
     from hybridflow.tracking import Tracking
     from hybridflow.trainer.main_ppo import train_ppo
 
+    cpu0 = cpu_seconds()
     sft_dir, sft_seconds = warm_up(base, chats, out / "sft", sft_steps, seed, sft_lr, name)
+    cpu1 = cpu_seconds()
     config = load_config(arm_overrides(sft_dir, data_dir, out, backend, rl_steps, seed, rl_lr, test_freq,
                                        batch_size, n, use_tool) + list(overrides))
     start = time.perf_counter()
@@ -147,7 +161,11 @@ def run_arm(name: str, base: str, chats: list[dict], data_dir: Path, out: Path, 
     extra = ((TRAIN_TOOL_RATE, "tool calls"), (VAL_TOOL_RATE, "held-out tool calls")) if use_tool else ()
     history = train_ppo(config, logger=LiveLogger(tracking, rl_steps, start, VAL_KEY, name, extra))
     vals = [m for m in history.metrics if VAL_KEY in m]
-    return {"history": history, "vals": vals, "sft_seconds": sft_seconds, "rl_seconds": time.perf_counter() - start}
+    return {"history": history, "vals": vals, "sft_seconds": sft_seconds, "rl_seconds": time.perf_counter() - start,
+            "sft_cpu_seconds": cpu1 - cpu0, "rl_cpu_seconds": cpu_seconds() - cpu1}
+
+
+_TIMES = ("sft_seconds", "rl_seconds", "sft_cpu_seconds", "rl_cpu_seconds")
 
 
 def _point(record: dict[str, Any], use_tool: bool) -> dict[str, Any]:
@@ -165,8 +183,8 @@ def cpu_seconds() -> float:
 
 def run_tool_use_quickstart(output_dir: str = "outputs/quickstart_tool_use", backend: str = "local", seed: int = 1,
                             model_size: str = "tiny", train_size: int = 4000, test_size: int = 200, demos: int = 512,
-                            tool_rates: tuple[float, float] = (0.1, 0.9), sft_steps: int = 150, sft_lr: float = 1e-3,
-                            rl_steps: int = 150, rl_lr: float = 1e-4, test_freq: int = 25, batch_size: int = 16,
+                            tool_rates: tuple[float, float] = (0.1, 0.9), sft_steps: int = 200, sft_lr: float = 2e-3,
+                            rl_steps: int = 60, rl_lr: float = 3e-4, test_freq: int = 20, batch_size: int = 16,
                             n: int = 8, baseline: bool = True, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run both arms and return the summary written to ``output_dir/summary.json`` (see the module doc)."""
     import torch
@@ -197,10 +215,10 @@ def run_tool_use_quickstart(output_dir: str = "outputs/quickstart_tool_use", bac
         plain = run_arm("no_tool", base, demonstrations(train_rows, demos, (0.0, 0.0), seed), out=out / "no_tool",
                         use_tool=False, **common)
         summary["no_tool_baseline"] = {"before_accuracy": plain["vals"][0][VAL_KEY], **_point(plain["vals"][-1], False),
-                                       "sft_seconds": plain["sft_seconds"], "rl_seconds": plain["rl_seconds"]}
+                                       **{k: plain[k] for k in _TIMES}}
     summary.update({
         "steps": int(tool["vals"][-1]["step"]), "seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds() - cpu0,
-        "sft_seconds": tool["sft_seconds"], "rl_seconds": tool["rl_seconds"], "seed": seed, "backend": backend,
+        **{k: tool[k] for k in _TIMES}, "seed": seed, "backend": backend,
         "recipe": {"model_size": model_size, "demos": demos, "tool_rates": list(tool_rates), "sft_steps": sft_steps,
                    "sft_lr": sft_lr, "rl_steps": rl_steps, "rl_lr": rl_lr, "batch_size": batch_size, "n": n},
     })

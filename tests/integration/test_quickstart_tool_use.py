@@ -126,6 +126,16 @@ def test_a_tool_trajectory_is_token_for_token_the_warm_up_chat(tool_model, token
     assert row["reward_model"]["ground_truth"] in tokenizer.decode(observation)
 
 
+def test_cli_refuses_options_the_tool_task_does_not_take(capsys):
+    from hybridflow.cli import main
+
+    assert main(["quickstart", "--task", "tool-use", "--max-seconds", "5"]) == 2
+    assert "--max-seconds applies to --task addition only" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["quickstart", "--task", "tooluse"])
+    assert exc.value.code == 2 and "invalid choice: 'tooluse'" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_grpo_through_the_tool_agent_learns_to_use_the_calculator(tmp_path, capsys):
     """A shortened run (fewer RL steps, smaller held-out set) still shows the claim with margin: the tool arm
