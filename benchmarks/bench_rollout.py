@@ -23,14 +23,27 @@ after the same two numbers for ``distinct``.
     python benchmarks/bench_rollout.py            # full: 4 rounds, 64 new tokens
     python benchmarks/bench_rollout.py --quick    # 2 rounds, 32 new tokens
     python benchmarks/bench_rollout.py --smoke    # seconds: the tiny model, batch 8 (a test runs it)
+    python benchmarks/bench_rollout.py --quick --threads 1 --baseline-root /path/to/other/checkout
+
+``--baseline-root DIR`` adds a third engine to the alternation: the ``hf`` engine of another checkout
+(e.g. ``git worktree add /tmp/base main``), imported into this process under the package name
+``baseline_rollout`` (its ``hybridflow/rollout`` modules, their imports of each other redirected; everything
+else shared), so a change to the engine is measured before/after in one run on the same model and
+prompts.  It prints ``cpu_ratio_vs_baseline=`` / ``cpu_ratio_vs_baseline_distinct=`` (this engine's
+tok/cpu-s over the baseline's, median rounds).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.abc
+import importlib.util
 import os
+import re
 import statistics
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -69,9 +82,54 @@ def run_generate(model, ids, mask, new_tokens: int, pad_id: int, useful: int) ->
     return useful / elapsed, useful / cpu
 
 
-def run_engine(engine, prompts, lengths: list[int]) -> tuple[float, float]:
+class _BaselineFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves ``baseline_rollout.<name>`` from ``<root>/hybridflow/rollout/<name>.py``, with that package's
+    ``hybridflow.rollout.<name>`` imports pointed at ``baseline_rollout.<name>``."""
+
+    PACKAGE = "baseline_rollout"
+
+    def __init__(self, root: Path):
+        self.dir = root / "hybridflow" / "rollout"
+        names = sorted(p.stem for p in self.dir.glob("*.py") if p.stem != "__init__")
+        self.pattern = re.compile(r"\bhybridflow\.rollout\.(" + "|".join(map(re.escape, names)) + r")\b")
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == self.PACKAGE:
+            return importlib.util.spec_from_loader(fullname, self, is_package=True)
+        if fullname.startswith(self.PACKAGE + ".") and (self.dir / f"{fullname.split('.', 1)[1]}.py").exists():
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        if module.__name__ == self.PACKAGE:
+            module.__path__ = []
+            return
+        path = self.dir / f"{module.__name__.split('.', 1)[1]}.py"
+        module.__file__, source = str(path), path.read_text()
+        exec(compile(self.pattern.sub(self.PACKAGE + r".\1", source), str(path), "exec"), module.__dict__)
+
+
+def load_baseline(root: Path):
+    """``(HFRolloutEngine, SamplingParams)`` of the checkout at ``root``, importable next to this one's."""
+    sys.meta_path.insert(0, _BaselineFinder(root.resolve()))
+    engine_mod = importlib.import_module(f"{_BaselineFinder.PACKAGE}.hf_engine")
+    params_mod = importlib.import_module(f"{_BaselineFinder.PACKAGE}.sampling_params")
+    return engine_mod.HFRolloutEngine, params_mod.SamplingParams
+
+
+def build_engine(cls, model, tok, batch: int):
+    try:
+        return cls(model, tok, max_num_seqs=batch, seed=0)
+    except TypeError:  # checkouts before the engine took verl's key names
+        return cls(model, tok, max_batch_size=batch, seed=0)
+
+
+def run_engine(engine, prompts, lengths: list[int], params_cls=SamplingParams) -> tuple[float, float]:
     """Row i stops after ``lengths[i]`` tokens (its stand-in for EOS)."""
-    params = [SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    params = [params_cls(temperature=1.0, max_tokens=n, ignore_eos=True) for n in lengths]
     start, cpu = time.perf_counter(), time.process_time()
     outs = engine.generate_batch(prompts, params)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -92,16 +150,23 @@ def make_workload(tok, name: str, batch: int, new_tokens: int, group: int = 4):
     return [p for p in distinct for _ in range(group)], lengths
 
 
-def measure(model, tok, engine, name: str, batch: int, new_tokens: int, rounds: int):
+def measure(model, tok, engine, name: str, batch: int, new_tokens: int, rounds: int, baseline=None):
     prompts, lengths = make_workload(tok, name, batch, new_tokens)
     ids, mask = left_pad(prompts, tok.pad_token_id)
-    hf_rates, ours_rates = [], []  # (wall tok/s, cpu tok/s) per round
+    hf_rates, ours_rates, base_rates = [], [], []  # (wall tok/s, cpu tok/s) per round
     for r in range(rounds):
         hf_rates.append(run_generate(model, ids, mask, new_tokens, tok.pad_token_id, sum(lengths)))
+        if baseline is not None and r % 2:  # the two engines take turns going first
+            base_rates.append(run_engine(baseline[0], prompts, lengths, baseline[1]))
         ours_rates.append(run_engine(engine, prompts, lengths))
-        print(f"[{name}] round {r}: generate {hf_rates[-1][0]:8.1f} tok/s ({hf_rates[-1][1]:8.1f} per cpu-s)   "
-              f"hybridflow {ours_rates[-1][0]:8.1f} tok/s ({ours_rates[-1][1]:8.1f} per cpu-s)")
-    return hf_rates, ours_rates
+        if baseline is not None and not r % 2:
+            base_rates.append(run_engine(baseline[0], prompts, lengths, baseline[1]))
+        line = (f"[{name}] round {r}: generate {hf_rates[-1][0]:8.1f} tok/s ({hf_rates[-1][1]:8.1f} per cpu-s)   "
+                f"hybridflow {ours_rates[-1][0]:8.1f} tok/s ({ours_rates[-1][1]:8.1f} per cpu-s)")
+        if baseline is not None:
+            line += f"   baseline {base_rates[-1][0]:8.1f} tok/s ({base_rates[-1][1]:8.1f} per cpu-s)"
+        print(line)
+    return hf_rates, ours_rates, base_rates
 
 
 def linear_bound_tok_s(model, batch: int, repeats: int = 5) -> float:
@@ -134,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=None, help="longest response (default 64, quick 32)")
     ap.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 4, quick 2)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default 2; smoke: unchanged)")
+    ap.add_argument("--baseline-root", type=Path, default=None,
+                    help="another checkout whose hf engine runs in the same rounds (before/after in one run)")
     args = ap.parse_args(argv)
     size = args.size or ("tiny" if args.smoke else "medium")
     batch = args.batch or (8 if args.smoke else 64)
@@ -145,7 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     tok = build_bpe_tokenizer()
     model = build_tiny_model(tok, size=size).eval()
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
-    engine = HFRolloutEngine(model, tok, max_batch_size=batch, seed=0)
+    engine = build_engine(HFRolloutEngine, model, tok, batch)
+    baseline = None
+    if args.baseline_root is not None:
+        base_cls, base_params = load_baseline(args.baseline_root)
+        baseline = (build_engine(base_cls, model, tok, batch), base_params)
     load = os.getloadavg()
     print(f"[{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}] "
           f"model: qwen2 {size} {params_m:.1f}M params, vocab {len(tok)}, fp32, {threads} threads; "
@@ -153,20 +224,29 @@ def main(argv: list[str] | None = None) -> int:
     warm = make_prompts(tok, 4, 16, 32, seed=9)
     run_generate(model, *left_pad(warm, tok.pad_token_id), 4, tok.pad_token_id, 16)  # warm-up both paths
     run_engine(engine, warm, [4] * 4)
+    if baseline is not None:
+        run_engine(baseline[0], warm, [4] * 4, baseline[1])
 
-    results = {name: measure(model, tok, engine, name, batch, new_tokens, rounds) for name in ("distinct", "grpo")}
+    results = {name: measure(model, tok, engine, name, batch, new_tokens, rounds, baseline)
+               for name in ("distinct", "grpo")}
     print(f"\n| workload | engine | best tok/s | median tok/s | best tok/cpu-s | median tok/cpu-s |")
     print("|---|---|---|---|---|---|")
-    for name, (hf_rates, ours_rates) in results.items():
-        for engine_name, rates in (("transformers.generate", hf_rates), ("hybridflow hf", ours_rates)):
+    for name, (hf_rates, ours_rates, base_rates) in results.items():
+        rows = (("transformers.generate", hf_rates), ("hybridflow hf", ours_rates), ("baseline hf", base_rates))
+        for engine_name, rates in rows:
+            if not rates:
+                continue
             wall, cpu = [w for w, _ in rates], [c for _, c in rates]
             print(f"| {name} | {engine_name} | {max(wall):.1f} | {statistics.median(wall):.1f} | {max(cpu):.1f} "
                   f"| {statistics.median(cpu):.1f} |")
     print(f"decode-step matmul bound: {linear_bound_tok_s(model, batch):.1f} tok/s (Linear layers only, "
           f"prefill excluded)")
     for name in ("distinct", "grpo"):
-        hf_rates, ours_rates = results[name]
+        hf_rates, ours_rates, base_rates = results[name]
         suffix = "" if name == "grpo" else f"_{name}"
+        if base_rates:
+            ratio = statistics.median(c for _, c in ours_rates) / statistics.median(c for _, c in base_rates)
+            print(f"cpu_ratio_vs_baseline{suffix}={ratio:.3f}")
         print(f"cpu_ratio{suffix}={max(c for _, c in ours_rates) / max(c for _, c in hf_rates):.2f}")
         print(f"ratio{suffix}={max(w for w, _ in ours_rates) / max(w for w, _ in hf_rates):.2f}")
     return 0

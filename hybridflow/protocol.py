@@ -29,6 +29,7 @@ __all__ = [
     "TensorBatch",
     "BatchSizeError",
     "pad_dataproto_to_divisor",
+    "pad_for_data_parallel",
     "unpad_dataproto",
     "union_tensor_dict",
     "union_numpy_dict",
@@ -366,6 +367,24 @@ def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataPr
     return data.pad_to_divisor(size_divisor)
 
 
+def pad_for_data_parallel(data: DataProto, chunks: int) -> tuple[DataProto, int]:
+    """Pad ``data`` to a multiple of ``chunks`` for a data-parallel call, with padding that cannot train.
+
+    The appended rows are copies of leading rows (every rank needs well-formed inputs, and all ranks must run
+    the same number of forward/backward passes), but their ``response_mask`` is zeroed, so they contribute
+    nothing to a loss, its token/sequence normalisers or masked metrics.  They add no optimiser step either:
+    a rank holds ceil(rows / ranks) rows, and ceil(ceil(rows / ranks) / mini) = ceil(rows / (ranks x mini)) is
+    the step count of the unpadded batch.  Per-row outputs of the padding are dropped by the collect step.
+    """
+    padded, pad = data.pad_to_divisor(chunks)
+    if pad:
+        if "response_mask" in padded.batch:
+            mask = padded.batch["response_mask"].clone()
+            mask[-pad:] = 0
+            padded.batch["response_mask"] = mask
+    return padded, pad
+
+
 def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
     return data.unpad(pad_size)
 
@@ -425,7 +444,7 @@ class FutureChunk:
         """The part and how many of its trailing rows are padding (to drop from per-row outputs)."""
         pad = 0
         if self.auto_pad:
-            data, pad = data.pad_to_divisor(self.chunks)
+            data, pad = pad_for_data_parallel(data, self.chunks)
         part = data.chunk(self.chunks)[self.index]
         real_rows = len(data) - pad
         end = (self.index + 1) * len(part)

@@ -61,7 +61,7 @@ class AgentLoopWorker:
     when not given (in a Ray actor, where nothing is shared with the trainer).
     """
 
-    def __init__(self, config, replicas: list[RolloutReplica], tokenizer=None, processor=None):
+    def __init__(self, config, replicas: list[RolloutReplica], tokenizer=None, processor=None, scorer=None):
         from omegaconf import OmegaConf
 
         from hybridflow.config import config_to_dict
@@ -84,6 +84,7 @@ class AgentLoopWorker:
         if self.rollout_config.agent.agent_loop_config_path:
             load_agent_loop_config(self.rollout_config.agent.agent_loop_config_path)
         self._reported_error = False
+        self.scorer = scorer  # a ScorerClient when the agent loops score their own trajectories
 
     def ready(self) -> bool:
         """For the manager to wait until Ray actors are constructed."""
@@ -95,7 +96,8 @@ class AgentLoopWorker:
         params = sampling_dict(self.rollout_config, validate)
         default_agent = default_agent_loop(self.rollout_config)
         rows = [{k: v[i] for k, v in batch.non_tensor_batch.items()} for i in range(len(batch))]
-        return list(await asyncio.gather(*(self._run_one(row, params, default_agent) for row in rows)))
+        score = self.scorer is not None and not validate
+        return list(await asyncio.gather(*(self._run_one(row, params, default_agent, score) for row in rows)))
 
     async def generate_sequences(self, batch: DataProto) -> DataProto:
         """verl's worker call: the rollout layout of this chunk (see ``postprocess``), per-trajectory metrics
@@ -105,7 +107,7 @@ class AgentLoopWorker:
         out.meta_info["metrics"] = [m for _, m in results]
         return out
 
-    async def _run_one(self, row: dict[str, Any], params: dict[str, Any], default_agent: str):
+    async def _run_one(self, row: dict[str, Any], params: dict[str, Any], default_agent: str, score: bool = False):
         request_id = str(row.pop("__request_id__"))
         seed = row.pop("__seed__")
         agent_name = row.pop("agent_name", None) or default_agent
@@ -128,7 +130,22 @@ class AgentLoopWorker:
             failed = 1.0
         finally:
             self.server_manager.release(request_id)
-        return output, self._metrics(output, time.perf_counter() - start, failed)
+        metrics = self._metrics(output, time.perf_counter() - start, failed)
+        if score and output.reward_score is None:
+            metrics.update(await self._score(output, row))
+        return output, metrics
+
+    async def _score(self, output: AgentLoopOutput, row: dict[str, Any]) -> dict[str, float]:
+        """Score the finished trajectory now (the reward loop); its score rides in ``reward_score``."""
+        one = stack_outputs(self.tokenizer, self.rollout_config, [output])
+        for key, value in row.items():
+            column = np.empty(1, dtype=object)
+            column[0] = value
+            one.non_tensor_batch[key] = column
+        result = await self.scorer.score(one)
+        output.reward_score = result["score"]
+        output.extra_fields["reward_extra_info"] = result["extra"]
+        return {f"reward_loop/{k}": float(v) for k, v in result.get("metrics", {}).items()}
 
     def _failed_output(self, row: dict[str, Any]) -> AgentLoopOutput:
         prompt = [int(t) for t in row.get("raw_prompt_ids") or []] or [self.tokenizer.pad_token_id or 0]

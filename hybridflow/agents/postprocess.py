@@ -10,7 +10,9 @@ tokens interleaved)::
     attention_mask (B, P+R) 1 on every real token (observations included: the model reads them)
     position_ids   (B, P+R) cumsum(attention_mask) - 1, clipped at 0
     rollout_log_probs (B, R)  when every trajectory has log-probs (0 on observations and padding)
-    rm_scores      (B, R)   when every trajectory carries a reward_score: the score on its last token
+    rm_scores      (B, R)   when every trajectory carries a reward_score: the score on its last model token
+                            (the extra info of the scoring becomes columns named in
+                            ``meta_info["reward_extra_keys"]``)
 
 P is ``rollout.prompt_length`` or the longest prompt of the batch if longer (a tool agent's prompt holds
 the tool schemas, which the dataset's length filter never saw).  Non-tensor columns: ``__num_turns__`` and every key of the
@@ -68,14 +70,26 @@ def outputs_to_batch(outputs: Sequence[AgentLoopOutput], prompt_length: int, res
         tensors["rollout_log_probs"] = _right([o.response_logprobs for o in outputs], response_length, 0.0,
                                               torch.float32)
     if outputs and all(o.reward_score is not None for o in outputs):
+        from hybridflow.rewards.managers import reward_positions
+
         rm_scores = torch.zeros(len(outputs), response_length, dtype=torch.float32)
-        last = (response_attention.sum(dim=1) - 1).clamp(min=0)
-        rm_scores[torch.arange(len(outputs)), last] = torch.tensor([float(o.reward_score) for o in outputs])
+        last = reward_positions(tensors["response_mask"], response_attention.sum(dim=1).tolist())
+        rm_scores[torch.arange(len(outputs)), torch.tensor(last)] = torch.tensor([float(o.reward_score) for o in outputs])
         tensors["rm_scores"] = rm_scores
     non_tensors: dict[str, np.ndarray] = {"__num_turns__": np.array([o.num_turns for o in outputs], dtype=np.int64)}
-    for key in sorted({k for o in outputs for k in o.extra_fields}):
-        column = np.empty(len(outputs), dtype=object)
-        column[:] = [o.extra_fields.get(key) for o in outputs]
-        non_tensors[key] = column
-    return DataProto.from_dict(tensors, non_tensors)
+    for key in sorted({k for o in outputs for k in o.extra_fields} - {"reward_extra_info"}):
+        non_tensors[key] = _column([o.extra_fields.get(key) for o in outputs])
+    meta: dict = {}
+    if "rm_scores" in tensors:  # scored in the agent loops: their extra info becomes columns, as a manager's does
+        infos = [o.extra_fields.get("reward_extra_info") or {} for o in outputs]
+        keys = sorted({k for info in infos for k in info})
+        non_tensors.update({k: _column([info.get(k) for info in infos]) for k in keys})
+        meta["reward_extra_keys"] = keys
+    return DataProto.from_dict(tensors, non_tensors, meta)
+
+
+def _column(values: list) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
 

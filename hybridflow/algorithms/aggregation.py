@@ -23,6 +23,8 @@ loss of the whole batch computed in one piece, for every mode, however the batch
 Modes, with m the mask, L the per-token loss, T the token count, N the count of non-empty sequences:
 
 * ``token-mean``               Σ_i Σ_t L·m / T                          (DAPO 2503.14476, token-level)
+* ``token-sum``                Σ_i Σ_t L·m                              (no normaliser: the gradient grows with
+                                                                         the number of tokens; verl's ``token-sum``)
 * ``seq-mean-token-sum``       Σ_i (Σ_t L·m) / N
 * ``seq-mean-token-mean``      Σ_i (Σ_t L·m / Σ_t m) / N                (GRPO 2402.03300, eq. 3)
 * ``seq-mean-token-sum-norm``  Σ_i (Σ_t L·m) / (N · loss_scale_factor)  (Dr.GRPO 2503.20783: 1/(G·L))
@@ -40,7 +42,7 @@ from .masked import masked_sum
 
 __all__ = ["LOSS_AGG_MODES", "agg_loss", "count_loss_normalizers", "check_loss_agg_mode"]
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def check_loss_agg_mode(loss_agg_mode: str) -> str:
@@ -107,6 +109,10 @@ def agg_loss(
         _require_global(dp_size, global_token_num, "global_token_num")
         tokens = mask.sum() if global_token_num is None else global_token_num
         return masked_sum(loss_mat, loss_mask) / _positive(tokens, "global_token_num") * dp_size
+    if loss_agg_mode == "token-sum":
+        # No count to share: each rank's masked sum x dp_size, averaged by the gradient reduction, is the sum
+        # over every valid token of the mini-batch.
+        return masked_sum(loss_mat, loss_mask) * dp_size
 
     _require_global(dp_size, global_batch_size, "global_batch_size")
     tokens_per_row = mask.sum(dim=-1)

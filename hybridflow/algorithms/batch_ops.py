@@ -20,12 +20,19 @@ from .pf_ppo import compute_pf_ppo_reweight_data
 from .registries import AdvantageEstimator, get_adv_estimator_fn
 
 __all__ = [
-    "OLD_LOG_PROBS_FROM_UPDATE", "AdvantageSettings", "apply_kl_penalty", "compute_advantage", "compute_response_mask",
+    "OLD_LOG_PROBS_FROM_UPDATE", "PI_OLD_DIAGNOSTICS_IN_UPDATE", "ROLLOUT_CORRECTION_BYPASS", "AdvantageSettings", "apply_kl_penalty", "compute_advantage", "compute_response_mask",
 ]
 
 # ``meta_info`` flag on a training batch: pi_old is the detached log-prob of the update's own forward pass
 # (set by the trainer when the update is exactly on-policy, read by the actor).
 OLD_LOG_PROBS_FROM_UPDATE = "old_log_probs_from_update"
+# ``meta_info`` flag: no actor log-prob pass ran before the update (pi_old came from the update itself or from the
+# rollout), so the actor reports ``actor/entropy`` and ``training/rollout_probs_diff_*`` from its first forward
+# pass -- the one that runs before any optimiser step, i.e. exactly at pi_old.
+PI_OLD_DIAGNOSTICS_IN_UPDATE = "pi_old_diagnostics_in_update"
+# ``meta_info`` entry (a ``bypass_loss.BypassSettings``): rollout-correction bypass mode -- ``old_log_probs`` are
+# the rollout's, and the actor's loss corrects the mismatch against the policy being trained.
+ROLLOUT_CORRECTION_BYPASS = "rollout_correction_bypass"
 
 
 class AdvantageSettings:

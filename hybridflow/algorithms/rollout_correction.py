@@ -31,6 +31,9 @@ __all__ = [
     "compute_offpolicy_metrics",
     "compute_rollout_correction_weights",
     "rollout_probs_diff",
+    "rollout_probs_diff_sums",
+    "rollout_probs_diff_from_sums",
+    "PROBS_DIFF_SUM_KEYS",
 ]
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")
@@ -112,6 +115,51 @@ def compute_rollout_rejection_mask(
     return new_mask.to(response_mask.dtype), metrics
 
 
+# Sufficient statistics of the train/rollout probability gap: additive over micro-batches and data-parallel
+# ranks (``max`` excepted, which reduces by max), so a worker can report the whole batch's numbers.
+PROBS_DIFF_SUM_KEYS = ("n", "sum_d", "sum_d2", "sum_r", "sum_a", "sum_r2", "sum_a2", "sum_ra")
+
+
+def rollout_probs_diff_sums(
+    rollout_log_probs: torch.Tensor, actor_log_probs: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Per-batch sums (keys ``PROBS_DIFF_SUM_KEYS`` plus ``max_d``) of the probabilities p = exp(log-prob) of the
+    produced tokens (``response_mask == 1``); combine pieces by adding (``max_d``: maximum), then call
+    :func:`rollout_probs_diff_from_sums`."""
+    mask = response_mask.bool()
+    r = torch.masked_select(rollout_log_probs.detach().double(), mask).exp()
+    a = torch.masked_select(actor_log_probs.detach().double(), mask).exp()
+    d = (r - a).abs()
+    sums = {"n": torch.tensor(float(d.numel()), dtype=torch.float64, device=d.device), "sum_d": d.sum(),
+            "sum_d2": (d * d).sum(), "sum_r": r.sum(), "sum_a": a.sum(), "sum_r2": (r * r).sum(),
+            "sum_a2": (a * a).sum(), "sum_ra": (r * a).sum()}
+    sums["max_d"] = d.max() if d.numel() else torch.zeros((), dtype=torch.float64, device=d.device)
+    return sums
+
+
+def rollout_probs_diff_from_sums(sums: dict[str, float | torch.Tensor]) -> dict[str, float]:
+    """verl's ``training/rollout_probs_diff_{valid,max,mean,std}`` and ``training/rollout_actor_probs_pearson_corr``
+    from :func:`rollout_probs_diff_sums` (std unbiased; the correlation left out when either side is constant)."""
+    v = {k: float(x) for k, x in sums.items()}
+    n = v["n"]
+    if n == 0:
+        return {"training/rollout_probs_diff_valid": 0.0}
+    mean = v["sum_d"] / n
+    var = max(v["sum_d2"] - n * mean * mean, 0.0) / (n - 1) if n > 1 else 0.0
+    metrics = {
+        "training/rollout_probs_diff_valid": 1.0,
+        "training/rollout_probs_diff_max": v["max_d"],
+        "training/rollout_probs_diff_mean": mean,
+        "training/rollout_probs_diff_std": var ** 0.5,
+    }
+    cov = v["sum_ra"] - v["sum_r"] * v["sum_a"] / n
+    var_r = v["sum_r2"] - v["sum_r"] ** 2 / n
+    var_a = v["sum_a2"] - v["sum_a"] ** 2 / n
+    if n > 1 and var_r > 1e-24 and var_a > 1e-24:
+        metrics["training/rollout_actor_probs_pearson_corr"] = cov / (var_r * var_a) ** 0.5
+    return metrics
+
+
 def rollout_probs_diff(
     rollout_log_probs: torch.Tensor, actor_log_probs: torch.Tensor, response_mask: torch.Tensor
 ) -> dict[str, float]:
@@ -119,21 +167,7 @@ def rollout_probs_diff(
     and the Pearson correlation of the two probabilities (verl's ``training/rollout_probs_diff_*`` and
     ``training/rollout_actor_probs_pearson_corr``).  Tokens with ``response_mask == 0`` (padding, tool output)
     are left out.  An empty mask gives ``{"training/rollout_probs_diff_valid": 0.0}``."""
-    mask = response_mask.bool()
-    rollout_p = torch.masked_select(rollout_log_probs.float(), mask).exp()
-    actor_p = torch.masked_select(actor_log_probs.float(), mask).exp()
-    if rollout_p.numel() == 0:
-        return {"training/rollout_probs_diff_valid": 0.0}
-    diff = (rollout_p - actor_p).abs()
-    metrics = {
-        "training/rollout_probs_diff_valid": 1.0,
-        "training/rollout_probs_diff_max": diff.max().item(),
-        "training/rollout_probs_diff_mean": diff.mean().item(),
-        "training/rollout_probs_diff_std": diff.std().item() if diff.numel() > 1 else 0.0,
-    }
-    if rollout_p.numel() > 1 and rollout_p.std() > 0 and actor_p.std() > 0:
-        metrics["training/rollout_actor_probs_pearson_corr"] = torch.corrcoef(torch.stack([rollout_p, actor_p]))[0, 1].item()
-    return metrics
+    return rollout_probs_diff_from_sums(rollout_probs_diff_sums(rollout_log_probs, actor_log_probs, response_mask))
 
 
 def compute_offpolicy_metrics(

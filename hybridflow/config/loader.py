@@ -95,8 +95,9 @@ def compose_raw(overrides: list[str], config_path: str | None = None, config_nam
         if not cfg_dir.is_absolute():
             cfg_dir = Path.cwd() / cfg_dir
         stem = name.removesuffix(".yaml")
-        if not (cfg_dir / f"{stem}.yaml").exists() and stem == DEFAULT_CONFIG_NAME:
-            cfg_dir = CONFIG_DIR  # a verl-style --config-path pointing at verl's own folder
+        if not (cfg_dir / f"{stem}.yaml").exists() and (CONFIG_DIR / f"{stem}.yaml").exists():
+            cfg_dir = CONFIG_DIR  # a verl-style --config-path pointing at verl's own folder (ppo_trainer,
+            # one_step_off_ppo_trainer, fully_async_ppo_trainer ship here)
         if not cfg_dir.is_dir():
             raise ConfigError([f"--config-path '{config_path}' is not a directory"])
     else:

@@ -8,7 +8,7 @@ Free-form nodes (``override_config``, ``engine_kwargs``, ``reward_kwargs``...) a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 KW = dict(kw_only=True)
@@ -78,6 +78,16 @@ class WrapPolicy:
 
 
 @dataclass(**KW)
+class MixedPrecisionConfig:
+    """verl's ``fsdp_config.mixed_precision`` (``+...fsdp_config.mixed_precision.param_dtype=bf16``): the dtype
+    FSDP computes in (the unsharded parameters), reduces gradients in, and keeps buffers in; null = not set."""
+
+    param_dtype: Optional[str] = None
+    reduce_dtype: Optional[str] = None
+    buffer_dtype: Optional[str] = None
+
+
+@dataclass(**KW)
 class FSDPConfig:
     wrap_policy: WrapPolicy
     param_offload: bool
@@ -95,6 +105,7 @@ class FSDPConfig:
     # verl mirrors the role's entropy_checkpointing into its engine config; the role key is the one read
     # here. Defaulted so code building an FSDP config by hand (the SFT trainer) need not spell it out.
     entropy_checkpointing: bool = False
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
 
 @dataclass(**KW)
@@ -246,7 +257,7 @@ class MultiTurnConfig:
 
 @dataclass(**KW)
 class AgentLoopConfig:
-    num_workers: int
+    num_workers: Optional[int]  # null: min(8, CPUs) -- see hybridflow.agents.loop_manager.agent_worker_count
     default_agent_loop: str
     agent_loop_config_path: Optional[str]
     custom_async_server: PathName
@@ -519,9 +530,43 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: Optional[int]
     max_critic_ckpt_to_keep: Optional[int]
     ray_wait_register_center_timeout: int
-    use_legacy_worker_impl: str
+    use_legacy_worker_impl: Any  # "auto" | "enable" | "disable" (verl scripts also write False); inert here
     seed: int
     report: bool
+
+
+@dataclass(**KW)
+class RolloutPoolConfig:
+    """verl's top-level ``rollout`` node of its async configs: the standalone rollout pool and the fully
+    async rollouter's horizon."""
+
+    nnodes: int
+    n_gpus_per_node: int
+    total_rollout_steps: Optional[int]
+    total_epochs: int
+    test_freq: int
+
+
+@dataclass(**KW)
+class AsyncCheckpointEngineConfig:
+    enable: bool
+    device_buffer_size_M: int
+    overlap_broadcast_and_consume: bool
+
+
+@dataclass(**KW)
+class AsyncTrainingConfig:
+    """verl's ``async_training`` node, plus ``mode`` (which controller runs: verl picks it by entry point)."""
+
+    mode: str
+    staleness_threshold: float
+    trigger_parameter_sync_step: int
+    require_batches: int
+    partial_rollout: bool
+    use_rollout_log_probs: bool
+    compute_prox_log_prob: bool
+    use_trainer_do_validate: bool
+    checkpoint_engine: AsyncCheckpointEngineConfig
 
 
 @dataclass(**KW)
@@ -541,6 +586,8 @@ class PPOConfig:
     trainer: TrainerConfig
     global_profiler: dict
     ray_kwargs: RayKwargsConfig
+    rollout: RolloutPoolConfig
+    async_training: AsyncTrainingConfig
 
     @property
     def use_critic(self) -> bool:
@@ -548,6 +595,11 @@ class PPOConfig:
         if self.critic.enable is not None:
             return bool(self.critic.enable)
         return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def split_placement(self) -> bool:
+        """Rollout replicas on their own pool (verl's ``actor_rollout_ref.hybrid_engine=false``)."""
+        return not self.actor_rollout_ref.hybrid_engine
 
     @property
     def use_reference_policy(self) -> bool:

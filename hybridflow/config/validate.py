@@ -13,11 +13,17 @@ from __future__ import annotations
 import warnings
 
 from hybridflow.config.errors import ConfigError
+from hybridflow.config.key_policy import inert_note, refusal_errors
 from hybridflow.config.schema import PPOConfig
+from hybridflow.config.validate_async import check_async_config
 
+# verl's loss aggregation modes (algorithms/aggregation.py implements each; config cannot import algorithms)
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+# dtype spellings the engine understands (engine/device.py maps them; tests/config keeps the two in step)
+DTYPE_NAMES = ("fp32", "float32", "float", "bf16", "bfloat16", "fp16", "float16", "half")
 SUPPORTED_STRATEGIES = ("fsdp", "fsdp2")
 SUPPORTED_ROLLOUTS = ("hf", "vllm", "sglang", "trtllm")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 CHOICES = {
     "data.truncation": ("error", "left", "right", "middle"),
@@ -53,8 +59,17 @@ def validate_config(cfg: PPOConfig) -> list[str]:
     _check_strategies(cfg, errors)
     _check_algorithms(cfg, errors)
     _normalise_deprecated(cfg, notes)
+    check_async_config(cfg, errors, notes)
     _check_batch_sizes(cfg, errors, notes)
+    _check_legacy_micro(cfg, errors, notes)
+    _check_sampling(cfg, errors)
+    _check_dtypes(cfg, errors)
+    _check_async_reward(cfg, errors)
+    _check_schedules(cfg, errors)
+    _check_rollout_precision(cfg, errors, notes)
+    errors.extend(refusal_errors(cfg))
     _check_unused(cfg, notes)
+    _check_rollout_hardware(cfg, errors, notes)
     if errors:
         raise ConfigError(errors)
     for n in notes:
@@ -74,8 +89,9 @@ def _check_choices(cfg: PPOConfig, errors: list[str]) -> None:
     if rollout.name not in SUPPORTED_ROLLOUTS:
         errors.append(f"actor_rollout_ref.rollout.name={rollout.name!r} is not supported; "
                       f"choose one of: {', '.join(SUPPORTED_ROLLOUTS)} (hf runs everywhere, including CPU)")
-    if rollout.mode not in ("async", "sync"):
-        errors.append(f"actor_rollout_ref.rollout.mode={rollout.mode!r}: use async")
+    if rollout.mode != "async":
+        errors.append(f"actor_rollout_ref.rollout.mode={rollout.mode!r}: the rollout is always served to agent loops "
+                      "(verl removed mode=sync as well); use actor_rollout_ref.rollout.mode=async")
     actor = cfg.actor_rollout_ref.actor
     for key, val in (("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode),
                      ("critic.loss_agg_mode", cfg.critic.loss_agg_mode)):
@@ -97,7 +113,7 @@ def _check_agent_keys(rollout, errors: list[str]) -> None:
     """Agent-loop keys that cannot act here are refused (the files they name are checked before the models
     load, by ``hybridflow.agents.setup_check``)."""
     key = "actor_rollout_ref.rollout"
-    if rollout.agent.num_workers < 1:
+    if rollout.agent.num_workers is not None and rollout.agent.num_workers < 1:
         errors.append(f"{key}.agent.num_workers={rollout.agent.num_workers}: at least one agent-loop worker is needed")
     mt = rollout.multi_turn
     if mt.use_inference_chat_template:
@@ -149,14 +165,52 @@ def _check_algorithms(cfg: PPOConfig, errors: list[str]) -> None:
         errors.append("algorithm.adv_estimator=optimal_token_baseline weights each token by the energy "
                       "1 - 2*pi + sum(pi^2), which needs the actor's sum_pi_squared: set "
                       "actor_rollout_ref.actor.calculate_sum_pi_squared=true")
-    rc = cfg.algorithm.rollout_correction
-    if (rc.rollout_is is not None or rc.rollout_rs is not None) and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
-        errors.append("algorithm.rollout_correction.rollout_is/rollout_rs compare the actor's log-probs with the "
-                      "rollout's own: set actor_rollout_ref.rollout.calculate_log_probs=true")
+    _check_rollout_correction(cfg, errors)
     mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
     if mode not in POLICY_LOSS_REGISTRY:
         errors.append(f"actor_rollout_ref.actor.policy_loss.loss_mode={mode!r}: "
                       f"{POLICY_LOSS_REGISTRY.unknown_message(mode)}")
+
+
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+ROLLOUT_RS_LEVELS = ("token", "sequence", "geometric")
+BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
+# reward managers the agent loops' reward loop can run per trajectory (hybridflow.agents.reward_loop)
+PER_SAMPLE_REWARD_MANAGERS = ("naive", "dapo", "prime")
+
+
+def _check_rollout_correction(cfg: PPOConfig, errors: list[str]) -> None:
+    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    calc = cfg.actor_rollout_ref.rollout.calculate_log_probs
+    if rc.rollout_is is not None and rc.rollout_is not in ROLLOUT_IS_LEVELS:
+        errors.append(f"{key}.rollout_is={rc.rollout_is!r}: choose null, {' or '.join(ROLLOUT_IS_LEVELS)}")
+    if rc.rollout_rs is not None and rc.rollout_rs not in ROLLOUT_RS_LEVELS:
+        errors.append(f"{key}.rollout_rs={rc.rollout_rs!r}: choose null, {', '.join(ROLLOUT_RS_LEVELS)}")
+    if rc.rollout_rs is not None and (rc.rollout_rs_threshold is None or rc.rollout_rs_threshold <= 0):
+        errors.append(f"{key}.rollout_rs={rc.rollout_rs} rejects tokens whose ratio leaves [1/t, t]: set "
+                      f"{key}.rollout_rs_threshold to t > 0 (e.g. 2.0)")
+    if (rc.rollout_is is not None or rc.rollout_rs is not None) and not calc:
+        errors.append(f"{key}.rollout_is/rollout_rs compare the actor's log-probs with the rollout's own: set "
+                      "actor_rollout_ref.rollout.calculate_log_probs=true")
+    if rc.loss_type not in BYPASS_LOSS_TYPES:
+        errors.append(f"{key}.loss_type={rc.loss_type!r}: choose one of {', '.join(BYPASS_LOSS_TYPES)}")
+    elif rc.loss_type != "ppo_clip" and not rc.bypass_mode:
+        errors.append(f"{key}.loss_type={rc.loss_type} selects the bypass-mode loss and acts only with "
+                      f"{key}.bypass_mode=true; in decoupled mode the loss is actor_rollout_ref.actor.policy_loss."
+                      "loss_mode (set bypass_mode=true, or drop loss_type)")
+    if not rc.bypass_mode:
+        return
+    if not calc:
+        errors.append(f"{key}.bypass_mode=true uses the rollout's log-probs as pi_old: set "
+                      "actor_rollout_ref.rollout.calculate_log_probs=true")
+    mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if mode != "vanilla":
+        errors.append(f"{key}.bypass_mode=true replaces the policy loss (loss_type=ppo_clip: PPO clip against the "
+                      f"rollout's log-probs; reinforce: IS-weighted REINFORCE), so actor_rollout_ref.actor.policy_loss."
+                      f"loss_mode={mode} would be ignored: leave loss_mode=vanilla or set bypass_mode=false")
+    if cfg.algorithm.adv_estimator == "optimal_token_baseline":
+        errors.append(f"{key}.bypass_mode=true skips the actor's log-prob pass, which is where "
+                      "algorithm.adv_estimator=optimal_token_baseline gets sum_pi_squared: use one or the other")
 
 
 def _normalise_deprecated(cfg: PPOConfig, notes: list[str]) -> None:
@@ -169,6 +223,8 @@ def _normalise_deprecated(cfg: PPOConfig, notes: list[str]) -> None:
             role.grad_clip = role.optim.clip_grad
             notes.append(f"{key}.optim.clip_grad={role.optim.clip_grad} is used as {key}.grad_clip")
     actor = cfg.actor_rollout_ref.actor
+    # verl mirrors <role>.entropy_checkpointing into its engine's fsdp_config; either spelling turns it on
+    actor.entropy_checkpointing = bool(actor.entropy_checkpointing or actor.fsdp_config.entropy_checkpointing)
     if actor.use_gpg_loss and actor.policy_loss.loss_mode in ("vanilla", "gpg"):
         actor.policy_loss.loss_mode = "gpg"
         notes.append("actor_rollout_ref.actor.use_gpg_loss is deprecated; using "
@@ -229,9 +285,156 @@ def _check_batch_sizes(cfg: PPOConfig, errors: list[str], notes: list[str]) -> N
                          f"{role}.log_prob_micro_batch_size_per_gpu={node.log_prob_micro_batch_size_per_gpu}")
         if node.log_prob_micro_batch_size_per_gpu is None and not node.log_prob_use_dynamic_bsz:
             node.log_prob_micro_batch_size_per_gpu = actor.ppo_micro_batch_size_per_gpu or 8
-    if cfg.algorithm.adv_estimator in ("grpo", "rloo", "grpo_passk", "reinforce_plus_plus_baseline") and n == 1:
-        notes.append(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares the responses of one prompt, "
-                     "but actor_rollout_ref.rollout.n=1: every advantage will be 0. Set rollout.n >= 2.")
+    _check_group_size(cfg, errors, notes)
+
+
+def _check_group_size(cfg: PPOConfig, errors: list[str], notes: list[str]) -> None:
+    """Group estimators with ``rollout.n=1``: each prompt is a group of one (verl's singleton rule)."""
+    est, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
+    if n != 1:
+        return
+    if est == "grpo_passk":
+        errors.append("algorithm.adv_estimator=grpo_passk credits the best of each prompt's responses over the "
+                      "second best, which needs actor_rollout_ref.rollout.n >= 2")
+    elif est in ("grpo", "rloo"):
+        notes.append(f"algorithm.adv_estimator={est} with actor_rollout_ref.rollout.n=1: every prompt is a group of "
+                     "one, so there is no group baseline and the advantage is the raw score (REINFORCE without a "
+                     "baseline). Set rollout.n >= 2 for the group-relative advantage.")
+    elif est == "reinforce_plus_plus_baseline":
+        notes.append("algorithm.adv_estimator=reinforce_plus_plus_baseline with actor_rollout_ref.rollout.n=1: every "
+                     "prompt is a group of one, so no group mean is subtracted and the scores are only whitened over "
+                     "the batch (the same as reinforce_plus_plus). Set rollout.n >= 2 for the group baseline.")
+
+
+def _check_legacy_micro(cfg: PPOConfig, errors: list[str], notes: list[str]) -> None:
+    """verl's deprecated global micro-batch sizes of the critic's forward pass and the reward model: divided by
+    the device count into the ``*_per_gpu`` key each worker reads (as verl's workers do)."""
+    n_dev = n_devices(cfg)
+    pairs = [("reward_model", cfg.reward_model, "micro_batch_size")]
+    if cfg.use_critic:
+        pairs.insert(0, ("critic", cfg.critic, "forward_micro_batch_size"))
+    for role, node, name in pairs:
+        glob, per = getattr(node, name), getattr(node, f"{name}_per_gpu")
+        if glob is None:
+            continue
+        if per is not None and not (role == "critic" and glob == node.ppo_micro_batch_size):
+            errors.append(f"set only one of {role}.{name} (deprecated, global) and {role}.{name}_per_gpu")
+            continue
+        if per is None:
+            setattr(node, f"{name}_per_gpu", max(1, glob // n_dev))
+            notes.append(f"{role}.{name}={glob} is deprecated (global); using "
+                         f"{role}.{name}_per_gpu={getattr(node, f'{name}_per_gpu')}")
+    if cfg.use_critic and cfg.critic.forward_micro_batch_size_per_gpu is None and not cfg.critic.use_dynamic_bsz:
+        cfg.critic.forward_micro_batch_size_per_gpu = cfg.critic.ppo_micro_batch_size_per_gpu
+
+
+def _check_sampling(cfg: PPOConfig, errors: list[str]) -> None:
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.temperature <= 0:
+        how = ("do_sample=true asks for samples, but temperature=0 is greedy decoding: the rollout.n responses of a "
+               "prompt would be identical" if rollout.do_sample else "greedy training rollouts")
+        errors.append(f"actor_rollout_ref.rollout.temperature={rollout.temperature} with "
+                      f"do_sample={str(rollout.do_sample).lower()}: {how}, and the actor scores the sampled tokens "
+                      "under softmax(logits / temperature), which is undefined at 0. Set rollout.temperature > 0 "
+                      "(1.0 samples from the model); greedy decoding belongs in rollout.val_kwargs")
+
+
+def _check_async_reward(cfg: PPOConfig, errors: list[str]) -> None:
+    if not cfg.reward_model.launch_reward_fn_async:
+        return
+    key = "reward_model.launch_reward_fn_async=true"
+    if cfg.algorithm.filter_groups.enable:
+        errors.append(f"{key} scores while the log-prob passes run, but algorithm.filter_groups (DAPO dynamic "
+                      "sampling) needs the scores before the batch exists, to choose its groups: use one or the other")
+    if cfg.reward_model.enable:
+        errors.append(f"{key} runs the reward *function* in the background; with reward_model.enable=true the scores "
+                      "come from the reward-model worker group instead, so there is nothing to launch: drop one")
+    elif cfg.reward_model.use_reward_loop and cfg.reward_model.reward_manager in PER_SAMPLE_REWARD_MANAGERS:
+        errors.append(f"{key} scores the batch in the background after generation, but reward_model.use_reward_loop"
+                      f"=true (the default) with the {cfg.reward_model.reward_manager} manager already scores every "
+                      "trajectory while generation runs: set reward_model.use_reward_loop=false to score in the "
+                      "background instead, or drop launch_reward_fn_async")
+
+
+def _check_dtypes(cfg: PPOConfig, errors: list[str]) -> None:
+    nodes = (("actor_rollout_ref.actor.fsdp_config", cfg.actor_rollout_ref.actor.fsdp_config),
+             ("actor_rollout_ref.ref.fsdp_config", cfg.actor_rollout_ref.ref.fsdp_config),
+             ("critic.model.fsdp_config", cfg.critic.model.fsdp_config),
+             ("reward_model.model.fsdp_config", cfg.reward_model.model.fsdp_config))
+    for key, node in nodes:
+        mp = node.mixed_precision
+        for name, value in (("model_dtype", node.model_dtype), ("dtype", node.dtype),
+                            ("mixed_precision.param_dtype", mp.param_dtype),
+                            ("mixed_precision.reduce_dtype", mp.reduce_dtype),
+                            ("mixed_precision.buffer_dtype", mp.buffer_dtype)):
+            if value is not None and str(value).lower() not in DTYPE_NAMES + ("auto",):
+                errors.append(f"{key}.{name}={value!r} is not a dtype; use one of {', '.join(DTYPE_NAMES)}")
+
+
+def _check_schedules(cfg: PPOConfig, errors: list[str]) -> None:
+    for key, optim in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim),
+                       ("critic.optim", cfg.critic.optim)):
+        kind = optim.warmup_style or optim.lr_scheduler_type
+        if kind != "cosine":
+            continue
+        if optim.min_lr_ratio is None:
+            errors.append(f"{key}.min_lr_ratio is null but {key}.lr_scheduler_type=cosine decays towards "
+                          f"min_lr_ratio x lr: set {key}.min_lr_ratio to a number in [0, 1] (0.0 decays to zero)")
+        elif not 0.0 <= optim.min_lr_ratio <= 1.0:
+            errors.append(f"{key}.min_lr_ratio={optim.min_lr_ratio} must lie in [0, 1] (a fraction of the lr)")
+
+
+_PRECISIONS = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+               "fp16": "fp16", "float16": "fp16", "half": "fp16"}
+
+
+def _on_cuda(cfg: PPOConfig) -> bool:
+    if cfg.trainer.device != "auto":
+        return cfg.trainer.device == "cuda"
+    import torch  # the config layer needs torch only for this question
+
+    return torch.cuda.is_available()
+
+
+def _check_rollout_precision(cfg: PPOConfig, errors: list[str], notes: list[str]) -> None:
+    """Where the rollout's log-probs stand in for pi_old, the rollout must compute in the training precision.
+
+    That is the trainer's ``StepPlan.reuse_rollout_log_probs`` (``rollout.calculate_log_probs=true`` with an
+    exactly on-policy update -- one mini-batch, one epoch, no IS/RS correction -- or ``bypass_mode``).  On
+    GPU the hf rollout computes in ``rollout.dtype`` and the actor in ``actor.fsdp_config.dtype``; on CPU
+    both compute in fp32, so there is nothing to compare (a non-default ``rollout.dtype`` or
+    ``gpu_memory_utilization`` on CPU gets a note saying it has no effect there).
+    """
+    arr = cfg.actor_rollout_ref
+    rollout, actor = arr.rollout, arr.actor
+    for key, val in (("actor_rollout_ref.rollout.dtype", rollout.dtype),
+                     ("actor_rollout_ref.actor.fsdp_config.dtype", actor.fsdp_config.dtype)):
+        if str(val).lower() not in _PRECISIONS:
+            errors.append(f"{key}={val!r} is not a known dtype; use one of bfloat16, float16, float32")
+            return
+    on_cuda = _on_cuda(cfg)
+    if not on_cuda and rollout.name == "hf":
+        if _PRECISIONS[str(rollout.dtype).lower()] != "bf16":
+            notes.append(f"actor_rollout_ref.rollout.dtype={rollout.dtype} has no effect on CPU: the hf rollout "
+                         "computes in fp32 there, like the actor")
+        if rollout.gpu_memory_utilization != 0.5:
+            notes.append(f"actor_rollout_ref.rollout.gpu_memory_utilization={rollout.gpu_memory_utilization} has no "
+                         "effect on CPU: the hf KV cache is bounded by rollout.max_num_seqs and max_model_len there")
+    rc = cfg.algorithm.rollout_correction
+    one_update = actor.ppo_mini_batch_size >= cfg.data.train_batch_size and actor.ppo_epochs == 1
+    corrects = rc.rollout_is is not None or rc.rollout_rs is not None
+    if not (rollout.calculate_log_probs and ((one_update and not corrects) or rc.bypass_mode)):
+        return
+    rollout_p, actor_p = _PRECISIONS[str(rollout.dtype).lower()], _PRECISIONS[str(actor.fsdp_config.dtype).lower()]
+    if rollout_p == actor_p or not on_cuda:
+        return
+    errors.append(
+        f"actor_rollout_ref.rollout.dtype={rollout.dtype} but actor_rollout_ref.actor.fsdp_config.dtype="
+        f"{actor.fsdp_config.dtype}: with rollout.calculate_log_probs=true and an exactly on-policy update the "
+        "rollout's log-probs are used as pi_old, so they must come from the training precision. Set "
+        f"actor_rollout_ref.rollout.dtype={actor.fsdp_config.dtype}, or let the actor recompute pi_old "
+        "(rollout.calculate_log_probs=false)"
+    )
 
 
 def _check_micro(cfg, role, mini, micro_global, micro_per_gpu, dynamic, name, errors, notes) -> None:
@@ -267,34 +470,27 @@ def _largest_divisor(n: int, cap: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
-_UNUSED = {
-    "actor_rollout_ref.model.use_liger": False,
-    "actor_rollout_ref.model.use_fused_kernels": False,
-    "actor_rollout_ref.model.enable_activation_offload": False,
-    "actor_rollout_ref.model.use_shm": False,
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
-    "critic.ulysses_sequence_parallel_size": 1,
-    "data.use_shm": False,
-    "trainer.default_hdfs_dir": None,
-    "actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
-    "actor_rollout_ref.ref.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
-    "critic.model.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap": None,
-    "reward_model.rollout.name": None,
-    "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing": False,
-    "actor_rollout_ref.ref.fsdp_config.entropy_checkpointing": False,
-    "actor_rollout_ref.rollout.max_batch_size": None,
-}
+def _check_rollout_hardware(cfg: PPOConfig, errors: list[str], notes: list[str]) -> None:
+    """Rollout keys that cannot act on this machine's device (see validate_rollout)."""
+    from hybridflow.config.validate_rollout import (
+        gpu_visible,
+        rollout_hardware_errors,
+        rollout_hardware_notes,
+    )
+
+    if cfg.trainer.device == "cpu":
+        errors.extend(rollout_hardware_errors(cfg, "cpu"))
+        notes.extend(rollout_hardware_notes(cfg, "cpu"))
+    elif cfg.trainer.device == "auto" and not gpu_visible():
+        for problem in rollout_hardware_errors(cfg, "cpu"):
+            notes.append(f"no GPU on this machine, so `hybridflow train` here would stop with: {problem}")
 
 
 def _check_unused(cfg: PPOConfig, notes: list[str]) -> None:
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name in ("vllm", "sglang", "trtllm"):
-        notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: this version has no {rollout.name} adapter yet; "
-                     "the run will stop when the workers start. Use rollout.name=hf (runs on CPU and GPU).")
-    for key, default in _UNUSED.items():
-        val = _get(cfg, key)
-        if val != default:
-            notes.append(f"{key}={val!r} is accepted for verl compatibility but has no effect in hybridflow")
-    if cfg.global_profiler or cfg.actor_rollout_ref.actor.profiler:
-        notes.append("profiler settings are accepted for verl compatibility but ignored (use torch.profiler "
-                     "or py-spy around `hybridflow train`)")
+    if rollout.name == "trtllm":
+        notes.append("actor_rollout_ref.rollout.name=trtllm: this version has no trtllm adapter; "
+                     "the run will stop when the workers start. Use rollout.name=vllm or hf.")
+    note = inert_note(cfg)  # every inert key the command line set, in one note
+    if note:
+        notes.append(note)

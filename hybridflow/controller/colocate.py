@@ -43,6 +43,13 @@ class ColocatedWorker(Worker):
         """Yield from role ``role``'s generator method ``method`` (Ray streams only generator functions)."""
         yield from getattr(self._roles[role], method)(*args, **kwargs)
 
+    def release(self) -> None:
+        """Release what the roles hold outside Python's reach (a rollout engine's threads and memory)."""
+        for obj in self._roles.values():
+            release = getattr(obj, "release", None)
+            if callable(release):
+                release()
+
 
 def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs]) -> ClassWithInitArgs:
     """One host class for all roles of ``class_dict``; build any group from it, then ``group.spawn(roles)``.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Sequence
 
-from hybridflow.protocol import DataProto, DataProtoFuture
+from hybridflow.protocol import DataProto, DataProtoFuture, pad_for_data_parallel
 from hybridflow.utils.registry import Registry
 
 __all__ = [
@@ -140,7 +140,7 @@ def _split_proto(mode: str, name: str, value: Any, chunks: int) -> tuple[list, i
     if isinstance(value, DataProtoFuture):
         return value.chunk(chunks, auto_pad=True), -1, 0  # pad unknown here: the workers drop it themselves
     if isinstance(value, DataProto):
-        padded, pad = value.pad_to_divisor(chunks)
+        padded, pad = pad_for_data_parallel(value, chunks)  # padding rows carry response_mask = 0
         return padded.chunk(chunks), pad, len(padded)
     raise TypeError(
         f"Dispatch.{mode} splits every argument over the data-parallel ranks, but {name} is a "

@@ -79,4 +79,9 @@ class LocalWorkerGroup(WorkerGroup):
         return list(handles)
 
     def shutdown(self) -> None:
+        # In-process workers outlive nothing: what they hold beyond Python objects (a vLLM engine's driver thread
+        # and memory) is released now, not at interpreter exit. (Ray workers die with their processes.)
+        release = getattr(self._worker, "release", None)
+        if callable(release):
+            release()
         self._worker = None

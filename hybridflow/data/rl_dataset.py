@@ -52,6 +52,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.max_prompt_length = int(config.max_prompt_length)
         self.truncation = config.truncation
         self.template_kwargs = dict(config.apply_chat_template_kwargs or {})
+        self.return_full_prompt = bool(config.return_full_prompt)
         self.image_key = config.image_key
         self.video_key = config.video_key
         self.return_multi_modal_inputs = bool(config.return_multi_modal_inputs)
@@ -146,15 +147,18 @@ class RLHFDataset(torch.utils.data.Dataset):
         self._ids_cache = {new: ids for new, (_, ids) in enumerate(keep)}
 
     # ------------------------------------------------------------------ items
+    def _render(self, index: int) -> str:
+        """The prompt as text: the chat messages through the chat template, ready for generation."""
+        messages = check_chat_messages(self.rows[index][self.prompt_key], self._where(index), self.prompt_key)
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                  **self.template_kwargs)
+
     def _tokenize(self, index: int) -> list[int]:
         if index in self._ids_cache:
             return self._ids_cache[index]
         if self.vision is not None:
             return self._process(index)[1].input_ids
-        messages = check_chat_messages(self.rows[index][self.prompt_key], self._where(index), self.prompt_key)
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                  **self.template_kwargs)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(self._render(index), add_special_tokens=False))
 
     def _process(self, index: int):
         """(chat content lists, processed prompt) of a row through the multimodal processor."""
@@ -193,6 +197,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         item["index"] = extra["index"] if extra.get("index") is not None else index
         item["tools_kwargs"] = extra.get("tools_kwargs") or {}
         item["interaction_kwargs"] = extra.get("interaction_kwargs") or {}
+        if self.return_full_prompt:  # verl's key: the templated prompt text, e.g. for reward functions
+            item["full_prompts"] = self._render(index) if self.vision is None else self.tokenizer.decode(ids)
         return item
 
 

@@ -73,16 +73,36 @@ _CHUNK_ROWS = 2048  # tokens per chunk when turning logits into log-probs / entr
 
 def logprob_entropy(
     logits: torch.Tensor, labels: torch.Tensor, calculate_entropy: bool, chunk: int = _CHUNK_ROWS,
-    entropy_grad: bool = True,
+    entropy_grad: bool = True, use_torch_compile: bool = False, entropy_checkpointing: bool = False,
 ):
     """Log-probs of ``labels`` and (optionally) entropies for (N, V) logits, ``chunk`` rows at a time.
 
     Chunking (in ``algorithms/entropy.py``) bounds the fp32 softmax temporaries to ``chunk x V``.
     ``entropy_grad=False`` computes the entropy outside autograd: a metric-only entropy then costs no
-    saved softmax and no backward work.
+    saved softmax and no backward work.  ``use_torch_compile`` runs the per-chunk kernels compiled where that
+    was measured to pay off (``engine/compiled_kernels.py``).  ``entropy_checkpointing`` (verl's key) keeps no
+    softmax for the entropy's backward and recomputes it there instead: less memory, one more pass.
     """
-    from hybridflow.algorithms.entropy import entropy_from_logits_with_chunking, logprobs_from_logits
+    if entropy_checkpointing and calculate_entropy and entropy_grad and torch.is_grad_enabled():
+        from torch.utils.checkpoint import checkpoint
 
+        log_probs, _ = logprob_entropy(logits, labels, False, chunk, use_torch_compile=use_torch_compile)
+        entropy = checkpoint(lambda x: logprob_entropy(x, labels, True, chunk, use_torch_compile=use_torch_compile)[1],
+                             logits, use_reentrant=False)
+        return log_probs, entropy
+    from hybridflow.algorithms.entropy import entropy_from_logits_with_chunking, logprobs_from_logits
+    from hybridflow.engine.compiled_kernels import compiled_entropy, compiled_logprob, wants_compiled
+
+    if wants_compiled(use_torch_compile, logits.shape[-1]):
+        rows = range(0, logits.shape[0], chunk)
+        log_probs = torch.cat([compiled_logprob(logits[i : i + chunk].float(), labels[i : i + chunk].long())
+                               for i in rows]) if len(rows) else logits.new_zeros(0, dtype=torch.float32)
+        entropy = None
+        if calculate_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = torch.cat([compiled_entropy(logits[i : i + chunk].float()) for i in rows]) \
+                    if len(rows) else logits.new_zeros(0, dtype=torch.float32)
+        return log_probs, entropy
     log_probs = logprobs_from_logits(logits, labels, chunk_size=chunk)
     entropy = None
     if calculate_entropy:
@@ -201,7 +221,8 @@ def _sum_pi_squared(logits: torch.Tensor, chunk: int = _CHUNK_ROWS) -> torch.Ten
         return torch.cat([sum_pi_squared_from_logits(logits[i : i + chunk]) for i in range(0, logits.shape[0], chunk)])
 
 
-def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool, sum_pi_squared: bool = False) -> HeadFn:
+def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool, sum_pi_squared: bool = False,
+             use_torch_compile: bool = False, entropy_checkpointing: bool = False) -> HeadFn:
     def head(module, ids, attn, pos, keep, **multi_modal):
         extra = {"logits_to_keep": keep} if keep is not None and _accepts_logits_to_keep(module) else {}
         logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **extra,
@@ -212,7 +233,8 @@ def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool, su
         labels = _take(torch.roll(ids, shifts=-1, dims=1), keep)  # the last column's label is never read
         b, l, v = logits.shape
         lp, ent = logprob_entropy(
-            logits.reshape(b * l, v), labels.reshape(b * l), calculate_entropy, entropy_grad=entropy_grad
+            logits.reshape(b * l, v), labels.reshape(b * l), calculate_entropy, entropy_grad=entropy_grad,
+            use_torch_compile=use_torch_compile, entropy_checkpointing=entropy_checkpointing,
         )
         out = {"log_probs": lp.view(b, l)}
         if ent is not None:
@@ -233,6 +255,8 @@ def response_token_outputs(
     entropy_grad: bool = True,
     packed: bool | None = None,
     calculate_sum_pi_squared: bool = False,
+    use_torch_compile: bool = False,
+    entropy_checkpointing: bool = False,
     multi_modal_inputs=None,
 ) -> dict[str, torch.Tensor]:
     """Per response token (B, R): ``log_probs`` = log π_T(response_t | context), and on request ``entropy``
@@ -249,7 +273,8 @@ def response_token_outputs(
         batch["input_ids"],
         batch["attention_mask"],
         batch["position_ids"],
-        _lm_head(float(temperature), calculate_entropy, entropy_grad, calculate_sum_pi_squared),
+        _lm_head(float(temperature), calculate_entropy, entropy_grad, calculate_sum_pi_squared, use_torch_compile,
+                 entropy_checkpointing),
         use_remove_padding,
         packed,
         first_col=batch["input_ids"].shape[-1] - R - 1,  # the response's predictions start one column early
@@ -266,11 +291,14 @@ def response_log_probs(
     use_remove_padding: bool = True,
     entropy_grad: bool = True,
     packed: bool | None = None,
+    use_torch_compile: bool = False,
+    entropy_checkpointing: bool = False,
     multi_modal_inputs=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(log_probs, entropy or None)`` of :func:`response_token_outputs`."""
     outs = response_token_outputs(module, batch, temperature, calculate_entropy, use_remove_padding, entropy_grad,
-                                  packed, multi_modal_inputs=multi_modal_inputs)
+                                  packed, use_torch_compile=use_torch_compile, entropy_checkpointing=entropy_checkpointing,
+                                  multi_modal_inputs=multi_modal_inputs)
     return outs["log_probs"], outs.get("entropy")
 
 

@@ -60,8 +60,17 @@ def unwrap_peft(model: nn.Module) -> nn.Module:
     return get_base() if callable(get_base) else model
 
 
-def decoder_layer_classes(model: nn.Module) -> set[type]:
-    """Classes of the repeated transformer blocks, from HF's ``_no_split_modules`` declaration."""
+def decoder_layer_classes(model: nn.Module, names: list[str] | None = None) -> set[type]:
+    """Classes of the repeated transformer blocks: ``names`` (verl's ``wrap_policy.transformer_layer_cls_to_wrap``)
+    when given, else HF's ``_no_split_modules`` declaration."""
+    if names:
+        found = {type(m) for m in model.modules() if type(m).__name__ in set(names)}
+        missing = sorted(set(names) - {cls.__name__ for cls in found})
+        if missing:
+            present = sorted({type(m).__name__ for m in model.modules()})
+            raise ValueError(f"fsdp_config.wrap_policy.transformer_layer_cls_to_wrap names {missing}, which "
+                             f"{type(unwrap_peft(model)).__name__} does not contain; its module classes: {present}")
+        return found
     names = set(getattr(unwrap_peft(model), "_no_split_modules", None) or [])
     found = {type(m) for m in model.modules() if type(m).__name__ in names}
     if not found:  # architectures without the declaration: the elements of the layer list
@@ -79,8 +88,14 @@ def apply_fsdp2(
     reduce_dtype: torch.dtype = torch.float32,
     reshard_after_forward: bool = True,
     cpu_offload: bool = False,
+    layer_cls_names: list[str] | None = None,
+    forward_prefetch: bool = False,
 ) -> nn.Module:
     """``fully_shard`` every decoder layer and then the root module over ``mesh`` (in place).
+
+    ``layer_cls_names`` picks the classes to shard as units (default: HF's decoder layers); with
+    ``forward_prefetch`` each unit starts the all-gather of the next one during its own forward (depth 1,
+    FSDP1's ``forward_prefetch`` and verl's FSDP2 setting).
 
     ``param_dtype`` is the compute dtype of the unsharded parameters (bf16 on GPU), gradients are
     reduced in ``reduce_dtype`` (fp32) and the sharded master weights stay in their load dtype.
@@ -93,13 +108,18 @@ def apply_fsdp2(
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=True)
     if cpu_offload and dev.is_cuda():
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-    layer_types = tuple(decoder_layer_classes(model))
+    layer_types = tuple(decoder_layer_classes(model, layer_cls_names))
     if not layer_types:
         raise ValueError(f"cannot find decoder layers to shard in {type(model).__name__}")
+    units = []
     for module in model.modules():
         if isinstance(module, layer_types):
             fully_shard(module, **kwargs)
+            units.append(module)
     fully_shard(model, **kwargs)
+    if forward_prefetch:
+        for unit, nxt in zip(units, units[1:]):
+            unit.set_modules_to_forward_prefetch([nxt])
     return model
 
 

@@ -35,6 +35,8 @@ __all__ = [
     "load_value_model",
     "load_reward_model",
     "apply_lora",
+    "load_lora_adapter",
+    "read_adapter_config",
     "enable_gradient_checkpointing",
 ]
 
@@ -142,14 +144,17 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     override_config: dict | None = None,
     field: str = "actor_rollout_ref.model.path",
+    hf_config_path: str | None = None,
 ):
     """The policy / reference model. ``dtype`` is the *parameter* dtype (fp32 master weights by default).
 
     A vision-language checkpoint loads as ``AutoModelForImageTextToText`` (Qwen2-VL family only).
+    ``hf_config_path`` (verl's ``model.hf_config_path``) takes the model config from another folder.
     """
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    cfg = load_hf_config(path, trust_remote_code, override_config, field)
+    cfg = load_hf_config(hf_config_path or path, trust_remote_code, override_config,
+                         "actor_rollout_ref.model.hf_config_path" if hf_config_path else field)
     auto_cls = AutoModelForCausalLM
     if is_vision_language_config(cfg):
         try:
@@ -259,6 +264,33 @@ def apply_lora(
         task_type=task_type,
     )
     return get_peft_model(model, cfg)
+
+
+def read_adapter_config(adapter_path: str, field: str = "actor_rollout_ref.model.lora_adapter_path") -> dict:
+    """``adapter_config.json`` of a saved PEFT adapter folder (what ``PeftModel.save_pretrained`` writes)."""
+    import json
+
+    path = os.path.join(os.path.expanduser(adapter_path), "adapter_config.json")
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"{field}={adapter_path!r} holds no adapter_config.json; point it at a folder written by "
+                             "PeftModel.save_pretrained (e.g. <checkpoint>/actor/huggingface/lora_adapter)")
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_lora_adapter(model, adapter_path: str, field: str = "actor_rollout_ref.model.lora_adapter_path"):
+    """Wrap ``model`` with a *saved* LoRA adapter, trainable (verl's ``model.lora_adapter_path``).
+
+    The adapter's own ``adapter_config.json`` decides rank, alpha and target modules (``lora_rank`` /
+    ``lora_alpha`` / ``target_modules`` are not used), as in verl.  ``disable_adapter()`` still gives the base
+    model back, so the reference policy stays the base model the adapter was trained from.
+    """
+    from peft import PeftModel
+
+    cfg = read_adapter_config(adapter_path, field)
+    if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
+        raise ModelLoadError(f"{field}={adapter_path!r} is a {cfg.get('peft_type')} adapter; only LoRA adapters load here")
+    return PeftModel.from_pretrained(model, os.path.expanduser(adapter_path), is_trainable=True)
 
 
 def enable_gradient_checkpointing(model) -> None:

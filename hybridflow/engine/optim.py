@@ -24,18 +24,42 @@ __all__ = ["build_optimizer", "build_lr_scheduler", "warmup_steps", "constant_fa
 _SCHEDULES = ("constant", "cosine")
 
 
+def optimizer_class(optim_config: Any, field: str = "actor.optim"):
+    """verl's ``optim.optimizer_impl`` (a module) + ``optim.optimizer`` (a class in it), e.g. ``torch.optim`` +
+    ``AdamW`` (the default) or ``bitsandbytes.optim`` + ``AdamW8bit``."""
+    import importlib
+
+    impl, name = str(optim_config.optimizer_impl), str(optim_config.optimizer)
+    try:
+        module = importlib.import_module(impl)
+    except ImportError as e:
+        raise ValueError(f"{field}.optimizer_impl={impl!r} cannot be imported ({e}); install it or use torch.optim") from None
+    cls = getattr(module, name, None)
+    if cls is None and impl == "torch.optim":  # verl configs spell AdamW in any case
+        cls = {k.lower(): v for k, v in vars(module).items() if isinstance(v, type)}.get(name.lower())
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise ValueError(f"{field}.optimizer={name!r} is not an optimizer class of {impl}")
+    return cls
+
+
 def build_optimizer(params: Iterable[torch.nn.Parameter], optim_config: Any, field: str = "actor.optim"):
-    """AdamW over the trainable ``params`` from an ``OptimConfig`` (lr, betas, weight_decay...)."""
-    name = str(optim_config.optimizer)
-    if name.lower() != "adamw":
-        raise ValueError(f"{field}.optimizer={name!r} is not supported; use 'AdamW'")
+    """The ``optimizer_impl.optimizer`` class over the trainable ``params`` (lr, betas, weight_decay, then
+    ``override_optimizer_config``), as verl builds it; ``betas`` only for classes that take them."""
+    import inspect
+
+    cls = optimizer_class(optim_config, field)
     params = [p for p in params if p.requires_grad]
     if not params:
         raise ValueError(f"{field}: the model has no trainable parameters (frozen model or LoRA misconfigured)")
-    kwargs = dict(lr=float(optim_config.lr), betas=tuple(optim_config.betas), weight_decay=float(optim_config.weight_decay))
+    accepted = inspect.signature(cls.__init__).parameters
+    kwargs: dict[str, Any] = dict(lr=float(optim_config.lr), weight_decay=float(optim_config.weight_decay))
+    if "betas" in accepted:
+        kwargs["betas"] = tuple(optim_config.betas)
+    if "foreach" in accepted:
+        # foreach=False keeps per-parameter kernels, which also works with FSDP2 DTensor shards on gloo.
+        kwargs["foreach"] = False
     kwargs.update(dict(optim_config.override_optimizer_config or {}))
-    # foreach=False keeps per-parameter kernels, which also works with FSDP2 DTensor shards on gloo.
-    return torch.optim.AdamW(params, foreach=False, **kwargs)
+    return cls(params, **kwargs)
 
 
 def warmup_steps(optim_config: Any, total_steps: int) -> int:

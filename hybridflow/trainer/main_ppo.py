@@ -61,6 +61,14 @@ def _actor_role(config) -> str:
 _INIT_ORDER = ("critic", "reward_model", "actor_rollout")
 
 
+def pool_options(config) -> dict[str, Any]:
+    """Resource-pool options from the config: verl's ``trainer.ray_wait_register_center_timeout`` is how long the
+    Ray worker slots (placement groups) may take to come up before start-up fails naming what is missing."""
+    if config.trainer.backend != "ray":
+        return {}
+    return {"ready_timeout_s": float(config.trainer.ray_wait_register_center_timeout)}
+
+
 def create_workers(config) -> Runtime:
     """Start the backend and the role worker processes, without loading any model yet.
 
@@ -95,7 +103,7 @@ def create_workers(config) -> Runtime:
         from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
         process_on_nodes = [1] if backend == "local" else [tcfg.n_gpus_per_node] * tcfg.nnodes
-        pool = create_resource_pool(backend, process_on_nodes, use_gpu=use_gpu)
+        pool = create_resource_pool(backend, process_on_nodes, use_gpu=use_gpu, **pool_options(config))
         release = getattr(pool, "release", None)
         if callable(release):
             runtime._closers.append(release)
@@ -133,14 +141,33 @@ def _rollout_threads(config) -> int:
     return max(64, min(1024, int(config.actor_rollout_ref.rollout.max_num_seqs)))
 
 
-def start_rollout_service(runtime: Runtime, config, tokenizer) -> None:
+def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None) -> None:
     """The rollout service over the loaded workers: one replica per actor/rollout rank (the hybrid engine)
-    and the agent-loop manager (``rollout.agent.num_workers`` workers) that the trainer generates with."""
+    and the agent-loop manager (``rollout.agent.num_workers`` workers) that the trainer generates with.
+    ``reward_fn`` (the training reward manager) scores trajectories in the agent loops when verl's reward
+    loop applies and the backend is local."""
     from hybridflow.agents import AgentLoopManager
     from hybridflow.rollout.fleet import HybridFleet
 
-    fleet = HybridFleet(runtime.groups.actor_rollout)
-    manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer)
+    arr = config.actor_rollout_ref
+    if arr.hybrid_engine:
+        fleet = HybridFleet(runtime.groups.actor_rollout)
+    elif arr.rollout.name == "vllm":  # standalone vLLM server processes, fed the actor's weights after every update
+        from hybridflow.rollout.vllm_server_fleet import VLLMServerFleet
+        from hybridflow.trainer.rollout_pool import rollout_pool_devices
+
+        actor = runtime.groups.actor_rollout
+        fleet = VLLMServerFleet.from_config(config, lambda: actor.get_actor_weights()[0].items(),
+                                            resolve_device(config))
+        runtime._closers.append(fleet.shutdown)
+        runtime.n_devices += rollout_pool_devices(config)
+    else:  # hf replicas on the rollout pool, fed weights by the checkpoint engine
+        from hybridflow.trainer.rollout_pool import rollout_pool_devices, start_standalone_fleet
+
+        fleet = start_standalone_fleet(config, runtime.groups.actor_rollout, resolve_device(config) == "cuda",
+                                       runtime._closers)
+        runtime.n_devices += rollout_pool_devices(config)
+    manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer, reward_manager=reward_fn)
     runtime._closers.append(manager.shutdown)
     runtime.groups.rollout = manager
 
@@ -290,6 +317,22 @@ def load_processor_for(config):
     return processor
 
 
+def trainer_class(config) -> type:
+    """The controller of ``async_training.mode``: the synchronous HybridFlow step, one-step-off or fully async."""
+    mode = config.async_training.mode
+    if mode == "one_step_off":
+        from hybridflow.trainer.one_step_off import OneStepOffTrainer
+
+        return OneStepOffTrainer
+    if mode == "fully_async":
+        from hybridflow.trainer.fully_async import FullyAsyncTrainer
+
+        return FullyAsyncTrainer
+    from hybridflow.trainer.ppo_trainer import PPOTrainer
+
+    return PPOTrainer
+
+
 def run_ppo(config, should_stop: Callable[[], bool] | None = None) -> None:
     """verl's entry: one training run from a loaded ``PPOConfig`` (see ``train_ppo`` for the history)."""
     train_ppo(config, should_stop=should_stop)
@@ -300,7 +343,7 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
     import torch
 
     from hybridflow.engine.model_loader import check_causal_lm
-    from hybridflow.trainer.ppo_trainer import PPOTrainer, resolve_total_training_steps
+    from hybridflow.trainer.ppo_trainer import resolve_total_training_steps
     from hybridflow.trainer.preflight import run_preflight
 
     tcfg = config.trainer
@@ -323,19 +366,31 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         reward_fns = [reward_fn, val_reward_fn]
         runtime = start.result()
         init_models(runtime, total)
-        start_rollout_service(runtime, config, tokenizer)
+        start_rollout_service(runtime, config, tokenizer, reward_fn)
         if logger is None:
             logger = build_logger(config, total)
-        trainer = PPOTrainer(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn, val_reward_fn,
-                             logger=logger, n_devices=runtime.n_devices, dp_size=runtime.dp_size)
+        trainer = trainer_class(config)(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn,
+                                        val_reward_fn, logger=logger, n_devices=runtime.n_devices,
+                                        dp_size=runtime.dp_size)
         return trainer.fit(should_stop=should_stop)
     finally:
         for fn in reward_fns:
             fn.close()
         if runtime is not None:
+            dump_ray_timeline(config)
             runtime.close()
         else:
             start.abandon()
+
+
+def dump_ray_timeline(config) -> None:
+    """``ray_kwargs.timeline_json_file``: Ray's task timeline (chrome://tracing JSON) of the run, as verl writes it."""
+    path = config.ray_kwargs.timeline_json_file
+    if path and config.trainer.backend == "ray":
+        import ray
+
+        if ray.is_initialized():
+            ray.timeline(filename=str(path))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -362,7 +417,23 @@ def main(argv: list[str] | None = None) -> int:
     except user_error_types() as e:  # bad input: one clear line, not a traceback
         print(f"hybridflow: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except rollout_failure_types() as e:  # a rollout replica died: say which, and how to go on
+        print(f"hybridflow: {e}\nhybridflow: the run stopped; its last checkpoint (if any) under "
+              f"{cfg.trainer.default_local_dir} is intact: fix the cause and run the same command again to resume "
+              "from it (trainer.resume_mode=auto)", file=sys.stderr)
+        return EXIT_ROLLOUT_FAILED
     return interrupt.exit_code
+
+
+EXIT_ROLLOUT_FAILED = 3
+
+
+def rollout_failure_types() -> tuple[type[BaseException], ...]:
+    """Errors that mean the rollout side of the run died (a replica's process, an agent-loop worker)."""
+    from hybridflow.rollout.replica import ReplicaError
+    from hybridflow.trainer.sample_queue import RolloutFailed
+
+    return ReplicaError, RolloutFailed
 
 
 if __name__ == "__main__":

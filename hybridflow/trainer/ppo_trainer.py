@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from hybridflow.algorithms.batch_ops import ROLLOUT_CORRECTION_BYPASS
+from hybridflow.algorithms.bypass_loss import BypassSettings
 from hybridflow.protocol import DataProto
 from hybridflow.tracking.metrics import (
     compute_data_metrics,
@@ -29,8 +31,9 @@ from hybridflow.tracking.metrics import (
 )
 from hybridflow.trainer import run_checkpoint as ckpt
 from hybridflow.trainer import stages
+from hybridflow.trainer.async_reward import AsyncRewardScorer
 from hybridflow.trainer.balance import balance_batch
-from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator
+from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator, zero_variance_fraction
 from hybridflow.trainer.rollout_correction_stage import apply_rollout_correction, correction_enabled
 from hybridflow.trainer.stages import StepPlan, WorkerGroups, timed
 from hybridflow.trainer.validation import Validator
@@ -38,6 +41,8 @@ from hybridflow.trainer.validation import Validator
 
 def resolve_total_training_steps(config, steps_per_epoch: int) -> int:
     """``trainer.total_training_steps`` if set, else epochs x loader length; written into the optim configs.
+    Fully async training runs ``rollout.total_epochs`` passes, at most ``rollout.total_rollout_steps`` prompts
+    (and at most ``trainer.total_training_steps`` steps).
 
     The LR schedule of every worker needs the total, so this runs before the workers are built (as verl).
     """
@@ -46,9 +51,17 @@ def resolve_total_training_steps(config, steps_per_epoch: int) -> int:
             f"the training dataloader yields no batch: the dataset is smaller than data.train_batch_size="
             f"{config.data.train_batch_size} (or data.gen_batch_size); lower the batch size or add data"
         )
-    total = steps_per_epoch * config.trainer.total_epochs
-    if config.trainer.total_training_steps is not None:
-        total = int(config.trainer.total_training_steps)
+    tcfg = config.trainer
+    if config.async_training.mode == "fully_async":  # the rollouter's horizon, in trainer steps
+        total = steps_per_epoch * config.rollout.total_epochs
+        if config.rollout.total_rollout_steps is not None:
+            total = min(total, int(config.rollout.total_rollout_steps) // config.data.train_batch_size)
+        if tcfg.total_training_steps is not None:
+            total = min(total, int(tcfg.total_training_steps))
+    else:
+        total = steps_per_epoch * tcfg.total_epochs
+        if tcfg.total_training_steps is not None:
+            total = int(tcfg.total_training_steps)
     if total <= 0:
         raise ValueError(f"total training steps is {total}; set trainer.total_epochs or trainer.total_training_steps > 0")
     config.actor_rollout_ref.actor.optim.total_training_steps = total
@@ -85,10 +98,13 @@ def build_flops_counters(config) -> dict:
 
 @dataclass
 class RunHistory:
-    """What the run report and tests read back: metrics per step and sample generations."""
+    """What the run report and tests read back: metrics per step, sample generations and (async training)
+    which samples each step trained on with their staleness."""
 
     metrics: list[dict[str, float]] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
+    trained: list[dict[str, Any]] = field(default_factory=list)  # async training: one entry per trained sample
+    abandoned: list[int] = field(default_factory=list)  # fully async: samples generated but not trained at the end
 
 
 class PPOTrainer:
@@ -116,6 +132,9 @@ class PPOTrainer:
         self.skipped_steps = 0  # steps whose update was skipped for non-finite gradients
         self.history = RunHistory()
         self.flops_counters = build_flops_counters(config)
+        # reward_model.launch_reward_fn_async: the reward function scores in the background during the log-prob,
+        # reference and value passes (the config refuses it where scores are needed earlier)
+        self.async_reward = AsyncRewardScorer(reward_fn) if config.reward_model.launch_reward_fn_async else None
         self.validator = None
         if val_dataloader is not None:
             trainer_cfg = config.trainer
@@ -132,34 +151,60 @@ class PPOTrainer:
         it stops after is treated as the last one (validated and saved).
         """
         tcfg = self.config.trainer
-        self.load_checkpoint()
+        resumed = self.load_checkpoint()
+        self.start_rollout(resumed)
         if self.validator is not None and tcfg.val_before_train:
             self._validate()
             if tcfg.val_only:
                 self._finish()
                 return self.history
         prompts = self._prompt_stream()
-        while self.global_steps < self.total_training_steps:
-            metrics = self.train_step(prompts)
-            if metrics is None:
-                break  # data exhausted (total_epochs reached)
-            self.global_steps += 1
-            last = self.global_steps >= self.total_training_steps or (should_stop is not None and should_stop())
-            timing: dict[str, float] = {}
-            if self.validator is not None and tcfg.test_freq > 0 and (last or self.global_steps % tcfg.test_freq == 0):
-                with timed("testing", timing):
-                    metrics.update(self._validate(log=False))
-            if tcfg.save_freq > 0 and (last or self.global_steps % tcfg.save_freq == 0):
-                with timed("save_checkpoint", timing):
-                    self.save_checkpoint()
-            metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
-            self._log(metrics)
-            if last:
-                break
+        try:
+            while self.global_steps < self.total_training_steps:
+                metrics = self.train_step(prompts)
+                if metrics is None:
+                    break  # data exhausted (total_epochs reached)
+                self.global_steps += 1
+                last = self.global_steps >= self.total_training_steps or (should_stop is not None and should_stop())
+                timing: dict[str, float] = {}
+                if self.validator is not None and self.validate_now(last):
+                    with timed("testing", timing):
+                        metrics.update(self._validate(log=False))
+                if self.save_now(last):
+                    with timed("save_checkpoint", timing):
+                        self.save_checkpoint()
+                metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
+                self._log(metrics)
+                if last:
+                    break
+        finally:
+            self.stop_rollout()
         self._finish()
         return self.history
 
+    def validate_now(self, last: bool) -> bool:
+        """Validate after this step? Every ``trainer.test_freq`` steps and after the last one."""
+        freq = self.config.trainer.test_freq
+        return freq > 0 and (last or self.global_steps % freq == 0)
+
+    def save_now(self, last: bool) -> bool:
+        """Checkpoint after this step? Every ``trainer.save_freq`` steps and after the last one."""
+        freq = self.config.trainer.save_freq
+        return freq > 0 and (last or self.global_steps % freq == 0)
+
+    def stop_rollout(self) -> None:
+        """When the loop ends (finished, stopped or failed): stop generation running beside training (the async
+        controllers); nothing runs beside the synchronous step."""
+
+    def start_rollout(self, resumed: bool) -> None:
+        """Before the first generation: replicas with their own copy of the weights get the actor's (a resumed
+        actor differs from the model path they were loaded from; the sync also forms the weight-sync group)."""
+        if resumed or self.config.split_placement:
+            stages.sync_rollout_weights(self.groups)
+
     def _finish(self) -> None:
+        if self.async_reward is not None:
+            self.async_reward.close()
         if self.logger is None:
             return
         output_dir = getattr(self.logger, "output_dir", None)  # loggers without a folder get no report
@@ -195,47 +240,79 @@ class PPOTrainer:
         """One PPO step on the next prompt batch(es); returns its metrics (``None`` when data ran out)."""
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
-        cfg, plan, groups = self.config, self.plan, self.groups
         with timed("step", timing):
             batch = self.collect_batch(prompts, timing, metrics)
             if batch is None:
                 return None
-            if cfg.trainer.balance_batch:
-                metrics.update(balance_batch(batch, self.dp_size))
-            batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            if plan.old_log_prob_in_update:  # exactly on-policy: pi_old comes from the update's own pass
-                stages.compute_old_log_prob(groups, batch, plan, cfg.actor_rollout_ref.actor.loss_agg_mode)
-            else:
-                with timed("old_log_prob", timing):
-                    metrics.update(stages.compute_old_log_prob(groups, batch, plan,
-                                                               cfg.actor_rollout_ref.actor.loss_agg_mode))
-            if plan.use_ref:
-                with timed("ref", timing):
-                    stages.compute_ref_log_prob(groups, batch)
-            if plan.use_critic:
-                with timed("values", timing):
-                    stages.compute_values(groups, batch)
-            with timed("adv", timing):
-                batch, adv_metrics = stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl)
-                metrics.update(adv_metrics)
-            if correction_enabled(cfg.algorithm.rollout_correction):  # actor pi_old vs the rollout's mu
-                metrics.update(apply_rollout_correction(batch, cfg.algorithm.rollout_correction))
-            if plan.use_critic:
-                with timed("update_critic", timing):
-                    metrics.update(stages.update_critic(groups, batch))
-            if self.global_steps >= plan.critic_warmup:  # the first critic_warmup steps train the critic only
-                with timed("update_actor", timing):
-                    metrics.update(stages.update_actor(groups, batch, cfg.actor_rollout_ref.rollout.temperature))
-                moved = stages.sync_rollout_weights(groups)  # None: the rollout shares the actor's module
-                if moved is not None:
-                    timing["update_weights"] = moved
+            batch = self.train_on_batch(batch, timing, metrics)
+        self.finish_step_metrics(batch, timing, metrics)
+        return metrics
+
+    def train_on_batch(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
+        """The stages after generation: log-probs, values, reward, advantages, updates, then the weight push.
+
+        Returns the batch trained on (PF-PPO resamples it in the advantage stage)."""
+        cfg, plan, groups = self.config, self.plan, self.groups
+        if cfg.trainer.balance_batch:
+            metrics.update(balance_batch(batch, self.dp_size))
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+        # (scores already in the batch -- a reward model or the agent loops' reward loop -- need no launch)
+        pending_reward = (self.async_reward.launch(batch) if self.async_reward is not None
+                          and "rm_scores" not in batch.batch else None)
+        if plan.old_log_prob_in_update or plan.reuse_rollout_log_probs:  # pi_old without a forward pass:
+            # the update's own pass, or the rollout's log-probs (diagnostics then come from the update)
+            metrics.update(stages.compute_old_log_prob(groups, batch, plan, cfg.actor_rollout_ref.actor.loss_agg_mode))
+        else:
+            with timed("old_log_prob", timing):
+                metrics.update(stages.compute_old_log_prob(groups, batch, plan,
+                                                           cfg.actor_rollout_ref.actor.loss_agg_mode))
+        if plan.use_ref:
+            with timed("ref", timing):
+                stages.compute_ref_log_prob(groups, batch)
+        if plan.use_critic:
+            with timed("values", timing):
+                stages.compute_values(groups, batch)
+        if pending_reward is not None:  # wait for the background scorer (the time blocked is timing_s/reward)
+            with timed("reward", timing):
+                metrics.update(stages.apply_reward_result(batch, self.async_reward.collect(pending_reward)))
+        if not plan.filter_groups:  # (with filtering, the accumulator reports it over every generated group)
+            # groups whose n scores are all equal give GRPO-style estimators no signal (DAPO, Yu et al. 2025)
+            metrics["train/zero_variance_group_fraction"] = zero_variance_fraction(batch, "seq_reward")
+        with timed("adv", timing):
+            batch, adv_metrics = stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl)
+            metrics.update(adv_metrics)
+        if correction_enabled(cfg.algorithm.rollout_correction):  # actor pi_old vs the rollout's mu
+            metrics.update(apply_rollout_correction(batch, cfg.algorithm.rollout_correction))
+        if plan.use_critic:
+            with timed("update_critic", timing):
+                metrics.update(stages.update_critic(groups, batch))
+        if cfg.algorithm.rollout_correction.bypass_mode:  # old_log_probs are mu; the actor's loss corrects
+            batch.meta_info[ROLLOUT_CORRECTION_BYPASS] = BypassSettings.from_config(cfg.algorithm.rollout_correction)
+        if self.global_steps >= plan.critic_warmup:  # the first critic_warmup steps train the critic only
+            with timed("update_actor", timing):
+                metrics.update(stages.update_actor(groups, batch, cfg.actor_rollout_ref.rollout.temperature))
+            self.push_weights(timing, metrics)
+        return batch
+
+    def push_weights(self, timing: dict[str, float], metrics: dict[str, float]) -> None:
+        """After an actor update: bring the new weights to the rollout (``timing_s/update_weights`` when
+        something moves; the colocated hf engine shares the actor's module and moves nothing).  The async
+        controllers push at other moments and override this."""
+        moved = stages.sync_rollout_weights(self.groups)
+        if moved is not None:
+            timing["update_weights"] = moved
+
+    def finish_step_metrics(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
+        """verl's data / timing / throughput metrics of the step just trained, the rollout dump, counters."""
+        cfg = self.config
         if cfg.trainer.rollout_data_dir:
             from hybridflow.trainer.rollout_dump import dump_generations
 
             extra = {k: list(batch.non_tensor_batch[k]) for k in self._reward_extra_keys(batch)}
             dump_generations(cfg.trainer.rollout_data_dir, self.global_steps + 1, self.tokenizer, batch,
                              batch.batch["token_level_scores"].sum(-1).tolist(), extra)
-        metrics.update(compute_data_metrics(batch, use_critic=plan.use_critic))
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        metrics.update(compute_data_metrics(batch, use_critic=self.plan.use_critic, eos_token_ids=[eos]))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, self.n_devices))
         metrics.update(compute_mfu_metrics(batch, timing, self.flops_counters, self.n_devices,
@@ -246,15 +323,15 @@ class PPOTrainer:
         metrics["training/skipped_steps"] = float(self.skipped_steps)
         metrics["training/global_step"] = float(self.global_steps + 1)
         metrics["training/epoch"] = float(self.epoch)
-        return metrics
 
     @staticmethod
     def _reward_extra_keys(batch: DataProto) -> list[str]:
         return [k for k in batch.meta_info.get("reward_extra_keys", []) if k in batch.non_tensor_batch]
 
     def collect_batch(self, prompts: Iterator[dict[str, Any]], timing: dict[str, float],
-                      metrics: dict[str, float]) -> DataProto | None:
-        """Generate and score one training batch; with DAPO filtering, as many rounds as needed."""
+                      metrics: dict[str, float], step: int | None = None) -> DataProto | None:
+        """Generate and score the batch of step ``step`` (default: the next one); with DAPO filtering, as many
+        rounds as needed."""
         plan = self.plan
         fg = self.config.algorithm.filter_groups
         acc = None
@@ -265,7 +342,7 @@ class PPOTrainer:
             batch_dict = next(prompts, None)
             if batch_dict is None:
                 return None
-            batch = self.generate_and_score(stages.prompts_from_loader(batch_dict), timing, metrics)
+            batch = self.generate_and_score(stages.prompts_from_loader(batch_dict), timing, metrics, step)
             if acc is None:
                 return batch
             acc.add(batch)
@@ -274,11 +351,13 @@ class PPOTrainer:
                 return acc.take()
             acc.check_budget()
 
-    def generate_and_score(self, prompts: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
+    def generate_and_score(self, prompts: DataProto, timing: dict[str, float], metrics: dict[str, float],
+                           step: int | None = None) -> DataProto:
         plan = self.plan
         rollout_cfg = self.config.actor_rollout_ref.rollout
-        meta = {"do_sample": bool(rollout_cfg.do_sample), "validate": False, "global_steps": self.global_steps + 1}
-        prompts.meta_info["global_steps"] = self.global_steps + 1
+        step = self.global_steps + 1 if step is None else int(step)  # the sampling seeds derive from it
+        meta = {"do_sample": bool(rollout_cfg.do_sample), "validate": False, "global_steps": step}
+        prompts.meta_info["global_steps"] = step
         with timed("gen", timing):
             if plan.remax_baseline:
                 baseline_prompts = prompts.select(deepcopy=True)
@@ -289,8 +368,9 @@ class PPOTrainer:
             with timed("gen_max", timing):
                 baselines = stages.generate_remax_baseline(self.groups, baseline_prompts, self.reward_fn)
             batch.batch["reward_baselines"] = baselines.repeat_interleave(len(batch) // len(baselines))
-        with timed("reward", timing):
-            metrics.update(stages.compute_reward(self.groups, batch, self.reward_fn, plan.use_rm))
+        if self.async_reward is None or "rm_scores" in batch.batch:  # else scored in the background (train_step)
+            with timed("reward", timing):
+                metrics.update(stages.compute_reward(self.groups, batch, self.reward_fn, plan.use_rm))
         return batch
 
     # ------------------------------------------------------------------------------------------ validation
@@ -322,28 +402,32 @@ class PPOTrainer:
             if self.plan.use_critic:
                 self.groups.critic.save_checkpoint(str(writer.tmp_dir / "critic"), self.global_steps, None)
                 components.append("critic")
-            state_dict = getattr(self.train_dataloader, "state_dict", None)
-            if callable(state_dict):
-                writer.save_data_state(state_dict())
+            data_state = self.data_state()
+            if data_state is not None:
+                writer.save_data_state(data_state)
             writer.save_trainer_state(ckpt.TrainerState(
                 global_step=self.global_steps,
                 epoch=self.epoch,
                 rng=ckpt.capture_rng_state(),
                 kl_ctrl=self.kl_ctrl.state_dict() if self.kl_ctrl is not None else {},
             ))
-            model = self.config.actor_rollout_ref.model
-            lora = {"lora": {"lora_rank": int(model.lora_rank), "lora_alpha": float(model.lora_alpha)}}
-            writer.commit(components, metadata=lora if model.lora_rank > 0 else None)
+            writer.commit(components, metadata=ckpt.lora_metadata(self.config.actor_rollout_ref.model))
         ckpt.rotate_checkpoints(root, "actor", tcfg.max_actor_ckpt_to_keep)
         ckpt.rotate_checkpoints(root, "critic", tcfg.max_critic_ckpt_to_keep)
 
-    def load_checkpoint(self) -> None:
-        """Restore everything from the folder ``trainer.resume_mode`` selects (no-op on a fresh start)."""
+    def data_state(self) -> dict[str, Any] | None:
+        """The loader position to resume from: after the last batch *trained* on (the async controllers fetch
+        prompts ahead of training and override this)."""
+        state_dict = getattr(self.train_dataloader, "state_dict", None)
+        return state_dict() if callable(state_dict) else None
+
+    def load_checkpoint(self) -> bool:
+        """Restore everything from the folder ``trainer.resume_mode`` selects; False on a fresh start."""
         tcfg = self.config.trainer
         ckpt.clean_stale_temp_dirs(tcfg.default_local_dir)
         folder = ckpt.find_resume_dir(tcfg.default_local_dir, tcfg.resume_mode, tcfg.resume_from_path)
         if folder is None:
-            return
+            return False
         manifest = ckpt.read_manifest(folder)
         if self.plan.use_critic and "critic" not in manifest["components"]:
             raise ckpt.CheckpointError(
@@ -359,9 +443,15 @@ class PPOTrainer:
         if self.kl_ctrl is not None and state.kl_ctrl:
             self.kl_ctrl.load_state_dict(state.kl_ctrl)
         data_state = ckpt.load_data_state(folder)
+        if data_state is not None:
+            self.restore_data_state(data_state)
+        return True
+
+    def restore_data_state(self, state: dict[str, Any]) -> None:
+        """Continue the prompt stream where :meth:`data_state` left it."""
         load_state_dict = getattr(self.train_dataloader, "load_state_dict", None)
-        if data_state is not None and callable(load_state_dict):
-            load_state_dict(data_state)
+        if callable(load_state_dict):
+            load_state_dict(state)
 
 
 __all__ = ["PPOTrainer", "RunHistory", "resolve_total_training_steps"]

@@ -118,6 +118,7 @@ def run_preflight(config, logger_dir: str | os.PathLike | None = None) -> None:
     Space is checked for the checkpoint folder only when checkpoints will be written (``save_freq > 0``);
     every configured output folder must be writable either way.
     """
+    check_rollout_device(config)
     for out in output_dirs(config, logger_dir):
         check_writable(out.key, out.path)
     tcfg = config.trainer
@@ -131,6 +132,20 @@ def run_preflight(config, logger_dir: str | os.PathLike | None = None) -> None:
     check_agent_config(config)  # tool / interaction / agent-loop files and names, before any model loads
 
 
+def check_rollout_device(config) -> None:
+    """Rollout keys that cannot act on the device this run computes on (e.g. vLLM TP > 1 on CPU): ConfigError.
+
+    ``validate_config`` already refused them for ``trainer.device=cpu``; this catches ``auto`` on a CPU machine."""
+    from hybridflow.config import ConfigError
+    from hybridflow.config.validate_rollout import rollout_hardware_errors
+    from hybridflow.engine.device import device_type
+
+    device = "cpu" if config.trainer.device == "cpu" else device_type()
+    errors = rollout_hardware_errors(config, device)
+    if errors:
+        raise ConfigError(errors)
+
+
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Exception types that mean "the input is wrong" (their message names the field and the fix).
 
@@ -138,6 +153,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     a runtime fault and keeps its traceback. Imported lazily: each lives beside the code that raises it.
     """
     from hybridflow.agents.setup_check import AgentConfigError
+    from hybridflow.config import ConfigError
     from hybridflow.data.io import DataFileError
     from hybridflow.data.prompts import PromptTooLongError
     from hybridflow.engine.model_loader import ModelLoadError
@@ -146,8 +162,8 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from hybridflow.trainer.run_checkpoint import CheckpointError
 
     return (DataFileError, PromptTooLongError, ModelLoadError, RewardFunctionError, CheckpointError, BatchSizeError,
-            PreflightError, AgentConfigError)
+            PreflightError, AgentConfigError, ConfigError)
 
 
-__all__ = ["PreflightError", "user_error_types", "OutputDir", "output_dirs", "check_writable", "check_free_space", "model_bytes",
+__all__ = ["PreflightError", "check_rollout_device", "user_error_types", "OutputDir", "output_dirs", "check_writable", "check_free_space", "model_bytes",
            "estimate_checkpoint_bytes", "run_preflight"]

@@ -24,8 +24,10 @@ __all__ = ["correction_enabled", "apply_rollout_correction"]
 
 
 def correction_enabled(rc) -> bool:
-    """True when ``algorithm.rollout_correction`` asks for IS weights or rejection."""
-    return rc.rollout_is is not None or rc.rollout_rs is not None
+    """True when ``algorithm.rollout_correction`` asks for IS weights or rejection between pi_old and mu in this
+    stage (decoupled mode).  In bypass mode the actor's loss corrects against the policy being trained instead
+    (``algorithms/bypass_loss.py``), so this stage does not run."""
+    return (rc.rollout_is is not None or rc.rollout_rs is not None) and not rc.bypass_mode
 
 
 def apply_rollout_correction(batch: DataProto, rc) -> dict[str, float]:

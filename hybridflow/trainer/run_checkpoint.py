@@ -290,10 +290,22 @@ def load_data_state(folder: str | os.PathLike) -> dict[str, Any] | None:
     path = Path(folder) / DATA_STATE_FILE
     return torch.load(path, weights_only=False) if path.is_file() else None
 
+def lora_metadata(model_cfg) -> dict[str, Any] | None:
+    """The manifest's ``lora`` entry (rank and alpha, for ``hybridflow merge``) of an actor that trains LoRA:
+    from the saved adapter's own config when it started from ``model.lora_adapter_path``, else from the keys."""
+    if model_cfg.lora_adapter_path:
+        from hybridflow.engine.model_loader import read_adapter_config
+
+        adapter = read_adapter_config(model_cfg.lora_adapter_path)
+        return {"lora": {"lora_rank": int(adapter["r"]), "lora_alpha": float(adapter["lora_alpha"])}}
+    if int(model_cfg.lora_rank) > 0:
+        return {"lora": {"lora_rank": int(model_cfg.lora_rank), "lora_alpha": float(model_cfg.lora_alpha)}}
+    return None
 
 
 __all__ = [
     "CheckpointError",
+    "lora_metadata",
     "CheckpointWriter",
     "TrainerState",
     "LATEST_FILE",

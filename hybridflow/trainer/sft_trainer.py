@@ -37,6 +37,7 @@ from hybridflow.trainer.sft_data import (
 class SFTMultiturnConfig:
     enable: bool = False
     messages_key: str = "messages"
+    tools_key: str = "tools"  # per-row tool schemas rendered by the chat template (a missing column: no tools)
 
 
 @dataclass
@@ -113,7 +114,8 @@ def build_examples(rows: Sequence[dict], tokenizer, data: SFTDataConfig) -> list
         if data.multiturn.enable:
             if data.multiturn.messages_key not in row:
                 raise KeyError(f"{where} has no '{data.multiturn.messages_key}' column (data.multiturn.messages_key)")
-            ex = multi_turn_example(tokenizer, row[data.multiturn.messages_key], where)
+            ex = multi_turn_example(tokenizer, row[data.multiturn.messages_key], where,
+                                    tools=row.get(data.multiturn.tools_key))
         else:
             for key, name in ((data.prompt_key, "prompt_key"), (data.response_key, "response_key")):
                 if key not in row:

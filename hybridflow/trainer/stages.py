@@ -19,7 +19,11 @@ import torch
 from hybridflow.protocol import DataProto
 from hybridflow.utils.profiler import simple_timer as timed  # noqa: F401 - the stages' timer
 from hybridflow.tracking.metrics import reduce_metrics
-from hybridflow.algorithms.batch_ops import OLD_LOG_PROBS_FROM_UPDATE, compute_response_mask
+from hybridflow.algorithms.batch_ops import (
+    OLD_LOG_PROBS_FROM_UPDATE,
+    PI_OLD_DIAGNOSTICS_IN_UPDATE,
+    compute_response_mask,
+)
 
 # Keys the rollout needs from a prompt batch; everything else stays on the controller's copy.
 PROMPT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -50,7 +54,9 @@ class StepPlan:
 
     * ``reuse_rollout_log_probs``: the rollout's own log-probs (``rollout.calculate_log_probs=true``) when the
       update is exactly on-policy (one optimiser step on the batch) or ``rollout_correction.bypass_mode`` asks
-      for them explicitly;
+      for them explicitly -- never for ``optimal_token_baseline``, whose advantages need the actor pass's
+      ``sum_pi_squared``; ``actor/entropy`` and ``training/rollout_probs_diff_*`` then come from the update's
+      first forward pass (``PI_OLD_DIAGNOSTICS_IN_UPDATE``);
     * ``old_log_prob_in_update`` (the default for GRPO-style runs): the update is one optimiser step over
       the whole batch -- ``actor.ppo_epochs == 1`` and ``actor.ppo_mini_batch_size >= data.train_batch_size``
       -- and nothing reads ``old_log_probs`` before it: ``algorithm.use_kl_in_reward=false``, rollout
@@ -62,6 +68,11 @@ class StepPlan:
       the plain policy gradient A * grad log pi -- what TRL does for ``num_iterations=1``), so the separate
       ``old_log_prob`` forward pass is skipped and the update reports ``actor/entropy`` instead;
     * otherwise the actor's ``compute_log_prob`` forward pass (the ``old_log_prob`` stage).
+
+    Async training (``async_training.mode`` one_step_off / fully_async) trains on batches sampled by older
+    weights, so the rollout's log-probs are pi_old only when asked for explicitly: ``bypass_mode``, or fully
+    async ``use_rollout_log_probs`` without ``compute_prox_log_prob`` (verl's default there).  Taking pi_old
+    from the update's own pass stays exact: it *is* the recomputation with the current weights.
     """
 
     n: int
@@ -81,14 +92,21 @@ class StepPlan:
         actor, rollout = arr.actor, arr.rollout
         one_mini_batch = actor.ppo_mini_batch_size >= config.data.train_batch_size and actor.ppo_epochs == 1
         rc = config.algorithm.rollout_correction
+        at = config.async_training
+        on_policy = at.mode == "sync"
+        # Fully async default (verl): pi_old = the rollout's log-probs, as bypass_mode asks explicitly.
+        bypass = bool(rc.bypass_mode) or (
+            at.mode == "fully_async" and at.use_rollout_log_probs and not at.compute_prox_log_prob)
         # IS weights / rejection compare the actor's pi_old with the rollout's mu: pi_old must be recomputed.
         corrects = rc.rollout_is is not None or rc.rollout_rs is not None
-        rollout_correction = corrects or bool(rc.bypass_mode)
+        rollout_correction = corrects or bypass
         # Exactly on-policy (one optimiser step on the batch the rollout sampled from), and the rollout was
         # asked for the log-probs of its samples: the actor's recomputation would give the same numbers.
-        reuse = bool(rollout.calculate_log_probs) and ((one_mini_batch and not corrects) or bool(rc.bypass_mode))
-        # Optimal Token Baseline reads pi_old (and sum_pi_squared) in the advantage stage, before the update.
+        # Optimal Token Baseline reads pi_old and sum_pi_squared (which only the actor's pass emits) in the
+        # advantage stage, before the update: the rollout's log-probs cannot stand in for that pass.
         otb = config.algorithm.adv_estimator == "optimal_token_baseline" or bool(actor.calculate_sum_pi_squared)
+        reuse = bool(rollout.calculate_log_probs) and not otb and (
+            (one_mini_batch and not corrects and on_policy) or bypass)
         in_update = (
             one_mini_batch and not reuse and not rollout_correction and not otb
             and not bool(config.algorithm.use_kl_in_reward)
@@ -143,6 +161,8 @@ def merge_generation_output(batch: DataProto, output: DataProto) -> DataProto:
     for key in ("timing", "metrics"):
         if key in output.meta_info:
             batch.meta_info[f"gen_{key}"] = output.meta_info[key]
+    if "reward_extra_keys" in output.meta_info:  # the agent loops scored the trajectories (reward loop)
+        batch.meta_info["reward_extra_keys"] = list(output.meta_info["reward_extra_keys"])
     if "response_mask" not in batch.batch:
         batch.batch["response_mask"] = compute_response_mask(batch)
     return batch
@@ -181,6 +201,16 @@ def generate_remax_baseline(groups: WorkerGroups, prompts: DataProto, reward_fn:
 
 
 # ---------------------------------------------------------------------------------------------- reward
+def _numeric_means(columns: dict[str, Any]) -> dict[str, float]:
+    """``reward_extra/<key>/mean`` of every all-numeric extra-info column."""
+    out = {}
+    for key, values in columns.items():
+        numeric = [float(v) for v in values if isinstance(v, (bool, int, float, np.number))]
+        if len(numeric) == len(values) and numeric:
+            out[f"reward_extra/{key}/mean"] = float(np.mean(numeric))
+    return out
+
+
 def compute_reward(groups: WorkerGroups, batch: DataProto, reward_fn: Callable, use_rm: bool) -> dict[str, float]:
     """``token_level_scores`` from a reward model (``rm_scores``) or the rule reward manager.
 
@@ -189,22 +219,25 @@ def compute_reward(groups: WorkerGroups, batch: DataProto, reward_fn: Callable, 
     """
     if use_rm and "rm_scores" not in batch.batch:
         batch.union(groups.reward_model.compute_rm_score(batch).select(batch_keys=["rm_scores"], non_tensor_batch_keys=[]))
-    if use_rm:
+    if "rm_scores" in batch.batch:  # a reward model scored the batch, or the agent loops scored their trajectories
         batch.batch["token_level_scores"] = batch.batch["rm_scores"]
-        return {}
-    result = reward_fn(batch, return_dict=True)
+        return _numeric_means({k: batch.non_tensor_batch[k] for k in batch.meta_info.get("reward_extra_keys", [])
+                               if k in batch.non_tensor_batch})
+    return apply_reward_result(batch, reward_fn(batch, return_dict=True))
+
+
+def apply_reward_result(batch: DataProto, result: dict[str, Any]) -> dict[str, float]:
+    """Write a reward manager's ``result`` (``reward_tensor``, ``reward_extra_info``, ``reward_metrics``) into
+    ``batch``; returns the reward metrics.  Separate from the call so the call can run in the background
+    (``reward_model.launch_reward_fn_async``, ``trainer/async_reward.py``)."""
     batch.batch["token_level_scores"] = result["reward_tensor"]
-    metrics: dict[str, float] = {}
-    for key, values in result.get("reward_extra_info", {}).items():
-        if len(values) != len(batch):
-            continue  # batch-level info (e.g. error counts) is reported through metrics below
+    # batch-level info (e.g. error counts) comes through reward_metrics, not as columns
+    extra = {k: v for k, v in result.get("reward_extra_info", {}).items() if len(v) == len(batch)}
+    for key, values in extra.items():
         batch.non_tensor_batch[key] = np.asarray(list(values), dtype=object)
         batch.meta_info.setdefault("reward_extra_keys", []).append(key)
-        numeric = [float(v) for v in values if isinstance(v, (bool, int, float, np.number))]
-        if len(numeric) == len(values):
-            metrics[f"reward_extra/{key}/mean"] = float(np.mean(numeric))
-    for key, value in result.get("reward_metrics", {}).items():
-        metrics[key] = float(value)
+    metrics = _numeric_means(extra)
+    metrics.update({key: float(value) for key, value in result.get("reward_metrics", {}).items()})
     return metrics
 
 
@@ -222,6 +255,7 @@ def compute_old_log_prob(groups: WorkerGroups, batch: DataProto, plan: StepPlan,
         return {}
     if plan.reuse_rollout_log_probs and "rollout_log_probs" in batch.batch:
         batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+        batch.meta_info[PI_OLD_DIAGNOSTICS_IN_UPDATE] = True  # entropy and probs diff from the update's first pass
         return {}
     from hybridflow.algorithms import agg_loss
 
@@ -296,6 +330,7 @@ def sync_rollout_weights(groups: WorkerGroups) -> float | None:
 
 __all__ = [
     "StepPlan",
+    "apply_reward_result",
     "WorkerGroups",
     "compute_advantages",
     "compute_old_log_prob",

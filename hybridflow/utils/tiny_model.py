@@ -29,6 +29,7 @@ MODEL_SIZES: dict[str, tuple[int, int, int, int, int]] = {
     "tiny": (128, 256, 2, 4, 2),  # ~0.4M: integration tests, quickstart
     "small": (256, 768, 4, 4, 2),  # ~3M
     "medium": (512, 1408, 6, 8, 4),  # ~20-25M: benchmarks
+    "qwen2.5-0.5b": (896, 4864, 24, 14, 2),  # Qwen2.5-0.5B's shape (~360M without its 151k vocab): GPU tests
 }
 
 

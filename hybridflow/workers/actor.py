@@ -23,11 +23,21 @@ from typing import Any
 
 import torch
 
-from hybridflow.algorithms.batch_ops import OLD_LOG_PROBS_FROM_UPDATE
+from hybridflow.algorithms.batch_ops import (
+    OLD_LOG_PROBS_FROM_UPDATE,
+    PI_OLD_DIAGNOSTICS_IN_UPDATE,
+    ROLLOUT_CORRECTION_BYPASS,
+)
+from hybridflow.algorithms.bypass_loss import compute_policy_loss_bypass_mode
 from hybridflow.algorithms.aggregation import agg_loss, check_loss_agg_mode, count_loss_normalizers
 from hybridflow.algorithms.kl import kl_penalty
 from hybridflow.algorithms.loss_config import with_global_batch_info
 from hybridflow.algorithms.registries import get_policy_loss_fn
+from hybridflow.algorithms.rollout_correction import (
+    PROBS_DIFF_SUM_KEYS,
+    rollout_probs_diff_from_sums,
+    rollout_probs_diff_sums,
+)
 from hybridflow.engine.forward import response_log_probs, response_token_outputs
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
@@ -69,6 +79,7 @@ def compute_token_outputs(
     use_remove_padding: bool,
     packed: bool | None = None,
     calculate_sum_pi_squared: bool = False,
+    use_torch_compile: bool = False,
 ) -> dict[str, torch.Tensor]:
     """No-grad per-response-token outputs (B, R) of ``engine``'s module, in ``data``'s row order:
     ``log_probs``, plus ``entropy`` and ``sum_pi_squared`` when asked (see ``response_token_outputs``).
@@ -84,7 +95,7 @@ def compute_token_outputs(
         for mb in micro_batches:
             outs = response_token_outputs(
                 module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding,
-                packed=packed, calculate_sum_pi_squared=calculate_sum_pi_squared,
+                packed=packed, calculate_sum_pi_squared=calculate_sum_pi_squared, use_torch_compile=use_torch_compile,
                 multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY),
             )
             for key, value in outs.items():
@@ -164,7 +175,7 @@ class PPOActor:
         """``log_probs`` (and ``entropy``, ``sum_pi_squared`` when asked) of ``data``'s response tokens."""
         return compute_token_outputs(
             self.engine, data, spec, temperature, calculate_entropy, self.use_remove_padding, self.packed,
-            calculate_sum_pi_squared,
+            calculate_sum_pi_squared, use_torch_compile=bool(self.config.use_torch_compile),
         )
 
     # ------------------------------------------------------------------ update
@@ -180,9 +191,13 @@ class PPOActor:
         cfg = self.config
         temperature = float(data.meta_info["temperature"])
         from_update = bool(data.meta_info.get(OLD_LOG_PROBS_FROM_UPDATE, False))
+        diagnose = from_update or bool(data.meta_info.get(PI_OLD_DIAGNOSTICS_IN_UPDATE, False))
         if from_update:
             self._check_single_step(len(data))
         keys = list(_MODEL_KEYS) + ["response_mask", "advantages"] + ([] if from_update else ["old_log_probs"])
+        if diagnose and "rollout_log_probs" in data.batch:
+            keys.append("rollout_log_probs")
+        bypass = data.meta_info.get(ROLLOUT_CORRECTION_BYPASS)  # old_log_probs are the rollout's mu
         if cfg.use_kl_loss:
             if "ref_log_prob" not in data.batch:
                 raise KeyError("actor.use_kl_loss=true needs 'ref_log_prob' in the batch; compute it with the ref worker")
@@ -201,8 +216,10 @@ class PPOActor:
                     batch_e = batch.select_idxs(torch.randperm(len(batch), generator=gen))
                 else:
                     batch_e = batch
-                for mini_batch in batch_e.split(self.mini_batch_size):
-                    self._train_mini_batch(mini_batch, temperature, metrics, from_update)
+                for i, mini_batch in enumerate(batch_e.split(self.mini_batch_size)):
+                    # Only the first forward pass runs before an optimiser step, i.e. at pi_old.
+                    at_pi_old = diagnose and epoch == 0 and i == 0
+                    self._train_mini_batch(mini_batch, temperature, metrics, from_update, at_pi_old, bypass)
         metrics["actor/lr"].append(self.engine.lr_scheduler_step())
         return dict(metrics)
 
@@ -227,7 +244,8 @@ class PPOActor:
         return {"global_token_num": int(tokens), "global_batch_size": int(seqs)}
 
     def _train_mini_batch(
-        self, mini_batch: DataProto, temperature: float, metrics: dict[str, list[float]], from_update: bool = False
+        self, mini_batch: DataProto, temperature: float, metrics: dict[str, list[float]], from_update: bool = False,
+        at_pi_old: bool = False, bypass=None,
     ) -> None:
         cfg = self.config
         micro_batches, _ = split_micro_batches(mini_batch, self.update_spec)
@@ -237,23 +255,35 @@ class PPOActor:
         )
         agg = {k: v for k, v in view.global_batch_info.items() if v is not None}
         entropy_in_loss = cfg.entropy_coeff != 0
-        # The skipped old_log_prob stage reported actor/entropy; the update reports it in its place.
-        want_entropy = bool(entropy_in_loss or cfg.calculate_entropy or from_update)
+        # The skipped old_log_prob stage reported actor/entropy; the update's pass at pi_old reports it instead.
+        want_entropy = bool(entropy_in_loss or cfg.calculate_entropy or from_update or at_pi_old)
+        diff_sums: dict[str, torch.Tensor] = {}
         acc = _MicroBatchMetrics()
         self.engine.zero_grad()
         for mb in micro_batches:
+            has_tokens = bool(mb.batch["response_mask"].any())  # read before the copy to the device: no sync
             b = mb.batch.to(self.engine.device)
             mask = b["response_mask"]
-            with self.engine.autocast():
+            with self.engine.autocast(), self.engine.activation_offload():
                 log_prob, entropy = response_log_probs(
                     self.engine.module, b, temperature, want_entropy, self.use_remove_padding,
-                    entropy_grad=entropy_in_loss, packed=self.packed,
+                    entropy_grad=entropy_in_loss, packed=self.packed, use_torch_compile=bool(cfg.use_torch_compile),
+                    entropy_checkpointing=bool(cfg.entropy_checkpointing),
                     multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY),
                 )
             old_log_prob = log_prob.detach() if from_update else b["old_log_probs"]
-            pg_loss, pg_metrics = self.policy_loss_fn(
-                old_log_prob, log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, b.get("rollout_is_weights")
-            )
+            if at_pi_old and "rollout_log_probs" in b:
+                for key, value in rollout_probs_diff_sums(b["rollout_log_probs"], log_prob, mask).items():
+                    diff_sums[key] = value if key not in diff_sums else (
+                        torch.maximum(diff_sums[key], value) if key == "max_d" else diff_sums[key] + value)
+            if bypass is not None:
+                pg_loss, pg_metrics = compute_policy_loss_bypass_mode(
+                    old_log_prob, log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, bypass
+                )
+            else:
+                pg_loss, pg_metrics = self.policy_loss_fn(
+                    old_log_prob, log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, b.get("rollout_is_weights")
+                )
             loss = pg_loss
             acc.add("actor/pg_loss", pg_loss)
             if want_entropy:
@@ -267,15 +297,26 @@ class PPOActor:
                 loss = loss + cfg.kl_loss_coef * kl_term
                 acc.add("actor/kl_loss", kl_term)
             loss.backward()
-            acc.observe(pg_metrics)
+            if has_tokens:  # a micro-batch of padding rows only has no policy-loss statistics to average in
+                acc.observe(pg_metrics)
         step = self.engine.optimizer_step(cfg.grad_clip)
         self._track_skips(step.stepped, step.grad_norm)
         for name, value in acc.values().items():
             metrics[name].append(value)
+        if at_pi_old and "rollout_log_probs" in mini_batch.batch:
+            metrics.update({k: [v] for k, v in self._global_probs_diff(diff_sums).items()})
         if cfg.use_kl_loss:
             metrics["actor/kl_coef"].append(float(cfg.kl_loss_coef))
         metrics["actor/grad_norm"].append(step.grad_norm)
         metrics["actor/nonfinite_grad_skipped"].append(0.0 if step.stepped else 1.0)
+
+    def _global_probs_diff(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        """``training/rollout_probs_diff_*`` of the whole mini-batch: the sums of every micro-batch and rank
+        (a collective: every rank calls it with the same keys, zeros where it saw no token)."""
+        totals = self.engine.all_reduce_sum([float(sums[k]) if k in sums else 0.0 for k in PROBS_DIFF_SUM_KEYS])
+        merged: dict[str, float] = dict(zip(PROBS_DIFF_SUM_KEYS, totals))
+        merged["max_d"] = self.engine.all_reduce_max([float(sums["max_d"]) if "max_d" in sums else 0.0])[0]
+        return rollout_probs_diff_from_sums(merged)
 
     def _track_skips(self, stepped: bool, grad_norm: float) -> None:
         if stepped:

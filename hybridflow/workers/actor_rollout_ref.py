@@ -24,6 +24,7 @@ from hybridflow.engine.model_loader import (
     apply_lora,
     enable_gradient_checkpointing,
     load_causal_lm,
+    load_lora_adapter,
     load_processor,
     load_tokenizer,
 )
@@ -65,18 +66,22 @@ class ActorRolloutRefWorker(Worker):
         self.actor: PPOActor | None = None
         self.ref_engine: TrainEngine | None = None
         self.rollout: RolloutHost | None = None
-        self._lora = int(config.model.lora_rank) > 0
+        self._weight_sync = None  # split placement: the checkpoint engine to standalone replicas (rank 0)
+        # verl: a saved adapter (lora_adapter_path) makes the run LoRA even with lora_rank=0
+        self._lora = int(config.model.lora_rank) > 0 or config.model.lora_adapter_path is not None
 
     # ------------------------------------------------------------------ construction
     def _load_policy_module(self, fsdp_config, trainable: bool):
         mc = self.config.model
         module = load_causal_lm(
             mc.path, dtype=fsdp_config.model_dtype, trust_remote_code=mc.trust_remote_code,
-            override_config=mc.override_config, field="actor_rollout_ref.model.path",
+            override_config=mc.override_config, field="actor_rollout_ref.model.path", hf_config_path=mc.hf_config_path,
         )
         if trainable and self.config.actor.freeze_vision_tower:
             freeze_vision_tower(module)
-        if trainable and self._lora:
+        if trainable and mc.lora_adapter_path:  # start from a saved adapter (its config sets rank and alpha)
+            module = load_lora_adapter(module, mc.lora_adapter_path)
+        elif trainable and self._lora:
             module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, mc.exclude_modules)
         if trainable and mc.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
@@ -103,33 +108,49 @@ class ActorRolloutRefWorker(Worker):
         if self._is_actor:
             ac = self.config.actor
             module = self._load_policy_module(ac.fsdp_config, trainable=True)
-            self.actor_engine = TrainEngine(module, ac.fsdp_config, ac.optim, total_training_steps, role="actor")
-            self.actor = PPOActor(ac, self.actor_engine, mc.use_remove_padding, rollout_n=self.config.rollout.n)
+            self.actor_engine = TrainEngine(module, ac.fsdp_config, ac.optim, total_training_steps, role="actor",
+                                            activation_offload=bool(mc.enable_activation_offload))
+            self.actor = PPOActor(ac, self.actor_engine, ac.use_remove_padding, rollout_n=self.config.rollout.n)
         if self._is_ref and not (self._lora and self._is_actor):
             module = self._load_policy_module(self.config.ref.fsdp_config, trainable=False)
             self.ref_engine = TrainEngine(module, self.config.ref.fsdp_config, None, role="ref")
-        if self._is_rollout:
+        if self._is_rollout and self.config.hybrid_engine:  # hybrid_engine=false: standalone server replicas
             self._build_rollout()
 
     def _build_rollout(self) -> None:
-        from hybridflow.rollout import create_rollout_engine
+        """The rank's rollout engine: ``hf`` generates with the actor's own module (nothing to sync); ``vllm``
+        and ``sglang`` hold their own copy, loaded here from the actor (verl's default ``load_format=dummy``
+        starts them with random weights) and after every update (``sync_rollout_weights``)."""
+        from hybridflow.rollout import ROLLOUT_ENGINES, create_rollout_engine
 
-        rc = self.config.rollout
-        if rc.name != "hf":
-            raise ValueError(
-                f"actor_rollout_ref.rollout.name={rc.name!r}: the colocated ActorRolloutRefWorker drives the 'hf' "
-                "engine; vllm/sglang run as separate rollout servers"
-            )
-        shares_weights = self.actor_engine is not None
-        if not shares_weights:  # rollout-only role: a frozen copy to generate with
+        rc, mc = self.config.rollout, self.config.model
+        if rc.name not in ("hf", "vllm", "sglang"):
+            raise ValueError(f"actor_rollout_ref.rollout.name={rc.name!r}: the hybrid worker runs hf, vllm or sglang")
+        if self.actor_engine is None:  # rollout-only role: a frozen copy to generate with (hf) / sync from
             module = self._load_policy_module(self.config.actor.fsdp_config, trainable=False)
             self.actor_engine = TrainEngine(module, self.config.actor.fsdp_config, None, role="rollout")
-        engine = create_rollout_engine(
-            "hf", model=self.actor_engine.module, tokenizer=self.tokenizer,
-            max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank,
-        )
-        self.rollout = RolloutHost(engine, self.actor_engine, name=f"{self.role}/rank{self.rank}",
-                                   shares_weights=shares_weights)
+        name = f"{self.role}/rank{self.rank}"
+        if rc.name == "hf":
+            engine = create_rollout_engine(
+                "hf", model=self.actor_engine.module, tokenizer=self.tokenizer,
+                max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank,
+            )
+        else:
+            kwargs: dict[str, Any] = {"model_path": mc.path, "rollout_config": rc, "tokenizer": self.tokenizer,
+                                      "seed": int(rc.seed) + self.rank, "name": name}
+            if rc.name == "vllm":
+                kwargs.update(lora_rank=int(mc.lora_rank), lora_alpha=float(mc.lora_alpha))
+            engine = ROLLOUT_ENGINES.get(rc.name)(**kwargs)
+        shares_weights = rc.name == "hf"
+        self.rollout = RolloutHost(engine, self.actor_engine, name=name, shares_weights=shares_weights)
+        if not shares_weights:
+            self.rollout.sync_weights()
+
+    def release(self) -> None:
+        """Stop the rollout engine (its server thread; for vLLM its driver thread and memory)."""
+        if self.rollout is not None:
+            self.rollout.close()
+            self.rollout = None
 
     # ------------------------------------------------------------------ rollout service (hybrid engine)
     def _rollout_host(self) -> RolloutHost:
@@ -203,6 +224,54 @@ class ActorRolloutRefWorker(Worker):
             engine.module.load_state_dict(state_dict)
         return time.perf_counter() - start
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weight_sync_address(self) -> tuple[str, int] | None:
+        """Where rank 0 will listen for the weight-sync group of standalone rollout replicas."""
+        if self.rank != 0:
+            return None
+        from hybridflow.rollout.checkpoint_engine import free_port, node_address
+
+        return node_address(), free_port()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def connect_weight_sync(self, spec) -> None:
+        """Rank 0 joins the weight-sync group as its sender (blocks until every replica has joined)."""
+        if self.actor is None:
+            raise RuntimeError(f"connect_weight_sync needs a role with 'actor' (this worker is {self.role!r})")
+        if self.rank == 0:
+            from hybridflow.rollout.checkpoint_engine import BroadcastCheckpointEngine
+
+            self._weight_sync = BroadcastCheckpointEngine(spec, 0, self.device).connect()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def send_rollout_weights(self) -> dict[str, float]:
+        """Broadcast the actor's full weights to the replicas, bucket by bucket (every rank gathers its shards;
+        rank 0 sends).  Returns what was sent (``{}`` on the other ranks)."""
+        from hybridflow.rollout.checkpoint_engine import full_tensors
+
+        if self.actor is None:
+            raise RuntimeError(f"send_rollout_weights needs a role with 'actor' (this worker is {self.role!r})")
+        tensors = full_tensors(self.actor_engine.module)
+        if self.rank != 0:
+            for _ in tensors:  # the gathers are collectives: every rank takes part
+                pass
+            return {}
+        sync = self._weight_sync
+        if sync is None:
+            raise RuntimeError("send_rollout_weights: connect_weight_sync has not run on rank 0")
+        stats = sync.send_weights(tensors)
+        return {"tensors": float(stats.tensors), "bytes": float(stats.bytes), "buckets": float(stats.buckets),
+                "seconds": stats.seconds}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weights_checksum(self) -> float:
+        """Sum of all actor parameters (tests compare it with the replicas')."""
+        from hybridflow.rollout.checkpoint_engine import full_tensors
+
+        with torch.no_grad():
+            return float(sum(t.double().sum() for _, t in full_tensors(self.actor_engine.module)
+                             if t.is_floating_point()))
+
     # ------------------------------------------------------------------ log-probs
     def _temperature(self, data: DataProto) -> float:
         return float(data.meta_info.get("temperature", self.config.rollout.temperature))
@@ -240,11 +309,14 @@ class ActorRolloutRefWorker(Worker):
         temperature = self._temperature(data)
         spec = self._log_prob_spec(self.config.ref, "actor_rollout_ref.ref")
         use_rmpad = self.config.model.use_remove_padding
+        compile_ = bool(self.config.ref.use_torch_compile)
         if self.ref_engine is None:  # LoRA: the base model is the actor without its adapters
             with self.actor_engine.module.disable_adapter():
-                log_probs = compute_token_outputs(self.actor_engine, data, spec, temperature, False, use_rmpad)["log_probs"]
+                log_probs = compute_token_outputs(self.actor_engine, data, spec, temperature, False, use_rmpad,
+                                                  use_torch_compile=compile_)["log_probs"]
         else:
-            log_probs = compute_token_outputs(self.ref_engine, data, spec, temperature, False, use_rmpad)["log_probs"]
+            log_probs = compute_token_outputs(self.ref_engine, data, spec, temperature, False, use_rmpad,
+                                              use_torch_compile=compile_)["log_probs"]
         return DataProto.from_dict({"ref_log_prob": log_probs}, meta_info={"temperature": temperature})
 
     # ------------------------------------------------------------------ update

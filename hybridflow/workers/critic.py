@@ -93,19 +93,20 @@ class PPOCritic:
         for mb in micro_batches:
             b = mb.batch.to(self.engine.device)
             mask = b["response_mask"]
-            with self.engine.autocast():
+            with self.engine.autocast(), self.engine.activation_offload():
                 vpreds = response_values(self.engine.module, b, self.use_remove_padding)
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds, b["returns"], b["values"], mask, float(cfg.cliprange_value), cfg.loss_agg_mode, **norm
             )
             vf_loss.backward()
             vf_loss_sum += float(vf_loss.detach())
-            clipfracs.append(float(vf_clipfrac))
-            vpred_means.append(float(masked_mean(vpreds.detach(), mask)))
+            if bool(mask.any()):  # a micro-batch of padding rows only has no statistics to average in
+                clipfracs.append(float(vf_clipfrac))
+                vpred_means.append(float(masked_mean(vpreds.detach(), mask)))
         step = self.engine.optimizer_step(cfg.grad_clip)
         metrics["critic/vf_loss"].append(vf_loss_sum)
-        metrics["critic/vf_clipfrac"].append(sum(clipfracs) / len(clipfracs))
-        metrics["critic/vpred_mean"].append(sum(vpred_means) / len(vpred_means))
+        metrics["critic/vf_clipfrac"].append(sum(clipfracs) / max(len(clipfracs), 1))
+        metrics["critic/vpred_mean"].append(sum(vpred_means) / max(len(vpred_means), 1))
         metrics["critic/grad_norm"].append(step.grad_norm)
         metrics["critic/nonfinite_grad_skipped"].append(0.0 if step.stepped else 1.0)
 
@@ -140,7 +141,8 @@ class CriticWorker(Worker):
             module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, task_type="TOKEN_CLS")
         if mc.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
-        self.engine = TrainEngine(module, mc.fsdp_config, self.config.optim, total_training_steps, role="critic")
+        self.engine = TrainEngine(module, mc.fsdp_config, self.config.optim, total_training_steps, role="critic",
+                                  activation_offload=bool(mc.enable_activation_offload))
         self.critic = PPOCritic(self.config, self.engine)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -115,6 +115,7 @@ class RewardModelWorker(Worker):
         with torch.no_grad(), self.engine.on_device(), self.engine.autocast():
             for mb in micro_batches:
                 b = mb.batch.to(self.engine.device)
-                scores.append(last_token_scores(module, b["input_ids"], b["attention_mask"], b["position_ids"]).cpu())
+                scores.append(last_token_scores(module, b["input_ids"], b["attention_mask"], b["position_ids"],
+                                                bool(self.config.model.use_remove_padding)).cpu())
         score = gather_in_order(scores, parts)
         return DataProto.from_dict({"rm_scores": place_on_last_token(score, data.batch["response_mask"])})

@@ -92,6 +92,9 @@ class RolloutHost:
     def close(self) -> None:
         self.sleep()
         self.server.close()
+        shutdown = getattr(self.engine, "shutdown", None)  # engines with their own threads/processes (vLLM)
+        if callable(shutdown):
+            shutdown()
 
     def info(self) -> dict[str, Any]:
         return {"name": self.server.name, "shares_weights": self.shares_weights, "awake": self._awake is not None}

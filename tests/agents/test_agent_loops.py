@@ -140,3 +140,14 @@ def test_multi_turn_rows_align_tokens_masks_and_log_probs(tiny_model_dir, additi
     finally:
         runtime.close()
         sys.modules.pop("two_turn_loop", None)
+
+
+def test_a_response_ending_in_an_observation_credits_the_last_model_token():
+    from hybridflow.rewards.managers import reward_positions
+
+    ends_observed = AgentLoopOutput(prompt_ids=[1], response_ids=[5, 6, 7, 8], response_mask=[1, 1, 0, 0],
+                                    num_turns=3, reward_score=2.0)
+    failed = AgentLoopOutput(prompt_ids=[1], response_ids=[9], response_mask=[0], num_turns=0, reward_score=0.5)
+    b = outputs_to_batch([ends_observed, failed], prompt_length=1, response_length=5, pad_token_id=0)
+    assert b.batch["rm_scores"].tolist() == [[0.0, 2.0, 0.0, 0.0, 0.0], [0.5, 0.0, 0.0, 0.0, 0.0]]
+    assert reward_positions(None, [4, 1]) == [3, 0]

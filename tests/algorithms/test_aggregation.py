@@ -48,7 +48,7 @@ def test_agg_global_normalisers_and_scale_factor():
 
 def test_agg_errors_name_the_fix():
     with pytest.raises(ValueError, match="loss_agg_mode"):
-        agg_loss(LOSS, MASK, "token-sum")
+        agg_loss(LOSS, MASK, "sum-of-tokens")
     with pytest.raises(ValueError, match="global_token_num"):
         agg_loss(LOSS, MASK, "token-mean", dp_size=2)
     with pytest.raises(ValueError, match="global_batch_size"):

@@ -77,3 +77,18 @@ def test_bench_threads_smoke():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _number(proc.stdout, "oversubscription_slowdown") > 0
     assert "| per-worker | " in proc.stdout and "| torch default | " in proc.stdout
+
+
+def test_bench_kv_cache_smoke(capsys):
+    out = _run("bench_kv_cache", capsys)
+    assert 0 < _number(out, "kv_bytes_ratio_bfloat16") < _number(out, "kv_bytes_ratio_float32") < 1
+
+
+def test_bench_prefix_reuse_smoke(capsys):
+    out = _run("bench_prefix_reuse", capsys)
+    assert "same_tokens=True" in out and 0 < _number(out, "prefill_saving") < 1
+
+
+def test_bench_async_smoke(capsys):
+    out = _run("bench_async", capsys)
+    assert _number(out, "ratio_samples_per_s") > 0 and "accuracy_delta=" in out

@@ -144,9 +144,9 @@ def test_cli_dry_run_ok_and_error_exit_codes():
 
 def test_optim_clip_grad_is_honoured_and_unsupported_features_are_noted():
     with pytest.warns(UserWarning) as rec:
-        cfg = load_config(MICRO + ["actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.rollout.name=vllm"])
+        cfg = load_config(MICRO + ["actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.rollout.name=trtllm"])
     assert cfg.actor_rollout_ref.actor.grad_clip == 0.5
-    assert any("no vllm adapter" in str(w.message) for w in rec)
+    assert any("no trtllm adapter" in str(w.message) for w in rec)
 
 
 def test_cli_subcommands_return_exit_code_zero(tmp_path):
@@ -161,3 +161,29 @@ def test_optimal_token_baseline_needs_sum_pi_squared_and_accepts_the_script_spel
     cfg = load_config(MICRO + ["algorithm.adv_estimator=optimal_token_baseline",
                                "actor_rollout_ref.actor.compute_sum_pi_squared=True"])
     assert cfg.actor_rollout_ref.actor.calculate_sum_pi_squared is True
+
+
+def test_rollout_log_probs_as_pi_old_need_the_training_precision():
+    base = MICRO + ["data.train_batch_size=8", "trainer.n_gpus_per_node=1", "trainer.device=cuda",
+                    "actor_rollout_ref.rollout.calculate_log_probs=true"]
+    on_policy = base + ["actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    msg = errors_of(on_policy + ["actor_rollout_ref.rollout.dtype=float16"])
+    assert "rollout.dtype=float16 but actor_rollout_ref.actor.fsdp_config.dtype=bfloat16" in msg
+    assert "used as pi_old" in msg
+    load_config(on_policy + ["actor_rollout_ref.rollout.dtype=bf16"])  # same precision, other spelling
+    load_config(on_policy)  # the defaults agree (bfloat16 both)
+    # the actor recomputes pi_old (two mini-batches): no constraint
+    load_config(base + ["actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.dtype=float16"])
+    load_config(on_policy + ["actor_rollout_ref.rollout.dtype=float16", "trainer.device=cpu"])  # CPU: fp32 both
+    assert "not a known dtype" in errors_of(MICRO + ["actor_rollout_ref.rollout.dtype=bf17"])
+    with pytest.warns(UserWarning) as rec:  # CPU: say that these do nothing there (defaults stay silent)
+        load_config(MICRO + ["trainer.device=cpu", "actor_rollout_ref.rollout.dtype=float16",
+                             "actor_rollout_ref.rollout.gpu_memory_utilization=0.9"])
+    text = "\n".join(str(w.message) for w in rec)
+    assert "rollout.dtype=float16 has no effect on CPU" in text
+    assert "gpu_memory_utilization=0.9 has no effect on CPU" in text
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(MICRO + ["trainer.device=cpu"])

@@ -83,21 +83,17 @@ def test_errors_deaths_and_kills_are_reported_within_seconds(ray_session):
         assert (ei.value.role, ei.value.method, ei.value.rank) == ("critic", "fail_async", 1)
         assert "missing column 'responses'" in ei.value.remote_traceback
 
-        # 2. rank 1 crashes while rank 0 is still busy for 60 s: reported in seconds, naming rank 1
-        t0 = time.monotonic()
+        # 2. rank 1 crashes while rank 0 stays busy for an hour: the death is reported without waiting for rank 0
+        # (were it not, this call would block until pytest's timeout fails the test), naming rank 1
         with pytest.raises(WorkerDiedError) as ei:
-            wg.exit_on(1, others_wait_s=60.0)
-        elapsed = time.monotonic() - t0
-        assert elapsed < 15.0, f"death of rank 1 took {elapsed:.1f}s to surface"
+            wg.exit_on(1, others_wait_s=3600.0)
         assert (ei.value.role, ei.value.worker_class, ei.value.method, ei.value.rank) == ("critic", "FaultWorker", "exit_on", 1)
         assert "rank 1" in str(ei.value) and "'critic'" in str(ei.value)
 
         # 3. rank 0 is killed from outside (OOM killer, ray.kill): the next call fails fast, naming rank 0
         ray.kill(wg.workers[0], no_restart=True)
-        t0 = time.monotonic()
         with pytest.raises(WorkerDiedError) as ei:
             wg.execute_rank_zero("pid")  # rank 1 is gone too (step 2); ask rank 0 alone
-        assert time.monotonic() - t0 < 15.0
         assert (ei.value.rank, ei.value.method) == (0, "pid")
     finally:
         wg.shutdown()

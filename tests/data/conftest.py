@@ -18,6 +18,7 @@ class DataCfg:
     truncation: str = "error"
     filter_overlong_prompts: bool = False
     apply_chat_template_kwargs: dict = field(default_factory=dict)
+    return_full_prompt: bool = False
     image_key: str = "images"
     video_key: str = "videos"
     return_multi_modal_inputs: bool = True

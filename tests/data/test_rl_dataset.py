@@ -193,3 +193,13 @@ def test_custom_dataset_class(parquet_file, bpe_tokenizer, data_cfg, tmp_path):
     data_cfg.custom_cls.path = str(tmp_path / "nope.py")
     with pytest.raises(FileNotFoundError, match="data.custom_cls path '.*nope.py' does not exist"):
         create_rl_dataset(parquet_file, data_cfg, bpe_tokenizer)
+
+
+def test_return_full_prompt_adds_the_templated_text(tmp_path, bpe_tokenizer, data_cfg, verl_row):
+    tok = bpe_tokenizer.__class__.from_pretrained(bpe_tokenizer.name_or_path)
+    tok.chat_template = "Q: {{ messages[0]['content'] }} A:"
+    path = write_parquet([verl_row(0, "hi")], str(tmp_path / "t.parquet"))
+    assert "full_prompts" not in RLHFDataset(path, tok, data_cfg)[0]
+    data_cfg.return_full_prompt = True
+    item = RLHFDataset(path, tok, data_cfg)[0]
+    assert item["full_prompts"] == "Q: hi A:" == tok.decode(item["raw_prompt_ids"])

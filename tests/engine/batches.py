@@ -112,6 +112,7 @@ def generate(worker, config, prompts: DataProto, backend: str = "local") -> Data
     from hybridflow.trainer.stages import split_generation_input
 
     group = worker if hasattr(worker, "host_role") else OneRankGroup(worker)
+    config.reward_model.use_reward_loop = False  # these prompts carry no reward columns: generation only
     manager = AgentLoopManager(config, HybridFleet(group), backend, tokenizer=getattr(worker, "tokenizer", None))
     gen = split_generation_input(with_raw_prompt_ids(DataProto.from_dict(dict(prompts.batch),
                                                                          dict(prompts.non_tensor_batch),

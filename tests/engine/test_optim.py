@@ -10,7 +10,7 @@ from hybridflow.engine.optim import build_lr_scheduler, build_optimizer, constan
 
 
 def _optim(**kw):
-    base = dict(optimizer="AdamW", lr=1.0, betas=[0.9, 0.999], weight_decay=0.0, override_optimizer_config=None,
+    base = dict(optimizer="AdamW", optimizer_impl="torch.optim", lr=1.0, betas=[0.9, 0.999], weight_decay=0.0, override_optimizer_config=None,
                 lr_warmup_steps=-1, lr_warmup_steps_ratio=0.0, total_training_steps=10, min_lr_ratio=0.0,
                 num_cycles=0.5, lr_scheduler_type="constant", warmup_style=None)
     base.update(kw)
@@ -50,8 +50,10 @@ def test_scheduler_steps_follow_the_factor_and_warmup_ratio():
 
 def test_bad_optimizer_settings_name_the_field():
     param = torch.nn.Parameter(torch.zeros(2))
-    with pytest.raises(ValueError, match="actor.optim.optimizer"):
-        build_optimizer([param], _optim(optimizer="SGD"))
+    with pytest.raises(ValueError, match="actor.optim.optimizer='AdamX' is not an optimizer class of torch.optim"):
+        build_optimizer([param], _optim(optimizer="AdamX"))
+    with pytest.raises(ValueError, match="actor.optim.optimizer_impl='no_such_pkg.optim' cannot be imported"):
+        build_optimizer([param], _optim(optimizer_impl="no_such_pkg.optim"))
     with pytest.raises(ValueError, match="no trainable parameters"):
         build_optimizer([torch.nn.Parameter(torch.zeros(1), requires_grad=False)], _optim())
     opt = build_optimizer([param], _optim())
@@ -59,3 +61,13 @@ def test_bad_optimizer_settings_name_the_field():
         build_lr_scheduler(opt, _optim(lr_scheduler_type="linear"))
     with pytest.raises(ValueError, match="total_training_steps"):
         build_lr_scheduler(opt, _optim(lr_scheduler_type="cosine", total_training_steps=-1))
+
+
+def test_optimizer_impl_and_name_pick_the_class_as_verl():
+    """``optim.optimizer_impl`` + ``optim.optimizer`` (verl's pair): any torch.optim class, any spelling of AdamW;
+    ``betas`` only where the class takes them, ``override_optimizer_config`` last."""
+    param = torch.nn.Parameter(torch.zeros(2))
+    sgd = build_optimizer([param], _optim(optimizer="SGD", override_optimizer_config={"momentum": 0.5}))
+    assert type(sgd) is torch.optim.SGD and sgd.defaults["momentum"] == 0.5 and "betas" not in sgd.defaults
+    adam = build_optimizer([param], _optim(optimizer="adamw"))
+    assert type(adam) is torch.optim.AdamW and adam.defaults["betas"] == (0.9, 0.999)

@@ -13,14 +13,19 @@ from hybridflow.engine.train_engine import TrainEngine
 
 
 def fsdp_cfg(**kw):
+    from hybridflow.config.schema import MixedPrecisionConfig
+
+    from hybridflow.config.schema import WrapPolicy
+
     base = dict(fsdp_size=-1, dtype="bfloat16", reshard_after_forward=True, offload_policy=False,
-                param_offload=False, optimizer_offload=False)
+                param_offload=False, optimizer_offload=False, mixed_precision=MixedPrecisionConfig(),
+                wrap_policy=WrapPolicy(min_num_params=0), forward_prefetch=False, full_determinism=False, seed=0)
     base.update(kw)
     return SimpleNamespace(**base)
 
 
 def optim_cfg(**kw):
-    base = dict(optimizer="AdamW", lr=1e-2, betas=[0.9, 0.999], weight_decay=0.01, override_optimizer_config=None,
+    base = dict(optimizer="AdamW", optimizer_impl="torch.optim", lr=1e-2, betas=[0.9, 0.999], weight_decay=0.01, override_optimizer_config=None,
                 lr_warmup_steps=2, lr_warmup_steps_ratio=0.0, total_training_steps=10, min_lr_ratio=0.1,
                 num_cycles=0.5, lr_scheduler_type="cosine", warmup_style=None)
     base.update(kw)

@@ -14,3 +14,12 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 def compute_score_spread(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     """Any change of any character changes the score: greedy outputs of an untrained model still differ."""
     return (sum(ord(ch) * (i + 1) for i, ch in enumerate(solution_str)) % 11) / 10.0
+
+
+def compute_score_thread(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """``compute_score`` plus whether it ran in the main thread (``reward_model.launch_reward_fn_async``)."""
+    import threading
+
+    out = compute_score(data_source, solution_str, ground_truth, extra_info)
+    out["in_main_thread"] = float(threading.current_thread() is threading.main_thread())
+    return out

@@ -30,6 +30,10 @@ ALGORITHMS = {
                                 "algorithm.rollout_correction.rollout_is=token",
                                 "algorithm.rollout_correction.rollout_rs=token",
                                 "algorithm.rollout_correction.rollout_rs_threshold=2.0"],
+    "grpo_bypass_reinforce": ["algorithm.adv_estimator=grpo", f"{A}.rollout.calculate_log_probs=true",
+                              "algorithm.rollout_correction.bypass_mode=true",
+                              "algorithm.rollout_correction.loss_type=reinforce",
+                              "algorithm.rollout_correction.rollout_is=token"],
 }
 
 
@@ -65,6 +69,13 @@ def test_algorithm_trains_two_steps(name, nano_model_dir, addition_data, tmp_pat
         assert "timing_s/old_log_prob" in steps[0]
         assert abs(steps[0]["rollout_corr/rollout_is_mean"] - 1.0) < 1e-3
         assert steps[0]["rollout_corr/rollout_rs_masked_fraction"] == 0.0
+    if name == "grpo_bypass_reinforce":
+        # the rollout's log-probs are pi_old: no old_log_prob pass; the loss weighs by pi_theta / mu, which is 1 on
+        # the first of the two mini-batches and moves after the first optimiser step (it used to be exactly 1)
+        assert "timing_s/old_log_prob" not in steps[0]
+        assert steps[0]["rollout_corr/rollout_is_mean"] != 1.0
+        assert abs(steps[0]["rollout_corr/rollout_is_mean"] - 1.0) < 0.5
+        assert "actor/entropy" in steps[0] and "training/rollout_probs_diff_mean" in steps[0]
     if name == "drgrpo":
         assert "timing_s/ref" not in steps[0]  # no KL anywhere: the reference stage is skipped
     assert (tmp_path / "metrics.jsonl").is_file()

@@ -61,18 +61,27 @@ def _overlap(rows: list[dict], prompts: set[str]) -> bool:
     return any(r["prompt"][0]["content"] in prompts for r in rows)
 
 
+# The quickstart learns: 50 GRPO steps after the default warm-up must add this much held-out accuracy.  Measured
+# 2026-11-23 (2-core CPU): 35.0% -> 59.5% (+24.5 points) in 83 s.  The margin leaves room for the quickstart's
+# settings to be retuned (another engineer tunes them) without this test depending on the exact numbers.
+GAIN = 0.15
+
+
 @pytest.mark.slow
-def test_quickstart_writes_summary_metrics_and_report(tmp_path, capsys):
+def test_quickstart_learns_and_writes_summary_metrics_and_report(tmp_path, capsys):
     from hybridflow.trainer.quickstart import run_quickstart
 
-    summary = run_quickstart(str(tmp_path), sft_steps=3, rl_steps=2, train_size=300, test_size=16)
+    summary = run_quickstart(str(tmp_path), rl_steps=50, test_freq=50, train_size=4000, test_size=200)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
-    assert on_disk["steps"] == 2 == summary["steps"]
-    assert 0.0 <= on_disk["before"]["accuracy"] <= 1.0 and 0.0 <= on_disk["after"]["accuracy"] <= 1.0
-    assert on_disk["before"]["step"] == 0 and on_disk["after"]["step"] == 2
-    assert on_disk["seconds"] > 0
+    assert on_disk["steps"] == 50 == summary["steps"]
+    before, after = on_disk["before"]["accuracy"], on_disk["after"]["accuracy"]
+    assert after >= before + GAIN, f"held-out accuracy {before:.3f} -> {after:.3f}"
+    assert on_disk["before"]["step"] == 0 and on_disk["after"]["step"] == 50
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert any("critic/score/mean" in rec for rec in lines)
+    steps = [rec for rec in lines if "critic/score/mean" in rec]
+    assert len(steps) == 50
+    # the quickstart's path (rollout log-probs as pi_old) reports the diagnostics of item 5 every step
+    assert all("actor/entropy" in rec and "training/rollout_probs_diff_mean" in rec for rec in steps)
     assert "<html" in (tmp_path / "report.html").read_text().lower()
     out = capsys.readouterr().out
-    assert "[grpo] step   2/2" in out and "held-out accuracy" in out
+    assert "[grpo] step  50/50" in out and "held-out accuracy" in out

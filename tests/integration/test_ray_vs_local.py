@@ -52,8 +52,10 @@ def test_ray_two_workers_match_local(algo, ray_cluster, nano_model_dir, addition
              "trainer.balance_batch=false", *SETTINGS[algo]]
     local = run(small_overrides(nano_model_dir, addition_data, tmp_path / "local", backend="local", extra=extra),
                 tmp_path / "local")
-    remote = run(small_overrides(nano_model_dir, addition_data, tmp_path / "ray", backend="ray", extra=extra),
-                 tmp_path / "ray")
+    timeline = tmp_path / "timeline.json"  # ray_kwargs.timeline_json_file: Ray's task timeline of the run
+    remote = run(small_overrides(nano_model_dir, addition_data, tmp_path / "ray", backend="ray",
+                                 extra=[*extra, f"ray_kwargs.timeline_json_file={timeline}"]), tmp_path / "ray")
+    assert timeline.is_file() and timeline.read_text().lstrip().startswith("[")
     a, b = _compared(local), _compared(remote)
     assert len(a) == len(b) == 2
     for ma, mb in zip(a, b):

@@ -52,11 +52,10 @@ def test_failures_are_counted_scored_and_never_hang(reward_file, char_tokenizer,
                              scoring=ScoringConfig(num_workers=2, timeout_s=2.0, error_score=-0.5))
     try:
         assert mgr(make_batch(char_tokenizer, ["q"] * 2, ["1"] * 2, ["1"] * 2, ["ok"] * 2)).sum() == 4.0  # warm
-        start = time.monotonic()
+        # the "hang" sample sleeps forever: returning at all shows the per-sample timeout fired (a hang would
+        # hold the test until pytest's own timeout)
         with caplog.at_level("WARNING"):
             out = mgr(data, return_dict=True)
-        elapsed = time.monotonic() - start
-        assert elapsed < 10, f"scoring took {elapsed:.1f}s"  # one 2 s timeout; replacements start in background
         scores = out["reward_tensor"][:, 1].tolist()  # one char + EOS -> score at index 1
         assert scores == [2.0, -0.5, -0.5, -0.5, -0.5, 0.0, -0.5, 2.0]
         metrics = out["reward_metrics"]

@@ -27,6 +27,7 @@ def _config(model_dir, *overrides):
         return load_config([f"actor_rollout_ref.model.path={model_dir}", f"critic.model.path={model_dir}",
                             "actor_rollout_ref.rollout.name=hf", f"data.max_prompt_length={P}",
                             "data.max_response_length=10", "actor_rollout_ref.rollout.agent.num_workers=2",
+                            "reward_model.use_reward_loop=false",  # generation only: rows carry no reward_model
                             "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
                             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.n_gpus_per_node=1",
                             "critic.ppo_micro_batch_size_per_gpu=2", *overrides])

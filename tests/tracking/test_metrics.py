@@ -167,3 +167,24 @@ def test_mfu_metrics_from_update_timing():
                             n_devices=1, ppo_epochs=2)
     # sequences of 6 and 5 tokens, N = 1312 (see test_flops): (6*1312*11 + 6*(36+25)*2*2*4) / 2 s, x2 epochs
     assert m == {"perf/mfu/actor": pytest.approx((86592 + 5856) / 2.0 * 2 / 989e12)}
+
+
+def test_clip_ratio_counts_only_responses_cut_without_eos():
+    batch = make_batch()  # row 0 fills the 4 slots and ends with token 4; row 1 is short
+    assert compute_data_metrics(batch, use_critic=False, eos_token_ids=[9])["response_length/clip_ratio"] == 0.5
+    # the same full-length row ending with EOS finished on its own: not clipped
+    m = compute_data_metrics(batch, use_critic=False, eos_token_ids=[4])
+    assert m["response_length/clip_ratio"] == 0.0 and m["response_length_non_aborted/clip_ratio"] == 0.0
+    assert compute_data_metrics(batch, use_critic=False, eos_token_ids=[None])["response_length/clip_ratio"] == 0.5
+
+
+def test_zero_variance_group_fraction():
+    from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator, zero_variance_fraction
+
+    scores = torch.tensor([[1.0], [1.0], [0.0], [1.0], [0.0], [0.0]])  # groups: all-1, mixed, all-0
+    batch = DataProto.from_dict({"token_level_scores": scores, "token_level_rewards": scores},
+                                {"uid": np.array(["a", "a", "b", "b", "c", "c"], dtype=object)})
+    assert zero_variance_fraction(batch, "seq_reward") == pytest.approx(2 / 3)
+    acc = GroupFilterAccumulator(target_prompts=1, n=2, metric="seq_reward", max_num_gen_batches=0)
+    acc.add(batch)
+    assert acc.metrics()["train/zero_variance_group_fraction"] == pytest.approx(2 / 3)

@@ -51,7 +51,7 @@ def test_old_log_probs_from_the_update_only_when_nothing_needs_them_before_it():
         ["algorithm.rollout_correction.rollout_rs=token", "algorithm.rollout_correction.rollout_rs_threshold=2.0",
          f"{A}.rollout.calculate_log_probs=true"],
         ["algorithm.adv_estimator=optimal_token_baseline", f"{A}.actor.calculate_sum_pi_squared=true"],
-        ["algorithm.rollout_correction.bypass_mode=true"],
+        ["algorithm.rollout_correction.bypass_mode=true", f"{A}.rollout.calculate_log_probs=true"],
         [f"{A}.rollout.calculate_log_probs=true"],  # the rollout's own log-probs are reused instead
     ]
     for overrides in off_policy_or_read_early:

@@ -38,7 +38,8 @@ def test_accumulator_collects_until_full_and_truncates():
     assert acc.full
     out = acc.take()
     assert list(out.non_tensor_batch["uid"]) == ["b", "b", "c", "c"]
-    assert acc.metrics() == {"train/num_gen_batches": 2.0, "train/filter_groups_kept_ratio": 0.75}
+    assert acc.metrics() == {"train/num_gen_batches": 2.0, "train/filter_groups_kept_ratio": 0.75,
+                             "train/zero_variance_group_fraction": 0.25}
 
 
 def test_accumulator_budget_error_is_clear():

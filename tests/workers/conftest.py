@@ -53,3 +53,11 @@ def make_config(model_dir: str, *overrides: str):
 @pytest.fixture(scope="session")
 def config_factory():
     return make_config
+
+
+@pytest.fixture
+def tiny_causal_lm_factory(tiny_model_dir):
+    """Fresh copies of the tiny causal LM (train mode, for gradient comparisons)."""
+    from hybridflow.engine.model_loader import load_causal_lm
+
+    return lambda: load_causal_lm(tiny_model_dir)

@@ -122,14 +122,22 @@ def test_non_finite_updates_are_skipped_then_abort(tiny_model_dir, config_factor
         batches.run_update(worker, data)
 
 
-def test_colocated_worker_refuses_a_server_rollout(tiny_model_dir, config_factory):
+def test_colocated_worker_engine_choice(tiny_model_dir, config_factory):
+    """The hybrid worker builds hf, vllm or sglang; without vLLM installed the error names the extra."""
+    import importlib.util
+
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
     cfg = config_factory(tiny_model_dir)
-    cfg.actor_rollout_ref.rollout.name = "vllm"
+    cfg.actor_rollout_ref.rollout.name = "trtllm"
     worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor_rollout")
-    with pytest.raises(ValueError, match="rollout.name='vllm'"):
+    with pytest.raises(ValueError, match="rollout.name='trtllm'"):
         worker.init_model()
+    if importlib.util.find_spec("vllm") is None:
+        cfg.actor_rollout_ref.rollout.name = "vllm"
+        worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor_rollout")
+        with pytest.raises(ImportError, match=r"hybridflow\[vllm\].*make venv-vllm"):
+            worker.init_model()
     with pytest.raises(ValueError, match="role must be one of"):
         ActorRolloutRefWorker(cfg.actor_rollout_ref, "critic")
 

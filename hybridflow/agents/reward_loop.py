@@ -1,0 +1,109 @@
+"""verl's reward loop: each training trajectory is scored as soon as its agent loop returns.
+
+With ``reward_model.use_reward_loop=true`` (verl's default), no reward-model worker (``reward_model.enable
+=false``) and a per-sample reward manager (``naive``, ``dapo``, ``prime``), scoring leaves the trainer's
+``reward`` stage and overlaps generation: a finished trajectory is scored while the others still decode
+or wait for tools (where slow scorers -- a sandbox running tests -- pay off).  The trainer's reward stage
+then only reads ``rm_scores`` and the extra columns.  Validation batches keep scoring in the trainer
+(the validation manager prints examples).
+
+One :class:`TrajectoryScorer` serves all agent-loop workers of a run -- in the trainer's process for
+``trainer.backend=local``, or as one Ray actor -- so the reward manager's scoring processes exist once.
+Trajectories finishing in the same event-loop tick are scored in one call (the manager spreads them over
+its processes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hybridflow.protocol import DataProto
+
+__all__ = ["TrajectoryScorer", "ScorerClient", "reward_loop_applies", "PER_SAMPLE_MANAGERS"]
+
+PER_SAMPLE_MANAGERS = ("naive", "dapo", "prime")
+
+
+def reward_loop_applies(config) -> bool:
+    """Whether agent loops score their own trajectories in this run (see the module docstring)."""
+    rm = config.reward_model
+    return bool(rm.use_reward_loop) and not bool(rm.enable) and rm.reward_manager in PER_SAMPLE_MANAGERS
+
+
+class TrajectoryScorer:
+    """The run's training reward manager (``manager``, or one built from ``config`` -- in a Ray actor),
+    scoring rows of finished trajectories one call at a time."""
+
+    def __init__(self, config=None, manager=None):
+        import threading
+
+        if manager is None:
+            from hybridflow.engine.model_loader import load_tokenizer
+            from hybridflow.rewards import load_reward_manager
+
+            mc = config.actor_rollout_ref.model
+            tokenizer = load_tokenizer(mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
+                                       field="actor_rollout_ref.model.tokenizer_path")
+            manager = load_reward_manager(config, tokenizer, num_examine=0)
+        self.manager = manager
+        self._lock = threading.Lock()  # the manager's scoring pool serves one call at a time
+
+    def score(self, rows: DataProto) -> list[dict[str, Any]]:
+        """Per row: ``{"score": float, "extra": {...}}``; the call's error counts ride on the first row."""
+        with self._lock:
+            result = self.manager(rows, return_dict=True)
+        scores = result["reward_tensor"].sum(dim=-1).tolist()
+        extra = result.get("reward_extra_info", {})
+        out = [{"score": float(s), "extra": {k: v[i] for k, v in extra.items()}} for i, s in enumerate(scores)]
+        if out:
+            out[0]["metrics"] = dict(result.get("reward_metrics", {}))
+        return out
+
+    def ready(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+class ScorerClient:
+    """How an agent-loop worker reaches the scorer (an object here, or a Ray actor handle), with the
+    trajectories of one loop tick sent as one batch."""
+
+    def __init__(self, scorer: Any):
+        self.scorer = scorer
+        self._pending: list[tuple[DataProto, asyncio.Future]] = []
+        self._scheduled = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"scorer": self.scorer}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["scorer"])
+
+    async def score(self, row: DataProto) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._pending.append((row, future))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(lambda: loop.create_task(self._flush()))
+        return await future
+
+    async def _flush(self) -> None:
+        batch, self._pending, self._scheduled = self._pending, [], False
+        rows = DataProto.concat([r for r, _ in batch])
+        try:
+            if hasattr(self.scorer, "score") and hasattr(self.scorer.score, "remote"):
+                results = await self.scorer.score.remote(rows)
+            else:
+                results = await asyncio.to_thread(self.scorer.score, rows)
+        except Exception as exc:  # noqa: BLE001 - every waiting trajectory learns it
+            for _, f in batch:
+                if not f.done():
+                    f.set_exception(exc)
+            return
+        for (_, f), result in zip(batch, results):
+            if not f.done():
+                f.set_result(result)

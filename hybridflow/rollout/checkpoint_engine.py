@@ -1,0 +1,299 @@
+"""The checkpoint engine: moves the actor's full weights from the trainer to standalone rollout replicas.
+
+verl's name for the one small abstraction behind every trainer -> rollout weight sync::
+
+    engine.send_weights(named_tensors)      # on the sender (the actor's rank 0), blocking until delivered
+    for bucket in engine.receive_buckets(): # on every receiver (a rollout replica), in the same order
+        rollout_engine.update_weights(bucket)
+
+:class:`BroadcastCheckpointEngine` packs the tensors into buckets of ``bucket_bytes`` (verl's
+``update_weights_bucket_megabytes`` / ``device_buffer_size_M``; 0 sends one tensor per broadcast) and
+broadcasts each bucket from rank 0 over a process group of its own -- gloo on CPU, NCCL on GPU -- built
+directly on a ``TCPStore``, so it never touches a process's default ``torch.distributed`` world (the actor's
+FSDP group).  Members may be processes or threads of one process (the local backend).  Receivers get views
+into the bucket buffer and must copy them before asking for the next bucket, which is what every engine's
+``update_weights`` does; at most one bucket (two with ``overlap``) is in memory on either side.
+
+With ``overlap`` the broadcast of bucket k+1 runs while the receiver copies bucket k into its model
+(verl's ``overlap_broadcast_and_consume``), at the cost of a second buffer.
+
+Engines that load weights from files instead (a vLLM server replica reloads a safetensors folder) are fed by
+a receiver that writes the received buckets to that folder; the sender side does not change.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+import socket
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import torch
+
+__all__ = ["WeightSyncSpec", "SyncStats", "CheckpointEngine", "BroadcastCheckpointEngine", "resolve_backend",
+           "free_port", "node_address", "full_tensors"]
+
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
+Bucket = list[tuple[str, torch.Tensor]]
+_ALIGN = 64  # byte offset of every tensor in a bucket (dtype views need aligned storage)
+
+
+@dataclass(frozen=True)
+class WeightSyncSpec:
+    """Where the members of one weight-sync group meet; the same (picklable) object goes to every member.
+
+    Rank 0 is the sender; ranks ``1..world_size-1`` are the replicas.  ``bucket_bytes=0`` sends one tensor
+    per broadcast.
+    """
+
+    backend: str
+    master_addr: str
+    master_port: int
+    world_size: int
+    bucket_bytes: int
+    overlap: bool = False
+    timeout_s: float = 600.0
+
+
+@dataclass
+class SyncStats:
+    tensors: int = 0
+    bytes: int = 0
+    buckets: int = 0
+    seconds: float = 0.0
+
+
+def resolve_backend(name: str, device_type: str) -> str:
+    """``rollout.checkpoint_engine.backend`` -> the torch.distributed backend (naive: gloo on CPU, NCCL on GPU)."""
+    if name == "naive":
+        return "nccl" if device_type == "cuda" else "gloo"
+    if name == "nccl" and device_type != "cuda":
+        raise ValueError("actor_rollout_ref.rollout.checkpoint_engine.backend=nccl needs CUDA devices; use gloo "
+                         "(or naive) on CPU")
+    if name not in ("gloo", "nccl"):
+        raise ValueError(f"actor_rollout_ref.rollout.checkpoint_engine.backend={name!r}: use naive, gloo or nccl")
+    return name
+
+
+def node_address() -> str:
+    """This host's address as other nodes reach it (Ray's node IP when under Ray, else the loopback)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The module's state dict as full tensors (an FSDP2 ``DTensor`` is gathered: a collective, so every rank
+    of the module's group must iterate too).  A tensor shared under two names (tied embeddings) comes once."""
+    seen: set[int] = set()
+    for name, tensor in module.state_dict().items():
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        key = local.data_ptr()
+        if key and key in seen:
+            continue
+        seen.add(key)
+        yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach()
+
+
+class CheckpointEngine(ABC):
+    """One sender, many receivers, the same sequence of buckets."""
+
+    @abstractmethod
+    def send_weights(self, named_tensors: NamedTensors) -> SyncStats:
+        """Deliver every tensor to every receiver (rank 0 only); returns what was sent."""
+
+    @abstractmethod
+    def receive_buckets(self) -> Iterator[Bucket]:
+        """The sender's tensors, a bucket at a time (ranks > 0); copy each bucket before asking for the next."""
+
+    def receive_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for bucket in self.receive_buckets():
+            yield from bucket
+
+    def close(self) -> None:
+        """Leave the group."""
+
+
+class BroadcastCheckpointEngine(CheckpointEngine):
+    """Bucketed ``broadcast`` from rank 0 over a private gloo / NCCL group (see the module docstring)."""
+
+    def __init__(self, spec: WeightSyncSpec, rank: int, device: torch.device | str | None = None):
+        if not 0 <= rank < spec.world_size:
+            raise ValueError(f"rank {rank} is outside the weight-sync group of {spec.world_size}")
+        self.spec = spec
+        self.rank = rank
+        self.device = torch.device(device if device is not None else ("cuda" if spec.backend == "nccl" else "cpu"))
+        self._store = None
+        self._group = None
+        self._buffers: list[torch.Tensor | None] = [None, None]
+
+    # ------------------------------------------------------------------ group
+    def connect(self) -> "BroadcastCheckpointEngine":
+        """Join the group (blocks until every member has joined); idempotent."""
+        if self._group is not None:
+            return self
+        import torch.distributed as dist
+
+        timeout = datetime.timedelta(seconds=float(self.spec.timeout_s))
+        self._store = dist.TCPStore(self.spec.master_addr, int(self.spec.master_port), self.spec.world_size,
+                                    is_master=self.rank == 0, timeout=timeout)
+        if self.spec.backend == "gloo":
+            self._group = dist.ProcessGroupGloo(self._store, self.rank, self.spec.world_size, timeout)
+        elif self.spec.backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self._group = dist.ProcessGroupNCCL(self._store, self.rank, self.spec.world_size, options)
+        else:
+            raise ValueError(f"weight-sync backend must be gloo or nccl, got {self.spec.backend!r}")
+        return self
+
+    def close(self) -> None:
+        self._group = None
+        self._store = None
+        self._buffers = [None, None]
+
+    def _broadcast(self, tensor: torch.Tensor, wait: bool = True):
+        import torch.distributed as dist
+
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        work = self.connect()._group.broadcast([tensor], options)
+        if wait:
+            work.wait()
+            return None
+        return work
+
+    def _buffer(self, slot: int, nbytes: int) -> torch.Tensor:
+        buf = self._buffers[slot]
+        if buf is None or buf.numel() < nbytes:
+            buf = self._buffers[slot] = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
+        return buf
+
+    # ------------------------------------------------------------------ headers: [meta bytes, data bytes, more]
+    def _send_meta(self, meta: list | None, nbytes: int) -> None:
+        payload = pickle.dumps(meta) if meta is not None else b""
+        header = torch.tensor([len(payload), nbytes, int(meta is not None)], dtype=torch.int64, device=self.device)
+        self._broadcast(header)
+        if payload:
+            self._broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device))
+
+    def _recv_meta(self) -> tuple[list, int] | None:
+        header = torch.zeros(3, dtype=torch.int64, device=self.device)
+        self._broadcast(header)
+        meta_len, nbytes, more = (int(v) for v in header.tolist())
+        if not more:
+            return None
+        payload = torch.empty(meta_len, dtype=torch.uint8, device=self.device)
+        self._broadcast(payload)
+        return pickle.loads(payload.cpu().numpy().tobytes()), nbytes
+
+    # ------------------------------------------------------------------ sender
+    def _plan(self, named_tensors: NamedTensors) -> Iterator[list[tuple[str, torch.Tensor, int]]]:
+        """Group tensors into buckets of at most ``bucket_bytes`` (a larger tensor gets a bucket of its own)."""
+        limit = int(self.spec.bucket_bytes)
+        bucket: list[tuple[str, torch.Tensor, int]] = []
+        offset = 0
+        for name, tensor in named_tensors:
+            tensor = tensor.detach().contiguous()
+            nbytes = tensor.numel() * tensor.element_size()
+            start = -(-offset // _ALIGN) * _ALIGN
+            if bucket and (limit <= 0 or start + nbytes > limit):
+                yield bucket
+                bucket, start = [], 0
+            bucket.append((name, tensor, start))
+            offset = start + nbytes
+        if bucket:
+            yield bucket
+
+    def send_weights(self, named_tensors: NamedTensors) -> SyncStats:
+        if self.rank != 0:
+            raise RuntimeError("only rank 0 of a weight-sync group sends")
+        start_time = time.perf_counter()
+        stats = SyncStats()
+        pending: list = [None, None]
+        slot = 0
+        for bucket in self._plan(named_tensors):
+            last = bucket[-1]
+            nbytes = last[2] + last[1].numel() * last[1].element_size()
+            if pending[slot] is not None:  # the buffer is still on the wire (overlap): wait before refilling it
+                pending[slot].wait()
+                pending[slot] = None
+            buf = self._buffer(slot, nbytes)
+            meta = []
+            for name, tensor, offset in bucket:
+                size = tensor.numel() * tensor.element_size()
+                buf[offset:offset + size].copy_(tensor.reshape(-1).view(torch.uint8), non_blocking=True)
+                meta.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, size))
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
+            self._send_meta(meta, nbytes)
+            work = self._broadcast(buf[:nbytes], wait=not self.spec.overlap)
+            if work is not None:
+                pending[slot] = work
+                slot ^= 1
+            stats.tensors += len(bucket)
+            stats.bytes += sum(t.numel() * t.element_size() for _, t, _ in bucket)
+            stats.buckets += 1
+        for work in pending:
+            if work is not None:
+                work.wait()
+        self._send_meta(None, 0)
+        stats.seconds = time.perf_counter() - start_time
+        return stats
+
+    # ------------------------------------------------------------------ receivers
+    def _post(self, nbytes: int, slot: int):
+        buf = self._buffer(slot, nbytes)[:nbytes]
+        return buf, self._broadcast(buf, wait=False)
+
+    @staticmethod
+    def _unpack(meta: list, buf: torch.Tensor) -> Bucket:
+        out = []
+        for name, dtype, shape, offset, size in meta:
+            out.append((name, buf[offset:offset + size].view(getattr(torch, dtype)).view(shape)))
+        return out
+
+    def receive_buckets(self) -> Iterator[Bucket]:
+        if self.rank == 0:
+            raise RuntimeError("rank 0 of a weight-sync group is the sender")
+        head = self._recv_meta()
+        if head is None:
+            return
+        slot = 0
+        meta, nbytes = head
+        buf, work = self._post(nbytes, slot)
+        while True:
+            work.wait()
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
+            current = self._unpack(meta, buf)
+            if self.spec.overlap:  # start the next bucket's transfer before the caller copies this one
+                head = self._recv_meta()
+                if head is not None:
+                    slot ^= 1
+                    meta, nbytes = head
+                    buf, work = self._post(nbytes, slot)
+                yield current
+                if head is None:
+                    return
+            else:
+                yield current
+                head = self._recv_meta()
+                if head is None:
+                    return
+                meta, nbytes = head
+                buf, work = self._post(nbytes, slot)

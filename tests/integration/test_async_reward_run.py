@@ -1,0 +1,35 @@
+"""A training run with ``reward_model.launch_reward_fn_async=true`` scores in a background thread and ends with
+exactly the metrics of the same run scored in line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .conftest import run, small_overrides
+
+A = "actor_rollout_ref"
+REWARD = [f"custom_reward_function.path={Path(__file__).with_name('reward_fns.py')}",
+          "custom_reward_function.name=compute_score_thread", "reward_model.num_workers=0",
+          "reward_model.use_reward_loop=false"]  # the trainer scores (the agent loops' reward loop is another path)
+# KL loss brings a reference pass and two mini-batches bring an old-log-prob pass: stages the scoring overlaps
+ALGO = ["algorithm.adv_estimator=grpo", f"{A}.actor.use_kl_loss=true"]
+
+
+@pytest.mark.slow
+def test_background_scoring_gives_the_same_run(nano_model_dir, addition_data, tmp_path):
+    histories = {}
+    for flag in ("false", "true"):
+        out = tmp_path / flag
+        extra = [*REWARD, *ALGO, f"reward_model.launch_reward_fn_async={flag}"]
+        histories[flag] = [m for m in run(small_overrides(nano_model_dir, addition_data, out, extra=extra), out).metrics
+                           if "timing_s/step" in m]
+    sync, background = histories["false"], histories["true"]
+    assert [m["reward_extra/in_main_thread/mean"] for m in sync] == [1.0, 1.0]
+    assert [m["reward_extra/in_main_thread/mean"] for m in background] == [0.0, 0.0]
+    for a, b in zip(sync, background):
+        for key in ("critic/score/mean", "critic/advantages/max", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm",
+                    "reward_extra/acc/mean", "response_length/mean"):
+            assert a[key] == b[key], key
+        assert "timing_s/old_log_prob" in b and "timing_s/ref" in b and "timing_s/reward" in b
