@@ -113,7 +113,8 @@ def run_variant(model, tok, model_dir: str, prompts, observations, turns: int, t
     response_len = turns * tokens + (turns - 1) * obs if multi else turns * tokens
     cfg = build_config(model_dir, max(len(p) for p in prompts), response_len, n, caching,
                        LOOP if multi else "single_turn_agent")
-    engine = create_rollout_engine("hf", model=model, tokenizer=tok, **hf_engine_kwargs(cfg.actor_rollout_ref.rollout, 0))
+    settings = hf_engine_kwargs(cfg.actor_rollout_ref.rollout, seed=0)  # rollout.enable_prefix_caching among them
+    engine = create_rollout_engine("hf", model=model, tokenizer=tok, **settings)
     fleet = ServerFleet([RolloutServer(engine, name="bench")])
     try:
         manager = AgentLoopManager(cfg, fleet, "local", tok)
