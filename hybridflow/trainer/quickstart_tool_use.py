@@ -28,6 +28,13 @@ digit).  Tying the demonstrator's tool use to a visible feature gives a stable, 
 Answers have 5 digits so that copying the result is one fixed offset (with 4- and 5-digit results the warm-up
 copied 4-digit ones at 5% and RL plateaued near 75%).
 
+Measured 2026-11-23 on the shared 2-core CPU (1-minute load 2.3-4.6), defaults, seeds 1, 2, 3: held-out greedy
+accuracy after the warm-up 52.5 / 55.5 / 51.5% -- equal to the tool-call rate: every call's result is copied
+right, every direct answer is wrong -- and 100% in all three from the first validation after RL starts (step 20),
+tool calls 100%; the no-tool baseline stays at 0% (its sampled reward is 0 at every step, so GRPO has nothing to
+work with).  265 / 341 / 308 s wall for both arms (219-249 CPU s): the tool arm's warm-up 79-106 s, its GRPO
+134-200 s, the whole no-tool arm 33-63 s.
+
 Both validate greedily (``val_kwargs``) on held-out prompts through the agent-loop path.  ``summary.json``
 holds ``before`` (after the warm-up, before RL) / ``after`` accuracy and tool-call rate of the tool arm and the
 baseline's accuracy; ``report.html`` shows the curves and held-out trajectories with the tool call, the
