@@ -128,7 +128,8 @@ def run_variant(model, tok, model_dir: str, prompts, observations, turns: int, t
     generated = int(out.batch["response_mask"].sum())
     assert generated == n * turns * tokens, (generated, n * turns * tokens)
     return {"wall": wall, "cpu": cpu, "generated": generated, "prefill": stats["prefill_tokens"],
-            "reused": stats["prefix_reused_tokens"]}
+            "reused": stats["prefix_reused_tokens"], "prefill_forwards": stats["prefill_forwards"],
+            "decode_steps": stats["decode_steps"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,10 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     for multi, caching in variants:
         r = best[(multi, caching)]
         rows.append([f"{args.turns}-turn agent loop" if multi else "single turn", "on" if caching else "off",
-                     r["generated"], r["prefill"], r["reused"], r["wall"], r["cpu"], r["generated"] / r["wall"],
-                     r["generated"] / r["cpu"]])
-    print_table(["variant", "prefix caching", "generated tokens", "prefill computed", "prefill reused", "wall s",
-                 "CPU s", "tokens/s (wall)", "tokens/s (CPU)"], rows)
+                     r["generated"], r["prefill"], r["reused"], r["prefill_forwards"], r["decode_steps"], r["wall"],
+                     r["cpu"], r["generated"] / r["wall"], r["generated"] / r["cpu"]])
+    print_table(["variant", "prefix caching", "generated tokens", "prefill computed", "prefill reused",
+                 "prefill forwards", "decode steps", "wall s", "CPU s", "tokens/s (wall)", "tokens/s (CPU)"], rows)
 
     def ratio(caching: bool, key: str) -> float:
         return best[(False, caching)][key] / best[(True, caching)][key]  # time single / time multi = tok/s ratio
