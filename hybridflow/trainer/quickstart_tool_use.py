@@ -16,8 +16,9 @@ Two arms with the same model, data, SFT and RL budget:
   "big" questions -- 90% of those whose first factor is at least ``LARGE_FACTOR`` (about half of them), 10% of
   the others -- and answered the rest directly (``tool_rates``).  The warmed-up model copies well but has learnt
   the demonstrator's habit: greedily it calls the tool on the big questions only (seed 1: on all 103 big held-out
-  questions and 2 of the 97 others), so it starts at ~50%.  GRPO through ``tool_agent`` (``multi_turn.enable``) rewards the final answer only; the occasional sampled tool call
-  on a small question is right where direct answers are wrong, so RL -- not SFT -- makes tool use reliable;
+  questions and 2 of the 97 others), so it starts at ~50%.  GRPO through ``tool_agent`` (``multi_turn.enable``)
+  rewards the final answer only; the occasional sampled tool call on a small question is right where direct
+  answers are wrong, so RL -- not SFT -- makes tool use reliable;
 * **no_tool_baseline**: the same number of SFT steps on the same questions answered directly, then single-turn
   GRPO with the same steps, batch and learning rate.
 
