@@ -1,4 +1,5 @@
-"""``hybridflow quickstart --task tool-use``: a tiny model learns, with GRPO through ``tool_agent``, to use a calculator.
+"""``hybridflow quickstart --task tool-use``: a tiny model learns, with GRPO through ``tool_agent``, to use a
+calculator.
 
 The task (``synthetic/multiplication``): ``"423*45"`` -> ``"19035"``, a 3-digit times a 2-digit number with a
 5-digit product.  A 0.4M-parameter char-level model cannot multiply in its head (the no-tool arm stays at 0%);
@@ -6,9 +7,9 @@ with the ``calculator`` tool it only has to copy: the operands into a hermes too
 its answer::
 
     <|im_start|>user\n423*45<|im_end|>\n<|im_start|>assistant\n
-    <tool_call>{"name":"calculator","arguments":{"expression":"423*45"}}</tool_call><|im_end|>   model (trained)
-    \n<|im_start|>user\n<tool_response>19035</tool_response><|im_end|>\n<|im_start|>assistant\n       observation (masked)
-    19035<|im_end|>                                                                             model (trained)
+    <tool_call>{"name":"calculator","arguments":{"expression":"423*45"}}</tool_call><|im_end|>    model (trained)
+    \n<|im_start|>user\n<tool_response>19035</tool_response><|im_end|>\n<|im_start|>assistant\n   observation (masked)
+    19035<|im_end|>                                                                               model (trained)
 
 Two arms with the same model, data, SFT and RL budget:
 
@@ -137,7 +138,8 @@ def arm_overrides(model: str, data_dir: Path, out_dir: Path, backend: str, steps
         "data.max_prompt_length=32", f"data.max_response_length={96 if use_tool else 8}",
         f"data.train_batch_size={batch_size}", f"{a}.actor.ppo_mini_batch_size={batch_size}",
         f"{a}.rollout.n={n}", f"{a}.actor.ppo_micro_batch_size_per_gpu={batch_size * n}",
-        f"{a}.rollout.log_prob_micro_batch_size_per_gpu={batch_size * n}", f"trainer.experiment_name={TASK}_{'tool' if use_tool else 'no_tool'}_grpo",
+        f"{a}.rollout.log_prob_micro_batch_size_per_gpu={batch_size * n}",
+        f"trainer.experiment_name={TASK}_{'tool' if use_tool else 'no_tool'}_grpo",
         "trainer.log_val_generations=6", f"{a}.rollout.agent.num_workers=1",
         "trainer.report=false",  # one report for both arms, written at the end
     ]
@@ -225,7 +227,8 @@ def run_tool_use_quickstart(output_dir: str = "outputs/quickstart_tool_use", bac
         summary["no_tool_baseline"] = {"before_accuracy": plain["vals"][0][VAL_KEY], **_point(plain["vals"][-1], False),
                                        **{k: plain[k] for k in _TIMES}}
     summary.update({
-        "steps": int(tool["vals"][-1]["step"]), "seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds() - cpu0,
+        "steps": int(tool["vals"][-1]["step"]), "seconds": time.perf_counter() - t0,
+        "cpu_seconds": cpu_seconds() - cpu0,
         **{k: tool[k] for k in _TIMES}, "seed": seed, "backend": backend,
         "recipe": {"model_size": model_size, "demos": demos, "tool_rates": list(tool_rates), "sft_steps": sft_steps,
                    "sft_lr": sft_lr, "rl_steps": rl_steps, "rl_lr": rl_lr, "batch_size": batch_size, "n": n},
@@ -236,7 +239,8 @@ def run_tool_use_quickstart(output_dir: str = "outputs/quickstart_tool_use", bac
                  title="hybridflow quickstart: GRPO teaches a tiny model to use a calculator")
     b, a = summary["before"], summary["after"]
     line = (f"[quickstart] held-out accuracy (greedy) with the tool: before RL {100 * b['accuracy']:.1f}% -> after "
-            f"{100 * a['accuracy']:.1f}%; tool calls {100 * b['tool_call_rate']:.0f}% -> {100 * a['tool_call_rate']:.0f}%")
+            f"{100 * a['accuracy']:.1f}%; tool calls {100 * b['tool_call_rate']:.0f}% -> "
+            f"{100 * a['tool_call_rate']:.0f}%")
     if baseline:
         line += f"; no-tool baseline {100 * summary['no_tool_baseline']['accuracy']:.1f}%"
     print(line + f"   ({summary['seconds']:.0f}s total, {summary['cpu_seconds']:.0f} CPU s)", flush=True)
