@@ -175,8 +175,8 @@ def summarize_trajectory_metrics(per_trajectory: Sequence[dict[str, float]],
 
     ``timing`` holds verl's agent-loop timings (the trainer logs them as ``timing_s/agent_loop/...``):
     ``{generate_sequences,tool_calls}/{min,max,mean}`` and ``slowest/*``.  ``metrics`` holds the
-    trajectory statistics: model vs observation tokens, tool calls and tool errors per trajectory
-    (``agent/...``), and ``agent/error_count`` (trajectories whose loop failed).
+    trajectory statistics: model vs observation tokens, tool calls and tool errors per trajectory and the
+    fraction of trajectories that called a tool (``agent/...``), and ``agent/error_count`` (trajectories whose loop failed).
     """
     if not per_trajectory:
         return {}, {}
@@ -201,6 +201,7 @@ def summarize_trajectory_metrics(per_trajectory: Sequence[dict[str, float]],
     if any("tool_call_count" in m for m in per_trajectory):
         stats(metrics, "agent/tool_calls_per_trajectory", "tool_call_count")
         stats(metrics, "agent/tool_errors_per_trajectory", "tool_error_count")
+        metrics["agent/tool_call_rate"] = float(np.mean([m.get("tool_call_count", 0.0) > 0 for m in per_trajectory]))
     metrics["agent/error_count"] = float(sum(m.get("error", 0.0) for m in per_trajectory))
     for key in sorted({k for m in per_trajectory for k in m if k.startswith("reward_loop/")}):
         # the scorer's error accounting, summed over its calls: reward/error_count, reward/timeout_count

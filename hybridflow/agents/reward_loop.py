@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
+
 from hybridflow.protocol import DataProto
 
 __all__ = ["TrajectoryScorer", "ScorerClient", "reward_loop_applies", "PER_SAMPLE_MANAGERS"]
@@ -93,8 +95,8 @@ class ScorerClient:
 
     async def _flush(self) -> None:
         batch, self._pending, self._scheduled = self._pending, [], False
-        rows = DataProto.concat([r for r, _ in batch])
         try:
+            rows = DataProto.concat(_aligned([r for r, _ in batch]))
             if hasattr(self.scorer, "score") and hasattr(self.scorer.score, "remote"):
                 results = await self.scorer.score.remote(rows)
             else:
@@ -107,3 +109,13 @@ class ScorerClient:
         for (_, f), result in zip(batch, results):
             if not f.done():
                 f.set_result(result)
+
+
+def _aligned(rows: list[DataProto]) -> list[DataProto]:
+    """The rows of one tick with the same non-tensor columns: a trajectory's optional extra fields
+    (``tokenization_mismatch``, ``agent_error``) are None in the rows that lack them, as in the rollout batch."""
+    keys = {k for r in rows for k in r.non_tensor_batch}
+    for r in rows:
+        for key in keys - set(r.non_tensor_batch):
+            r.non_tensor_batch[key] = np.full(len(r), None, dtype=object)
+    return rows

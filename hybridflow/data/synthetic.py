@@ -8,6 +8,9 @@ characters and answers in at most 8, so a full RL run takes minutes and the rewa
   answer length is never a confound (a wrong length is always a wrong answer); the quickstart's task
 * ``reverse``   -- ``"reverse 0413:"`` -> ``"3140"``
 * ``sort``      -- ``"sort 3142:"`` -> ``"1234"``
+* ``multiplication`` -- ``"423*45"`` -> ``"19035"`` (3-digit x 2-digit with a 5-digit product): beyond what a tiny model computes in its
+  head, exact with a calculator -- the task of ``hybridflow quickstart --task tool-use``; scored on the last
+  line of the response (the final answer after any tool round)
 * ``countdown`` -- ``"make 14 from 3 4 2:"`` -> any expression using 3, 4 and 2 once each that equals 14,
   e.g. ``"3*4+2"`` (a miniature of the TinyZero countdown task)
 
@@ -83,6 +86,13 @@ def _sort(rng: random.Random) -> tuple[str, str]:
     return f"sort {d}:", "".join(sorted(d))
 
 
+def _multiplication(rng: random.Random) -> tuple[str, str]:
+    while True:  # every answer has 5 digits: its length is never a cue
+        a, b = rng.randint(100, 999), rng.randint(10, 99)
+        if a * b >= 10_000:
+            return f"{a}*{b}", str(a * b)
+
+
 def countdown_ground_truth(target: int, numbers: list[int]) -> str:
     """String form ``"target:14;numbers:3,4,2"`` parsed by the ``synthetic/countdown`` scorer."""
     return f"target:{target};numbers:{','.join(str(n) for n in numbers)}"
@@ -114,6 +124,7 @@ for _task in (
     SyntheticTask("sort", "string", _sort),
     SyntheticTask("countdown", "arithmetic", _countdown),
     SyntheticTask("addition_fixed", "arithmetic", _addition_fixed),
+    SyntheticTask("multiplication", "arithmetic", _multiplication),
 ):
     SYNTHETIC_TASKS.register(_task.name, _task)
 

@@ -3,7 +3,8 @@
 The report answers "did it learn, how fast, and what does it write?" without a tracking server: score and
 reward, response length, KL, entropy, losses, throughput/MFU, stage times, memory and validation curves
 (each panel drawn only if its metrics were logged), a table of the last value of every metric, and sample
-generations. PNGs are embedded as base64 so the file can be mailed or attached to an issue as-is; all text
+generations (multi-turn ones with the model's tokens and the observations -- tool results, user turns -- marked
+apart, from their ``segments``). PNGs are embedded as base64 so the file can be mailed or attached to an issue as-is; all text
 from the model is HTML-escaped. The file is written to a temp name and renamed, so a reader never sees half.
 """
 
@@ -14,6 +15,7 @@ import html
 import io
 import json
 import os
+import re
 import tempfile
 import warnings
 from pathlib import Path
@@ -112,6 +114,27 @@ def _last_metrics(history: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, 
     return dict(sorted(last.items()))
 
 
+_HERMES_CALL = re.compile(r"&lt;tool_call&gt;.*?&lt;/tool_call&gt;", re.DOTALL)  # complete calls, escaped
+
+
+def _response_html(sample: Mapping[str, Any]) -> str:
+    """The response; a multi-turn one (``segments``: ``[text, mask]`` runs) with model tokens (mask 1) and
+    observations (mask 0: tool results, user turns -- never trained on) marked apart, complete hermes
+    ``<tool_call>`` blocks highlighted."""
+    segments = sample.get("segments")
+    if not segments:
+        return f"<pre>{html.escape(str(sample.get('response', '')))}</pre>"
+    spans = []
+    for text, mask in segments:
+        body = html.escape(str(text))
+        if mask:
+            body = _HERMES_CALL.sub(lambda m: f"<span class='call'>{m.group(0)}</span>", body)
+            spans.append(f"<span class='model' title='model tokens (trained)'>{body}</span>")
+        else:
+            spans.append(f"<span class='obs' title='observation (response_mask 0, not trained)'>{body}</span>")
+    return f"<pre>{''.join(spans)}</pre>"
+
+
 def _samples_html(samples: Sequence[Mapping[str, Any]]) -> str:
     if not samples:
         return "<p>No sample generations were logged.</p>"
@@ -120,12 +143,16 @@ def _samples_html(samples: Sequence[Mapping[str, Any]]) -> str:
         [
             html.escape(str(s.get("step", ""))),
             f"<pre>{html.escape(str(s.get('prompt', '')))}</pre>",
-            f"<pre>{html.escape(str(s.get('response', '')))}</pre>",
+            _response_html(s),
             html.escape(_fmt(s.get("score", ""))),
         ]
         for s in shown
     ]
     note = f"<p>Last {len(shown)} of {len(samples)} samples.</p>" if len(samples) > len(shown) else ""
+    if any(s.get("segments") for s in shown):
+        note += ("<p class='legend'>Multi-turn responses: <span class='model'>model tokens</span> "
+                 "(<span class='call'>tool calls</span> highlighted) and <span class='obs'>observations</span> "
+                 "(tool results and the template around them; <code>response_mask</code> 0, never trained on).</p>")
     return note + _table(rows, ["step", "prompt", "response", "score"], "samples")
 
 
@@ -135,6 +162,7 @@ h1{font-size:1.5em} h2{font-size:1.2em;margin-top:1.5em;border-bottom:1px solid 
 .plots{display:flex;flex-wrap:wrap;gap:8px} .plots img{border:1px solid #eee}
 table{border-collapse:collapse;font-size:0.85em} td,th{border:1px solid #ddd;padding:3px 6px;vertical-align:top}
 th{background:#f5f5f5;text-align:left} pre{white-space:pre-wrap;word-break:break-word;margin:0;max-width:60em}
+.obs{background:#e8eef7;color:#445;border:1px dashed #9ab;font-style:italic} .call{background:#fff1c2;font-weight:600}
 """
 
 

@@ -13,12 +13,38 @@ from typing import Any
 from hybridflow.protocol import DataProto
 
 
+def _response_lengths(batch: DataProto) -> list[int]:
+    """Tokens in each response, observations included: the response part of ``attention_mask`` (the count of
+    ``response_mask`` would cut a multi-turn response short, since tool results are 0 there)."""
+    if "attention_mask" not in batch.batch:
+        return [int(n) for n in batch.batch["response_mask"].sum(-1).tolist()]
+    width = batch.batch["responses"].shape[-1]
+    return [int(n) for n in batch.batch["attention_mask"][:, -width:].sum(-1).tolist()]
+
+
 def decode_batch(tokenizer, batch: DataProto) -> tuple[list[str], list[str]]:
-    """Prompt and response texts of a generated batch (padding and special tokens removed)."""
+    """Prompt and response texts of a generated batch (padding and special tokens removed); a multi-turn
+    response includes its observations (tool results, user turns) as verl shows them."""
     inputs = tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True)
-    lengths = batch.batch["response_mask"].sum(-1).tolist()
-    outputs = [tokenizer.decode(r[: int(n)], skip_special_tokens=True) for r, n in zip(batch.batch["responses"], lengths)]
+    lengths = _response_lengths(batch)
+    outputs = [tokenizer.decode(r[:n], skip_special_tokens=True) for r, n in zip(batch.batch["responses"], lengths)]
     return inputs, outputs
+
+
+def response_segments(tokenizer, batch: DataProto) -> list[list[tuple[str, int]]]:
+    """Each response cut into runs of model tokens (``1``) and observation tokens (``0``: tool results, user
+    turns) by ``response_mask``, decoded with special tokens kept (they show the turn structure)."""
+    lengths = _response_lengths(batch)
+    segments = []
+    for ids, mask, n in zip(batch.batch["responses"].tolist(), batch.batch["response_mask"].tolist(), lengths):
+        runs: list[tuple[str, int]] = []
+        start = 0
+        for i in range(1, n + 1):
+            if i == n or mask[i] != mask[start]:
+                runs.append((tokenizer.decode(ids[start:i], skip_special_tokens=False), int(mask[start])))
+                start = i
+        segments.append(runs)
+    return segments
 
 
 def dump_generations(directory: str, step: int, tokenizer, batch: DataProto, scores: list[float],
@@ -43,4 +69,4 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None), list, dict)) else str(value)
 
 
-__all__ = ["decode_batch", "dump_generations"]
+__all__ = ["decode_batch", "dump_generations", "response_segments"]

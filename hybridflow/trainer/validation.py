@@ -3,8 +3,11 @@
 Runs before training (``trainer.val_before_train``), every ``trainer.test_freq`` steps and after the last
 step.  Each prompt is answered ``val_kwargs.n`` times; per data source we report verl's
 ``val-core/<source>/<acc|reward>/mean@N`` (plus ``best@N`` / ``maj@N`` bootstrap estimates, see
-``hybridflow.tracking.validation_metrics``).  ``trainer.log_val_generations`` samples (input, output, score) are
-returned for the logger and the run report.
+``hybridflow.tracking.validation_metrics``).  ``trainer.log_val_generations`` samples (input, output, score; for multi-turn rows also the response cut
+into model and observation ``segments``) are returned for the logger and the run report.  Agent-loop rows add
+verl's ``val-aux/num_turns/{min,max,mean}`` and the tool use of the held-out answers:
+``val-aux/agent/tool_calls_per_trajectory/mean`` and ``val-aux/agent/tool_call_rate`` (the fraction of
+trajectories with at least one tool call, malformed calls included).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from hybridflow.tracking.validation_metrics import process_validation_metrics
-from hybridflow.trainer.rollout_dump import decode_batch, dump_generations
+from hybridflow.trainer.rollout_dump import decode_batch, dump_generations, response_segments
 from hybridflow.trainer.stages import WorkerGroups, generate, prompts_from_loader
 
 
@@ -50,6 +53,9 @@ class Validator:
         outputs: list[str] = []
         infos: dict[str, list[Any]] = {"reward": []}
         extra_cols: dict[str, list[Any]] = {}
+        turns: list[int] = []
+        tool_calls: list[float] = []
+        segments: list[list[tuple[str, int]]] = []
         for batch_dict in self.dataloader:
             prompts = prompts_from_loader(batch_dict)
             batch = generate(self.groups, prompts, meta=self.generation_meta())
@@ -63,6 +69,12 @@ class Validator:
             texts_in, texts_out = decode_batch(self.tokenizer, batch)
             inputs.extend(texts_in)
             outputs.extend(texts_out)
+            segments.extend(response_segments(self.tokenizer, batch))
+            nt = batch.non_tensor_batch
+            if "__num_turns__" in nt:
+                turns.extend(int(t) for t in nt["__num_turns__"])
+            if "tool_call_count" in nt:
+                tool_calls.extend(float(c) for c in nt["tool_call_count"] if c is not None)
             if self.dump_dir:
                 dump_generations(self.dump_dir, global_step, self.tokenizer, batch, scores,
                                  result.get("reward_extra_info"))
@@ -71,15 +83,35 @@ class Validator:
                 infos[key] = values
         metrics = process_validation_metrics(sources, inputs, infos, seed=self.seed)
         metrics["val/num_samples"] = float(len(outputs))
-        return ValidationResult(metrics=metrics, samples=self._samples(inputs, outputs, infos["reward"], global_step))
+        metrics.update(trajectory_metrics(turns, tool_calls))
+        return ValidationResult(metrics=metrics, samples=self._samples(inputs, outputs, infos["reward"], segments,
+                                                                       global_step))
 
-    def _samples(self, inputs, outputs, scores, step: int) -> list[dict[str, Any]]:
+    def _samples(self, inputs, outputs, scores, segments, step: int) -> list[dict[str, Any]]:
         """A fixed, seeded selection so the same prompts are shown at every validation (as verl does)."""
         k = min(self.num_log_samples, len(outputs))
         if k <= 0:
             return []
         order = np.random.RandomState(self.seed).permutation(len(outputs))[:k]
-        return [{"step": step, "prompt": inputs[i], "response": outputs[i], "score": float(scores[i])} for i in order]
+        samples = []
+        for i in order:
+            sample = {"step": step, "prompt": inputs[i], "response": outputs[i], "score": float(scores[i])}
+            if any(mask == 0 for _, mask in segments[i]):  # observations inside: keep what is whose
+                sample["segments"] = [[text, mask] for text, mask in segments[i]]
+            samples.append(sample)
+        return samples
 
 
-__all__ = ["ValidationResult", "Validator"]
+def trajectory_metrics(turns: list[int], tool_calls: list[float]) -> dict[str, float]:
+    """verl's ``val-aux/num_turns/*`` and the tool-call statistics of agent-loop trajectories ({} if none)."""
+    metrics: dict[str, float] = {}
+    if turns:
+        metrics.update({"val-aux/num_turns/min": float(min(turns)), "val-aux/num_turns/max": float(max(turns)),
+                        "val-aux/num_turns/mean": float(np.mean(turns))})
+    if tool_calls:
+        metrics["val-aux/agent/tool_calls_per_trajectory/mean"] = float(np.mean(tool_calls))
+        metrics["val-aux/agent/tool_call_rate"] = float(np.mean([c > 0 for c in tool_calls]))
+    return metrics
+
+
+__all__ = ["ValidationResult", "Validator", "trajectory_metrics"]

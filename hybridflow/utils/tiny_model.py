@@ -33,8 +33,12 @@ MODEL_SIZES: dict[str, tuple[int, int, int, int, int]] = {
 }
 
 
-def build_char_tokenizer(alphabet: str = CHAR_ALPHABET, chat_template: str = CHATML_TEMPLATE):
+def build_char_tokenizer(alphabet: str = CHAR_ALPHABET, chat_template: str = CHATML_TEMPLATE,
+                         added_tokens: Iterable[str] = ()):
     """A character-level tokenizer with ChatML specials, EOS=<|im_end|>, PAD=<pad>: one token per character.
+
+    ``added_tokens`` are extra whole-word tokens that are *not* special (kept when decoding with
+    ``skip_special_tokens=True``), as Qwen2.5's ``<tool_call>`` / ``</tool_call>``.
 
     It is built as a byte-level BPE without merges over the alphabet -- the pipeline of Qwen2's tokenizer
     (NFC, Qwen2's split regex, byte-level symbols) -- because transformers loads every checkpoint whose
@@ -59,6 +63,10 @@ def build_char_tokenizer(alphabet: str = CHAR_ALPHABET, chat_template: str = CHA
     ])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIAL_TOKENS)  # without this the specials would be split into characters
+    if added_tokens:
+        from tokenizers import AddedToken
+
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
     return _wrap(tok, chat_template)
 
 

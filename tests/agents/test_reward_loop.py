@@ -66,3 +66,58 @@ def test_reward_loop_on_ray_uses_one_scorer_actor(tiny_model_dir, addition_rows,
         ray.shutdown()
     steps = [m for m in history.metrics if "timing_s/step" in m]
     assert len(steps) == 2 and all(m["reward/error_count"] == 0 and "reward_extra/acc/mean" in m for m in steps)
+
+
+class _EchoScorer:
+    """Scores each row with its ``index``; records the columns it was given."""
+
+    def __init__(self, fail: bool = False):
+        self.fail, self.columns = fail, []
+
+    def score(self, rows):
+        if self.fail:
+            raise RuntimeError("scorer down")
+        self.columns.append(sorted(rows.non_tensor_batch))
+        return [{"score": float(i), "extra": {}} for i in rows.non_tensor_batch["index"]]
+
+
+def _row(index: int, **extra):
+    import numpy as np
+
+    from hybridflow.protocol import DataProto
+
+    columns = {"index": np.array([index], dtype=object)}
+    columns.update({k: np.array([v], dtype=object) for k, v in extra.items()})
+    return DataProto.from_dict({"responses": torch.zeros(1, 2, dtype=torch.long)}, columns)
+
+
+def test_one_tick_scores_trajectories_whose_extra_fields_differ():
+    """A tool trajectory flagged ``tokenization_mismatch`` finishing in the same tick as unflagged ones: one
+    scoring call with the column None where absent (a KeyError there used to leave every trajectory waiting)."""
+    import asyncio
+
+    from hybridflow.agents.reward_loop import ScorerClient
+
+    scorer = _EchoScorer()
+    client = ScorerClient(scorer)
+
+    async def both():
+        flagged = _row(1, tokenization_mismatch="x")
+        return await asyncio.wait_for(asyncio.gather(client.score(_row(0)), client.score(flagged)), 5)
+
+    assert [r["score"] for r in asyncio.run(both())] == [0.0, 1.0]
+    assert scorer.columns == [["index", "tokenization_mismatch"]]
+
+
+def test_a_failing_scorer_fails_every_waiting_trajectory():
+    import asyncio
+
+    from hybridflow.agents.reward_loop import ScorerClient
+
+    client = ScorerClient(_EchoScorer(fail=True))
+
+    async def both():
+        return await asyncio.wait_for(asyncio.gather(client.score(_row(0)), client.score(_row(1)),
+                                                     return_exceptions=True), 5)
+
+    assert [str(e) for e in asyncio.run(both())] == ["scorer down", "scorer down"]

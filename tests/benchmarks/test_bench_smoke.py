@@ -104,3 +104,13 @@ def test_grpo_reference_loop_runs_from_a_model_folder(tmp_path, capsys):
     steps = [rec["step"] for rec in result["history"]]
     assert steps == [0, 1, 2] and all("acc" in rec and "p_right" in rec for rec in result["history"])
     assert all("grad_norm" in rec and "entropy" in rec for rec in result["history"][1:])
+
+
+def test_bench_agent_loop_smoke(capsys):
+    out = _run("bench_agent_loop", capsys)
+    for key in ("ratio", "cpu_ratio", "ratio_no_prefix", "cpu_ratio_no_prefix"):
+        assert _number(out, key) > 0
+    # 4 trajectories x 3 turns: with prefix caching the later turns reuse their history, without it none is
+    on = re.search(r"^\| 3-turn agent loop \| on \| 48 \| (\d+) \| (\d+) \|", out, re.M)
+    off = re.search(r"^\| 3-turn agent loop \| off \| 48 \| (\d+) \| 0 \|", out, re.M)
+    assert on and off and int(on.group(2)) > 0 and int(on.group(1)) < int(off.group(1))

@@ -21,7 +21,7 @@ def test_addition_rows_golden():
     assert rows != make_rows("addition", 3, seed=0, split="test")
 
 
-@pytest.mark.parametrize("task", ["addition", "reverse", "sort", "countdown"])
+@pytest.mark.parametrize("task", ["addition", "reverse", "sort", "countdown", "multiplication"])
 def test_prompts_short_and_references_score_one(task):
     for row in make_rows(task, 50, seed=1, split="train"):
         content, gt = row["prompt"][0]["content"], row["reward_model"]["ground_truth"]
@@ -45,6 +45,24 @@ def _solve(target, nums):
             if default_compute_score("synthetic/countdown", expr, f"target:{target};numbers:{a},{b},{c}") == 1.0:
                 return expr
     raise AssertionError(f"no solution for {target} from {nums}")
+
+
+def test_multiplication_rows_and_final_answer_scoring():
+    """3-digit x 2-digit, 5-digit products; the last line of a multi-turn response is the answer, never a tool result."""
+    from hybridflow.rewards.scorers.synthetic import compute_score
+
+    for row in make_rows("multiplication", 50, seed=0, split="train"):
+        a, b = row["prompt"][0]["content"].split("*")
+        assert len(a) == 3 and len(b) == 2 and row["reward_model"]["ground_truth"] == str(int(a) * int(b))
+        assert len(row["reward_model"]["ground_truth"]) == 5
+    call = '<tool_call>{"name":"calculator","arguments":{"expression":"123*45"}}</tool_call>'
+    observation = "\nuser\n<tool_response>5535</tool_response>\nassistant\n"
+    for score in (default_compute_score, compute_score):  # built-in scorer and the verl custom-function file
+        assert score("synthetic/multiplication", call + observation + "5535", "5535") == 1.0
+        assert score("synthetic/multiplication", "5535\n", "5535") == 1.0  # a direct answer
+        assert score("synthetic/multiplication", call + observation, "5535") == 0.0  # no answer of its own
+        assert score("synthetic/multiplication", call + observation + "5536", "5535") == 0.0
+        assert score("synthetic/multiplication", "5535 ", "55") == 0.0
 
 
 def test_reverse_and_sort_golden():

@@ -57,6 +57,26 @@ def test_report_plots_tables_and_escaped_samples(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]  # no temp file left behind
 
 
+def test_multi_turn_samples_mark_model_tokens_observations_and_tool_calls(tmp_path):
+    call = '<tool_call>{"name":"calculator","arguments":{"expression":"1<2"}}</tool_call><|im_end|>'
+    segments = [[call, 1], ["\n<|im_start|>user\n<tool_response>True</tool_response><|im_end|>\n", 0],
+                ["<tool_call>{unclosed", 1]]
+    samples = [{"step": 2, "prompt": "q", "response": "ignored when segments exist", "score": 1.0,
+                "segments": segments},
+               {"step": 2, "prompt": "q2", "response": "plain <answer>", "score": 0.0}]
+    text = write_report(tmp_path, _history(), samples).read_text()
+    assert ("<span class='model' title='model tokens (trained)'><span class='call'>&lt;tool_call&gt;{&quot;name&quot;:"
+            "&quot;calculator&quot;,&quot;arguments&quot;:{&quot;expression&quot;:&quot;1&lt;2&quot;}}&lt;/tool_call&gt;"
+            "</span>&lt;|im_end|&gt;</span>") in text
+    assert ("<span class='obs' title='observation (response_mask 0, not trained)'>\n&lt;|im_start|&gt;user\n"
+            "&lt;tool_response&gt;True&lt;/tool_response&gt;&lt;|im_end|&gt;\n</span>") in text
+    # an unclosed call is not highlighted (no dangling span), and plain samples render as before
+    assert "<span class='model' title='model tokens (trained)'>&lt;tool_call&gt;{unclosed</span>" in text
+    assert "<pre>plain &lt;answer&gt;</pre>" in text and "ignored when segments exist" not in text
+    assert "class='legend'" in text
+    assert text.count("<span") == text.count("</span>")
+
+
 def test_report_with_one_step_and_missing_metrics(tmp_path):
     path = write_report(tmp_path, [{"step": 5, "critic/score/mean": 0.3}], [])
     text = path.read_text()

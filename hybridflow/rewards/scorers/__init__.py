@@ -23,6 +23,7 @@ SCORERS.register("countdown", countdown.compute_score)
 for _name in ("synthetic/addition", "synthetic/addition_fixed", "synthetic/reverse", "synthetic/sort"):
     SCORERS.register(_name, synthetic.exact_match)
 SCORERS.register("synthetic/countdown", synthetic.countdown_lite)
+SCORERS.register("synthetic/multiplication", synthetic.final_line_match)
 for _name in ("synthetic/vision_shape_color", "synthetic/vision_shape_count"):
     SCORERS.register(_name, synthetic.exact_match)
 SCORERS.register(geo3k.DATA_SOURCE, geo3k.compute_score)

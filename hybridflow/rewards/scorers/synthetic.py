@@ -15,6 +15,17 @@ def exact_match(solution_str: str, ground_truth: str) -> float:
     return 1.0 if solution_str.strip() == str(ground_truth).strip() else 0.0
 
 
+def final_line_match(solution_str: str, ground_truth: str) -> float:
+    """1.0 when the last line of the response equals the ground truth (whitespace around it ignored).
+
+    For multi-turn responses (a tool call, its result, then the answer) the last line is the model's final
+    answer: a tool-agent trajectory always ends with a model turn, so a tool's output is never the last line.
+    A single-line response is scored exactly like :func:`exact_match`.
+    """
+    lines = solution_str.rstrip().split("\n")
+    return 1.0 if lines[-1].strip() == str(ground_truth).strip() else 0.0
+
+
 def parse_countdown_ground_truth(ground_truth: str) -> tuple[int, list[int]]:
     """``"target:14;numbers:3,4,2"`` -> ``(14, [3, 4, 2])``."""
     try:
@@ -35,11 +46,13 @@ def countdown_lite(solution_str: str, ground_truth: str) -> float:
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
     """verl-signature entry for every ``synthetic/*`` source, usable as ``custom_reward_function.path``.
 
-    ``countdown`` checks the expression; every other synthetic task (including ``addition_fixed``, whose
+    ``countdown`` checks the expression, ``multiplication`` the last line (:func:`final_line_match`); every other synthetic task (including ``addition_fixed``, whose
     zero-padded answers must match digit for digit) is scored by :func:`exact_match`.
     """
     if not str(data_source).startswith("synthetic/"):
         raise ValueError(f"synthetic compute_score got data_source={data_source!r}; it only scores 'synthetic/<task>' rows")
     if data_source == "synthetic/countdown":
         return countdown_lite(solution_str, ground_truth)
+    if data_source == "synthetic/multiplication":
+        return final_line_match(solution_str, ground_truth)
     return exact_match(solution_str, ground_truth)

@@ -11,13 +11,16 @@
 verl users keep their files: a class path starting with ``verl.`` is read with ``hybridflow.`` in its place
 (the built-in tools live at verl's module paths), and any other dotted path is imported, so custom tools
 written against :class:`hybridflow.tools.base_tool.BaseTool` (or made with ``@function_tool``) work as in
-verl. ``tool_schema`` may be omitted when the class provides one.
+verl. ``tool_schema`` may be omitted when the class provides one.  A user's tool module kept beside the YAML is
+found in every process that reads the YAML (Ray agent-loop workers included): the YAML's folder is put on the
+import path, as for agent-loop YAMLs (``rollout.agent.agent_loop_config_path``).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import Any
 
 import yaml
@@ -42,7 +45,8 @@ def resolve_tool_class(class_name: str) -> type[BaseTool]:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ImportError(f"tool class_name {class_name!r}: cannot import module {module_name!r} ({e}); the "
-                          "module must be importable (on PYTHONPATH / in the working directory)") from e
+                          "module must be importable (beside the tool YAML, on PYTHONPATH or in the working "
+                          "directory)") from e
     cls = getattr(module, attr, None)
     if cls is None:
         raise ValueError(f"tool class_name {class_name!r}: module {module_name!r} has no attribute {attr!r}")
@@ -134,6 +138,8 @@ def initialize_tools_from_config(tools_config_file: str | os.PathLike) -> list[B
     if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
         raise ValueError(f"{path}: expected a top-level 'tools:' list of tool entries")
     base_dir = os.path.dirname(os.path.abspath(path))
+    if base_dir not in sys.path:
+        sys.path.append(base_dir)
     tools = [t for i, entry in enumerate(data["tools"]) for t in tools_from_entry(entry, f"{path}: tools[{i}]", base_dir)]
     names = [t.name for t in tools]
     duplicates = sorted({n for n in names if names.count(n) > 1})
