@@ -68,11 +68,13 @@ class AgentLoopWorker:
 
         self.config = config
         self.rollout_config = config.actor_rollout_ref.rollout
-        if tokenizer is None:
-            from hybridflow.engine.model_loader import load_tokenizer
+        if tokenizer is None:  # a Ray actor: nothing is shared with the trainer
+            from hybridflow.engine.model_loader import load_processor, load_tokenizer
 
             mc = config.actor_rollout_ref.model
             tokenizer = load_tokenizer(mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
+                                       field="actor_rollout_ref.model.tokenizer_path")
+            processor = load_processor(mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
                                        field="actor_rollout_ref.model.tokenizer_path")
         self.tokenizer = tokenizer
         self.processor = processor
@@ -103,7 +105,7 @@ class AgentLoopWorker:
         """verl's worker call: the rollout layout of this chunk (see ``postprocess``), per-trajectory metrics
         in ``meta_info["metrics"]``.  The manager stacks the whole batch at once instead (one layout)."""
         results = await self.run_trajectories(batch)
-        out = stack_outputs(self.tokenizer, self.rollout_config, [o for o, _ in results])
+        out = stack_outputs(self.tokenizer, self.rollout_config, [o for o, _ in results], self.processor)
         out.meta_info["metrics"] = [m for _, m in results]
         return out
 
@@ -137,7 +139,7 @@ class AgentLoopWorker:
 
     async def _score(self, output: AgentLoopOutput, row: dict[str, Any]) -> dict[str, float]:
         """Score the finished trajectory now (the reward loop); its score rides in ``reward_score``."""
-        one = stack_outputs(self.tokenizer, self.rollout_config, [output])
+        one = stack_outputs(self.tokenizer, self.rollout_config, [output], self.processor)
         for key, value in row.items():
             column = np.empty(1, dtype=object)
             column[0] = value
@@ -185,10 +187,11 @@ class AgentLoopWorker:
         return metrics
 
 
-def stack_outputs(tokenizer, rollout_config, outputs: list[AgentLoopOutput]) -> DataProto:
-    """``outputs_to_batch`` with the run's widths and the tokenizer's pad id."""
+def stack_outputs(tokenizer, rollout_config, outputs: list[AgentLoopOutput], processor=None) -> DataProto:
+    """``outputs_to_batch`` with the run's widths and the tokenizer's pad id (``processor``: a VLM's)."""
     pad = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
-    return outputs_to_batch(outputs, int(rollout_config.prompt_length), int(rollout_config.response_length), pad)
+    return outputs_to_batch(outputs, int(rollout_config.prompt_length), int(rollout_config.response_length), pad,
+                            processor)
 
 
 def default_agent_loop(rollout_config) -> str:

@@ -95,7 +95,7 @@ class ContinuousBatcher:
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int, generator: torch.Generator,
                  limits: BatcherLimits = BatcherLimits(), compute_dtype: torch.dtype | None = None,
-                 fast_decode: bool = True):
+                 fast_decode: bool = True, suppress_ids: list[int] | None = None):
         self.model = model
         # Decode steps skip transformers' forward plumbing when the model has the supported structure.
         self.fast, self.fast_reason = fast_decoder_for(model) if fast_decode else (None, "disabled")
@@ -109,6 +109,8 @@ class ContinuousBatcher:
         self.geometry = KVGeometry.from_config(text_config, self.compute_dtype)
         model_len = getattr(text_config, "max_position_embeddings", None)
         self.max_model_len = limits.max_model_len or (int(model_len) if model_len else None)
+        # never sampled (a VLM's image/video placeholders: the response cannot carry pixels for them)
+        self.suppress = torch.tensor(suppress_ids, device=self.device) if suppress_ids else None
         self.lock = threading.Lock()
         self.pending: collections.deque[GenerationRequest] = collections.deque()
         self.cache: SlotKVCache | None = None
@@ -339,7 +341,7 @@ class ContinuousBatcher:
         params = [r.params for r in reqs]
         sampling = RowSampling.build(params, row_logits.shape[-1], dev)
         zeros = torch.zeros(m, dtype=torch.long, device=dev)
-        tokens, log_probs = sample_next_tokens(row_logits, sampling, self.generator, zeros)
+        tokens, log_probs = sample_next_tokens(row_logits, sampling, self.generator, zeros, self.suppress)
 
         c = self.counters
         c["requests"] += m
@@ -490,7 +492,7 @@ class ContinuousBatcher:
                                     use_cache=True).logits[:, -1]
         finally:
             cache.end()
-        tokens, log_probs = sample_next_tokens(logits, self.sampling, self.generator, rows["gen_len"])
+        tokens, log_probs = sample_next_tokens(logits, self.sampling, self.generator, rows["gen_len"], self.suppress)
         rows["write_col"] += rows["alive"]
         rows["next_token"] = tokens
         self.kv_len = min(self.kv_len + 1, cache.capacity)

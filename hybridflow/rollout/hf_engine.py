@@ -17,6 +17,8 @@ Vision-language models (Qwen2-VL family): a request's ``multi_modal_data`` (``{"
 through the checkpoint's image processor (``processor=``) and the prefill forward with the pixel inputs and
 M-RoPE positions; decoding continues at transformers' ``rope_deltas`` offset (:mod:`~hybridflow.rollout.hf_vision`).
 Image prompts are prefilled whole: no prefix reuse and no chunking for them (text requests keep both).
+A vision-language model never samples the image/video placeholder tokens (the response has no pixels for
+them, and the actor's forward would refuse them); reported log-probs stay over the full vocabulary.
 """
 
 from __future__ import annotations
@@ -151,7 +153,9 @@ class HFRolloutEngine(RolloutEngine):
         self.generator = torch.Generator(device=first.device)
         self.generator.manual_seed(seed)
         self._vision = VisionPreparer(processor, model.config)
-        self._batcher = ContinuousBatcher(model, pad_token_id, self.generator, limits, self.compute_dtype, fast_decode)
+        spec = self._vision.spec
+        self._batcher = ContinuousBatcher(model, pad_token_id, self.generator, limits, self.compute_dtype, fast_decode,
+                                          suppress_ids=[spec.image_token_id, spec.video_token_id] if spec else None)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-rollout")
         self._driver: asyncio.Task | None = None
         self._asleep = False

@@ -53,6 +53,7 @@ def _cases(processor):
 def _hf_greedy(model, inputs, steps):
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=steps, do_sample=False, eos_token_id=[], output_logits=True,
+                             suppress_tokens=[model.config.image_token_id, model.config.video_token_id],
                              return_dict_in_generate=True)
     n = inputs["input_ids"].shape[1]
     tokens = out.sequences[0, n:].tolist()
