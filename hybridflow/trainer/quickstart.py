@@ -95,7 +95,7 @@ def grpo_overrides(model: str, data_dir: Path, out_dir: Path, backend: str, step
     ]
 
 
-def held_out_rows(train_size: int, test_size: int, seed: int) -> tuple[list[dict], list[dict]]:
+def held_out_rows(train_size: int, test_size: int, seed: int, task: str = TASK) -> tuple[list[dict], list[dict]]:
     """Train and test rows of the task with no prompt in both and none twice in the test set.
 
     A 200-prompt test draw from 10,000 sums repeats a few prompts; validation then groups the repeats
@@ -105,32 +105,40 @@ def held_out_rows(train_size: int, test_size: int, seed: int) -> tuple[list[dict
     from hybridflow.data.synthetic import make_rows
 
     test, seen = [], set()
-    for row in make_rows(TASK, 2 * test_size, seed, "test"):
+    for row in make_rows(task, 2 * test_size, seed, "test"):
         text = row["prompt"][0]["content"]
         if text not in seen and len(test) < test_size:
             seen.add(text)
             test.append(row)
-    train = [r for r in make_rows(TASK, train_size, seed, "train") if r["prompt"][0]["content"] not in seen]
+    train = [r for r in make_rows(task, train_size, seed, "train") if r["prompt"][0]["content"] not in seen]
     return train, test
 
 
 class LiveLogger:
-    """Forwards to ``Tracking`` (metrics.jsonl in ``output_dir``) and prints one line per step."""
+    """Forwards to ``Tracking`` (metrics.jsonl in ``output_dir``) and prints one line per step.
 
-    def __init__(self, tracking, total_steps: int, start: float):
+    ``extra``: more ``(metric, label)`` pairs printed as percentages when logged (e.g. the tool-call rate).
+    """
+
+    def __init__(self, tracking, total_steps: int, start: float, val_key: str = VAL_KEY, tag: str = "grpo",
+                 extra: tuple[tuple[str, str], ...] = ()):
         self.tracking = tracking
         self.output_dir = tracking.output_dir
         self.total_steps = total_steps
         self.start = start
+        self.val_key = val_key
+        self.tag = tag
+        self.extra = extra
 
     def log(self, data: dict[str, Any], step: int) -> None:
         self.tracking.log(data, step)
         elapsed = time.perf_counter() - self.start
-        parts = [f"[grpo] step {step:3d}/{self.total_steps}", f"{elapsed:6.1f}s"]
+        parts = [f"[{self.tag}] step {step:3d}/{self.total_steps}", f"{elapsed:6.1f}s"]
         if "critic/score/mean" in data:
             parts.append(f"reward {data['critic/score/mean']:.3f}  " + "#" * int(round(20 * data["critic/score/mean"])))
-        if VAL_KEY in data:
-            parts.append(f"held-out accuracy {100 * data[VAL_KEY]:.1f}%")
+        if self.val_key in data:
+            parts.append(f"held-out accuracy {100 * data[self.val_key]:.1f}%")
+        parts += [f"{label} {100 * data[key]:.0f}%" for key, label in self.extra if key in data]
         print("  ".join(parts), flush=True)
 
     def log_generations(self, samples, step: int) -> None:
