@@ -31,6 +31,7 @@ from hybridflow.agents.base import (
     resolve_agent_loop,
 )
 from hybridflow.agents.postprocess import outputs_to_batch
+from hybridflow.agents.trajectory_images import row_images
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.replica import ReplicaError, RolloutReplica
 from hybridflow.rollout.server_manager import AsyncLLMServerManager
@@ -153,8 +154,10 @@ class AgentLoopWorker:
         prompt = [int(t) for t in row.get("raw_prompt_ids") or []] or [self.tokenizer.pad_token_id or 0]
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
         # One masked token gives the reward a place to sit; response_mask 0 keeps it out of every loss.
+        images = row_images(row) if self.processor is not None and row.get("raw_prompt_ids") else []
         return AgentLoopOutput(prompt_ids=prompt, response_ids=[eos], response_mask=[0],
                                response_logprobs=[0.0] if self.rollout_config.calculate_log_probs else None,
+                               multi_modal_data={"image": images} if images else None,  # the prompt's image tokens
                                num_turns=0, extra_fields={"agent_error": True})
 
     def _report(self, agent_name: str, request_id: str, exc: BaseException) -> None:

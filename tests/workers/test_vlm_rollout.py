@@ -172,3 +172,22 @@ def test_tool_image_joins_the_trajectory_and_log_probs_match(worker, tmp_path):
     keep = batch.batch["response_mask"].bool()
     actor = _actor_log_probs(worker, batch)
     torch.testing.assert_close(actor[keep], batch.batch["rollout_log_probs"][keep], rtol=0, atol=1e-5)
+
+
+def test_a_failed_image_trajectory_keeps_its_images(worker, vision_data):
+    """A trajectory whose agent loop raised becomes an untrained placeholder on the row's prompt; its image
+    tokens must keep their pixels, or the batch's M-RoPE positions and the actor's forward would fail."""
+    from types import SimpleNamespace
+
+    from hybridflow.agents.loop_worker import AgentLoopWorker
+    from hybridflow.data.rl_dataset import create_rl_dataset
+
+    cfg = worker.full_config
+    data = create_rl_dataset(str(vision_data / "train.parquet"), cfg.data, worker.tokenizer, processor=worker.processor)
+    host = SimpleNamespace(processor=worker.processor, tokenizer=worker.tokenizer,
+                           rollout_config=cfg.actor_rollout_ref.rollout)
+    out = AgentLoopWorker._failed_output(host, dict(data[0]))
+    assert len(out.multi_modal_data["image"]) == 1 and out.response_mask == [0]
+    batch = outputs_to_batch([out], P, R, worker.tokenizer.pad_token_id, worker.processor)
+    assert batch.non_tensor_batch["multi_modal_inputs"][0]["image_grid_thw"].tolist() == [[1, 6, 6]]
+    assert torch.isfinite(_actor_log_probs(worker, batch)).all()
