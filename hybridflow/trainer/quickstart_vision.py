@@ -79,6 +79,12 @@ def _prompt_text(processor, row: dict, image) -> str:
                                          tokenize=False)
 
 
+def warm_up_answers(rows: list[dict], rng: random.Random, shuffle: bool = True) -> list[str]:
+    """The warm-up's answer for each row: its own, or (``shuffle``) a permutation of all rows' answers."""
+    truths = [row["reward_model"]["ground_truth"] for row in rows]
+    return rng.sample(truths, len(truths)) if shuffle else truths
+
+
 def warm_up_vision(base: str, rows: list[dict], out_dir: Path, steps: int, seed: int, lr: float,
                    batch_size: int = 32, shuffle_answers: bool = True) -> tuple[str, float]:
     """Supervised warm-up on (picture, question) -> answer + EOS, loss on the answer tokens only.
@@ -103,9 +109,8 @@ def warm_up_vision(base: str, rows: list[dict], out_dir: Path, steps: int, seed:
     model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32)
     spec = spec_from_processor(processor)
     rng = random.Random(f"vision-sft:{seed}")
-    truths = [row["reward_model"]["ground_truth"] for row in rows]
     examples = []
-    for row, truth in zip(rows, rng.sample(truths, len(truths)) if shuffle_answers else truths):
+    for row, truth in zip(rows, warm_up_answers(rows, rng, shuffle_answers)):
         image = _row_image(row)
         prompt = processor(text=[_prompt_text(processor, row, image)], images=[image], return_tensors="pt")
         answer = tok.encode(truth, add_special_tokens=False) + [tok.eos_token_id]
@@ -259,4 +264,4 @@ def run_vision_quickstart(output_dir: str = "outputs/quickstart_vision", backend
     return summary
 
 
-__all__ = ["run_vision_quickstart", "build_vision_model", "warm_up_vision", "vision_overrides", "VISION_TEMPLATE"]
+__all__ = ["run_vision_quickstart", "build_vision_model", "warm_up_vision", "warm_up_answers", "vision_overrides", "VISION_TEMPLATE"]
