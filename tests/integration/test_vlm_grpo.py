@@ -50,6 +50,28 @@ def test_vlm_grpo_two_steps_local(varied_vlm_dir, vision_data, tmp_path):
     assert val and "val-core/synthetic/vision_shape_color/reward/mean@1" in val[0]  # grouped by row, not text
 
 
+SPLIT = [f"{A}.hybrid_engine=false"]
+PLACEMENTS = {
+    "split": SPLIT,  # standalone hf replicas (they load the processor) fed weights by the checkpoint engine
+    "one_step_off": SPLIT + ["async_training.mode=one_step_off"],
+    "fully_async": SPLIT + ["async_training.mode=fully_async", f"{A}.rollout.free_cache_engine=false",
+                            "data.train_batch_size=0"],
+}
+
+
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+def test_vlm_grpo_on_standalone_replicas_and_async(placement, varied_vlm_dir, vision_data, tmp_path):
+    history = run(small_overrides(varied_vlm_dir, vision_data, tmp_path, steps=2, n=4, batch=4,
+                                  extra=[*VLM, *PLACEMENTS[placement]]), tmp_path)
+    steps = _steps(history)
+    assert len(steps) == 2
+    for m in steps:
+        assert torch.isfinite(torch.tensor([m["actor/pg_loss"], m["training/rollout_probs_diff_max"]])).all()
+    if placement == "split":  # synchronous: the replica sampled with the actor's current weights and pixels
+        assert all(m["timing_s/update_weights"] > 0 for m in steps)  # a separate model, synced every step
+        assert all(m["training/rollout_probs_diff_max"] < 1e-5 for m in steps)
+
+
 @pytest.fixture()
 def ray_cluster():
     ray = pytest.importorskip("ray")
