@@ -139,3 +139,19 @@ def test_bad_image_requests_name_the_fix(vlm, model_and_tokenizer):
     text_model, tok = model_and_tokenizer
     with pytest.raises(ValueError, match="text-only"):
         HFRolloutEngine(text_model, tok).generate_batch([[1, 2, 3]], params, [{"image": [_image(0)]}])
+
+
+def test_fast_decode_runs_the_vlm_language_model_exactly(vlm):
+    """The lean decode step covers Qwen2-VL's language model (positions column + rope_delta): same tokens and
+    log-probs as decoding through the model's forward."""
+    model, processor = vlm
+    cases = _cases(processor)
+    prompts = [_prompt(processor, images, text)["input_ids"][0].tolist() for images, text in cases]
+    media = [{"image": images} if images else None for images, _ in cases]
+    params = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True, logprobs=True, seed=5)
+    fast = HFRolloutEngine(model, processor.tokenizer, processor=processor)
+    slow = HFRolloutEngine(model, processor.tokenizer, processor=processor, fast_decode=False)
+    assert fast._batcher.fast is not None, fast._batcher.fast_reason
+    for a, b in zip(fast.generate_batch(prompts, params, media), slow.generate_batch(prompts, params, media)):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose(a.log_probs, b.log_probs, atol=1e-5, rtol=0)
