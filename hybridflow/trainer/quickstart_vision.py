@@ -149,6 +149,7 @@ def vision_overrides(model: str, data_dir: Path, out_dir: Path, backend: str, st
     a = "actor_rollout_ref"
     return grpo_overrides(model, data_dir, out_dir, backend, steps, seed, lr, test_freq) + [
         "data.max_prompt_length=40", "data.max_response_length=8", f"data.train_batch_size={batch_size}",
+        f"{a}.rollout.temperature=1.0",  # exploration over the four colours (the text quickstart samples cooler)
         f"{a}.actor.ppo_mini_batch_size={batch_size}", f"{a}.rollout.n={n}",
         f"{a}.actor.ppo_micro_batch_size_per_gpu={batch_size * n}",
         f"{a}.rollout.log_prob_micro_batch_size_per_gpu={batch_size * n}",
