@@ -18,7 +18,7 @@ commands:
   train [--dry-run] [--config-path DIR --config-name NAME] key=value ...
                      PPO/GRPO training with verl's config keys (same as python -m hybridflow.trainer.main_ppo)
   sft key=value ...  supervised fine-tuning (also used to warm up models before RL)
-  quickstart [--task addition|tool-use] [--output-dir DIR]
+  quickstart [--task addition|tool-use|vision] [--output-dir DIR]
                      train a built-in tiny model on a built-in task on this CPU and report before/after
                      (tool-use: GRPO through tool_agent teaches it to call a calculator)
   generate / eval    generate from a model for a dataset and score it
@@ -73,29 +73,35 @@ def cmd_sft(argv: list[str]) -> int:
 def cmd_quickstart(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="hybridflow quickstart", description="Train a tiny model on CPU.")
     parser.add_argument("--output-dir", default=None,
-                        help="default outputs/quickstart (addition) or outputs/quickstart_tool_use (tool-use)")
+                        help="default outputs/quickstart, outputs/quickstart_tool_use or outputs/quickstart_vision")
     parser.add_argument("--backend", default="local", choices=["local", "ray"])
     parser.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget for RL")
-    parser.add_argument("--task", default="addition", choices=["addition", "tool-use"],
-                        help="addition: GRPO on 2-digit sums; tool-use: GRPO through tool_agent with a calculator")
+    parser.add_argument("--task", default="addition", choices=["addition", "tool-use", "vision"],
+                        help="addition: GRPO on 2-digit sums; tool-use: GRPO through tool_agent with a calculator; "
+                             "vision: a tiny vision-language model learns to name the colour of a shape in a picture")
     parser.add_argument("--seed", type=int, default=None, help="run seed (default 1)")
     args = parser.parse_args(argv)
     if args.task == "tool-use":
         return _quickstart_tool_use(args)
-    from hybridflow.trainer.quickstart import run_quickstart
-
-    kwargs = {"output_dir": args.output_dir or "outputs/quickstart", "backend": args.backend}
+    kwargs = {"backend": args.backend}
     if args.seed is not None:
         kwargs["seed"] = args.seed
     if args.max_seconds is not None:
         kwargs["max_seconds"] = args.max_seconds
-    run_quickstart(**kwargs)
+    if args.task == "vision":
+        from hybridflow.trainer.quickstart_vision import run_vision_quickstart
+
+        run_vision_quickstart(output_dir=args.output_dir or "outputs/quickstart_vision", **kwargs)
+        return 0
+    from hybridflow.trainer.quickstart import run_quickstart
+
+    run_quickstart(output_dir=args.output_dir or "outputs/quickstart", **kwargs)
     return 0
 
 
 def _quickstart_tool_use(args: argparse.Namespace) -> int:
     if args.max_seconds is not None:
-        print("hybridflow quickstart: --max-seconds applies to --task addition only; the tool-use task runs a fixed "
+        print("hybridflow quickstart: --max-seconds does not apply to --task tool-use, which runs a fixed "
               "number of steps (drop --max-seconds)", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     from hybridflow.trainer.quickstart_tool_use import run_tool_use_quickstart

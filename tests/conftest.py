@@ -81,6 +81,16 @@ def tiny_vlm25_dir(tmp_path_factory):
     return str(make_tiny_vlm_checkpoint(tmp_path_factory.mktemp("tiny_vlm25"), size="nano", arch="qwen2_5_vl"))
 
 
+@pytest.fixture(scope="session")
+def varied_vlm_dir(tmp_path_factory):
+    """The tiny Qwen2-VL with initializer_range=0.2 (language model and vision tower): peaked next-token
+    distributions that depend on the image, so greedy-equality and log-prob tests can fail."""
+    from hybridflow.utils.tiny_vlm import make_tiny_vlm_checkpoint
+
+    return str(make_tiny_vlm_checkpoint(tmp_path_factory.mktemp("varied_vlm"), size="nano", arch="qwen2_vl",
+                                        initializer_range=0.2))
+
+
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.gpu`` tests need CUDA; on a machine without it they are skipped, saying so."""
     if torch.cuda.is_available():

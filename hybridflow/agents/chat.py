@@ -74,13 +74,16 @@ def render_prompt(tokenizer, processor, messages: Sequence[dict[str, Any]], tool
 
 
 def render_continuation(tokenizer, new_messages: Sequence[dict[str, Any]], stop_ids: Sequence[int],
-                        ended_with_stop: bool, processor=None, **kwargs) -> list[int]:
+                        ended_with_stop: bool, processor=None, images: Sequence[Any] | None = None,
+                        **kwargs) -> list[int]:
     """Tokens to append after a model turn so that the conversation continues with ``new_messages``
     (tool results, a user turn) and a fresh generation prompt.
 
     ``ended_with_stop``: the model's turn ended with one of ``stop_ids`` (its EOS); if it did not, the
     template's end-of-turn token is included (the model never sampled it, and it is masked out like
     every observation token).
+    ``images``: the images of ``new_messages`` (a tool's ``ToolResponse.image``), in order; their placeholders
+    are expanded to the processor's token counts (``agents/trajectory_images.py``).
     """
     templater = _templater(tokenizer, processor)
     before = _encode(tokenizer, _render_text(templater, _ANCHOR, None, False, **kwargs))
@@ -92,9 +95,21 @@ def render_continuation(tokenizer, new_messages: Sequence[dict[str, Any]], stop_
     answer_end = _find_last(before, _encode(tokenizer, "A"))
     end_of_turn = next((i for i in range(answer_end, len(before)) if before[i] in stops), None)
     if end_of_turn is None:  # the template closes turns without the EOS token: plain suffix
-        return after[len(before) :]
-    start = end_of_turn + 1 if ended_with_stop else end_of_turn
-    return after[start:]
+        ids = after[len(before) :]
+    else:
+        ids = after[end_of_turn + 1 if ended_with_stop else end_of_turn :]
+    return _expand_images(processor, ids, images)
+
+
+def _expand_images(processor, ids: list[int], images: Sequence[Any] | None) -> list[int]:
+    if not images:
+        return ids
+    from hybridflow.agents.trajectory_images import expand_image_tokens, image_token_counts
+
+    if processor is None or getattr(processor, "image_token_id", None) is None:
+        raise ValueError(f"{len(images)} image(s) to show the model, but it has no multimodal processor (a text-only "
+                         "model): use a vision-language checkpoint, or return text-only tool responses")
+    return expand_image_tokens(ids, int(processor.image_token_id), image_token_counts(processor, images))
 
 
 def _find_last(haystack: list[int], needle: list[int]) -> int:
@@ -106,20 +121,23 @@ def _find_last(haystack: list[int], needle: list[int]) -> int:
 
 
 def check_tokenization(tokenizer, incremental_ids: Sequence[int], messages: Sequence[dict[str, Any]],
-                       tools: list[dict] | None, mode: str, processor=None, **kwargs) -> str | None:
+                       tools: list[dict] | None, mode: str, processor=None, images: Sequence[Any] | None = None,
+                       **kwargs) -> str | None:
     """Compare the incrementally built ids with one render of the whole conversation.
 
     Returns ``None`` when they agree under ``mode``, else a short description of the first difference.
     ``strict``: the ids must be a prefix of the full render and what remains must be whitespace (the
     template's closing of the last turn); ``ignore_strippable``: the decoded texts must agree once all
-    whitespace is removed; ``disable``: no check.
+    whitespace is removed; ``disable``: no check. ``images``: the conversation's images (expanded as the
+    processor expands them).
     """
     if mode == "disable":
         return None
     if mode not in SANITY_CHECK_MODES:
         raise ValueError(f"multi_turn.tokenization_sanity_check_mode={mode!r}; choose one of {SANITY_CHECK_MODES}")
     templater = _templater(tokenizer, processor)
-    full = _encode(tokenizer, _render_text(templater, list(messages), tools, False, **kwargs))
+    full = _expand_images(processor, _encode(tokenizer, _render_text(templater, list(messages), tools, False,
+                                                                      **kwargs)), images)
     incremental = list(incremental_ids)
     if mode == "strict":
         n = len(incremental)

@@ -43,6 +43,7 @@ class AgentLoopManager:
         self.fleet = fleet
         self.backend = backend
         self.tokenizer = tokenizer
+        self.processor = processor
         num_workers = agent_worker_count(self.rollout_config.agent.num_workers, backend)
         self.scorer = _start_scorer(config, backend, reward_manager) if reward_loop_applies(config) else None
         client = ScorerClient(self.scorer) if self.scorer is not None else None
@@ -67,7 +68,7 @@ class AgentLoopManager:
             results = [r for part in self._run(rows) for r in part]
         finally:
             self.fleet.sleep()
-        batch = stack_outputs(self.tokenizer, self.rollout_config, [o for o, _ in results])
+        batch = stack_outputs(self.tokenizer, self.rollout_config, [o for o, _ in results], self.processor)
         timing, metrics = summarize_trajectory_metrics([m for _, m in results], batch)
         batch.meta_info = {**meta, **batch.meta_info, "metrics": metrics, "timing": timing}
         return batch

@@ -31,6 +31,7 @@ from hybridflow.agents.base import (
     resolve_agent_loop,
 )
 from hybridflow.agents.postprocess import outputs_to_batch
+from hybridflow.agents.trajectory_images import row_images
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.replica import ReplicaError, RolloutReplica
 from hybridflow.rollout.server_manager import AsyncLLMServerManager
@@ -68,11 +69,13 @@ class AgentLoopWorker:
 
         self.config = config
         self.rollout_config = config.actor_rollout_ref.rollout
-        if tokenizer is None:
-            from hybridflow.engine.model_loader import load_tokenizer
+        if tokenizer is None:  # a Ray actor: nothing is shared with the trainer
+            from hybridflow.engine.model_loader import load_processor, load_tokenizer
 
             mc = config.actor_rollout_ref.model
             tokenizer = load_tokenizer(mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
+                                       field="actor_rollout_ref.model.tokenizer_path")
+            processor = load_processor(mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
                                        field="actor_rollout_ref.model.tokenizer_path")
         self.tokenizer = tokenizer
         self.processor = processor
@@ -103,7 +106,7 @@ class AgentLoopWorker:
         """verl's worker call: the rollout layout of this chunk (see ``postprocess``), per-trajectory metrics
         in ``meta_info["metrics"]``.  The manager stacks the whole batch at once instead (one layout)."""
         results = await self.run_trajectories(batch)
-        out = stack_outputs(self.tokenizer, self.rollout_config, [o for o, _ in results])
+        out = stack_outputs(self.tokenizer, self.rollout_config, [o for o, _ in results], self.processor)
         out.meta_info["metrics"] = [m for _, m in results]
         return out
 
@@ -137,7 +140,7 @@ class AgentLoopWorker:
 
     async def _score(self, output: AgentLoopOutput, row: dict[str, Any]) -> dict[str, float]:
         """Score the finished trajectory now (the reward loop); its score rides in ``reward_score``."""
-        one = stack_outputs(self.tokenizer, self.rollout_config, [output])
+        one = stack_outputs(self.tokenizer, self.rollout_config, [output], self.processor)
         for key, value in row.items():
             column = np.empty(1, dtype=object)
             column[0] = value
@@ -151,8 +154,10 @@ class AgentLoopWorker:
         prompt = [int(t) for t in row.get("raw_prompt_ids") or []] or [self.tokenizer.pad_token_id or 0]
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
         # One masked token gives the reward a place to sit; response_mask 0 keeps it out of every loss.
+        images = row_images(row) if self.processor is not None and row.get("raw_prompt_ids") else []
         return AgentLoopOutput(prompt_ids=prompt, response_ids=[eos], response_mask=[0],
                                response_logprobs=[0.0] if self.rollout_config.calculate_log_probs else None,
+                               multi_modal_data={"image": images} if images else None,  # the prompt's image tokens
                                num_turns=0, extra_fields={"agent_error": True})
 
     def _report(self, agent_name: str, request_id: str, exc: BaseException) -> None:
@@ -185,10 +190,11 @@ class AgentLoopWorker:
         return metrics
 
 
-def stack_outputs(tokenizer, rollout_config, outputs: list[AgentLoopOutput]) -> DataProto:
-    """``outputs_to_batch`` with the run's widths and the tokenizer's pad id."""
+def stack_outputs(tokenizer, rollout_config, outputs: list[AgentLoopOutput], processor=None) -> DataProto:
+    """``outputs_to_batch`` with the run's widths and the tokenizer's pad id (``processor``: a VLM's)."""
     pad = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
-    return outputs_to_batch(outputs, int(rollout_config.prompt_length), int(rollout_config.response_length), pad)
+    return outputs_to_batch(outputs, int(rollout_config.prompt_length), int(rollout_config.response_length), pad,
+                            processor)
 
 
 def default_agent_loop(rollout_config) -> str:

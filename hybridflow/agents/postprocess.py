@@ -14,6 +14,11 @@ tokens interleaved)::
                             (the extra info of the scoring becomes columns named in
                             ``meta_info["reward_extra_keys"]``)
 
+Vision-language models (``processor`` given): every row gets ``multi_modal_inputs`` (non-tensor: the pixel
+inputs of the trajectory's ``multi_modal_data["image"]``, ``{}`` without images), and for the Qwen2-VL family
+``position_ids`` is (B, 4, P+R): text positions, then M-RoPE over prompt and response (``data/mrope.py``) --
+what the actor and the reference recompute log-probs with.
+
 P is ``rollout.prompt_length`` or the longest prompt of the batch if longer (a tool agent's prompt holds
 the tool schemas, which the dataset's length filter never saw).  Non-tensor columns: ``__num_turns__`` and every key of the
 trajectories' ``extra_fields`` (``turn_scores``, ``tool_rewards``, ...).
@@ -41,7 +46,7 @@ def _right(rows: Sequence[Sequence], width: int, fill, dtype) -> torch.Tensor:
 
 
 def outputs_to_batch(outputs: Sequence[AgentLoopOutput], prompt_length: int, response_length: int,
-                     pad_token_id: int) -> DataProto:
+                     pad_token_id: int, processor=None) -> DataProto:
     """Stack ``outputs`` into the rollout layout above (rows in the given order)."""
     for i, out in enumerate(outputs):
         if len(out.response_ids) > response_length or len(out.response_mask) != len(out.response_ids):
@@ -66,6 +71,8 @@ def outputs_to_batch(outputs: Sequence[AgentLoopOutput], prompt_length: int, res
         "attention_mask": attention_mask,
         "position_ids": (attention_mask.cumsum(dim=-1) - 1).clamp(min=0),
     }
+    non_tensors: dict[str, np.ndarray] = {"__num_turns__": np.array([o.num_turns for o in outputs], dtype=np.int64)}
+    _vision_columns(outputs, tensors, non_tensors, processor)
     if outputs and all(o.response_logprobs is not None for o in outputs):
         tensors["rollout_log_probs"] = _right([o.response_logprobs for o in outputs], response_length, 0.0,
                                               torch.float32)
@@ -76,7 +83,6 @@ def outputs_to_batch(outputs: Sequence[AgentLoopOutput], prompt_length: int, res
         last = reward_positions(tensors["response_mask"], response_attention.sum(dim=1).tolist())
         rm_scores[torch.arange(len(outputs)), torch.tensor(last)] = torch.tensor([float(o.reward_score) for o in outputs])
         tensors["rm_scores"] = rm_scores
-    non_tensors: dict[str, np.ndarray] = {"__num_turns__": np.array([o.num_turns for o in outputs], dtype=np.int64)}
     for key in sorted({k for o in outputs for k in o.extra_fields} - {"reward_extra_info"}):
         non_tensors[key] = _column([o.extra_fields.get(key) for o in outputs])
     meta: dict = {}
@@ -86,6 +92,27 @@ def outputs_to_batch(outputs: Sequence[AgentLoopOutput], prompt_length: int, res
         non_tensors.update({k: _column([info.get(k) for info in infos]) for k in keys})
         meta["reward_extra_keys"] = keys
     return DataProto.from_dict(tensors, non_tensors, meta)
+
+
+def _vision_columns(outputs: Sequence[AgentLoopOutput], tensors: dict, non_tensors: dict, processor) -> None:
+    """``multi_modal_inputs`` and M-RoPE ``position_ids`` of a vision-language batch (see the module doc)."""
+    images = [list((o.multi_modal_data or {}).get("image") or []) for o in outputs]
+    if processor is None:
+        with_images = [i for i, imgs in enumerate(images) if imgs]
+        if with_images:
+            raise ValueError(f"trajectory {with_images[0]} carries {len(images[with_images[0]])} image(s) in "
+                             "multi_modal_data but the model has no multimodal processor (a text-only model); use a "
+                             "vision-language checkpoint or drop the images")
+        return
+    from hybridflow.data.mrope import spec_from_processor, vlm_position_ids
+
+    inputs = [dict(processor.image_processor(images=imgs, return_tensors="pt")) if imgs else {} for imgs in images]
+    non_tensors["multi_modal_inputs"] = _column(inputs)
+    spec = spec_from_processor(processor)
+    if spec is not None:
+        ids, mask = tensors["input_ids"], tensors["attention_mask"]
+        tensors["position_ids"] = torch.stack([
+            vlm_position_ids(ids[i], mask[i], spec, inputs[i].get("image_grid_thw")) for i in range(len(outputs))])
 
 
 def _column(values: list) -> np.ndarray:

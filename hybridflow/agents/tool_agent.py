@@ -13,6 +13,11 @@ appended with ``response_mask`` 0 and log-prob 0.  ``rollout.response_length`` i
 whole trajectory: each turn may use what is left, an observation that does not fit ends the trajectory
 without being appended, so a trajectory always ends after a model turn.
 
+Images (vision-language models): the row's images are in its messages; a tool whose ``ToolResponse``
+carries images adds them to its tool message (images first, then the text), rendered by the processor's
+chat template with the image tokens expanded. Every model call sends all images so far, and the output's
+``multi_modal_data`` lists them in order, so the actor recomputes log-probs with the same pixels.
+
 Failures are observations, not crashes: a malformed call, an unknown tool, arguments that violate the
 schema, a tool that raises, hangs past its time limit or returns garbage -- the model reads an error text
 next turn, and the trajectory counts it (``tool_errors`` by kind).
@@ -29,6 +34,7 @@ from hybridflow.agents.base import AgentLoopBase, AgentLoopMetrics, AgentLoopOut
 from hybridflow.agents.chat import check_tokenization, render_continuation
 from hybridflow.agents.tool_parser import ToolParser
 from hybridflow.agents.tool_session import load_executor, load_interactions, load_tool_schemas
+from hybridflow.agents.trajectory_images import image_message_content, message_images, tool_images
 
 __all__ = ["ToolAgentLoop"]
 
@@ -54,7 +60,9 @@ class ToolAgentLoop(AgentLoopBase):
         request_id = str(kwargs.get("request_id") or id(state))
         interaction, interaction_kwargs, instance = await self._start_interaction(request_id, kwargs)
         session = self.executor.session(kwargs.get("tools_kwargs") or {})
-        prompt_ids = await self.apply_chat_template(state.messages, tools=self.tool_schemas or None)
+        state.images = message_images(state.messages) if self.processor is not None else []
+        prompt_ids = await self.apply_chat_template(state.messages, tools=self.tool_schemas or None,
+                                                    images=state.images or None)
         try:
             while True:
                 budget = self.response_length - len(state.response)
@@ -88,7 +96,7 @@ class ToolAgentLoop(AgentLoopBase):
         params = dict(sampling_params, max_tokens=budget)
         start = time.perf_counter()
         output = await self.server_manager.generate(request_id=request_id, prompt_ids=prompt_ids + state.response,
-                                                    sampling_params=params)
+                                                    sampling_params=params, image_data=list(state.images) or None)
         state.generate_s += time.perf_counter() - start
         tokens = list(output.token_ids)[:budget]
         state.response += tokens
@@ -119,14 +127,19 @@ class ToolAgentLoop(AgentLoopBase):
                 state.parse_errors += 1
         texts = [o.text for o in outcomes]
         names = [o.name for o in outcomes]
-        formatted = self.parser.format_tool_responses(texts, names)
-        new_messages = [{"role": "tool", "content": t} for t in texts]
+        new_images = [tool_images(o.name, o.response.image) for o in outcomes]
+        flat_images = [im for ims in new_images for im in ims]
+        formatted = None if flat_images else self.parser.format_tool_responses(texts, names)
+        new_messages = [{"role": "tool", "content": image_message_content(t, ims)} for t, ims in zip(texts, new_images)]
         if formatted is not None:
             observation = self.tokenizer.encode(formatted, add_special_tokens=False)
         else:
             observation = render_continuation(self.tokenizer, new_messages, self.stop_ids, state.last_stop,
-                                              self.processor, **self.apply_chat_template_kwargs)
-        return self._append_observation(state, observation, new_messages)
+                                              self.processor, images=flat_images, **self.apply_chat_template_kwargs)
+        if not self._append_observation(state, observation, new_messages):
+            return False
+        state.images += flat_images
+        return True
 
     async def _interact(self, state: "_Trajectory", interaction, instance: str, interaction_kwargs: dict) -> bool:
         terminate, reply, score, _ = await interaction.generate_response(instance, state.messages, **interaction_kwargs)
@@ -183,7 +196,7 @@ class ToolAgentLoop(AgentLoopBase):
                                  "finish_reason": state.finish_reason}
         mismatch = check_tokenization(self.tokenizer, prompt_ids + state.response, state.messages,
                                       self.tool_schemas or None, self.mt.tokenization_sanity_check_mode,
-                                      self.processor, **self.apply_chat_template_kwargs)
+                                      self.processor, images=state.images, **self.apply_chat_template_kwargs)
         mask = state.mask
         if mismatch is not None:
             extra["tokenization_mismatch"] = mismatch
@@ -199,6 +212,7 @@ class ToolAgentLoop(AgentLoopBase):
             response_ids=state.response,
             response_mask=mask,
             response_logprobs=state.log_probs if (wants_log_probs and state.has_log_probs) else None,
+            multi_modal_data={"image": list(state.images)} if state.images else None,
             num_turns=state.user_turns + state.assistant_turns + 1,
             metrics=metrics,
             extra_fields=extra,
@@ -210,6 +224,7 @@ class _Trajectory:
 
     def __init__(self, messages: list[dict[str, Any]]):
         self.messages = messages
+        self.images: list = []  # every image shown so far (prompt, then tool responses), in token order
         self.response: list[int] = []
         self.mask: list[int] = []
         self.log_probs: list[float] = []

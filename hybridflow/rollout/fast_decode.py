@@ -1,4 +1,6 @@
-"""A lean decode step for Llama-family decoders (Llama, Qwen2, Qwen3, Mistral without sliding windows).
+"""A lean decode step for Llama-family decoders (Llama, Qwen2, Qwen3, Mistral without sliding windows), and
+the language model of Qwen2-VL / Qwen2.5-VL (decoded tokens are text: their three M-RoPE axes are equal, so the
+model's own rotary embedding of a 1-D position -- the engine passes ``column + rope_delta`` -- is exact).
 
 Why: a decode step feeds one token per row.  For the small models this project trains on CPU, the
 arithmetic of that step is a few hundred microseconds while transformers' ``forward`` spends milliseconds
@@ -23,7 +25,7 @@ from torch import nn
 
 __all__ = ["FastDecoder", "fast_decoder_for", "SUPPORTED_MODEL_TYPES"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "qwen2_vl", "qwen2_5_vl")
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 
@@ -40,18 +42,29 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _decoder(model: nn.Module) -> nn.Module | None:
+    """The module holding embed_tokens / layers / norm / rotary_emb (a VLM's language model)."""
+    body = getattr(model, "model", None)
+    return getattr(body, "language_model", None) or body
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def _unsupported_reason(model: nn.Module) -> str | None:
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    config = _text_config(config)
     if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
         return f"attention implementation {config._attn_implementation!r}"
     if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
         return "sliding-window attention layers"
     if model_type == "mistral" and getattr(config, "sliding_window", None) is not None:
         return "Mistral sliding window"
-    body = getattr(model, "model", None)
+    body = _decoder(model)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
     if body is None or not all(hasattr(body, n) for n in needed) or not hasattr(model, "lm_head"):
         return "not a <Model>ForCausalLM with model.{embed_tokens,layers,norm,rotary_emb} and lm_head"
@@ -75,9 +88,9 @@ class FastDecoder:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.body = model.model
+        self.body = _decoder(model)
         self.layers = list(self.body.layers)
-        config = model.config
+        config = _text_config(model.config)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads

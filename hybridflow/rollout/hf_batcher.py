@@ -30,6 +30,7 @@ import torch
 from hybridflow.rollout.base import TokenOutput
 from hybridflow.rollout.fast_decode import fast_decoder_for
 from hybridflow.rollout.hf_prefill import PrefillJob, run_prefill
+from hybridflow.rollout.hf_vision import VisionRequest
 from hybridflow.rollout.kv_cache import KVGeometry, SlotKVCache
 from hybridflow.rollout.prefix_pool import ParkedSequence, PrefixPool
 from hybridflow.rollout.sampling_params import SamplingParams
@@ -49,6 +50,7 @@ class GenerationRequest:
     params: SamplingParams
     on_done: Callable[[TokenOutput], None]
     on_error: Callable[[BaseException], None]
+    vision: VisionRequest | None = None  # pixel inputs + M-RoPE positions of an image prompt (hf_vision.py)
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class ContinuousBatcher:
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int, generator: torch.Generator,
                  limits: BatcherLimits = BatcherLimits(), compute_dtype: torch.dtype | None = None,
-                 fast_decode: bool = True):
+                 fast_decode: bool = True, suppress_ids: list[int] | None = None):
         self.model = model
         # Decode steps skip transformers' forward plumbing when the model has the supported structure.
         self.fast, self.fast_reason = fast_decoder_for(model) if fast_decode else (None, "disabled")
@@ -103,9 +105,12 @@ class ContinuousBatcher:
         first = next(model.parameters())
         self.device, self.param_dtype = first.device, first.dtype
         self.compute_dtype = compute_dtype or self.param_dtype
-        self.geometry = KVGeometry.from_config(model.config, self.compute_dtype)
-        model_len = getattr(model.config, "max_position_embeddings", None)
+        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.geometry = KVGeometry.from_config(text_config, self.compute_dtype)
+        model_len = getattr(text_config, "max_position_embeddings", None)
         self.max_model_len = limits.max_model_len or (int(model_len) if model_len else None)
+        # never sampled (a VLM's image/video placeholders: the response cannot carry pixels for them)
+        self.suppress = torch.tensor(suppress_ids, device=self.device) if suppress_ids else None
         self.lock = threading.Lock()
         self.pending: collections.deque[GenerationRequest] = collections.deque()
         self.cache: SlotKVCache | None = None
@@ -297,18 +302,21 @@ class ContinuousBatcher:
         Identical prompts (GRPO's ``rollout.n`` copies) form one job: one forward row whose K/V is written
         into every row that asked for it (each row then samples on its own).
         """
-        jobs: dict[tuple[int, ...], PrefillJob] = {}
+        jobs: dict[tuple, PrefillJob] = {}
         job_of: list[PrefillJob] = []
         for i, req in enumerate(reqs):
-            key = tuple(req.prompt_ids)
+            # Image prompts share a prefill only with the same pixels (the image tokens alone are all alike).
+            key = (tuple(req.prompt_ids), req.vision.key if req.vision is not None else None)
             job = jobs.get(key)
             if job is None:
-                job = jobs[key] = PrefillJob(req.prompt_ids)
+                job = jobs[key] = PrefillJob(req.prompt_ids, vision=req.vision)
             job.members.append(i)
             job_of.append(job)
         takeovers: list[tuple[ParkedSequence, list[int]]] = []  # parked row -> the new rows it becomes
         if self.pool is not None and len(self.pool):
             for job in jobs.values():
+                if job.vision is not None:  # parked K/V hold no pixels' identity: image prompts prefill whole
+                    continue
                 entry, reuse = self.pool.lookup(job.prompt)
                 if entry is not None and reuse > 0:  # several jobs may share one parked row (copied)
                     entry.pinned, job.start = True, reuse
@@ -333,7 +341,7 @@ class ContinuousBatcher:
         params = [r.params for r in reqs]
         sampling = RowSampling.build(params, row_logits.shape[-1], dev)
         zeros = torch.zeros(m, dtype=torch.long, device=dev)
-        tokens, log_probs = sample_next_tokens(row_logits, sampling, self.generator, zeros)
+        tokens, log_probs = sample_next_tokens(row_logits, sampling, self.generator, zeros, self.suppress)
 
         c = self.counters
         c["requests"] += m
@@ -345,7 +353,9 @@ class ContinuousBatcher:
             c["shared_prefill_tokens"] += (len(job.members) - 1) * len(job.prompt)
         new_rows = {
             "next_token": tokens,
-            "write_col": lens_t,  # column = position: rows start at column 0, no padding
+            "write_col": lens_t,  # column = index in the sequence: rows start at column 0, no padding
+            # rotary position of column c is c + rope_delta (non-zero after images: M-RoPE, see hf_vision.py)
+            "rope_delta": torch.tensor([r.vision.rope_delta if r.vision is not None else 0 for r in reqs], device=dev),
             "gen_len": zeros.clone(),
             "max_tokens": torch.tensor([p.max_tokens for p in params], device=dev),
             "stop_ids": self._stop_table(params),
@@ -472,16 +482,17 @@ class ContinuousBatcher:
     def _decode(self) -> None:
         rows, cache = self.rows, self.cache
         mask = cache.begin_decode(rows["write_col"], self.kv_len)
+        positions = rows["write_col"] + rows["rope_delta"]
         try:
             if self.fast is not None and self.fast.usable():
-                logits = self.fast.step(rows["next_token"], rows["write_col"], cache, mask)
+                logits = self.fast.step(rows["next_token"], positions, cache, mask)
             else:
                 logits = self.model(input_ids=rows["next_token"][:, None], attention_mask=mask,
-                                    position_ids=rows["write_col"][:, None], past_key_values=cache,
+                                    position_ids=positions[:, None], past_key_values=cache,
                                     use_cache=True).logits[:, -1]
         finally:
             cache.end()
-        tokens, log_probs = sample_next_tokens(logits, self.sampling, self.generator, rows["gen_len"])
+        tokens, log_probs = sample_next_tokens(logits, self.sampling, self.generator, rows["gen_len"], self.suppress)
         rows["write_col"] += rows["alive"]
         rows["next_token"] = tokens
         self.kv_len = min(self.kv_len + 1, cache.capacity)
@@ -522,7 +533,7 @@ class ContinuousBatcher:
             self.reqs[row] = None
             lp = log_probs[i][:n] if req.params.logprobs else None
             results.append((req, TokenOutput(req.request_id, tokens[i][:n], lp, reasons[i])))
-            if park and n:  # the row holds the K/V of the prompt and of every generated token but the last
+            if park and n and req.vision is None:  # the row holds the K/V of the prompt and of every generated token but the last
                 self.pool.park(tuple(req.prompt_ids) + tuple(tokens[i][: n - 1]), row)
                 self.counters["parked"] += 1
             self.counters["generated_tokens"] += n

@@ -12,6 +12,13 @@ so all requests in flight share each decode forward and the event loop stays fre
 
 Attention must go through ``sdpa`` or ``eager`` (both take the engine's explicit 4-D masks);
 FlashAttention-2 does not accept such masks and is rejected with a clear error.
+
+Vision-language models (Qwen2-VL family): a request's ``multi_modal_data`` (``{"image": [PIL images]}``) goes
+through the checkpoint's image processor (``processor=``) and the prefill forward with the pixel inputs and
+M-RoPE positions; decoding continues at transformers' ``rope_deltas`` offset (:mod:`~hybridflow.rollout.hf_vision`).
+Image prompts are prefilled whole: no prefix reuse and no chunking for them (text requests keep both).
+A vision-language model never samples the image/video placeholder tokens (the response has no pixels for
+them, and the actor's forward would refuse them); reported log-probs stay over the full vocabulary.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from hybridflow.engine.device import empty_cache, resolve_dtype
 from hybridflow.engine.forward import eval_mode
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
 from hybridflow.rollout.hf_batcher import BatcherLimits, ContinuousBatcher, GenerationRequest
+from hybridflow.rollout.hf_vision import VisionPreparer, images_of
 from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.utils.registry import closest
 
@@ -66,18 +74,6 @@ def rollout_compute_dtype(dtype: str | torch.dtype | None, device: torch.device,
     return resolved
 
 
-def _check_text_only(multi_modal_data) -> None:
-    if multi_modal_data is None:
-        return
-    if isinstance(multi_modal_data, dict) and not any(v is not None and len(v) for v in multi_modal_data.values()):
-        return  # {} or {"image": []}: nothing to show the model
-    raise NotImplementedError(
-        "the hf rollout engine generates from text tokens only and got multi_modal_data "
-        f"(keys: {sorted(multi_modal_data) if isinstance(multi_modal_data, dict) else type(multi_modal_data).__name__}); "
-        "image prefill for vision-language models is not implemented in this engine yet"
-    )
-
-
 class HFRolloutEngine(RolloutEngine):
     """Generate with an HF ``*ForCausalLM`` module already in memory.
 
@@ -100,6 +96,9 @@ class HFRolloutEngine(RolloutEngine):
       free by everything else (weights, optimizer state, other processes) when it is sized; ignored on CPU;
     * ``dtype`` -- compute dtype, see :func:`rollout_compute_dtype` (CUDA: autocast; CPU: fp32).
 
+    ``processor``: the multimodal processor of a vision-language checkpoint (its image processor turns a
+    request's images into pixel inputs); a text model needs none and refuses images.
+
     The cache is sized by the requests in flight (rows and columns grow on demand), never preallocated.
     ``max_batch_size`` is the former name of ``max_num_seqs``.  ``fast_decode`` runs decode steps through
     :mod:`~hybridflow.rollout.fast_decode` when the model's structure allows (same results, less overhead).
@@ -110,6 +109,7 @@ class HFRolloutEngine(RolloutEngine):
         model: torch.nn.Module,
         tokenizer=None,
         *,
+        processor=None,
         eos_token_ids: int | Iterable[int] | None = None,
         pad_token_id: int | None = None,
         max_num_seqs: int = 256,
@@ -152,23 +152,37 @@ class HFRolloutEngine(RolloutEngine):
         self.free_cache_engine = bool(free_cache_engine)
         self.generator = torch.Generator(device=first.device)
         self.generator.manual_seed(seed)
-        self._batcher = ContinuousBatcher(model, pad_token_id, self.generator, limits, self.compute_dtype, fast_decode)
+        self._vision = VisionPreparer(processor, model.config)
+        spec = self._vision.spec
+        self._batcher = ContinuousBatcher(model, pad_token_id, self.generator, limits, self.compute_dtype, fast_decode,
+                                          suppress_ids=[spec.image_token_id, spec.video_token_id] if spec else None)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-rollout")
         self._driver: asyncio.Task | None = None
         self._asleep = False
         self._abort_waiting = threading.Event()  # set while abort_all() waits for the step under way
 
     # ------------------------------------------------------------------ requests
-    def _request(self, prompt_ids, params: SamplingParams, request_id: str, on_done, on_error) -> GenerationRequest:
+    def _request(self, prompt_ids, params: SamplingParams, request_id: str, on_done, on_error,
+                 multi_modal_data=None) -> GenerationRequest:
         if self._asleep:
             raise RuntimeError("hf rollout engine is asleep; call wake_up() before generating")
         if not params.ignore_eos and self.eos_token_ids:
             params = params.with_stop_tokens(self.eos_token_ids)
-        return GenerationRequest(request_id, [int(t) for t in prompt_ids], params, on_done, on_error)
+        ids = [int(t) for t in prompt_ids]
+        vision = self._vision.prepare(request_id, ids, multi_modal_data)
+        if vision is None and self._vision.spec is not None and self._vision.spec.image_token_id in ids:
+            raise ValueError(f"request {request_id}: the prompt holds image tokens (id {self._vision.spec.image_token_id}) "
+                             "but no images came with it; pass the images (image_data= / multi_modal_data="
+                             "{'image': [...]}) that the prompt was rendered with")
+        return GenerationRequest(request_id, ids, params, on_done, on_error, vision)
 
     async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams, request_id: str,
                        multi_modal_data: dict | None = None) -> TokenOutput:
-        _check_text_only(multi_modal_data)
+        request = None
+        if images_of(multi_modal_data) != ([], []):  # pixels are prepared off the event loop
+            loop = asyncio.get_running_loop()
+            request = await loop.run_in_executor(None, lambda: self._request(
+                prompt_ids, sampling_params, request_id, lambda out: None, lambda exc: None, multi_modal_data))
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
 
@@ -178,7 +192,11 @@ class HFRolloutEngine(RolloutEngine):
         def on_error(exc: BaseException) -> None:
             loop.call_soon_threadsafe(lambda: future.done() or future.set_exception(exc))
 
-        self._batcher.submit(self._request(prompt_ids, sampling_params, request_id, on_done, on_error))
+        if request is None:
+            request = self._request(prompt_ids, sampling_params, request_id, on_done, on_error)
+        else:
+            request.on_done, request.on_error = on_done, on_error
+        self._batcher.submit(request)
         if self._driver is None or self._driver.done() or self._driver.get_loop() is not loop:
             self._driver = loop.create_task(self._drive(loop))
         return await future
@@ -201,17 +219,22 @@ class HFRolloutEngine(RolloutEngine):
                 self._batcher.step()
 
     def generate_batch(
-        self, prompts: Sequence[list[int]], sampling_params: SamplingParams | Sequence[SamplingParams]
+        self, prompts: Sequence[list[int]], sampling_params: SamplingParams | Sequence[SamplingParams],
+        multi_modal_data: Sequence[dict | None] | None = None,
     ) -> list[TokenOutput]:
-        """All prompts through the continuous batcher in this thread; outputs in input order."""
+        """All prompts through the continuous batcher in this thread; outputs in input order.
+        ``multi_modal_data``: one entry per prompt (``None`` for text prompts)."""
         params = _per_request(sampling_params, len(prompts))
+        media = list(multi_modal_data) if multi_modal_data is not None else [None] * len(prompts)
+        if len(media) != len(prompts):
+            raise ValueError(f"generate_batch: {len(media)} multi_modal_data entries for {len(prompts)} prompts")
         results: list[TokenOutput | None] = [None] * len(prompts)
         errors: list[BaseException] = []
         requests = []
-        for i, (prompt, sp) in enumerate(zip(prompts, params)):
+        for i, (prompt, sp, mm) in enumerate(zip(prompts, params, media)):
             def on_done(out, i=i):
                 results[i] = out
-            requests.append(self._request(prompt, sp, f"batch-{i}", on_done, errors.append))
+            requests.append(self._request(prompt, sp, f"batch-{i}", on_done, errors.append, mm))
             self._batcher.check(requests[-1])  # all or none: a bad request leaves nothing behind
         for request in requests:
             self._batcher.submit(request)

@@ -12,11 +12,19 @@ starts at position ``a`` has position (and cache column) ``a + i``.  Jobs whose 
 over the forward's own keys (a causal mask with padding); the others (``extend``) attend over their row's
 cached columns ``[0, a)`` plus, causally, the chunk -- per query, every column up to its own position.
 Padded query slots see every column so that no softmax row is empty; their outputs are never used.
+
+Image prompts (``job.vision``, :mod:`~hybridflow.rollout.hf_vision`) are never chunked and never start from a
+reused prefix: the vision tower must see each image whole, in the forward that holds its tokens. A forward
+with image prompts passes their pixel inputs (concatenated in row order, the order in which the model
+scatters image features into image tokens) and (3, U, W) M-RoPE ``position_ids``; the text prompts of the
+same forward get their plain positions on all three axes. An image prompt longer than
+``max_num_batched_tokens`` runs in a forward of its own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -31,6 +39,7 @@ class PrefillJob:
     members: list[int] = field(default_factory=list)  # indices of the requests sharing this prompt
     rows: list[int] = field(default_factory=list)  # their cache rows
     start: int = 0  # leading prompt tokens already in the rows
+    vision: Any = None  # hf_vision.VisionRequest of an image prompt (then start == 0, one chunk)
 
 
 def run_prefill(model, cache: SlotKVCache, jobs: list[PrefillJob], pad_token_id: int, max_tokens: int,
@@ -46,7 +55,8 @@ def run_prefill(model, cache: SlotKVCache, jobs: list[PrefillJob], pad_token_id:
         group: list[tuple[int, int, int]] = []
         width = 0
         for j in remaining:
-            chunk = min(len(jobs[j].prompt) - progress[j], max_tokens)
+            left = len(jobs[j].prompt) - progress[j]
+            chunk = left if jobs[j].vision is not None else min(left, max_tokens)
             w = max(width, chunk)
             if group and (len(group) + 1) * w > max_tokens:
                 continue
@@ -84,13 +94,27 @@ def _forward(model, cache: SlotKVCache, chunks: list[tuple[PrefillJob, int, int]
         allowed = (cols[None, None, :] <= positions[:, :, None]) | ~valid[:, :, None]
         read_rows = torch.tensor([job.rows[0] for job, _, _ in chunks], device=device)
     mask = torch.zeros(allowed.shape, dtype=mask_dtype, device=device).masked_fill_(~allowed, float("-inf"))
+    model_positions, vision_inputs = _vision_inputs(chunks, positions, pad, device)
     cache.begin_extend(_writes(chunks, pad, first, lens, device), read_rows, kv_len)
     try:
-        out = model(input_ids=ids, attention_mask=mask[:, None], position_ids=positions, past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
+        out = model(input_ids=ids, attention_mask=mask[:, None], position_ids=model_positions, past_key_values=cache,
+                    use_cache=True, logits_to_keep=1, **vision_inputs)
     finally:
         cache.end()
     return out.logits[:, -1]
+
+
+def _vision_inputs(chunks, positions: torch.Tensor, pad: torch.Tensor, device) -> tuple[torch.Tensor, dict]:
+    """(position_ids, pixel keyword arguments) of a forward: ``positions`` unchanged without image prompts."""
+    rows = [(u, job.vision) for u, (job, _, _) in enumerate(chunks) if job.vision is not None]
+    if not rows:
+        return positions, {}
+    rope = positions[None].repeat(3, 1, 1)  # (3, U, W): text rows rotate alike on every axis
+    for u, vision in rows:
+        rope[:, u, int(pad[u]):] = vision.positions.to(device)
+    pixels = torch.cat([v.pixel_values for _, v in rows]).to(device)
+    grids = torch.cat([v.image_grid_thw for _, v in rows]).to(device)
+    return rope, {"pixel_values": pixels, "image_grid_thw": grids}
 
 
 def _writes(chunks, pad: torch.Tensor, first: torch.Tensor, lens: torch.Tensor, device):

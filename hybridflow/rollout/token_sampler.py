@@ -180,7 +180,8 @@ def inverse_cdf_sample(candidates: torch.Tensor, uniforms: torch.Tensor) -> torc
 
 
 def sample_next_tokens(
-    logits: torch.Tensor, rows: RowSampling, generator: torch.Generator | None, steps: torch.Tensor | None = None
+    logits: torch.Tensor, rows: RowSampling, generator: torch.Generator | None, steps: torch.Tensor | None = None,
+    suppress: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row from ``logits`` (B, V); return ``(tokens (B,), log_probs (B,))``.
 
@@ -188,8 +189,14 @@ def sample_next_tokens(
     top-k / top-p set: unseeded rows through Gumbel noise from ``generator`` (reproducible for a fixed
     batch composition), seeded rows by inverse CDF at the uniform of ``(seed, steps[row])``, where
     ``steps`` (B,) is the index of the token being drawn in each row's response.
+    ``suppress``: token ids never drawn (a vision-language model's image/video placeholders); like top-k /
+    top-p they only restrict the draw, the reported log-prob stays over the full distribution.
     """
     scaled = logits.float() * rows.inv_temperature[:, None]
+    log_norm = torch.logsumexp(scaled, dim=-1)
+    full = scaled
+    if suppress is not None:
+        scaled = scaled.index_fill(1, suppress, float("-inf"))
     if rows.any_sample:
         candidates = _filter_top_k_top_p(scaled, rows) if (rows.any_top_k or rows.any_top_p) else scaled
         if rows.all_seeded:
@@ -205,5 +212,5 @@ def sample_next_tokens(
             tokens = torch.where(rows.greedy, scaled.argmax(dim=-1), tokens)
     else:
         tokens = scaled.argmax(dim=-1)
-    log_probs = scaled.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
+    log_probs = full.gather(1, tokens[:, None]).squeeze(1) - log_norm
     return tokens, log_probs

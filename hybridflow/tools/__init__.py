@@ -1,7 +1,8 @@
 """Tools for agent loops (verl's tool API at verl's module paths), their executor, and the code sandbox.
 
 Importing this package registers the built-in tools: ``code_interpreter`` (``SandboxFusionTool``),
-``calc_gsm8k_reward`` (``Gsm8kTool``), ``calculator``, ``search`` (``SearchTool``). MCP tools
+``calc_gsm8k_reward`` (``Gsm8kTool``), ``calculator``, ``search`` (``SearchTool``), ``image_zoom_in_tool``
+(``ImageZoomInTool``, for vision-language models). MCP tools
 (``mcp_base_tool.MCPBaseTool``, ``mcp_search_tool.MCPSearchTool``) need the ``mcp`` extra and are imported
 on use. See docs/agents.md.
 """
@@ -11,6 +12,7 @@ from hybridflow.tools.calculator import CalculatorTool
 from hybridflow.tools.executor import ToolCallOutcome, ToolExecutor, ToolSession, summarize_outcomes, truncate_tool_response
 from hybridflow.tools.function_tool import FunctionTool, function_tool
 from hybridflow.tools.gsm8k_tool import Gsm8kTool
+from hybridflow.tools.image_zoom_in_tool import ImageZoomInTool
 from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
 from hybridflow.tools.sandbox_fusion_tools import CodeInterpreterTool, SandboxFusionTool
 from hybridflow.tools.schemas import OpenAIFunctionCallSchema, OpenAIFunctionToolSchema, ToolResponse
@@ -39,5 +41,6 @@ __all__ = [
     "CodeInterpreterTool",
     "SandboxFusionTool",
     "Gsm8kTool",
+    "ImageZoomInTool",
     "SearchTool",
 ]

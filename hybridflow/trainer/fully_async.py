@@ -112,7 +112,7 @@ class FullyAsyncTrainer(PPOTrainer):
         prompts = DataProto.concat([s.prompt for s in samples])
         stages.split_generation_input(prompts)  # the rollout's prompt+response tensors replace the prompt ones
         output = stack_outputs(self.tokenizer, self.config.actor_rollout_ref.rollout,
-                               [o for s in samples for o in s.outputs])
+                               [o for s in samples for o in s.outputs], getattr(self.groups.rollout, "processor", None))
         gen_timing, gen_metrics = summarize_trajectory_metrics([m for s in samples for m in s.trajectory_metrics],
                                                                output)
         output.meta_info = {"timing": gen_timing, "metrics": gen_metrics}

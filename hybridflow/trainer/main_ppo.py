@@ -141,11 +141,11 @@ def _rollout_threads(config) -> int:
     return max(64, min(1024, int(config.actor_rollout_ref.rollout.max_num_seqs)))
 
 
-def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None) -> None:
+def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None, processor=None) -> None:
     """The rollout service over the loaded workers: one replica per actor/rollout rank (the hybrid engine)
     and the agent-loop manager (``rollout.agent.num_workers`` workers) that the trainer generates with.
     ``reward_fn`` (the training reward manager) scores trajectories in the agent loops when verl's reward
-    loop applies and the backend is local."""
+    loop applies and the backend is local. ``processor``: a vision-language model's (loaded when not given)."""
     from hybridflow.agents import AgentLoopManager
     from hybridflow.rollout.fleet import HybridFleet
 
@@ -167,7 +167,10 @@ def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None) -
         fleet = start_standalone_fleet(config, runtime.groups.actor_rollout, resolve_device(config) == "cuda",
                                        runtime._closers)
         runtime.n_devices += rollout_pool_devices(config)
-    manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer, reward_manager=reward_fn)
+    if processor is None:
+        processor = load_processor_for(config)
+    manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer, processor=processor,
+                               reward_manager=reward_fn)
     runtime._closers.append(manager.shutdown)
     runtime.groups.rollout = manager
 
@@ -298,22 +301,12 @@ def load_tokenizer_for(config):
 
 
 def load_processor_for(config):
-    """The multimodal processor of ``actor_rollout_ref.model`` (``None`` for a text-only model).
-
-    Until the rollout generates with pixel inputs (issue 14, second part), a vision-language run is refused
-    here rather than trained on image tokens without their pixels.
-    """
+    """The multimodal processor of ``actor_rollout_ref.model`` (``None`` for a text-only model)."""
     from hybridflow.engine.model_loader import load_processor
 
     model = config.actor_rollout_ref.model
     processor = load_processor(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template,
                                field="actor_rollout_ref.model.path")
-    if processor is not None:
-        raise NotImplementedError(
-            f"actor_rollout_ref.model.path={model.path!r} is a vision-language model: its data, actor and reference "
-            "log-probs are supported, but the rollout does not generate with images yet, so training or "
-            "generating with it would see image tokens without their pixels. Use a text model for now."
-        )
     return processor
 
 
@@ -359,14 +352,15 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         tokenizer = load_tokenizer_for(config)
         model_cfg = config.actor_rollout_ref.model
         check_causal_lm(model_cfg.path, model_cfg.trust_remote_code)
-        train_loader, val_loader = build_data(config, tokenizer, load_processor_for(config))
+        processor = load_processor_for(config)
+        train_loader, val_loader = build_data(config, tokenizer, processor)
         # The workers' LR schedules need the horizon; it is passed to init_model below.
         total = resolve_total_training_steps(config, len(train_loader))
         reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
         reward_fns = [reward_fn, val_reward_fn]
         runtime = start.result()
         init_models(runtime, total)
-        start_rollout_service(runtime, config, tokenizer, reward_fn)
+        start_rollout_service(runtime, config, tokenizer, reward_fn, processor)
         if logger is None:
             logger = build_logger(config, total)
         trainer = trainer_class(config)(config, tokenizer, runtime.groups, train_loader, val_loader, reward_fn,

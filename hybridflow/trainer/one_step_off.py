@@ -43,7 +43,7 @@ def separate_validation_rollout(trainer: PPOTrainer) -> None:
         return
     train_manager = trainer.groups.rollout
     manager = AgentLoopManager(trainer.config, train_manager.fleet, trainer.config.trainer.backend,
-                               tokenizer=trainer.tokenizer)
+                               tokenizer=trainer.tokenizer, processor=getattr(train_manager, "processor", None))
     trainer.validator.groups = dataclasses.replace(trainer.groups, rollout=manager)
     trainer._validation_manager = manager
 

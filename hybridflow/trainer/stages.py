@@ -158,6 +158,8 @@ def merge_generation_output(batch: DataProto, output: DataProto) -> DataProto:
     new_non_tensor = {k: v for k, v in output.non_tensor_batch.items() if k not in batch.non_tensor_batch}
     extra = DataProto.from_dict(dict(output.batch), new_non_tensor)
     batch.union(extra)
+    if "multi_modal_inputs" in output.non_tensor_batch:  # the trajectory's pixels (tool images included) win
+        batch.non_tensor_batch["multi_modal_inputs"] = output.non_tensor_batch["multi_modal_inputs"]
     for key in ("timing", "metrics"):
         if key in output.meta_info:
             batch.meta_info[f"gen_{key}"] = output.meta_info[key]

@@ -50,6 +50,7 @@ class Validator:
     def run(self, global_step: int) -> ValidationResult:
         sources: list[str] = []
         inputs: list[str] = []
+        groups: list[str] = []  # what makes two samples answers to the same prompt
         outputs: list[str] = []
         infos: dict[str, list[Any]] = {"reward": []}
         extra_cols: dict[str, list[Any]] = {}
@@ -68,6 +69,9 @@ class Validator:
             sources.extend(str(s) for s in batch.non_tensor_batch["data_source"])
             texts_in, texts_out = decode_batch(self.tokenizer, batch)
             inputs.extend(texts_in)
+            if "multi_modal_data" in batch.non_tensor_batch:  # one question, many pictures: group by row
+                texts_in = [f"{t}\x00{u}" for t, u in zip(texts_in, batch.non_tensor_batch["uid"])]
+            groups.extend(texts_in)
             outputs.extend(texts_out)
             segments.extend(response_segments(self.tokenizer, batch))
             nt = batch.non_tensor_batch
@@ -81,7 +85,7 @@ class Validator:
         for key, values in extra_cols.items():
             if len(values) == len(infos["reward"]) and key not in infos:
                 infos[key] = values
-        metrics = process_validation_metrics(sources, inputs, infos, seed=self.seed)
+        metrics = process_validation_metrics(sources, groups, infos, seed=self.seed)
         metrics["val/num_samples"] = float(len(outputs))
         metrics.update(trajectory_metrics(turns, tool_calls))
         return ValidationResult(metrics=metrics, samples=self._samples(inputs, outputs, infos["reward"], segments,

@@ -53,8 +53,8 @@ def build_tiny_processor(tokenizer=None, arch: str = "qwen2_vl", patch_size: int
     return build_processor(getattr(transformers, _PROCESSORS[arch]), image_processor, tokenizer, chat_template)
 
 
-def _vision_config(arch: str, out_hidden: int, patch_size: int, merge_size: int) -> dict:
-    common = {"patch_size": patch_size, "spatial_merge_size": merge_size, "temporal_patch_size": 2, "in_channels": 3,
+def _vision_config(arch: str, out_hidden: int, patch_size: int, merge_size: int, initializer_range: float) -> dict:
+    common = {"initializer_range": initializer_range, "patch_size": patch_size, "spatial_merge_size": merge_size, "temporal_patch_size": 2, "in_channels": 3,
               "depth": _VISION["depth"], "num_heads": _VISION["num_heads"]}
     if arch == "qwen2_vl":
         return {**common, "embed_dim": _VISION["embed_dim"], "hidden_size": out_hidden, "mlp_ratio": 2}
@@ -64,8 +64,11 @@ def _vision_config(arch: str, out_hidden: int, patch_size: int, merge_size: int)
 
 
 def build_tiny_vlm(tokenizer, size: str = "nano", arch: str = "qwen2_vl", seed: int = 0, patch_size: int = 8,
-                   merge_size: int = 2):
-    """A random-init Qwen2-VL / Qwen2.5-VL whose language model is sized by ``MODEL_SIZES[size]``."""
+                   merge_size: int = 2, initializer_range: float = 0.02):
+    """A random-init Qwen2-VL / Qwen2.5-VL whose language model is sized by ``MODEL_SIZES[size]``.
+
+    ``initializer_range``: std of the random weights; 0.2 gives peaked next-token distributions (greedy
+    outputs that vary with the prompt and the image), which equality tests need."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
@@ -79,19 +82,20 @@ def build_tiny_vlm(tokenizer, size: str = "nano", arch: str = "qwen2_vl", seed: 
                 num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2048,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope},
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-                tie_word_embeddings=True)
+                tie_word_embeddings=True, initializer_range=initializer_range)
     cfg = AutoConfig.for_model(
-        arch, text_config=text, vision_config=_vision_config(arch, hidden, patch_size, merge_size),
+        arch, text_config=text, vision_config=_vision_config(arch, hidden, patch_size, merge_size, initializer_range),
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        initializer_range=initializer_range,
     )
     torch.manual_seed(seed)
     return AutoModelForImageTextToText.from_config(cfg, dtype=torch.float32)
 
 
 def make_tiny_vlm_checkpoint(path: str | Path, size: str = "nano", arch: str = "qwen2_vl", seed: int = 0,
-                             chat_template: str | None = VL_CHAT_TEMPLATE) -> Path:
+                             chat_template: str | None = VL_CHAT_TEMPLATE, initializer_range: float = 0.02) -> Path:
     """Write model + processor (image processor, tokenizer, chat template) to ``path``; returns the path.
 
     ``chat_template=None`` writes a processor without a chat template (for the bad-input tests).
@@ -104,7 +108,7 @@ def make_tiny_vlm_checkpoint(path: str | Path, size: str = "nano", arch: str = "
     if chat_template is None:
         tokenizer.chat_template = None
     processor = build_tiny_processor(tokenizer, arch=arch, chat_template=chat_template)
-    model = build_tiny_vlm(tokenizer, size=size, arch=arch, seed=seed)
+    model = build_tiny_vlm(tokenizer, size=size, arch=arch, seed=seed, initializer_range=initializer_range)
     model.save_pretrained(path)
     save_processor(processor, str(path))
     return path

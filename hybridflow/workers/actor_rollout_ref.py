@@ -132,7 +132,7 @@ class ActorRolloutRefWorker(Worker):
         name = f"{self.role}/rank{self.rank}"
         if rc.name == "hf":
             engine = create_rollout_engine(
-                "hf", model=self.actor_engine.module, tokenizer=self.tokenizer,
+                "hf", model=self.actor_engine.module, tokenizer=self.tokenizer, processor=self.processor,
                 max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank,
             )
         else:

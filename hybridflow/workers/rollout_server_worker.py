@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from hybridflow.controller import Dispatch, Worker, register
-from hybridflow.engine.model_loader import load_causal_lm, load_tokenizer
+from hybridflow.engine.model_loader import load_causal_lm, load_processor, load_tokenizer
 from hybridflow.rollout.checkpoint_engine import BroadcastCheckpointEngine, WeightSyncSpec
 from hybridflow.rollout.interruptible_server import InterruptibleRolloutServer
 from hybridflow.rollout.replica import RolloutReplica, replica_for_server
@@ -65,11 +65,13 @@ class RolloutServerWorker(Worker):
             importlib.import_module(mc.external_lib)
         tokenizer = load_tokenizer(mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
                                    field="actor_rollout_ref.model.tokenizer_path")
+        processor = load_processor(mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
+                                   field="actor_rollout_ref.model.tokenizer_path")
         model = load_causal_lm(mc.path, dtype=self.config.actor.fsdp_config.model_dtype,
                                trust_remote_code=mc.trust_remote_code, override_config=mc.override_config)
         model.requires_grad_(False)
         model.to(self.device).eval()
-        self.engine = create_rollout_engine("hf", model=model, tokenizer=tokenizer,
+        self.engine = create_rollout_engine("hf", model=model, tokenizer=tokenizer, processor=processor,
                                             **hf_engine_kwargs(rc, int(rc.seed) + self.rank))
         self.server = InterruptibleRolloutServer(self.engine, name=self.name)
 

@@ -130,7 +130,7 @@ def test_cli_refuses_options_the_tool_task_does_not_take(capsys):
     from hybridflow.cli import main
 
     assert main(["quickstart", "--task", "tool-use", "--max-seconds", "5"]) == 2
-    assert "--max-seconds applies to --task addition only" in capsys.readouterr().err
+    assert "--max-seconds does not apply to --task tool-use" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["quickstart", "--task", "tooluse"])
     assert exc.value.code == 2 and "invalid choice: 'tooluse'" in capsys.readouterr().err

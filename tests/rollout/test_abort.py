@@ -1,4 +1,4 @@
-"""abort_all (partial rollouts at a weight sync) and the multi_modal_data keyword of the text engine."""
+"""abort_all (partial rollouts at a weight sync) and the multi_modal_data keyword on a text model."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_abort_all_from_another_thread_ends_generate_batch(model_and_tokenizer, 
     assert engine.abort_all() == 0  # nothing in flight: a no-op
 
 
-def test_multi_modal_data_is_refused_by_the_text_engine(model_and_tokenizer, prompts):
+def test_images_are_refused_by_a_text_model(model_and_tokenizer, prompts):
     model, tok = model_and_tokenizer
     engine = HFRolloutEngine(model, tok)
     params = SamplingParams(do_sample=False, max_tokens=3)
@@ -74,7 +74,7 @@ def test_multi_modal_data_is_refused_by_the_text_engine(model_and_tokenizer, pro
     async def run(mm):
         return await engine.generate(prompts[0], params, "r", multi_modal_data=mm)
 
-    with pytest.raises(NotImplementedError, match="multi_modal_data.*image"):
+    with pytest.raises(ValueError, match="1 image.*text-only.*Qwen2-VL.*or drop the images"):
         asyncio.run(run({"image": [object()]}))
     assert len(asyncio.run(run({})).token_ids) == 3  # nothing to show: fine
     assert len(asyncio.run(run({"image": []})).token_ids) == 3

@@ -41,7 +41,7 @@ def call(tool: BaseTool, raw_args, **create_kwargs):
 
 
 def test_registry_has_the_builtins():
-    assert TOOL_REGISTRY.names() == ["calc_gsm8k_reward", "calculator", "code_interpreter", "search"]
+    assert TOOL_REGISTRY.names() == ["calc_gsm8k_reward", "calculator", "code_interpreter", "image_zoom_in_tool", "search"]
 
 
 # ---- calculator -------------------------------------------------------------------------------------------

@@ -1,8 +1,7 @@
-"""A vision-language checkpoint is refused at start-up until the rollout generates with pixel inputs."""
+"""A vision-language checkpoint starts with its processor (the guard of phase 1 is gone: the rollout
+generates with images); a text checkpoint has none."""
 
 from types import SimpleNamespace
-
-import pytest
 
 
 def _config(model_dir):
@@ -10,9 +9,9 @@ def _config(model_dir):
     return SimpleNamespace(actor_rollout_ref=SimpleNamespace(model=model))
 
 
-def test_vlm_run_is_refused_not_trained_text_only(tiny_vlm_dir, nano_model_dir):
+def test_vlm_run_gets_its_processor(tiny_vlm_dir, nano_model_dir):
     from hybridflow.trainer.main_ppo import load_processor_for
 
     assert load_processor_for(_config(nano_model_dir)) is None
-    with pytest.raises(NotImplementedError, match="vision-language model.*rollout does not generate with images"):
-        load_processor_for(_config(tiny_vlm_dir))
+    processor = load_processor_for(_config(tiny_vlm_dir))
+    assert type(processor).__name__ == "Qwen2VLProcessor" and processor.chat_template
