@@ -120,14 +120,22 @@ def _find_last(haystack: list[int], needle: list[int]) -> int:
     return 0
 
 
+def _assistant_closing(templater, tools, **kwargs) -> str:
+    """The text a template writes after an assistant message's content (e.g. ``<|im_end|>``), stripped."""
+    marker = "\u2063hybridflow-closing\u2063"
+    text = _render_text(templater, [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}],
+                        tools, False, **kwargs)
+    return text[text.rfind(marker) + len(marker):].strip() if marker in text else ""
+
+
 def check_tokenization(tokenizer, incremental_ids: Sequence[int], messages: Sequence[dict[str, Any]],
                        tools: list[dict] | None, mode: str, processor=None, images: Sequence[Any] | None = None,
                        **kwargs) -> str | None:
     """Compare the incrementally built ids with one render of the whole conversation.
 
     Returns ``None`` when they agree under ``mode``, else a short description of the first difference.
-    ``strict``: the ids must be a prefix of the full render and what remains must be whitespace (the
-    template's closing of the last turn); ``ignore_strippable``: the decoded texts must agree once all
+    ``strict``: the ids must be a prefix of the full render and what remains must be whitespace or the
+    template's closing of an assistant turn (a last turn cut at the length budget has no end-of-turn token); ``ignore_strippable``: the decoded texts must agree once all
     whitespace is removed; ``disable``: no check. ``images``: the conversation's images (expanded as the
     processor expands them).
     """
@@ -141,7 +149,10 @@ def check_tokenization(tokenizer, incremental_ids: Sequence[int], messages: Sequ
     incremental = list(incremental_ids)
     if mode == "strict":
         n = len(incremental)
-        if full[:n] == incremental and not tokenizer.decode(full[n:]).strip():
+        rest = tokenizer.decode(full[n:]).strip()
+        # what may follow the incremental ids: whitespace, or -- when the last turn was cut at the length
+        # budget, without its end-of-turn token -- the template's closing of an assistant turn
+        if full[:n] == incremental and rest in ("", _assistant_closing(templater, tools, **kwargs)):
             return None
         first = next((i for i, (a, b) in enumerate(zip(incremental, full)) if a != b), min(n, len(full)))
         return (f"token {first}: incremental {incremental[first:first + 5]} vs full render {full[first:first + 5]} "

@@ -147,6 +147,8 @@ def test_the_response_budget_spans_all_turns_and_ends_cleanly(make_loop, tokeniz
     out = run(loop)
     assert len(out.response_ids) == n_first + 30  # the last turn got exactly what was left
     assert out.extra_fields["finish_reason"] == "length"
+    # strict tokenization check (the default): a last turn cut without its end-of-turn token is no mismatch
+    assert "tokenization_mismatch" not in out.extra_fields and sum(out.response_mask) > n_first
     # an observation that does not fit is not appended: the trajectory ends after the model's turn
     loop, _ = make_loop([first, "never"], response_length=n_first + 5)
     out = run(loop)
