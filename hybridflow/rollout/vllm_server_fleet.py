@@ -50,6 +50,11 @@ class VLLMServerFleet(RolloutFleet):
                  weights_source: WeightsSource | None = None, *, device: str = "cpu", free_cache_engine: bool = True,
                  lora_rank: int = 0, lora_alpha: float = 16.0, seed: int = 0, log_dir: str | None = None,
                  start_timeout_s: float = 600.0, python: str | None = None, name: str = "vllm-server"):
+        from hybridflow.rollout.vllm_config import text_only_engine_error
+
+        vision_error = text_only_engine_error(str(model_path))
+        if vision_error:  # before any server process starts
+            raise ValueError(vision_error)
         kwargs = {**engine_kwargs, "model": str(model_path)}
         if kwargs.get("load_format") == "dummy":  # reloads read safetensors folders, which a dummy loader cannot
             kwargs["load_format"] = "auto"
