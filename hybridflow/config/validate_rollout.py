@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["rollout_hardware_errors", "rollout_hardware_notes", "gpu_visible"]
+__all__ = ["rollout_hardware_errors", "rollout_hardware_notes", "rollout_model_errors", "gpu_visible"]
 
 _PARALLEL_KEYS = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
 
@@ -45,6 +45,19 @@ def rollout_hardware_errors(cfg, device: str) -> list[str]:
             errors.append(f"{key}.cudagraph_capture_sizes={rollout.cudagraph_capture_sizes}: CUDA graphs need a GPU; "
                           f"remove the key (or set it to null) on CPU")
     return errors
+
+
+def rollout_model_errors(cfg) -> list[str]:
+    """Errors for a rollout engine that cannot serve ``actor_rollout_ref.model.path`` on any device: the vllm and
+    sglang adapters are text-only, so a vision-language checkpoint needs ``rollout.name=hf`` (read from the
+    model folder's ``config.json``; no model loads)."""
+    from hybridflow.rollout.vllm_config import text_only_engine_error
+
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name not in ("vllm", "sglang"):
+        return []
+    error = text_only_engine_error(str(cfg.actor_rollout_ref.model.path), engine=rollout.name)
+    return [error] if error else []
 
 
 def rollout_hardware_notes(cfg, device: str) -> list[str]:

