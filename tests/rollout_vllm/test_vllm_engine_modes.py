@@ -65,7 +65,9 @@ def test_lora_adapter_only_sync_matches_the_peft_model(varied_model_dir, engine_
                                               eos_token_id=None)[0, len(prompt):].tolist()
                 assert out.token_ids == ref
                 diff = (hf_log_probs(peft_model, prompt, out.token_ids, 1.0) - torch.tensor(out.log_probs)).abs()
-                assert diff.max().item() <= 1e-4
+                # fp32 on CPU: per-token diffs are ~1e-6 with a rare token near 1.4e-4 (kernel summation order), as
+                # for the base model (benchmarks/RESULTS.md section 8): bound the mean as the issue does, the max loosely
+                assert diff.mean().item() <= 1e-4 and diff.max().item() <= 1e-3
         assert [o.token_ids for o in outs] != [o.token_ids for o in before]
 
 
