@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
-__all__ = ["SamplingParams"]
+__all__ = ["SamplingParams", "engine_request_settings"]
 
 
 @dataclass(frozen=True)
@@ -103,3 +103,17 @@ class SamplingParams:
             ignore_eos=bool(rollout.ignore_eos),
             logprobs=bool(rollout.calculate_log_probs),
         )
+
+
+def engine_request_settings(params: "SamplingParams", eos_token_ids: Iterable[int], rng, lock) -> tuple[list[int], int]:
+    """``(stop token ids, seed)`` of one request as an external engine (vLLM, SGLang) receives it: the request's
+    stop ids plus the model's EOS ids unless ``ignore_eos``, and its seed or the next draw of the engine's
+    ``rng`` (under ``lock``: requests arrive from several threads).  Engines serve ``n=1`` requests only."""
+    if params.n != 1:
+        raise ValueError(f"SamplingParams.n={params.n}: engines see n=1 requests; the caller expands groups")
+    stop = list(params.stop_token_ids)
+    if not params.ignore_eos:
+        stop += [t for t in eos_token_ids if t not in stop]
+    with lock:
+        seed = params.seed if params.seed is not None else rng.randrange(2**31)
+    return stop, seed

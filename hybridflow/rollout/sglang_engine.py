@@ -32,7 +32,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
-from hybridflow.rollout.sampling_params import SamplingParams
+from hybridflow.rollout.sampling_params import SamplingParams, engine_request_settings
 from hybridflow.rollout.server_process import ServerProcess, ServerProcessError
 from hybridflow.rollout.vllm_weights import model_config, shm_folder, with_tied_head, write_safetensors_folder
 
@@ -129,13 +129,7 @@ class SGLangRolloutEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ requests
     def payload(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
-        if params.n != 1:
-            raise ValueError(f"SamplingParams.n={params.n}: engines see n=1 requests; the caller expands groups")
-        stop = list(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop += [t for t in self.eos_token_ids if t not in stop]
-        with self._lock:
-            seed = params.seed if params.seed is not None else self._rng.randrange(2**31)
+        stop, seed = engine_request_settings(params, self.eos_token_ids, self._rng, self._lock)
         return {
             "input_ids": [int(t) for t in prompt_ids],
             "sampling_params": {

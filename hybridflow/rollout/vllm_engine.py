@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
-from hybridflow.rollout.sampling_params import SamplingParams
+from hybridflow.rollout.sampling_params import SamplingParams, engine_request_settings
 from hybridflow.rollout.vllm_config import (
     VLLM_EXTRA_HINT,
     cpu_safe_chunking,
@@ -355,13 +355,7 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        if params.n != 1:
-            raise ValueError(f"SamplingParams.n={params.n}: engines see n=1 requests; the caller expands groups")
-        stop = list(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop += [t for t in self.eos_token_ids if t not in stop]
-        with self._lock:
-            seed = params.seed if params.seed is not None else self._rng.randrange(2**31)
+        stop, seed = engine_request_settings(params, self.eos_token_ids, self._rng, self._lock)
         return VSamplingParams(
             n=1,
             temperature=0.0 if params.greedy else float(params.temperature),

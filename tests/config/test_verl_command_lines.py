@@ -4,28 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from hybridflow.config import ConfigError, config_to_dict, load_config, parse_command_line
 from hybridflow.config.loader import canonical_key
 
-DATA = Path(__file__).parent / "data" / "verl_command_lines.txt"
-
-
-def sections():
-    out, name, args = [], None, []
-    for line in DATA.read_text().splitlines():
-        if line.startswith("## "):
-            if name:
-                out.append((name, args))
-            name, args = line[3:].strip(), []
-        elif line.strip() and not line.startswith("#"):
-            args.append(line.strip())
-    out.append((name, args))
-    return out
-
+from vllm_helpers import verl_sections as sections  # the recorded scripts, parsed once for both test suites
 
 ACCEPT = [s for s in sections() if not s[0].startswith("refuse")]
 REFUSE = [s for s in sections() if s[0].startswith("refuse:")]
