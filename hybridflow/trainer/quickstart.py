@@ -154,6 +154,22 @@ class LiveLogger:
         self.tracking.finish()
 
 
+def prepare_output(output_dir: str, train_rows: list[dict], test_rows: list[dict]) -> tuple[Path, Path]:
+    """The demos' common start: one torch thread, the output folder, the task written as verl parquet under
+    ``output_dir/data``; returns ``(output folder, data folder)``."""
+    import torch
+
+    from hybridflow.data.io import write_parquet
+
+    torch.set_num_threads(1)
+    out = Path(output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = out / "data"
+    write_parquet(train_rows, str(data_dir / "train.parquet"))
+    write_parquet(test_rows, str(data_dir / "test.parquet"))
+    return out, data_dir
+
+
 def run_quickstart(output_dir: str = "outputs/quickstart", backend: str = "local", sft_steps: int = 500,
                    rl_steps: int = 150, seed: int = 1, train_size: int = 4000, test_size: int = 200,
                    sft_lr: float = 1e-3, rl_lr: float = 5e-5, test_freq: int = 25, max_seconds: float | None = None,
@@ -163,22 +179,14 @@ def run_quickstart(output_dir: str = "outputs/quickstart", backend: str = "local
     ``overrides`` are extra verl-style ``key=value`` strings applied after the defaults (to experiment).
     ``max_seconds`` caps the RL phase's wall time (the step in progress finishes, then a last validation).
     """
-    import torch
-
     from hybridflow.config import load_config
-    from hybridflow.data.io import write_parquet
     from hybridflow.tracking import Tracking
     from hybridflow.tracking.report import write_report
     from hybridflow.trainer.main_ppo import train_ppo
 
-    torch.set_num_threads(1)
-    out = Path(output_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    data_dir = out / "data"
     train_rows, test_rows = held_out_rows(train_size, test_size, seed)
-    write_parquet(train_rows, str(data_dir / "train.parquet"))
-    write_parquet(test_rows, str(data_dir / "test.parquet"))
+    out, data_dir = prepare_output(output_dir, train_rows, test_rows)
     base = build_base_model(out / "base_model", seed)
     print(f"[quickstart] tiny model + addition task ready in {out}", flush=True)
     sft_dir, sft_seconds = warm_up(base, train_rows, out / "sft", sft_steps,
@@ -209,4 +217,4 @@ def run_quickstart(output_dir: str = "outputs/quickstart", backend: str = "local
     return summary
 
 
-__all__ = ["run_quickstart", "grpo_overrides"]
+__all__ = ["run_quickstart", "grpo_overrides", "prepare_output"]

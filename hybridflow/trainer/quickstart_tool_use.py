@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hybridflow.trainer.quickstart import SCORER_FILE, LiveLogger, grpo_overrides, held_out_rows
+from hybridflow.trainer.quickstart import SCORER_FILE, LiveLogger, grpo_overrides, held_out_rows, prepare_output
 
 TASK = "multiplication"
 VAL_KEY = f"val-core/synthetic/{TASK}/reward/mean@1"
@@ -197,19 +197,11 @@ def run_tool_use_quickstart(output_dir: str = "outputs/quickstart_tool_use", bac
                             rl_steps: int = 60, rl_lr: float = 3e-4, test_freq: int = 20, batch_size: int = 16,
                             n: int = 8, baseline: bool = True, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run both arms and return the summary written to ``output_dir/summary.json`` (see the module doc)."""
-    import torch
-
-    from hybridflow.data.io import write_parquet
     from hybridflow.tracking.report import write_report
 
-    torch.set_num_threads(1)
-    out = Path(output_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     t0, cpu0 = time.perf_counter(), cpu_seconds()
-    data_dir = out / "data"
     train_rows, test_rows = held_out_rows(train_size, test_size, seed, task=TASK)
-    write_parquet(train_rows, str(data_dir / "train.parquet"))
-    write_parquet(test_rows, str(data_dir / "test.parquet"))
+    out, data_dir = prepare_output(output_dir, train_rows, test_rows)
     base = build_tool_model(out / "base_model", seed, model_size)
     print(f"[quickstart] tiny model + multiplication task + calculator tool ready in {out}", flush=True)
     common = dict(data_dir=data_dir, backend=backend, sft_steps=sft_steps, sft_lr=sft_lr, rl_steps=rl_steps,

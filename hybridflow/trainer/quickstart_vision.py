@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hybridflow.trainer.quickstart import SCORER_FILE, LiveLogger, grpo_overrides
+from hybridflow.trainer.quickstart import SCORER_FILE, LiveLogger, grpo_overrides, prepare_output
 
 TASK = "shape_color"
 DATA_SOURCE = f"synthetic/vision_{TASK}"
@@ -211,22 +211,14 @@ def run_vision_quickstart(output_dir: str = "outputs/quickstart_vision", backend
                           n: int = 8, gallery: int = 24, max_seconds: float | None = None,
                           overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run the whole demo and return the summary written to ``output_dir/summary.json`` (see the module doc)."""
-    import torch
-
     from hybridflow.config import load_config
-    from hybridflow.data.io import write_parquet
     from hybridflow.tracking import Tracking
     from hybridflow.tracking.report import write_report
     from hybridflow.trainer.main_ppo import train_ppo
 
-    torch.set_num_threads(1)
-    out = Path(output_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    data_dir = out / "data"
     train_rows, test_rows = vision_rows(train_size, test_size, seed)
-    write_parquet(train_rows, str(data_dir / "train.parquet"))
-    write_parquet(test_rows, str(data_dir / "test.parquet"))
+    out, data_dir = prepare_output(output_dir, train_rows, test_rows)
     base = build_vision_model(out / "base_model", seed)
     print(f"[quickstart] tiny vision-language model + shape-colour pictures ready in {out}", flush=True)
     sft_dir, sft_seconds = warm_up_vision(base, train_rows, out / "sft", sft_steps, seed, sft_lr)
