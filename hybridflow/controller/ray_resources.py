@@ -103,7 +103,10 @@ class RayResourcePool(ResourcePool):
 
     ``max_colocate_count`` is how many *separate* worker processes may share one slot (e.g. a
     reward-model group next to the actor group); colocated roles inside one process need only 1.
-    Placement groups are created on first use and live until :meth:`release`.
+    ``threads_per_worker`` is each process's torch thread count when it differs from the CPUs it reserves (the
+    trainer gives CPU workers the node's cores divided among its processes; the reservation stays 1 CPU so that
+    reward and agent-loop actors still find CPUs to schedule on). Placement groups are created on first use and
+    live until :meth:`release`.
     """
 
     def __init__(
@@ -114,11 +117,15 @@ class RayResourcePool(ResourcePool):
         num_cpus_per_worker: float = 1.0,
         name_prefix: str | None = None,
         ready_timeout_s: float = 60.0,
+        threads_per_worker: int | None = None,
     ):
         super().__init__(process_on_nodes, use_gpu, max_colocate_count)
         if num_cpus_per_worker <= 0:
             raise ValueError(f"num_cpus_per_worker must be > 0, got {num_cpus_per_worker}")
+        if threads_per_worker is not None and threads_per_worker < 1:
+            raise ValueError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
         self.num_cpus_per_worker = float(num_cpus_per_worker)
+        self.threads_per_worker = int(threads_per_worker or max(1, int(num_cpus_per_worker)))
         self.name_prefix = name_prefix or f"hybridflow_pool{next(_POOL_IDS)}"
         self.ready_timeout_s = float(ready_timeout_s)
         self._pgs: list | None = None

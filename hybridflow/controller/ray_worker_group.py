@@ -1,8 +1,9 @@
 """The Ray backend: one Ray actor (process) per rank, placed in a ``RayResourcePool``'s bundles.
 
 Each actor gets a torchrun-like environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and ``OMP_NUM_THREADS`` equal to the CPUs it
-reserved, so N workers on N cores do not each spawn N OpenMP threads. All ranks start in parallel;
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and ``OMP_NUM_THREADS`` equal to the pool's
+``threads_per_worker`` (on CPU the trainer divides the node's cores among its processes), so N workers on N cores
+do not each spawn N OpenMP threads. All ranks start in parallel;
 rank 0 picks the rendezvous address/port on its own node, and the group then hands it to the others.
 
 Waiting is a poll loop over ``ray.wait`` so that a failure on one rank (an exception, or a process
@@ -142,7 +143,7 @@ class RayWorkerGroup(WorkerGroup):
         options = dict(getattr(cls_with_init, "actor_options", {}))
         runtime_env = dict(options.pop("runtime_env", {}))
         user_env = dict(runtime_env.pop("env_vars", {}))
-        threads = str(max(1, int(pool.num_cpus_per_worker)))
+        threads = str(pool.threads_per_worker)
         world = pool.world_size
         for rank, (node, local_rank, local_world) in enumerate(pool.local_ranks()):
             env = {

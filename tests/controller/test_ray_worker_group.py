@@ -347,6 +347,44 @@ def test_colocated_roles_share_a_process_split_pools_do_not(wg4):
         pool.release()
 
 
+def test_threads_per_worker_sets_each_process_torch_threads(ray_session):
+    from hybridflow.controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+    pool = RayResourcePool([1], threads_per_worker=2)  # reserves 1 logical CPU, runs 2 torch threads
+    wg = RayWorkerGroup(pool, RayClassWithInitArgs(ray.remote(DPWorker)), role="actor")
+    try:
+        assert pool.bundle == {"CPU": 1.0}
+        assert [(i["omp"], i["threads"]) for i in wg.whoami()] == [("2", 2)]
+    finally:
+        wg.shutdown()
+        pool.release()
+    with pytest.raises(ValueError, match="threads_per_worker must be >= 1"):
+        RayResourcePool([1], threads_per_worker=0)
+
+
+def _placement(n_gpus: int, hybrid: bool = True, rollout_gpus: int = 0):
+    from types import SimpleNamespace as NS
+
+    return NS(trainer=NS(n_gpus_per_node=n_gpus), actor_rollout_ref=NS(hybrid_engine=hybrid),
+              rollout=NS(n_gpus_per_node=rollout_gpus))
+
+
+def test_cpu_workers_share_the_machine_cores_unless_omp_num_threads_is_set(ray_session, monkeypatch):
+    from hybridflow.trainer.main_ppo import cpu_threads_per_process
+
+    cores = len(os.sched_getaffinity(0))  # the session asks Ray for 8 logical CPUs: the cores bound it
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert cpu_threads_per_process(_placement(1)) == min(8, cores)
+    assert cpu_threads_per_process(_placement(2)) == max(1, min(8, cores) // 2)
+    assert cpu_threads_per_process(_placement(1, hybrid=False, rollout_gpus=1)) == max(1, min(8, cores) // 2)
+    assert cpu_threads_per_process(_placement(16)) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cpu_threads_per_process(_placement(2)) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "two")
+    with pytest.raises(ValueError, match="OMP_NUM_THREADS='two'.*whole number"):
+        cpu_threads_per_process(_placement(1))
+
+
 def test_max_colocate_count_allows_separate_processes_per_bundle(ray_session):
     from hybridflow.controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
