@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
+# This checkout's package first, as in the children (``single_thread_env``): a venv whose editable install
+# points at another checkout would otherwise build fixtures with that checkout's code.
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 # Bare-text chat template: the prompt is the question itself, as in the quickstart.
 BARE_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 DEFAULT_WORKDIR = Path(os.environ.get("HYBRIDFLOW_BENCH_DIR", "/tmp/hybridflow_bench"))

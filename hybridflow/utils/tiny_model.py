@@ -28,7 +28,8 @@ MODEL_SIZES: dict[str, tuple[int, int, int, int, int]] = {
     "nano": (64, 128, 2, 4, 2),  # ~0.1M params: unit tests
     "tiny": (128, 256, 2, 4, 2),  # ~0.4M: integration tests, quickstart
     "small": (256, 768, 4, 4, 2),  # ~3M
-    "medium": (512, 1408, 6, 8, 4),  # ~20-25M: benchmarks
+    "medium": (512, 1408, 6, 8, 4),  # ~18M: benchmarks
+    "base100m": (768, 3072, 12, 12, 4),  # ~104M (GPT-2-small width/depth): the top of the CPU scaling sweep
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2),  # Qwen2.5-0.5B's shape (~360M without its 151k vocab): GPU tests
 }
 
