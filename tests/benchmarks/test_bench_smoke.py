@@ -79,6 +79,12 @@ def test_bench_threads_smoke():
     assert "| per-worker | " in proc.stdout and "| torch default | " in proc.stdout
 
 
+def test_bench_cores_smoke(capsys):
+    out = _run("bench_cores", capsys)
+    assert "| local_default | 1 |" in out and "| local_1thread | 1 |" in out
+    assert re.search(r"^nano: best=local_\w+ default_vs_best=[0-9.]+$", out, re.M)
+
+
 def test_bench_kv_cache_smoke(capsys):
     out = _run("bench_kv_cache", capsys)
     assert 0 < _number(out, "kv_bytes_ratio_bfloat16") < _number(out, "kv_bytes_ratio_float32") < 1
