@@ -18,6 +18,7 @@ that finishes early is delivered at once, so continuous batching across turns is
 from __future__ import annotations
 
 import asyncio
+import sys
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -158,9 +159,8 @@ def replica_for_server(server: RolloutServer, method: str, host_role: str | None
     Inside a Ray actor: a :class:`RayActorReplica` on the current actor's ``method`` (the caller's generator
     method wrapping ``server.stream``); elsewhere (local backend): an :class:`InProcessReplica`.
     """
-    try:
-        import ray
-    except ImportError:  # no Ray installed: necessarily in-process
+    ray = sys.modules.get("ray")  # not imported (local backend, or no Ray installed): necessarily in-process
+    if ray is None:
         return InProcessReplica(server)
     if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
         actor = ray.get_runtime_context().current_actor

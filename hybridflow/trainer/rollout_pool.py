@@ -64,7 +64,7 @@ def start_standalone_fleet(config, actor_group: Any, use_gpu: bool, closers: lis
     nodes = [1] if backend == "local" else [int(config.rollout.n_gpus_per_node)] * int(config.rollout.nnodes)
     kwargs = {} if backend == "local" else {"name_prefix": "hybridflow_rollout_pool"}
     if backend == "ray" and not use_gpu:
-        from hybridflow.trainer.main_ppo import cpu_threads_per_process
+        from hybridflow.trainer.cpu_threads import cpu_threads_per_process
 
         kwargs["threads_per_worker"] = cpu_threads_per_process(config)
     pool = create_resource_pool(backend, nodes, use_gpu=use_gpu, **kwargs)

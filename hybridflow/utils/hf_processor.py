@@ -127,12 +127,12 @@ def load_processor(path: str, trust_remote_code: bool = False, model_type: str |
     Without torchvision the processor is assembled from its parts (see the module docstring); a local
     folder with no image-processor config is text-only.
     """
-    from transformers import AutoProcessor
-
     local = os.path.isdir(path)
     if local and not any(os.path.isfile(os.path.join(path, f))
                          for f in ("preprocessor_config.json", "processor_config.json")):
         return None
+    from transformers import AutoProcessor  # after the check: its import costs ~1 s of a text-only run's start-up
+
     try:
         processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
     except ImportError:
