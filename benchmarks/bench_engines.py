@@ -15,8 +15,10 @@ and the vLLM run's ``training/rollout_probs_diff_mean`` and ``timing_s/update_we
     .venv-vllm/bin/python benchmarks/bench_engines.py           # 3 rounds, batch 64, 64 new tokens, 4 steps
     .venv-vllm/bin/python benchmarks/bench_engines.py --quick   # 2 rounds, 32 new tokens, 3 steps
 
-The last lines print ``ratio_vllm_vs_generate=``, ``ratio_vllm_vs_hf=``, ``ratio_hf_vs_generate=`` (best wall
-tokens/s) and ``grpo_step_ratio_vllm_vs_hf=`` (median step seconds, hf / vllm: above 1 means vLLM is faster).
+Each side is also timed with one new token (prefill + the first token); the difference over ``--new - 1`` is its
+decode step on the CPU clock, printed beside the step's matmul bound (the Linear layers' matmuls alone, same shapes
+and weights, one core). The generation lines print ``ratio_vllm_vs_generate=``, ``ratio_vllm_vs_hf=``,
+``ratio_hf_vs_generate=`` (best wall tokens/s), ``hf_decode_vs_bound=`` and ``decode_ratio_hf_vs_vllm=``; then ``grpo_step_ratio_vllm_vs_hf=`` (median step seconds, hf / vllm: above 1 means vLLM is faster).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def timed(fn) -> tuple[float, float, object]:
     return time.perf_counter() - start, time.process_time() - cpu, out
 
 
-def bench_generation(model_dir: str, rounds: int, batch: int, new: int) -> dict[str, list[tuple[float, float]]]:
+def bench_generation(model_dir: str, rounds: int, batch: int, new: int):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
@@ -66,7 +68,6 @@ def bench_generation(model_dir: str, rounds: int, batch: int, new: int) -> dict[
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    params = SamplingParams(temperature=1.0, max_tokens=new, ignore_eos=True)
     hf = HFRolloutEngine(model, tok, seed=0)
     vllm = VLLMRolloutEngine(model_dir, engine_args={
         "dtype": "float32", "enforce_eager": True, "max_model_len": 32 + new + 8, "max_num_seqs": batch,
@@ -75,27 +76,48 @@ def bench_generation(model_dir: str, rounds: int, batch: int, new: int) -> dict[
     print(f"vLLM engine started in {vllm.start_seconds:.1f}s", flush=True)
     useful = batch * new
 
-    def run_generate():
+    def run_generate(n: int):
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                                 top_p=1.0, max_new_tokens=new, min_new_tokens=new, pad_token_id=pad)
-        assert out.shape[1] - ids.shape[1] == new
+                                 top_p=1.0, max_new_tokens=n, min_new_tokens=n, pad_token_id=pad)
+        assert out.shape[1] - ids.shape[1] == n
 
-    sides = {"generate": run_generate, "hf engine": lambda: hf.generate_batch(prompts, params),
-             "vllm engine": lambda: vllm.generate_batch(prompts, params)}
+    def params(n: int) -> SamplingParams:
+        return SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True)
+
+    sides = {"generate": run_generate, "hf engine": lambda n: hf.generate_batch(prompts, params(n)),
+             "vllm engine": lambda n: vllm.generate_batch(prompts, params(n))}
     for fn in sides.values():  # warm-up (allocations, first-call paths)
-        fn()
+        fn(new)
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in sides}
+    decode_ms: dict[str, list[float]] = {k: [] for k in sides}
     try:
         for r in range(rounds):
             for name, fn in sides.items():
-                wall, cpu, _ = timed(fn)
+                wall, cpu, _ = timed(lambda: fn(new))
+                _, cpu_first, _ = timed(lambda: fn(1))  # prefill + the first token: the rest is decode steps
                 results[name].append((useful / wall, useful / cpu))
+                decode_ms[name].append(1e3 * (cpu - cpu_first) / (new - 1))
             print(f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {v[-1][0]:.0f} tok/s" for k, v in results.items()),
                   flush=True)
     finally:
         vllm.shutdown()
-    return results
+    return results, decode_ms
+
+
+def decode_bound_ms(model, batch: int, repeats: int = 5) -> float:
+    """CPU ms of one decode step's Linear-layer matmuls alone (same shapes and weights, no model code): the
+    matmul-bound time of a decode step of ``batch`` rows on one core."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {w.shape[1]: torch.randn(batch, w.shape[1]) for w in weights}
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            start = time.process_time()
+            for w in weights:
+                torch.nn.functional.linear(inputs[w.shape[1]], w)
+            best = min(best, time.process_time() - start)
+    return 1e3 * best
 
 
 def bench_grpo_step(model_dir: str, data_dir: Path, engine: str, steps: int, out_dir: Path) -> dict[str, float]:
@@ -150,7 +172,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_engines_"))
     model_dir = str(make_tiny_checkpoint(work / "model", size="medium", tokenizer="bpe"))
     print_state(f"bench_engines: generation, batch {args.batch} x {new} new tokens, fp32, one core")
-    gen = bench_generation(model_dir, rounds, args.batch, new)
+    gen, decode_ms = bench_generation(model_dir, rounds, args.batch, new)
     rows = []
     for name, runs in gen.items():
         walls, cpus = [w for w, _ in runs], [c for _, c in runs]
@@ -163,6 +185,16 @@ def main(argv=None) -> int:
     print(f"ratio_vllm_vs_hf={best['vllm engine'] / best['hf engine']:.2f}")
     print(f"ratio_hf_vs_generate={best['hf engine'] / best['generate']:.2f}")
     print(f"cpu_ratio_vllm_vs_hf={best_cpu['vllm engine'] / best_cpu['hf engine']:.2f}")
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    bound = decode_bound_ms(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), args.batch)
+    step = {k: statistics.median(v) for k, v in decode_ms.items()}
+    print_table(["side", "decode step CPU ms (median)", "vs matmul bound"],
+                [[k, f"{v:.1f}", f"{v / bound:.2f}"] for k, v in step.items()])
+    print(f"decode_bound_ms={bound:.1f}  (Linear-layer matmuls of one decode step of {args.batch} rows, one core)")
+    print(f"hf_decode_vs_bound={step['hf engine'] / bound:.2f}")
+    print(f"decode_ratio_hf_vs_vllm={step['hf engine'] / step['vllm engine']:.2f}  (above 1: vLLM's step is faster)")
     if args.skip_grpo:
         return 0
     data = work / "addition"

@@ -485,7 +485,7 @@ class ContinuousBatcher:
         positions = rows["write_col"] + rows["rope_delta"]
         try:
             if self.fast is not None and self.fast.usable():
-                logits = self.fast.step(rows["next_token"], positions, cache, mask)
+                logits = self.fast.step(rows["next_token"], positions, cache, mask, self._weights_stamp())
             else:
                 logits = self.model(input_ids=rows["next_token"][:, None], attention_mask=mask,
                                     position_ids=positions[:, None], past_key_values=cache,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from hybridflow.rollout import SamplingParams
 from hybridflow.rollout.fast_decode import fast_decoder_for
@@ -54,3 +55,38 @@ def test_unsupported_structures_fall_back_with_a_reason(model_and_tokenizer):
     engine = HFRolloutEngine(gpt2.eval(), tok)  # the engine still works, through model.forward
     out = engine.generate_batch([tok.encode("1+1=")], SamplingParams(do_sample=False, max_tokens=3))
     assert len(out[0].token_ids) == 3
+
+
+def test_packed_linears_follow_every_kind_of_weight_change():
+    """The decode step's oneDNN-prepacked weights equal F.linear, and are repacked after in-place updates (version
+    counter), replaced storage, and value changes that bypass the version counter (fused optimizers: caught by
+    the batcher's weights stamp)."""
+    from hybridflow.rollout.fast_decode import PackedLinears
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 96)
+    packed = PackedLinears([layer])
+    if not packed.enabled:
+        pytest.skip("this torch build has no oneDNN linear")
+    x = torch.randn(5, 1, 64)
+
+    def check():
+        assert torch.allclose(packed.linear(layer, x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+    packed.refresh("w0")
+    check()
+    with torch.no_grad():
+        layer.weight.mul_(0.5)  # an optimizer step: bumps the version counter
+    packed.refresh("w0")
+    check()
+    layer.weight = torch.nn.Parameter(torch.randn(96, 64))  # new storage
+    packed.refresh("w0")
+    check()
+    with torch.no_grad():
+        layer.weight.data.add_(1.0)  # through .data: the version counter does not see it
+    packed.refresh("w0")
+    assert not torch.allclose(packed.linear(layer, x), F.linear(x, layer.weight, layer.bias))  # stale, as expected
+    packed.refresh("w1")  # the batcher's fingerprint of the values moved: everything is repacked
+    check()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 compute keeps the plain (autocast) matmul
+        assert packed.linear(layer, x).dtype == torch.bfloat16

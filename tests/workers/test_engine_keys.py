@@ -103,11 +103,12 @@ def test_fsdp2_units_and_forward_prefetch_on_a_one_rank_mesh(tiny_model_dir, tmp
         dist.destroy_process_group()
 
 
-def test_register_center_timeout_sizes_the_ray_pool_wait(config_factory, tiny_model_dir):
+def test_register_center_timeout_sizes_the_ray_pool_wait(config_factory, tiny_model_dir, monkeypatch):
     from hybridflow.trainer.main_ppo import pool_options
 
-    cfg = config_factory(tiny_model_dir, "trainer.ray_wait_register_center_timeout=17")
+    cfg = config_factory(tiny_model_dir, "trainer.ray_wait_register_center_timeout=17", "trainer.device=cpu")
     cfg.trainer.backend = "ray"
-    assert pool_options(cfg) == {"ready_timeout_s": 17.0}
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # fixes the CPU workers' threads (else: the cores divided)
+    assert pool_options(cfg) == {"ready_timeout_s": 17.0, "threads_per_worker": 1}
     cfg.trainer.backend = "local"
     assert pool_options(cfg) == {}
