@@ -28,10 +28,12 @@ BARE_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 DEFAULT_WORKDIR = Path(os.environ.get("HYBRIDFLOW_BENCH_DIR", "/tmp/hybridflow_bench"))
 
 
-def single_thread_env() -> dict[str, str]:
-    """Environment for child processes: one torch thread, no tokenizer threads, offline hub."""
+def single_thread_env(threads: int | None = None) -> dict[str, str]:
+    """Environment for child processes: one torch thread (``threads`` to give it more), no tokenizer threads,
+    offline hub.  Without ``threads`` an ``OMP_NUM_THREADS`` already set by the caller is kept."""
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+    env.update(OMP_NUM_THREADS=str(threads) if threads else env.get("OMP_NUM_THREADS", "1"),
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
     return env
 
@@ -150,6 +152,116 @@ def warm_model(workdir: Path, size: str, sft_steps: int, seed: int = 0) -> str:
     return result.hf_dir
 
 
+# --------------------------------------------------------------------- long-tail addition (variable lengths)
+# 2-digit addition ("07+45=" -> "052") where an SFT warm-up taught the model to answer in 4 tokens (3 digits
+# and EOS) most of the time and, for a share of the rows, to run on with a filler after the answer -- most
+# responses short, a few long: the length spread that a real GRPO batch has and that a rollout retiring
+# finished rows (or an update trimming padding) turns into time saved. Used by bench_async and by the
+# generation shape of bench_vs_trl.
+LONG_TAIL_ALPHABET = "0123456789+=."
+LONG_TAIL_FILLER = "."
+LONG_TAIL_SOURCE = "bench/long_tail_addition"
+LONG_TAIL_VAL_KEY = f"val-core/{LONG_TAIL_SOURCE}/reward/mean@1"
+LONG_TAIL_REWARD_FILE = Path(__file__).resolve().parent / "long_tail_reward.py"  # long_tail_score, the reward
+
+
+def long_tail_rows(n: int, seed: int, split: str, long_share: float) -> list[dict]:
+    """verl rows of the task; ``extra_info.long`` marks the rows whose SFT target runs on with the filler."""
+    import random
+
+    rng = random.Random(f"long_tail:{split}:{seed}")
+    rows = []
+    for i in range(n):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        rows.append({
+            "data_source": LONG_TAIL_SOURCE, "prompt": [{"role": "user", "content": f"{a:02d}+{b:02d}="}],
+            "ability": "math", "reward_model": {"style": "rule", "ground_truth": f"{a + b:03d}"},
+            "extra_info": {"split": split, "index": i, "long": rng.random() < long_share},
+        })
+    return rows
+
+
+def long_tail_task(workdir: Path, sft_steps: int, *, size: str = "tiny", response_length: int = 64,
+                   long_share: float = 0.125, varied: bool = False, train_size: int = 4000, lr: float = 1e-3,
+                   batch: int = 64, micro: int | None = None, answer_steps: int = 0,
+                   seed: int = 0) -> tuple[str, Path]:
+    """Data (train / held-out test parquet) and the SFT-warmed model with the long-tail habit (both cached).
+
+    A long row's SFT target is the answer, then the filler: up to the response limit (``varied=False``, as
+    bench_async), or of a length drawn uniformly in ``[1, response_length - 4]`` (``varied=True``), so that
+    the lengths the model samples spread over the whole range.  With ``micro`` the SFT batches are fixed
+    (no shuffle: the rows are dealt into batches of ``batch`` once) and sorted by length inside, so that
+    micro-batches of ``micro`` rows pad the few long rows among themselves and not into every short one --
+    the same gradients (the SFT loss is a token mean over the whole batch), a fraction of the padded tokens.
+    ``answer_steps`` (with ``micro``) first trains that many steps on the answers alone (a few tokens a row,
+    one micro-batch a step: cheap steps that teach the addition), then ``sft_steps`` on the long-tail mix from
+    that checkpoint (the length habit; a fresh optimizer).
+    The default arguments reproduce bench_async's fixture (and its cache folders).
+    """
+    import random
+
+    from hybridflow.data.io import write_parquet
+
+    default = (size, response_length, long_share, varied, micro) == ("tiny", 64, 0.125, False, None)
+    tag = "" if default else f"_{size}_r{response_length}_l{long_share:g}{'_v' if varied else ''}"
+    data = workdir / "data" / f"long_tail_{train_size}{tag}"
+    test = long_tail_rows(400, seed, "test", 0.0)
+    seen = {r["prompt"][0]["content"] for r in test}
+    test = list({r["prompt"][0]["content"]: r for r in test}.values())[:200]
+    train = [r for r in long_tail_rows(train_size, seed, "train", long_share) if r["prompt"][0]["content"] not in seen]
+    if not (data / "test.parquet").exists():
+        write_parquet(train, str(data / "train.parquet"))
+        write_parquet(test, str(data / "test.parquet"))
+    steps = f"{answer_steps}+{sft_steps}" if answer_steps else f"{sft_steps}"
+    name = f"long_tail{tag}_sft{steps}_lr{lr:g}_s{seed}" if tag else f"long_tail_sft{sft_steps}_s{seed}"
+    out = workdir / "models" / name
+    if not (out / "huggingface" / "config.json").exists():
+        from hybridflow.trainer.sft_trainer import load_sft_config, run_sft
+        from hybridflow.utils.tiny_model import build_char_tokenizer, build_tiny_model
+
+        base = workdir / "models" / f"long_tail_base{'' if default else '_' + size}_s{seed}"
+        tok = build_char_tokenizer(alphabet=LONG_TAIL_ALPHABET, chat_template=BARE_TEMPLATE)
+        build_tiny_model(tok, size=size, seed=seed).save_pretrained(base)
+        tok.save_pretrained(base)
+        fill = random.Random(f"long_tail_fill:{seed}")
+        rows = []
+        for r in train:
+            n = 0
+            if r["extra_info"]["long"]:
+                n = fill.randint(1, response_length - 4) if varied else response_length - 4
+            rows.append({"prompt": r["prompt"], "response": r["reward_model"]["ground_truth"] + LONG_TAIL_FILLER * n})
+
+        def sft(start: Path, rows: list[dict], steps: int, micro: int, shuffle: bool, folder: Path) -> str:
+            def progress(step: int, metrics: dict[str, float]) -> None:
+                if step % 50 == 0 or step == steps:
+                    print(f"  [long_tail SFT {size} -> {folder.name}] step {step}/{steps} loss "
+                          f"{metrics['train/loss']:.4f}", flush=True)
+
+            cfg = load_sft_config([
+                f"model.partial_pretrain={start}", f"data.train_batch_size={batch}",
+                f"data.micro_batch_size_per_gpu={micro}", f"data.max_length={response_length + 16}",
+                f"data.shuffle={shuffle}", f"optim.lr={lr}", "optim.lr_scheduler=constant", "optim.weight_decay=0.0",
+                f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={folder}", f"trainer.seed={seed}"])
+            return run_sft(cfg, rows=rows, on_step=progress if not default else None).hf_dir
+
+        if micro is None:
+            sft(base, rows, sft_steps, batch, True, out)
+        else:  # fixed batches, long rows together inside each (see the docstring)
+            shuffle = random.Random(seed)
+            if answer_steps:  # answers alone: a few tokens a row, one micro-batch a step
+                answers = [{"prompt": r["prompt"], "response": r["reward_model"]["ground_truth"]} for r in train]
+                base = Path(sft(base, answers, answer_steps, batch, True,
+                                out.with_name(out.name + "_answers")))
+            mixed = []
+            while len(mixed) < sft_steps * batch:
+                shuffle.shuffle(rows)
+                mixed += rows
+            by_length = [row for i in range(0, sft_steps * batch, batch)
+                         for row in sorted(mixed[i:i + batch], key=lambda x: len(x["response"]))]
+            sft(base, by_length, sft_steps, micro, False, out)
+    return str(out / "huggingface"), data
+
+
 @dataclass(frozen=True)
 class GRPOJob:
     """One GRPO job, described once and run by every framework compared."""
@@ -231,13 +343,14 @@ def run_hybridflow(overrides: list[str], budget_s: float | None = None) -> Recor
     return logger
 
 
-def run_child(script: Path, args: list[str], timeout: float = 900) -> dict[str, Any]:
+def run_child(script: Path, args: list[str], timeout: float = 900, threads: int | None = None) -> dict[str, Any]:
     """Run ``script args`` in a fresh interpreter and parse the JSON line it prints last (``RESULT {...}``).
 
     Each measured run gets its own process so its peak RSS is its own and no state leaks between runs.
+    The child gets one torch thread unless ``threads`` says otherwise (``single_thread_env``).
     """
     proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
-                          env=single_thread_env(), cwd=REPO)
+                          env=single_thread_env(threads), cwd=REPO)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])

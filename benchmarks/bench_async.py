@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -40,62 +39,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
-ALPHABET = "0123456789+=."
-FILLER = "."
 RESPONSE_LENGTH = 64
-VAL_KEY = "val-core/bench/long_tail_addition/reward/mean@1"
+VAL_KEY = C.LONG_TAIL_VAL_KEY
 MODES = ("sync_local", "sync_ray", "one_step_off", "fully_async")
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    """The answer is the first three characters; the filler after it is neither rewarded nor punished."""
-    return float(solution_str.strip()[:3] == str(ground_truth))
-
-
 # ------------------------------------------------------------------------------------------------ fixtures
-def _rows(n: int, seed: int, split: str, long_share: float) -> list[dict]:
-    rng = random.Random(f"long_tail:{split}:{seed}")
-    rows = []
-    for i in range(n):
-        a, b = rng.randint(0, 99), rng.randint(0, 99)
-        rows.append({
-            "data_source": "bench/long_tail_addition", "prompt": [{"role": "user", "content": f"{a:02d}+{b:02d}="}],
-            "ability": "math", "reward_model": {"style": "rule", "ground_truth": f"{a + b:03d}"},
-            "extra_info": {"split": split, "index": i, "long": rng.random() < long_share},
-        })
-    return rows
-
-
 def prepare(workdir: Path, train_size: int, sft_steps: int, seed: int = 0) -> tuple[str, Path]:
     """Data (train / held-out test parquet) and the SFT-warmed model with the long-tail habit (cached)."""
-    from hybridflow.data.io import write_parquet
-
-    data = workdir / "data" / f"long_tail_{train_size}"
-    test = _rows(400, seed, "test", 0.0)
-    seen = {r["prompt"][0]["content"] for r in test}
-    test = list({r["prompt"][0]["content"]: r for r in test}.values())[:200]
-    train = [r for r in _rows(train_size, seed, "train", 0.125) if r["prompt"][0]["content"] not in seen]
-    if not (data / "test.parquet").exists():
-        write_parquet(train, str(data / "train.parquet"))
-        write_parquet(test, str(data / "test.parquet"))
-    out = workdir / "models" / f"long_tail_sft{sft_steps}_s{seed}"
-    if not (out / "huggingface" / "config.json").exists():
-        from hybridflow.trainer.sft_trainer import load_sft_config, run_sft
-        from hybridflow.utils.tiny_model import build_char_tokenizer, build_tiny_model
-
-        base = workdir / "models" / f"long_tail_base_s{seed}"
-        tok = build_char_tokenizer(alphabet=ALPHABET, chat_template=C.BARE_TEMPLATE)
-        build_tiny_model(tok, size="tiny", seed=seed).save_pretrained(base)
-        tok.save_pretrained(base)
-        rows = [{"prompt": r["prompt"], "response": r["reward_model"]["ground_truth"]
-                 + (FILLER * (RESPONSE_LENGTH - 4) if r["extra_info"]["long"] else "")} for r in train]
-        cfg = load_sft_config([
-            f"model.partial_pretrain={base}", "data.train_batch_size=64", "data.micro_batch_size_per_gpu=64",
-            f"data.max_length={RESPONSE_LENGTH + 16}", "optim.lr=1e-3", "optim.lr_scheduler=constant",
-            "optim.weight_decay=0.0", f"trainer.total_training_steps={sft_steps}", f"trainer.default_local_dir={out}",
-            f"trainer.seed={seed}"])
-        run_sft(cfg, rows=rows)
-    return str(out / "huggingface"), data
+    return C.long_tail_task(workdir, sft_steps, size="tiny", response_length=RESPONSE_LENGTH, long_share=0.125,
+                            train_size=train_size, seed=seed)
 
 
 def overrides(mode: str, model: str, data: Path, prompts: int, group: int, lr: float, staleness: float = 0.5,
@@ -113,7 +66,7 @@ def overrides(mode: str, model: str, data: Path, prompts: int, group: int, lr: f
         f"{a}.actor.optim.lr={lr}", f"{a}.actor.optim.weight_decay=0.0", f"{a}.actor.use_kl_loss=false",
         f"{a}.actor.entropy_coeff=0", f"{a}.actor.loss_agg_mode=token-mean", f"{a}.model.use_remove_padding=true",
         f"{a}.model.enable_gradient_checkpointing=false", f"{a}.rollout.agent.num_workers=1",
-        "reward_model.num_workers=0", f"custom_reward_function.path={SCRIPT}", "custom_reward_function.name=compute_score",
+        "reward_model.num_workers=0", f"custom_reward_function.path={C.LONG_TAIL_REWARD_FILE}", "custom_reward_function.name=long_tail_score",
         "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=100000",
         "trainer.test_freq=100000", "trainer.val_before_train=true", "trainer.save_freq=-1", "trainer.resume_mode=disable",
         "trainer.logger=[]", "trainer.project_name=bench_async", f"trainer.experiment_name={mode}", "trainer.seed=0",

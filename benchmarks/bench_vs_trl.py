@@ -23,6 +23,36 @@ Step times are taken on two clocks: wall, and this process's CPU seconds (local 
 torch thread the CPU time is the work itself, which a loaded shared machine cannot inflate).
 The last line printed is ``ratio_step_time=<hybridflow local median / TRL median>`` (goal <= 0.5).
 Run: ``.venv/bin/python benchmarks/bench_vs_trl.py [--quick] [--smoke]``.
+
+``--shape generation`` -- a generation-heavy GRPO step (issue 16 item 2), run by ``main_generation``:
+``MODEL_SIZES["medium"]`` (~18M parameters), 32 prompts x 8 samples, responses up to 128 tokens, from an
+SFT-warmed checkpoint on the long-tail addition task (``_common.long_tail_task``: the answer then EOS for most
+rows, and for a share of them -- ``--long-share``, default 0.25 -- a filler of a length drawn up to the limit),
+so the sampled lengths spread from 4 to 128 as a real GRPO batch's do; reward: the answer, exact
+(``long_tail_reward.long_tail_score``, the same function for both frameworks).  Same lr, no KL, token-mean loss
+(TRL ``loss_type="dapo"``), one optimizer step per rollout, temperature 1.0, same checkpoint.  Each
+framework with its best settings on this 2-core machine, every run a fresh process with 2 torch threads:
+
+* ``trl`` -- ``GRPOTrainer`` in one process (torch's default 2 threads on 2 cores), transformers
+  ``generate`` (finished rows stay in the batch until the longest ends; completions padded to the longest),
+  ``per_device_train_batch_size=256, gradient_accumulation_steps=1``.  Smaller per-device batches with
+  accumulation do not cut padded tokens (each slice keeps the generation batch's padded width: TRL 1.16's
+  ``_compute_loss`` takes ``logits_to_keep = completion_ids.size(1)``) and TRL's GRPO has no
+  ``padding_free``; so not used.  Its old log-prob pass is already skipped (num_iterations=1).
+* ``trl_cb`` (opt-in: ``--rows``) -- the same with ``use_transformers_continuous_batching=True``
+  (transformers' continuous batching ``generate_batch``, which retires finished rows): TRL's own speed option
+  for generation, but several times slower than plain ``generate`` on CPU, so left out by default.
+* ``hybridflow`` -- the local backend, one process, 2 torch threads, defaults (hf rollout that retires
+  finished rows, padding removed in the update, pi_old taken from the update pass).
+* ``hybridflow_dynbsz`` -- plus ``actor.use_dynamic_bsz=true`` with ``ppo_max_token_len_per_gpu`` (token-
+  budgeted micro-batches).
+
+Printed per row: median step s (wall, CPU), mean response length, generation s and the rest of the step.
+Then accuracy after the same wall-clock budget (``--budget``; the fastest row of each framework, both from the
+SFT checkpoint; held-out greedy accuracy on the same 200 test prompts).  Last lines:
+``ratio_step_time_generation=<best hybridflow / best TRL>`` (goal <= 0.6) and
+``accuracy_delta_generation=<hybridflow - TRL>`` (goal >= 0).
+Run: ``.venv/bin/python benchmarks/bench_vs_trl.py --shape generation [--quick | --smoke] [--budget S]``.
 """
 
 from __future__ import annotations
@@ -35,6 +65,7 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
@@ -55,9 +86,12 @@ def child_hybridflow(job: C.GRPOJob, budget_s: float | None) -> dict:
                               budget_s=budget_s)
     steps = [r[2] for r in logger.records if "timing_s/step" in r[2]]
     tokens = [m["perf/total_num_tokens"] for m in steps]
-    acc = next((m[k] for _, _, m in logger.records for k in VAL_KEYS if k in m), None)
+    acc = next((m[k] for _, _, m in logger.records for k in VAL_KEYS + (C.LONG_TAIL_VAL_KEY,) if k in m), None)
     cpu = [0.0] + logger.cpu_per_step() if job.backend == "local" else []  # Ray: the work is in other processes
     return {"step_times": [m["timing_s/step"] for m in steps], "tokens": tokens, "peak_rss_mb": C.peak_rss_mb(),
+            "gen_times": [m.get("timing_s/gen", float("nan")) for m in steps],
+            "resp_len": [m.get("response_length/mean", float("nan")) for m in steps],
+            "resp_len_max": [m.get("response_length/max", float("nan")) for m in steps],
             "cpu_times": cpu, "stages": {k[len("timing_s/"):]: C.median([m[k] for m in (steps[2:] or steps) if k in m])
                                          for k in steps[-1] if k.startswith("timing_s/")} if steps else {},
             "accuracy": acc, "steps": len(steps), "train_s": logger.records[-1][0] if logger.records else 0.0}
@@ -80,7 +114,17 @@ def _addition_reward(completions, ground_truth, **_):
     return [float(default_compute_score("synthetic/addition", t, g)) for t, g in zip(texts, ground_truth)]
 
 
-def _greedy_accuracy(model, tokenizer, data_dir: str, max_new_tokens: int) -> float:
+def _long_tail_reward(completions, ground_truth, **_):
+    from long_tail_reward import long_tail_score
+
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [long_tail_score(C.LONG_TAIL_SOURCE, t, g) for t, g in zip(texts, ground_truth)]
+
+
+REWARDS = {"addition": _addition_reward, "long_tail": _long_tail_reward}
+
+
+def _greedy_accuracy(model, tokenizer, data_dir: str, max_new_tokens: int, task: str = "addition") -> float:
     import torch
 
     rows = _trl_dataset(data_dir, "test")
@@ -94,11 +138,12 @@ def _greedy_accuracy(model, tokenizer, data_dir: str, max_new_tokens: int) -> fl
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id)
             done = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-            hits += _addition_reward(done, rows["ground_truth"][i:i + 64])
+            hits += REWARDS[task](done, rows["ground_truth"][i:i + 64])
     return sum(hits) / len(hits)
 
 
-def child_trl(job: C.GRPOJob, budget_s: float | None) -> dict:
+def child_trl(job: C.GRPOJob, budget_s: float | None, task: str = "addition", opts: dict | None = None) -> dict:
+    """``opts``: extra ``GRPOConfig`` fields (the generation shape's ``trl_cb`` row)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -106,6 +151,8 @@ def child_trl(job: C.GRPOJob, budget_s: float | None) -> dict:
     torch.manual_seed(job.seed)
     step_times: list[float] = []
     cpu_times: list[float] = []
+    resp_len: list[float] = []
+    resp_len_max: list[float] = []
     start = time.perf_counter()
 
     class Clock(TrainerCallback):
@@ -115,6 +162,10 @@ def child_trl(job: C.GRPOJob, budget_s: float | None) -> dict:
         def on_step_end(self, args, state, control, **kw):
             step_times.append(time.perf_counter() - self.t0)
             cpu_times.append(time.process_time() - self.c0)
+            logged = trainer._metrics["train"]  # this step's (cleared by TRL's log, which runs after this)
+            for key, out in (("completions/mean_length", resp_len), ("completions/max_length", resp_len_max)):
+                if logged.get(key):
+                    out.append(logged[key][-1])
             if budget_s is not None and time.perf_counter() - start >= budget_s:
                 control.should_training_stop = True
 
@@ -126,19 +177,31 @@ def child_trl(job: C.GRPOJob, budget_s: float | None) -> dict:
         lr_scheduler_type="constant", weight_decay=0.0, beta=job.kl_coef, loss_type="dapo", temperature=1.0,
         max_steps=job.steps if budget_s is None else 10**6, gradient_accumulation_steps=1, num_iterations=1,
         use_cpu=True, bf16=False, use_vllm=False, report_to="none", save_strategy="no", logging_steps=10**6,
-        disable_tqdm=True, seed=job.seed, dataloader_num_workers=0,
+        disable_tqdm=True, seed=job.seed, dataloader_num_workers=0, **(opts or {}),
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=_addition_reward, args=cfg,
+    trainer = GRPOTrainer(model=model, reward_funcs=REWARDS[task], args=cfg,
                           train_dataset=_trl_dataset(job.data_dir, "train"), processing_class=tokenizer,
                           callbacks=[Clock()])
+    gen_times: list[float] = []
+    generate = trainer._generate_and_score_completions  # generation + reward + advantages, once per step
+
+    def timed_generate(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return generate(*a, **kw)
+        finally:
+            gen_times.append(time.perf_counter() - t0)
+
+    trainer._generate_and_score_completions = timed_generate
     trainer.train()
     train_s = time.perf_counter() - start
-    acc = _greedy_accuracy(trainer.model, tokenizer, job.data_dir, job.response_length) if budget_s else None
+    acc = _greedy_accuracy(trainer.model, tokenizer, job.data_dir, job.response_length, task) if budget_s else None
     # TRL pads completions to the longest in the batch, so the step's tokens equal hybridflow's when every
     # completion runs to the full length (random-init model); count them the same way.
     tokens = [job.prompts * job.group * (job.prompt_length + job.response_length)] * len(step_times)
     return {"step_times": step_times, "cpu_times": cpu_times, "tokens": tokens, "peak_rss_mb": C.peak_rss_mb(),
-            "accuracy": acc,
+            "accuracy": acc, "gen_times": gen_times[:len(step_times)],
+            "resp_len": resp_len, "resp_len_max": resp_len_max,
             "steps": len(step_times), "train_s": train_s}
 
 
@@ -210,6 +273,142 @@ def accuracy(job: C.GRPOJob, budget_s: float) -> dict[str, dict]:
     return out
 
 
+# ------------------------------------------------------------------------------------- generation shape
+GEN_THREADS = 2  # every generation-shape run: one process with the machine's 2 cores as torch threads
+
+
+class GenRow(NamedTuple):  # not a dataclass: the smoke test loads this file outside sys.modules
+    """One row of the generation shape: which child runs it and with what on top of the shared job."""
+
+    framework: str  # "hybridflow" | "trl"
+    extra: tuple[str, ...] = ()  # hybridflow overrides
+    trl_opts: tuple[tuple[str, object], ...] = ()  # GRPOConfig fields
+
+    def settings(self) -> str:
+        opts = list(self.extra) + [f"{k}={v}" for k, v in self.trl_opts]
+        return f"{GEN_THREADS} threads, 1 process" + ("; " + ", ".join(opts) if opts else "; defaults")
+
+
+def _gen_rows(job: C.GRPOJob) -> dict[str, GenRow]:
+    a = "actor_rollout_ref.actor"
+    budget = 16 * (job.prompt_length + job.response_length)  # tokens per micro-batch: ~16 full-length rows
+    return {
+        "hybridflow": GenRow("hybridflow"),
+        "hybridflow_dynbsz": GenRow("hybridflow", (f"{a}.use_dynamic_bsz=true",
+                                                   f"{a}.ppo_max_token_len_per_gpu={budget}")),
+        "trl": GenRow("trl"),
+        "trl_cb": GenRow("trl", trl_opts=(("use_transformers_continuous_batching", True),)),
+    }
+
+
+GEN_ROWS = ("hybridflow", "hybridflow_dynbsz", "trl", "trl_cb")
+# trl_cb is opt-in (--rows): transformers' continuous batching is several times slower than its plain
+# generate on CPU (smoke run: 24-54 s vs 5-6 s of generation a step), so it is never TRL's best row here.
+GEN_DEFAULT_ROWS = ("hybridflow", "hybridflow_dynbsz", "trl")
+
+
+def run_gen(row: GenRow, job: C.GRPOJob, budget_s: float | None = None) -> dict:
+    job = replace(job, extra=job.extra + row.extra)
+    opts = dict(row.trl_opts)
+    if IN_PROCESS:
+        if row.framework == "trl":
+            return child_trl(job, budget_s, "long_tail", opts)
+        return child_hybridflow(job, budget_s)
+    args = ["--child", row.framework, "--job", json.dumps(asdict(job)), "--task", "long_tail",
+            "--trl-opts", json.dumps(opts)]
+    if budget_s is not None:
+        args += ["--budget", str(budget_s)]
+    return C.run_child(SCRIPT, args, timeout=3600, threads=GEN_THREADS)
+
+
+def main_generation(args) -> int:
+    global IN_PROCESS
+    IN_PROCESS = args.smoke
+    work = C.DEFAULT_WORKDIR
+    state = C.print_state("generation-heavy GRPO step: hybridflow vs TRL GRPOTrainer")
+    if args.smoke:
+        size, prompts, group, resp, answer, sft, steps, reps, warmup, budget = "nano", 4, 4, 32, 5, 5, 2, 1, 1, 3.0
+    elif args.quick:
+        size, prompts, group, resp, answer, sft, steps, reps, warmup, budget = \
+            "medium", 32, 8, 128, 400, 40, 3, 1, 1, 120.0
+    else:
+        size, prompts, group, resp, answer, sft, steps, reps, warmup, budget = \
+            "medium", 32, 8, 128, 400, 40, 5, 2, 1, 300.0
+    answer = args.answer_steps if args.answer_steps is not None else answer
+    sft = args.sft_steps if args.sft_steps is not None else sft
+    budget = None if args.no_accuracy else (args.budget if args.budget is not None else budget)
+    t0 = time.perf_counter()
+    model, data = C.long_tail_task(work, sft, size=size, response_length=resp, long_share=args.long_share,
+                                   varied=True, lr=args.sft_lr, batch=64, micro=8, answer_steps=answer)
+    print(f"SFT checkpoint: {model} (MODEL_SIZES[{size!r}], {answer} answer-only + {sft} long-tail steps at lr "
+          f"{args.sft_lr:g}, long share {args.long_share}; ready in {time.perf_counter() - t0:.0f}s)", flush=True)
+    custom = (f"custom_reward_function.path={C.LONG_TAIL_REWARD_FILE}",
+              "custom_reward_function.name=long_tail_score", "trainer.balance_batch=false")
+    job = C.GRPOJob(model=model, data_dir=str(data), prompts=prompts, group=group, response_length=resp,
+                    prompt_length=8, lr=5e-5, steps=steps, extra=custom)
+    rows = _gen_rows(job)
+    names = args.rows.split(",") if args.rows else list(GEN_DEFAULT_ROWS)
+    unknown = sorted(set(names) - set(rows))
+    if unknown:
+        raise SystemExit(f"unknown row(s) {unknown}; choose from {', '.join(GEN_ROWS)}")
+    for name in names:
+        print(f"  {name:18s} {rows[name].settings()}", flush=True)
+    acc: dict[str, dict[str, list]] = {n: {k: [] for k in ("times", "cpu", "gen", "len", "max", "rss")} for n in names}
+    for rep in range(reps):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            res = run_gen(rows[name], job)
+            a = acc[name]
+            a["times"] += res["step_times"][warmup:]
+            a["cpu"] += res["cpu_times"][warmup:]
+            a["gen"] += res["gen_times"][warmup:]
+            a["len"] += res["resp_len"]
+            a["max"] += res["resp_len_max"]
+            a["rss"].append(res["peak_rss_mb"])
+            print(f"  rep {rep} {name:18s} steps {['%.1f' % t for t in res['step_times']]}  gen "
+                  f"{['%.1f' % t for t in res['gen_times']]}  resp len {['%.1f' % x for x in res['resp_len']]}  "
+                  f"load {C.machine_state()['load']}", flush=True)
+    summary = {}
+    for name, a in acc.items():
+        step, gen = C.median(a["times"]), C.median(a["gen"])
+        summary[name] = {"step": step, "cpu": C.median(a["cpu"]) if a["cpu"] else float("nan"), "gen": gen,
+                         "len": sum(a["len"]) / max(len(a["len"]), 1), "max": max(a["max"], default=float("nan")),
+                         "rss": max(a["rss"])}
+    hf = min((n for n in names if rows[n].framework == "hybridflow"), key=lambda n: summary[n]["step"], default=None)
+    trl = min((n for n in names if rows[n].framework == "trl"), key=lambda n: summary[n]["step"], default=None)
+    base = summary[trl]["step"] if trl else float("nan")
+    print(f"\nGeneration-heavy GRPO step (MODEL_SIZES[{size!r}], {prompts} prompts x {group}, responses <= {resp} "
+          f"tokens; median after {warmup} warm-up step(s), {reps} alternating run(s) of {steps} steps; "
+          f"load {state['load']})")
+    C.print_table(["framework", "settings", "median step s (wall)", "median CPU s", "mean resp len", "max resp len",
+                   "gen s", "rest s", "peak RSS MiB", "vs best TRL (wall)"],
+                  [[n, rows[n].settings(), r["step"], r["cpu"], r["len"], r["max"], r["gen"], r["step"] - r["gen"],
+                    r["rss"], r["step"] / base] for n, r in summary.items()])
+    delta = None
+    if budget is not None and hf and trl:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        start_acc = _greedy_accuracy(AutoModelForCausalLM.from_pretrained(model), AutoTokenizer.from_pretrained(model),
+                                     str(data), resp, "long_tail")
+        print(f"\nstarting checkpoint (SFT {answer}+{sft} steps): held-out greedy accuracy {start_acc:.3f}", flush=True)
+        res = {}
+        for name in (hf, trl):
+            res[name] = run_gen(rows[name], replace(job, steps=10**6), budget_s=budget)
+            print(f"  {name:18s} {res[name]['steps']} steps in {res[name]['train_s']:.1f}s -> accuracy "
+                  f"{res[name]['accuracy']}", flush=True)
+        print(f"\nAccuracy after the same wall-clock budget ({budget:.0f}s of training each; start {start_acc:.3f})")
+        C.print_table(["framework", "steps done", "train s", "held-out greedy accuracy", "steps/min"],
+                      [[n, r["steps"], r["train_s"], r["accuracy"], 60 * r["steps"] / r["train_s"]]
+                       for n, r in res.items()])
+        if res[hf]["accuracy"] is not None and res[trl]["accuracy"] is not None:
+            delta = res[hf]["accuracy"] - res[trl]["accuracy"]
+    if hf and trl:
+        print(f"cpu_ratio_step_time_generation={summary[hf]['cpu'] / summary[trl]['cpu']:.3f}  ({hf} / {trl})")
+        print(f"ratio_step_time_generation={summary[hf]['step'] / base:.3f}  ({hf} / {trl})")
+        if delta is not None:
+            print(f"accuracy_delta_generation={delta:+.3f}  ({hf} - {trl})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps and repetitions (~10 min)")
@@ -218,14 +417,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-root", type=Path, default=None,
                    help="another checkout of hybridflow to run as the hybridflow_baseline row (before/after)")
     p.add_argument("--no-accuracy", action="store_true", help="speed comparison only")
+    p.add_argument("--shape", choices=["update", "generation"], default="update",
+                   help="update: the update-bound comparison above (default); generation: the generation-heavy "
+                        "GRPO step (medium model, 32x8, 128-token long-tail responses)")
+    p.add_argument("--long-share", type=float, default=0.25,
+                   help="generation shape: share of SFT targets with a filler after the answer")
+    p.add_argument("--answer-steps", type=int, default=None,
+                   help="generation shape: SFT steps on the answers alone (cheap; default 400)")
+    p.add_argument("--sft-steps", type=int, default=None,
+                   help="generation shape: SFT steps on the long-tail mix after them (default 40)")
+    p.add_argument("--sft-lr", type=float, default=5e-4, help="generation shape: SFT learning rate")
+    p.add_argument("--rows", default=None,
+                   help=f"generation shape: comma-separated rows of {', '.join(GEN_ROWS)} (default: "
+                        f"{','.join(GEN_DEFAULT_ROWS)})")
     p.add_argument("--child", choices=["hybridflow", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--job", help=argparse.SUPPRESS)
-    p.add_argument("--budget", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--budget", type=float, default=None,
+                   help="generation shape: accuracy budget in s of training per framework (default 300, --quick "
+                        "120); also the children's budget")
+    p.add_argument("--task", default="addition", help=argparse.SUPPRESS)
+    p.add_argument("--trl-opts", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         job = _job_from(args)
-        C.emit_result(child_hybridflow(job, args.budget) if args.child == "hybridflow" else child_trl(job, args.budget))
+        C.emit_result(child_hybridflow(job, args.budget) if args.child == "hybridflow"
+                      else child_trl(job, args.budget, args.task, json.loads(args.trl_opts)))
         return 0
+    if args.shape == "generation":
+        return main_generation(args)
 
     global IN_PROCESS, BASELINE_ROOT
     IN_PROCESS = args.smoke

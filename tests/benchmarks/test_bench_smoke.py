@@ -46,6 +46,16 @@ def test_bench_vs_trl_smoke(capsys):
     assert out.rstrip().splitlines()[-1].startswith("ratio_step_time=")
 
 
+def test_bench_vs_trl_generation_smoke(capsys):
+    pytest.importorskip("trl", reason="bench_vs_trl needs TRL (pip install trl, with the torch pin)")
+    assert _load("bench_vs_trl").main(["--shape", "generation", "--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert _number(out, "ratio_step_time_generation") > 0
+    assert "| hybridflow_dynbsz |" in out and "| trl |" in out
+    last = out.rstrip().splitlines()[-1]
+    assert re.match(r"accuracy_delta_generation=[+-][0-9.]+", last), last
+
+
 def test_bench_train_smoke(capsys):
     out = _run("bench_train", capsys)
     assert 0 < _number(out, "mfu_packed")
