@@ -68,8 +68,11 @@ def bench_generation(model_dir: str, rounds: int, batch: int, new: int):
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    hf = HFRolloutEngine(model, tok, seed=0)
+    # Prefix caching off on both engines: the same prompts run every round, and a cached prefix would skip the
+    # prefill that ``generate`` (and a first rollout of new prompts) pays.
+    hf = HFRolloutEngine(model, tok, seed=0, enable_prefix_caching=False)
     vllm = VLLMRolloutEngine(model_dir, engine_args={
+        "enable_prefix_caching": False,
         "dtype": "float32", "enforce_eager": True, "max_model_len": 32 + new + 8, "max_num_seqs": batch,
         "max_num_batched_tokens": batch * (32 + new + 8), "kv_cache_memory_bytes": 512 << 20,
         "load_format": "auto"}, tokenizer=tok, seed=0)

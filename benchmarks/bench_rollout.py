@@ -121,10 +121,14 @@ def load_baseline(root: Path):
 
 
 def build_engine(cls, model, tok, batch: int):
-    try:
-        return cls(model, tok, max_num_seqs=batch, seed=0)
-    except TypeError:  # checkouts before the engine took verl's key names
-        return cls(model, tok, max_batch_size=batch, seed=0)
+    # Prefix caching off: every round runs the same prompts, and a parked prefix would skip the prefill that
+    # ``generate`` pays (checkouts before prefix caching lack the argument).
+    for kwargs in ({"max_num_seqs": batch, "enable_prefix_caching": False}, {"max_num_seqs": batch}):
+        try:
+            return cls(model, tok, seed=0, **kwargs)
+        except TypeError:
+            continue
+    return cls(model, tok, max_batch_size=batch, seed=0)  # checkouts before the engine took verl's key names
 
 
 def run_engine(engine, prompts, lengths: list[int], params_cls=SamplingParams) -> tuple[float, float]:
