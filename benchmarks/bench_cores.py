@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps, one round (~10 min)")
     p.add_argument("--smoke", action="store_true", help="nano model, local variants only, 2 steps (CI)")
+    p.add_argument("--job", choices=["tiny", "medium", "all"], default="all", help="which job(s) to run")
+    p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default: 2, quick 1)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -98,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                                   response_length=8, steps=steps[0]),
                 "medium": C.GRPOJob(model=C.base_model(work, "medium"), data_dir=data, prompts=8, group=4,
                                     response_length=32, steps=steps[1])}
-        variants, rounds, warmup = list(VARIANTS), 1 if args.quick else 2, 2
+        jobs = {k: v for k, v in jobs.items() if args.job in (k, "all")}
+        variants, rounds, warmup = list(VARIANTS), args.rounds or (1 if args.quick else 2), 2
     summary = []
     for name, base in jobs.items():
         res: dict[str, dict[str, list[float]]] = {v: {"step": [], "gen": [], "update": []} for v in variants}
