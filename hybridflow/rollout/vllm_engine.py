@@ -22,7 +22,11 @@ child process: built in this process, vLLM's transformers backend wraps transfor
 the trainer can no longer build an HF model of that class here).  A request's ``multi_modal_data={"image":
 [PIL images]}`` goes to vLLM with our prompt ids in which each run of image pads is collapsed to one pad (vLLM's
 multimodal processor replaces every pad with the image's pads, for either backend); the prompt vLLM ends up with
-must equal ours token for token, checked per request (a mismatch fails the request).  Other checkpoints and
+must equal ours token for token, checked per request (a mismatch fails the request).  The image/video
+placeholders are never sampled (the response has no pixels for them and the actor's forward would refuse them):
+vLLM's ``logit_bias`` (-100, its floor) removes them, and vLLM then reports the sampled token's log-prob
+renormalised over the other tokens, ``log p - log(1 - p_placeholders)``, where the hf engine and the actor keep
+the full vocabulary -- nil for a trained VLM, visible on random tiny ones (docs/vision.md).  Other checkpoints and
 Qwen2.5-VL are refused at construction with the fix (docs/vision.md).
 
 Weights (hybrid engine).  :meth:`update_weights` reloads the actor's tensors through vLLM's worker method
@@ -292,13 +296,16 @@ class VLLMRolloutEngine(RolloutEngine):
         vision, note = vllm_vision_settings(str(kwargs["model"]), kwargs.get("model_impl"),
                                             trust_remote_code or bool(kwargs.get("trust_remote_code")))
         self.image_token_id: int | None = None
+        self._placeholder_bias: dict[int, float] | None = None
         if vision is not None:  # a vision-language model (refused above, before vLLM starts, if it cannot load)
             limits = vision.pop("limit_mm_per_prompt")
             kwargs.update(vision)
             kwargs.setdefault("limit_mm_per_prompt", limits)
             if note:
                 logger.warning(note)
-            self.image_token_id = int(model_config(str(kwargs["model"]))["image_token_id"])
+            cfg = model_config(str(kwargs["model"]))
+            self.image_token_id = int(cfg["image_token_id"])
+            self._placeholder_bias = {int(cfg[k]): -100.0 for k in ("image_token_id", "video_token_id") if k in cfg}
             if kwargs["model_impl"] == "transformers":  # see the module docstring
                 multiprocess = True
         if lora_rank > 0:  # the frozen base comes from the checkpoint; only adapters are synced
@@ -318,6 +325,8 @@ class VLLMRolloutEngine(RolloutEngine):
             multiprocess = torch.distributed.is_available() and torch.distributed.is_initialized() \
                 and torch.distributed.get_world_size() > 1
         self.multiprocess = bool(multiprocess)
+        if self.multiprocess and kwargs.get("load_format") == "dummy":  # reloads then read a safetensors folder,
+            kwargs["load_format"] = "auto"  # which vLLM refuses for a dummy-loaded model (as the server fleet)
         self.hybrid = hybrid
         self.lora_rank, self.lora_alpha = int(lora_rank), float(lora_alpha)
         self.eos_token_ids = _resolve_eos(eos_token_ids, tokenizer, self.model_path)
@@ -403,6 +412,7 @@ class VLLMRolloutEngine(RolloutEngine):
             detokenize=False,
             skip_special_tokens=False,
             output_kind=RequestOutputKind.DELTA,
+            logit_bias=self._placeholder_bias,
         )
 
     def _vllm_prompt(self, prompt_ids: Sequence[int], multi_modal_data: Any,
@@ -494,6 +504,8 @@ class VLLMRolloutEngine(RolloutEngine):
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
             tensors = with_tied_head(given()) if self._tied_embeddings else given()
+            if self.image_token_id is not None:
+                tensors = _checkpoint_names(tensors)
             yield from materialise_in_buckets(tensors, self.bucket_bytes, self._target_device())
 
         if self.multiprocess:
@@ -610,6 +622,22 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+# transformers 5 names Qwen2-VL's modules ``model.language_model.*`` / ``model.visual.*`` and saves them under
+# their checkpoint names ``model.*`` / ``visual.*``; vLLM's transformers backend maps only checkpoint names (it
+# reads ``model.visual.x`` as ``model.language_model.visual.x``), its native module either.
+_VLM_CHECKPOINT_PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."))
+
+
+def _checkpoint_names(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """A vision-language actor's parameter names as its checkpoint spells them (what vLLM loaded at start)."""
+    for name, tensor in named_tensors:
+        for new, old in _VLM_CHECKPOINT_PREFIXES:
+            if name.startswith(new):
+                name = old + name[len(new):]
+                break
+        yield name, tensor
 
 
 def _warm_up(engine) -> None:

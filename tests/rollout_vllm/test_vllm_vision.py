@@ -61,13 +61,16 @@ def render(processor, images, question):
     return enc["input_ids"][0].tolist(), enc
 
 
-def hf_log_probs(model, enc, prompt_ids, token_ids):
-    """The HF model's log-probs of ``token_ids`` after the prompt, with the processor's pixels."""
+def hf_log_probs(model, enc, prompt_ids, token_ids, without=()):
+    """The HF model's log-probs of ``token_ids`` after the prompt, with the processor's pixels; ``without``: token
+    ids left out of the softmax (the placeholders the engine never samples, see below)."""
     ids = torch.tensor([prompt_ids + token_ids])
     mm_types = torch.cat([enc["mm_token_type_ids"], torch.zeros(1, len(token_ids), dtype=torch.long)], 1)
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=enc["pixel_values"],
                        image_grid_thw=enc["image_grid_thw"], mm_token_type_ids=mm_types).logits[0].float()
+    if without:
+        logits[:, list(without)] = float("-inf")
     lp = torch.log_softmax(logits, -1)
     n = len(prompt_ids)
     return torch.stack([lp[n - 1 + k, t] for k, t in enumerate(token_ids)])
@@ -92,17 +95,22 @@ def test_image_log_probs_match_the_hf_model_with_the_same_pixels(vlm_engine, vlm
     params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, logprobs=True, seed=1234)
     outs = vlm_engine.generate_batch([ids for ids, _ in rendered], params,
                                      multi_modal_data=[{"image": imgs} for imgs, _ in cases])
-    diffs, other_diffs = [], []
+    # the engine never samples the image/video placeholders (logit_bias); vLLM then renormalises the reported
+    # log-prob over the other tokens, so the reference leaves them out of its softmax too
+    placeholders = (processor.image_token_id, processor.video_token_id)
+    diffs, other_diffs, full_vocab = [], [], []
     for (imgs, q), (ids, enc), out in zip(cases, rendered, outs):
         assert len(out.token_ids) == 8 and len(out.log_probs) == 8
+        assert not set(out.token_ids) & set(placeholders)
         ours = torch.tensor(out.log_probs)
-        diffs.append((ours - hf_log_probs(model, enc, ids, out.token_ids)).abs())
+        diffs.append((ours - hf_log_probs(model, enc, ids, out.token_ids, placeholders)).abs())
+        full_vocab.append((ours - hf_log_probs(model, enc, ids, out.token_ids)).abs())
         # the same prompt ids with other pixels of the same sizes: the log-probs move (the test can fail)
         _, other = render(processor, [image(100 + i, im.height, im.width) for i, im in enumerate(imgs)], q)
-        other_diffs.append((ours - hf_log_probs(model, other, ids, out.token_ids)).abs())
-    d, o = torch.cat(diffs), torch.cat(other_diffs)
+        other_diffs.append((ours - hf_log_probs(model, other, ids, out.token_ids, placeholders)).abs())
+    d, o, f = torch.cat(diffs), torch.cat(other_diffs), torch.cat(full_vocab)
     print(f"vLLM (transformers backend) vs HF, {d.numel()} sampled tokens: mean {d.mean():.2e} max {d.max():.2e}; "
-          f"with other images: mean {o.mean():.2e}")
+          f"with other images: mean {o.mean():.2e}; vs the full-vocabulary log-prob: mean {f.mean():.2e}")
     assert d.mean() <= 1e-4 and d.max() <= 1e-3
     assert o.mean() >= 1e-2
 
@@ -152,3 +160,40 @@ def test_text_engine_refuses_images_naming_the_fix(varied_model_dir, engine_args
         with pytest.raises(NotImplementedError, match=r"is text-only .*actor_rollout_ref\.rollout\.name=hf"):
             asyncio.run(engine.generate(ids, params, "img", multi_modal_data={"image": [object()]}))
         assert len(asyncio.run(engine.generate(ids, params, "txt")).token_ids) == 3
+
+
+A = "actor_rollout_ref"
+VLM_GRPO = ["data.max_prompt_length=64", "algorithm.adv_estimator=grpo", f"{A}.actor.use_kl_loss=true",
+            f"{A}.rollout.calculate_log_probs=true", "reward_model.num_workers=0", f"{A}.rollout.name=vllm",
+            f"{A}.rollout.tensor_model_parallel_size=1", f"{A}.model.trust_remote_code=true"]
+
+
+@pytest.fixture(scope="module")
+def vision_data(tmp_path_factory):
+    from hybridflow.data.vision_task import write_vision_task
+
+    d = tmp_path_factory.mktemp("vision_task")
+    write_vision_task("shape_color", str(d), train_size=16, test_size=8, seed=0, size=32)
+    return d
+
+
+@pytest.mark.xfail(strict=True, reason="open: the 2-step run finishes, but rollout_probs_diff_mean is 0.11 "
+                   "(not yet split between the placeholder renormalisation of vLLM's log-probs and another cause); "
+                   "docs/vision.md")
+def test_vlm_grpo_with_the_vllm_engine_local(vlm_dir, vision_data, tmp_path):
+    """Two GRPO steps on the tiny Qwen2-VL with images in the prompts, rolled out by the colocated vllm engine
+    (transformers backend, engine core in a child process, the actor's weights reloaded every step): the
+    engine's log-probs agree with the actor's recomputation with the same pixels."""
+    from run_helpers import run, small_overrides
+
+    history = run(small_overrides(vlm_dir, vision_data, tmp_path, steps=2, n=4, batch=4, extra=VLM_GRPO), tmp_path)
+    steps = [m for m in history.metrics if "timing_s/step" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["training/rollout_probs_diff_mean"] <= 1e-4, m["training/rollout_probs_diff_mean"]
+        assert m["training/rollout_probs_diff_max"] <= 1e-3, m["training/rollout_probs_diff_max"]
+        assert m["timing_s/update_weights"] > 0 and m["response_length/mean"] > 0
+        assert torch.isfinite(torch.tensor([m["actor/pg_loss"], m["actor/kl_loss"]])).all()
+    print("VLM GRPO on vllm, rollout_probs_diff mean/max per step:",
+          [(f"{m['training/rollout_probs_diff_mean']:.2e}", f"{m['training/rollout_probs_diff_max']:.2e}")
+           for m in steps])
