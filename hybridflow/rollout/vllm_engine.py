@@ -116,16 +116,25 @@ class _LogTail(logging.Handler):
 
 
 class _Request:
-    __slots__ = ("request_id", "future", "token_ids", "log_probs", "want_log_probs", "expected_prompt")
+    __slots__ = ("request_id", "future", "token_ids", "log_probs", "want_log_probs", "expected_prompt", "unbias")
 
     def __init__(self, request_id: str, future: concurrent.futures.Future, want_log_probs: bool,
-                 expected_prompt: list[int] | None = None):
+                 expected_prompt: list[int] | None = None, unbias: tuple[tuple[int, ...], float] | None = None):
         self.request_id = request_id
         self.future = future
         self.token_ids: list[int] = []
         self.log_probs: list[float] = []
         self.want_log_probs = want_log_probs
         self.expected_prompt = expected_prompt  # image requests: the prompt vLLM must end up with
+        self.unbias = unbias  # (placeholder ids, -bias / T): undo their logit_bias in the reported log-probs
+
+    def log_prob(self, entry: dict, token: int) -> float:
+        """The sampled token's log-prob over the full vocabulary (:func:`full_vocab_log_prob`)."""
+        value = float(entry[token].logprob)
+        if self.unbias is None:
+            return value
+        ids, shift = self.unbias
+        return full_vocab_log_prob(value, [float(entry[i].logprob) for i in ids if i in entry], shift)
 
     def output(self, finish_reason: str) -> TokenOutput:
         return TokenOutput(self.request_id, list(self.token_ids),
@@ -224,7 +233,7 @@ class _Driver(threading.Thread):
             req.token_ids.extend(int(t) for t in completion.token_ids)
             if req.want_log_probs and completion.logprobs:
                 for entry, token in zip(completion.logprobs, completion.token_ids):
-                    req.log_probs.append(float(entry[token].logprob))
+                    req.log_probs.append(req.log_prob(entry, token))
             if out.finished:
                 del self.active[out.request_id]
                 reason = completion.finish_reason if completion.finish_reason in ("stop", "length") else "abort"
@@ -399,6 +408,7 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm.sampling_params import RequestOutputKind
 
         stop, seed = engine_request_settings(params, self.eos_token_ids, self._rng, self._lock)
+        unbias = bool(self._placeholder_bias and params.logprobs)
         return VSamplingParams(
             n=1,
             temperature=0.0 if params.greedy else float(params.temperature),
@@ -407,13 +417,24 @@ class VLLMRolloutEngine(RolloutEngine):
             max_tokens=int(params.max_tokens),
             stop_token_ids=stop,
             ignore_eos=bool(params.ignore_eos),
-            logprobs=0 if params.logprobs else None,
+            logprobs=None if unbias else 0 if params.logprobs else None,  # vLLM: one or the other
             seed=int(seed),
             detokenize=False,
             skip_special_tokens=False,
             output_kind=RequestOutputKind.DELTA,
             logit_bias=self._placeholder_bias,
+            # the placeholders' biased log-probs besides the sampled token's, to report the full-vocabulary one
+            logprob_token_ids=list(self._placeholder_bias) if unbias else None,  # (_Request.log_prob)
         )
+
+    def _unbias(self, params: SamplingParams) -> tuple[tuple[int, ...], float] | None:
+        """What :func:`full_vocab_log_prob` needs for a request: the placeholder ids and ``-bias / T`` (greedy
+        requests: vLLM's processed log-probs are then taken at T = 1)."""
+        if not (self._placeholder_bias and params.logprobs):
+            return None
+        temperature = 1.0 if params.greedy else float(params.temperature)
+        bias = next(iter(self._placeholder_bias.values()))
+        return tuple(self._placeholder_bias), -bias / temperature
 
     def _vllm_prompt(self, prompt_ids: Sequence[int], multi_modal_data: Any,
                      request_id: str) -> tuple[dict[str, Any], list[int] | None]:
@@ -459,7 +480,7 @@ class VLLMRolloutEngine(RolloutEngine):
         result: concurrent.futures.Future = concurrent.futures.Future()
 
         def add(driver: _Driver) -> None:
-            req = _Request(request_id, result, bool(params.logprobs), expected)
+            req = _Request(request_id, result, bool(params.logprobs), expected, self._unbias(params))
             driver.engine.add_request(internal_id, prompt, vparams, lora_request=self._lora_request)
             driver.active[internal_id] = req
 
@@ -503,9 +524,9 @@ class VLLMRolloutEngine(RolloutEngine):
                 yield item
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
-            tensors = with_tied_head(given()) if self._tied_embeddings else given()
-            if self.image_token_id is not None:
-                tensors = _checkpoint_names(tensors)
+            tensors = _checkpoint_names(given()) if self.image_token_id is not None else given()
+            if self._tied_embeddings:  # after the renaming: the head of model.embed_tokens is lm_head
+                tensors = with_tied_head(tensors)
             yield from materialise_in_buckets(tensors, self.bucket_bytes, self._target_device())
 
         if self.multiprocess:
@@ -520,6 +541,8 @@ class VLLMRolloutEngine(RolloutEngine):
                 self._weights_asleep = False
             driver.engine.collective_rpc("reload_weights", kwargs=rpc_kwargs)
             driver.engine.reset_prefix_cache()
+            if self.image_token_id is not None:  # image embeddings of the old vision tower (keyed by the image's
+                driver.engine.reset_encoder_cache()  # hash: the same image would reuse them, or miss and kill vLLM)
 
         self._driver.call(reload).result()
         self._weights_loaded = True
@@ -638,6 +661,24 @@ def _checkpoint_names(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iter
                 name = old + name[len(new):]
                 break
         yield name, tensor
+
+
+def full_vocab_log_prob(processed: float, biased: Sequence[float], shift: float) -> float:
+    """Undo a logit bias in vLLM's ``processed_logprobs``.
+
+    vLLM reports ``log softmax`` of the processed logits ``z = (logits + bias) / T``; the actor's (and the hf
+    engine's) log-prob is over ``logits / T``.  With ``b_i`` the reported log-probs of the biased tokens and
+    ``shift = -bias / T`` (the same bias on each), the two normalisers differ by
+    ``Z_full / Z_processed = 1 - sum exp(b_i) + sum exp(b_i + shift)``, so
+    ``log p_full = processed - log(1 - sum exp(b_i) + sum exp(b_i + shift))``.  Exact as long as nothing else
+    (top-k / top-p) removed tokens from the distribution (as for the text path, vLLM's processed log-prob is then
+    renormalised over the kept set).  Computed in log space (``shift`` reaches 1000 at T = 0.1)."""
+    if not biased:
+        return processed
+    b = torch.tensor(list(biased), dtype=torch.float64)
+    kept = torch.log1p(-b.exp().sum().clamp(max=1.0))  # log(1 - sum exp(b_i)), ~0
+    back = torch.logsumexp(b + shift, 0)  # log sum exp(b_i + shift): the placeholders' unbiased mass
+    return float(processed - torch.logaddexp(kept, back))
 
 
 def _warm_up(engine) -> None:
