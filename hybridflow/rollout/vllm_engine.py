@@ -24,10 +24,11 @@ the trainer can no longer build an HF model of that class here).  A request's ``
 multimodal processor replaces every pad with the image's pads, for either backend); the prompt vLLM ends up with
 must equal ours token for token, checked per request (a mismatch fails the request).  The image/video
 placeholders are never sampled (the response has no pixels for them and the actor's forward would refuse them):
-vLLM's ``logit_bias`` (-100, its floor) removes them, and vLLM then reports the sampled token's log-prob
-renormalised over the other tokens, ``log p - log(1 - p_placeholders)``, where the hf engine and the actor keep
-the full vocabulary -- nil for a trained VLM, visible on random tiny ones (docs/vision.md).  Other checkpoints and
-Qwen2.5-VL are refused at construction with the fix (docs/vision.md).
+vLLM's ``logit_bias`` (-100, its floor) removes them.  vLLM's processed log-probs are then renormalised over the
+other tokens; the engine asks for the placeholders' biased log-probs too (``logprob_token_ids``) and reports the
+full-vocabulary log-prob, as the hf engine and the actor (:func:`full_vocab_log_prob`).  After a weight reload
+the encoder cache (image embeddings) is reset.  Other checkpoints and Qwen2.5-VL are refused at construction with
+the fix (docs/vision.md).
 
 Weights (hybrid engine).  :meth:`update_weights` reloads the actor's tensors through vLLM's worker method
 ``reload_weights`` (``collective_rpc``), materialising them bucket by bucket
