@@ -48,15 +48,24 @@ def rollout_hardware_errors(cfg, device: str) -> list[str]:
 
 
 def rollout_model_errors(cfg) -> list[str]:
-    """Errors for a rollout engine that cannot serve ``actor_rollout_ref.model.path`` on any device: the vllm and
-    sglang adapters are text-only, so a vision-language checkpoint needs ``rollout.name=hf`` (read from the
-    model folder's ``config.json``; no model loads)."""
-    from hybridflow.rollout.vllm_config import text_only_engine_error
+    """Errors for a rollout engine that cannot serve ``actor_rollout_ref.model.path`` here: the sglang adapter is
+    text-only; the vllm adapter serves Qwen2-VL when vLLM can load it (``vllm_vision_settings``: torchvision or an
+    image-only processor in the folder, colocated engines only).  Read from the model folder; no model loads."""
+    from hybridflow.rollout.vllm_config import text_only_engine_error, vllm_vision_settings
 
-    rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name not in ("vllm", "sglang"):
+    rollout, model = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model
+    if rollout.name == "vllm":
+        extra = dict(rollout.engine_kwargs.get("vllm") or {})
+        try:
+            vllm_vision_settings(str(model.path), extra.get("model_impl"),
+                                 bool(model.trust_remote_code) or bool(extra.get("trust_remote_code")),
+                                 hybrid=bool(cfg.actor_rollout_ref.hybrid_engine))
+        except ValueError as e:
+            return [str(e)]
         return []
-    error = text_only_engine_error(str(cfg.actor_rollout_ref.model.path), engine=rollout.name)
+    if rollout.name != "sglang":
+        return []
+    error = text_only_engine_error(str(model.path), engine=rollout.name)
     return [error] if error else []
 
 

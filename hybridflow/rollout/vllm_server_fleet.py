@@ -51,11 +51,10 @@ class VLLMServerFleet(RolloutFleet):
                  lora_rank: int = 0, lora_alpha: float = 16.0, seed: int = 0, log_dir: str | None = None,
                  start_timeout_s: float = 600.0, python: str | None = None, name: str = "vllm-server",
                  keep_awake: bool = False):
-        from hybridflow.rollout.vllm_config import text_only_engine_error
+        from hybridflow.rollout.vllm_config import vllm_vision_settings
 
-        vision_error = text_only_engine_error(str(model_path))
-        if vision_error:  # before any server process starts
-            raise ValueError(vision_error)
+        # a vision-language model is refused before any server process starts (the replicas take no images)
+        vllm_vision_settings(str(model_path), engine_kwargs.get("model_impl"), hybrid=False)
         kwargs = {**engine_kwargs, "model": str(model_path)}
         if kwargs.get("load_format") == "dummy":  # reloads read safetensors folders, which a dummy loader cannot
             kwargs["load_format"] = "auto"

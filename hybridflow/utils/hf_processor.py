@@ -13,6 +13,9 @@ This module keeps torchvision optional:
   image processor (the PIL/numpy backend), tokenizer and chat template, with no video processor -- so
   images work and videos raise a clear error naming torchvision.
 * :func:`build_processor` is that construction, used by the tiny-model builders too.
+* :func:`write_image_only_processor` ships an image-only subclass of a checkpoint's processor in its folder
+  (``auto_map``, loaded with ``trust_remote_code``), for loaders that call ``AutoProcessor`` themselves -- vLLM's
+  transformers backend (docs/vision.md).
 * :func:`save_processor` writes the hub layout (``preprocessor_config.json`` naming the processor class,
   tokenizer files, ``chat_template.jinja``) that both load paths read, so a saved checkpoint loads the
   way a downloaded Qwen2-VL checkpoint does.
@@ -24,7 +27,8 @@ import json
 import os
 from typing import Any
 
-__all__ = ["build_processor", "save_processor", "load_processor", "is_multimodal_processor", "torchvision_available"]
+__all__ = ["build_processor", "save_processor", "load_processor", "is_multimodal_processor", "torchvision_available",
+           "write_image_only_processor", "IMAGE_ONLY_PROCESSOR_FILE"]
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
@@ -140,3 +144,57 @@ def load_processor(path: str, trust_remote_code: bool = False, model_type: str |
             raise
         processor = _assemble_without_torchvision(path, trust_remote_code, model_type)
     return processor if processor is not None and is_multimodal_processor(processor) else None
+
+
+IMAGE_ONLY_PROCESSOR_FILE = "processing_image_only.py"
+
+_IMAGE_ONLY_SOURCE = '''"""An image-only {base}: no video processor, so transformers builds it without torchvision.
+
+Written by hybridflow.utils.hf_processor.write_image_only_processor; loaded through ``auto_map`` with
+``trust_remote_code=True`` (e.g. by vLLM's transformers backend). Images only: videos need {base}.
+"""
+from transformers import {base}
+from transformers.processing_utils import ProcessorMixin
+
+
+class {name}({base}):
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        self.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
+        self.video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
+        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+        self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
+        self.video_processor = None
+'''
+
+
+def write_image_only_processor(path: str, model_type: str | None = None) -> str:
+    """Make the checkpoint folder ``path`` load, through ``AutoProcessor.from_pretrained(path,
+    trust_remote_code=True)``, an image-only subclass of its processor class (Qwen2-VL's ``Qwen2VLProcessor``):
+    writes :data:`IMAGE_ONLY_PROCESSOR_FILE` and points ``auto_map["AutoProcessor"]`` of its processor configs at
+    it.  Returns the class reference (``"processing_image_only.ImageOnlyQwen2VLProcessor"``).
+
+    Why: transformers 5's Qwen2-VL processors need a video processor, which needs torchvision, and vLLM's
+    transformers backend builds the processor with ``AutoProcessor`` itself (docs/vision.md).  The tokenizer,
+    image processor and chat template files are left as they are.
+    """
+    base = _processor_class_name(path, model_type)
+    if not base or base.startswith("ImageOnly"):
+        raise ValueError(f"{path}: no processor class to derive from (processor_class / model_type)")
+    name = f"ImageOnly{base}"
+    ref = f"{IMAGE_ONLY_PROCESSOR_FILE[:-3]}.{name}"
+    with open(os.path.join(path, IMAGE_ONLY_PROCESSOR_FILE), "w", encoding="utf-8") as f:
+        f.write(_IMAGE_ONLY_SOURCE.format(base=base, name=name))
+    for fname, key in (("processor_config.json", "processor_class"), ("preprocessor_config.json", "_processor_class")):
+        file = os.path.join(path, fname)
+        saved: dict = {}
+        if os.path.isfile(file):
+            with open(file, encoding="utf-8") as f:
+                saved = json.load(f)
+        elif fname == "preprocessor_config.json":
+            continue
+        saved[key] = name
+        saved.setdefault("auto_map", {})["AutoProcessor"] = ref
+        with open(file, "w", encoding="utf-8") as f:
+            json.dump(saved, f, indent=2)
+    return ref

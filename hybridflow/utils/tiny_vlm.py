@@ -95,10 +95,13 @@ def build_tiny_vlm(tokenizer, size: str = "nano", arch: str = "qwen2_vl", seed: 
 
 
 def make_tiny_vlm_checkpoint(path: str | Path, size: str = "nano", arch: str = "qwen2_vl", seed: int = 0,
-                             chat_template: str | None = VL_CHAT_TEMPLATE, initializer_range: float = 0.02) -> Path:
+                             chat_template: str | None = VL_CHAT_TEMPLATE, initializer_range: float = 0.02,
+                             image_only_processor: bool = False) -> Path:
     """Write model + processor (image processor, tokenizer, chat template) to ``path``; returns the path.
 
-    ``chat_template=None`` writes a processor without a chat template (for the bad-input tests).
+    ``chat_template=None`` writes a processor without a chat template (for the bad-input tests);
+    ``image_only_processor`` ships an image-only processor class in the folder (``write_image_only_processor``:
+    what vLLM's transformers backend needs without torchvision; loading it needs ``trust_remote_code``).
     """
     from hybridflow.utils.hf_processor import save_processor
 
@@ -111,4 +114,8 @@ def make_tiny_vlm_checkpoint(path: str | Path, size: str = "nano", arch: str = "
     model = build_tiny_vlm(tokenizer, size=size, arch=arch, seed=seed, initializer_range=initializer_range)
     model.save_pretrained(path)
     save_processor(processor, str(path))
+    if image_only_processor:
+        from hybridflow.utils.hf_processor import write_image_only_processor
+
+        write_image_only_processor(str(path))
     return path

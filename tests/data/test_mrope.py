@@ -83,3 +83,20 @@ def test_model_position_ids_layouts():
     assert model_position_ids(pos[:1], packed=True).shape == (4, 1, 5)
     flat = torch.arange(10).view(2, 5)
     assert model_position_ids(flat) is flat
+
+
+def test_image_only_processor_keeps_the_mrope_spec(tiny_vlm_dir, tmp_path):
+    """The image-only subclass ``write_image_only_processor`` ships (for vLLM without torchvision) is still a
+    Qwen2-VL processor: without the spec the data pipeline gives the actor 1-D positions, and the rollout and the
+    actor disagree (rollout_probs_diff_mean 0.09 on the tiny model)."""
+    import shutil
+
+    from hybridflow.data.mrope import spec_from_processor
+    from hybridflow.utils.hf_processor import load_processor, write_image_only_processor
+
+    path = shutil.copytree(tiny_vlm_dir, tmp_path / "image_only")
+    write_image_only_processor(str(path))
+    processor = load_processor(str(path), trust_remote_code=True)
+    assert type(processor).__name__ == "ImageOnlyQwen2VLProcessor"
+    assert spec_from_processor(processor) == spec_from_processor(load_processor(tiny_vlm_dir))
+    assert spec_from_processor(processor) is not None

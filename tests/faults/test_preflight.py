@@ -69,11 +69,25 @@ def test_cli_refuses_unwritable_output_before_training(tmp_path, nano_model_dir,
 
 def test_cli_refuses_a_vision_model_with_vllm_servers_before_training(tmp_path, tiny_vlm_dir, fault_data):
     """``hybrid_engine=false rollout.name=vllm`` with a Qwen2-VL checkpoint: exit 2 with the key and the fix,
-    before any worker or vLLM server starts (the adapters are text-only; docs/vision.md says why)."""
+    before any worker or vLLM server starts (the server replicas take no images; the colocated engine does, see
+    docs/vision.md)."""
     args = base_args(tiny_vlm_dir, fault_data / "train.parquet", tmp_path,
                      extra=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.hybrid_engine=false",
                             "actor_rollout_ref.rollout.tensor_model_parallel_size=1"])
     result = invoke_cli(args, tmp_path)
     assert result.rc == 2, result.message
     assert "actor_rollout_ref.rollout.name=vllm" in result.message and "actor_rollout_ref.rollout.name=hf" in result.message
+    assert "carries no images" in result.message
+    assert read_metrics(tmp_path) == []
+
+
+def test_cli_refuses_a_vision_model_vllm_cannot_load_before_training(tmp_path, tiny_vlm_dir, fault_data):
+    """Colocated ``rollout.name=vllm`` with a Qwen2-VL checkpoint whose processor needs torchvision (none here,
+    and no image-only processor in the folder): exit 2 naming the key and both fixes, before any worker starts."""
+    args = base_args(tiny_vlm_dir, fault_data / "train.parquet", tmp_path,
+                     extra=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"])
+    result = invoke_cli(args, tmp_path)
+    assert result.rc == 2, result.message
+    assert "actor_rollout_ref.rollout.name=vllm" in result.message and "write_image_only_processor" in result.message
+    assert "actor_rollout_ref.rollout.name=hf" in result.message
     assert read_metrics(tmp_path) == []
