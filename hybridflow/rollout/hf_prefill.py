@@ -36,8 +36,10 @@ __all__ = ["PrefillJob", "run_prefill"]
 # A chunk joins a forward only if it fills at least this share of the forward's width: shorter ones wait for a
 # forward of their own length. Padding is computed like real tokens (the matmuls are most of a prefill), so
 # prompts of 16-32 tokens in one 32-wide forward do ~1/3 more work than they need; a few more forwards cost
-# far less than that. (Jobs run longest first, so the width is the group's first chunk.)
+# far less than that. (Jobs run longest first, so the width is the group's first chunk.) Up to ``_MAX_PAD`` padding
+# tokens are always accepted: for short prompts another forward costs more than a few padded positions.
 _MIN_FILL = 0.75
+_MAX_PAD = 8
 
 
 @dataclass(eq=False)
@@ -65,7 +67,7 @@ def run_prefill(model, cache: SlotKVCache, jobs: list[PrefillJob], pad_token_id:
             left = len(jobs[j].prompt) - progress[j]
             chunk = left if jobs[j].vision is not None else min(left, max_tokens)
             w = max(width, chunk)
-            if group and ((len(group) + 1) * w > max_tokens or chunk < _MIN_FILL * width):
+            if group and ((len(group) + 1) * w > max_tokens or chunk < min(_MIN_FILL * width, width - _MAX_PAD)):
                 continue
             group.append((j, progress[j], progress[j] + chunk))
             width = w

@@ -75,7 +75,17 @@ def _prompts_of(turn_outputs, first, tok):
     return out
 
 
-def test_rows_with_different_suffix_lengths_extend_in_one_forward(model_and_tokenizer, prompts):
+def _one_forward_whatever_the_lengths(monkeypatch):
+    """Let every chunk join the widest one (the engine otherwise splits unlike lengths to save padding), so that
+    one forward mixes lengths -- what these tests check."""
+    from hybridflow.rollout import hf_prefill
+
+    monkeypatch.setattr(hf_prefill, "_MIN_FILL", 0.0)
+    monkeypatch.setattr(hf_prefill, "_MAX_PAD", 10**9)
+
+
+def test_rows_with_different_suffix_lengths_extend_in_one_forward(model_and_tokenizer, prompts, monkeypatch):
+    _one_forward_whatever_the_lengths(monkeypatch)
     model, tok = model_and_tokenizer
     engine = HFRolloutEngine(model, tok)
     first = engine.generate_batch(prompts[:4], greedy(6))
@@ -89,7 +99,8 @@ def test_rows_with_different_suffix_lengths_extend_in_one_forward(model_and_toke
     assert_same([outs], [ref])
 
 
-def test_chunked_prefill_matches_one_forward(model_and_tokenizer, prompts):
+def test_chunked_prefill_matches_one_forward(model_and_tokenizer, prompts, monkeypatch):
+    _one_forward_whatever_the_lengths(monkeypatch)
     model, tok = model_and_tokenizer
     long = [p + p[::-1] + p for p in prompts]  # 12..75 tokens
     whole = HFRolloutEngine(model, tok, max_num_batched_tokens=8192)
@@ -220,4 +231,16 @@ def test_parked_rows_survive_cache_reallocation(model_and_tokenizer, prompts):
     assert engine.stats()["prefix_hits"] == 3
     assert engine.stats()["prefix_reused_tokens"] == sum(len(p) + 5 for p in prompts[:3])
     ref = HFRolloutEngine(model, tok, enable_prefix_caching=False).generate_batch(second, greedy(6))
+    assert_same([outs], [ref])
+
+
+def test_prompts_of_unlike_lengths_prefill_in_separate_forwards_with_the_same_result(model_and_tokenizer, prompts):
+    """Grouping by length (less padding) changes how many forwards run, not what comes out."""
+    model, tok = model_and_tokenizer
+    mixed = [p * k for p, k in zip(prompts[:4], (1, 2, 4, 8))]  # lengths far apart
+    grouped = HFRolloutEngine(model, tok, enable_prefix_caching=False)
+    outs = grouped.generate_batch(mixed, greedy(6))
+    assert grouped.stats()["prefill_forwards"] > 1
+    assert grouped.stats()["prefill_tokens"] == sum(len(p) for p in mixed)  # every prompt token, once
+    ref = [HFRolloutEngine(model, tok, enable_prefix_caching=False).generate_batch([p], greedy(6))[0] for p in mixed]
     assert_same([outs], [ref])
