@@ -16,19 +16,11 @@ global torch RNG (which the trainer uses).  Log-probs are vLLM's ``processed_log
 T)`` of the sampled token, what the actor recomputes as ``old_log_probs``.
 
 Images (Qwen2-VL).  A vision-language checkpoint is served with the settings of
-:func:`~hybridflow.rollout.vllm_config.vllm_vision_settings`: vLLM's native module where torchvision can be
-imported, else vLLM's transformers backend (``model_impl="transformers"``; the engine core then always runs in a
-child process: built in this process, vLLM's transformers backend wraps transformers' model classes, after which
-the trainer can no longer build an HF model of that class here).  A request's ``multi_modal_data={"image":
-[PIL images]}`` goes to vLLM with our prompt ids in which each run of image pads is collapsed to one pad (vLLM's
-multimodal processor replaces every pad with the image's pads, for either backend); the prompt vLLM ends up with
-must equal ours token for token, checked per request (a mismatch fails the request).  The image/video
-placeholders are never sampled (the response has no pixels for them and the actor's forward would refuse them):
-vLLM's ``logit_bias`` (-100, its floor) removes them.  vLLM's processed log-probs are then renormalised over the
-other tokens; the engine asks for the placeholders' biased log-probs too (``logprob_token_ids``) and reports the
-full-vocabulary log-prob, as the hf engine and the actor (:func:`full_vocab_log_prob`).  After a weight reload
-the encoder cache (image embeddings) is reset.  Other checkpoints and Qwen2.5-VL are refused at construction with
-the fix (docs/vision.md).
+:func:`~hybridflow.rollout.vllm_config.vllm_vision_settings` (with vLLM's transformers backend the engine core
+always runs in a child process); :mod:`hybridflow.rollout.vllm_vision` turns image requests into vLLM requests
+(collapsed image pads, the placeholders' ``logit_bias``) and vLLM's answers back into full-vocabulary log-probs
+(:func:`~hybridflow.rollout.vllm_vision.full_vocab_log_prob`), each prompt checked against ours.  After a weight
+reload the encoder cache (image embeddings) is reset.
 
 Weights (hybrid engine).  :meth:`update_weights` reloads the actor's tensors through vLLM's worker method
 ``reload_weights`` (``collective_rpc``), materialising them bucket by bucket
@@ -59,12 +51,15 @@ import torch
 
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
 from hybridflow.rollout.sampling_params import SamplingParams, engine_request_settings
-from hybridflow.rollout.vllm_config import (
-    VLLM_EXTRA_HINT,
-    cpu_safe_chunking,
-    lora_rank_bucket,
-    vllm_engine_kwargs,
-    vllm_vision_settings,
+from hybridflow.rollout.vllm_config import VLLM_EXTRA_HINT, cpu_safe_chunking, lora_rank_bucket, vllm_engine_kwargs
+from hybridflow.rollout.vllm_vision import (
+    checkpoint_names,
+    logprob_settings,
+    prompt_mismatch,
+    reported_log_prob,
+    unbias_of,
+    vision_engine_settings,
+    vllm_prompt,
 )
 from hybridflow.rollout.vllm_weights import (
     materialise_in_buckets,
@@ -130,12 +125,8 @@ class _Request:
         self.unbias = unbias  # (placeholder ids, -bias / T): undo their logit_bias in the reported log-probs
 
     def log_prob(self, entry: dict, token: int) -> float:
-        """The sampled token's log-prob over the full vocabulary (:func:`full_vocab_log_prob`)."""
-        value = float(entry[token].logprob)
-        if self.unbias is None:
-            return value
-        ids, shift = self.unbias
-        return full_vocab_log_prob(value, [float(entry[i].logprob) for i in ids if i in entry], shift)
+        """The sampled token's log-prob over the full vocabulary (:func:`~.vllm_vision.full_vocab_log_prob`)."""
+        return reported_log_prob(entry, token, self.unbias)
 
     def output(self, finish_reason: str) -> TokenOutput:
         return TokenOutput(self.request_id, list(self.token_ids),
@@ -217,18 +208,11 @@ class _Driver(threading.Thread):
                 continue
             if req.expected_prompt is not None and out.prompt_token_ids is not None:
                 expected, req.expected_prompt = req.expected_prompt, None
-                got = [int(t) for t in out.prompt_token_ids]
-                if got != expected:
+                error = prompt_mismatch(req.request_id, [int(t) for t in out.prompt_token_ids], expected)
+                if error is not None:
                     del self.active[out.request_id]
                     self.engine.abort_request([out.request_id])
-                    first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got),
-                                                                                                  len(expected)))
-                    req.future.set_exception(ValueError(
-                        f"request '{req.request_id}': vLLM expanded the image placeholders to a prompt of {len(got)} "
-                        f"tokens that differs from ours ({len(expected)} tokens) from position {first} "
-                        f"(vLLM {got[first:first + 8]} vs ours {expected[first:first + 8]}): the images were "
-                        "processed differently than when the prompt was rendered; render it with the checkpoint's "
-                        "processor and the same images"))
+                    req.future.set_exception(error)
                     continue
             completion = out.outputs[0]
             req.token_ids.extend(int(t) for t in completion.token_ids)
@@ -303,21 +287,11 @@ class VLLMRolloutEngine(RolloutEngine):
         kwargs.update(engine_args or {})
         if "model" not in kwargs:
             raise ValueError("VLLMRolloutEngine needs model_path (or engine_args['model'])")
-        vision, note = vllm_vision_settings(str(kwargs["model"]), kwargs.get("model_impl"),
-                                            trust_remote_code or bool(kwargs.get("trust_remote_code")))
-        self.image_token_id: int | None = None
-        self._placeholder_bias: dict[int, float] | None = None
-        if vision is not None:  # a vision-language model (refused above, before vLLM starts, if it cannot load)
-            limits = vision.pop("limit_mm_per_prompt")
-            kwargs.update(vision)
-            kwargs.setdefault("limit_mm_per_prompt", limits)
-            if note:
-                logger.warning(note)
-            cfg = model_config(str(kwargs["model"]))
-            self.image_token_id = int(cfg["image_token_id"])
-            self._placeholder_bias = {int(cfg[k]): -100.0 for k in ("image_token_id", "video_token_id") if k in cfg}
-            if kwargs["model_impl"] == "transformers":  # see the module docstring
-                multiprocess = True
+        # a vision-language model: refused here, before vLLM starts, if it cannot load
+        self.image_token_id, self._placeholder_bias, child = vision_engine_settings(
+            kwargs, trust_remote_code, logger.warning)
+        if child:  # vLLM's transformers backend (see hybridflow.rollout.vllm_vision)
+            multiprocess = True
         if lora_rank > 0:  # the frozen base comes from the checkpoint; only adapters are synced
             if kwargs.get("load_format") == "dummy":
                 kwargs["load_format"] = "auto"
@@ -409,7 +383,6 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm.sampling_params import RequestOutputKind
 
         stop, seed = engine_request_settings(params, self.eos_token_ids, self._rng, self._lock)
-        unbias = bool(self._placeholder_bias and params.logprobs)
         return VSamplingParams(
             n=1,
             temperature=0.0 if params.greedy else float(params.temperature),
@@ -418,52 +391,12 @@ class VLLMRolloutEngine(RolloutEngine):
             max_tokens=int(params.max_tokens),
             stop_token_ids=stop,
             ignore_eos=bool(params.ignore_eos),
-            logprobs=None if unbias else 0 if params.logprobs else None,  # vLLM: one or the other
             seed=int(seed),
             detokenize=False,
             skip_special_tokens=False,
             output_kind=RequestOutputKind.DELTA,
-            logit_bias=self._placeholder_bias,
-            # the placeholders' biased log-probs besides the sampled token's, to report the full-vocabulary one
-            logprob_token_ids=list(self._placeholder_bias) if unbias else None,  # (_Request.log_prob)
+            **logprob_settings(self._placeholder_bias, params.logprobs),  # logprobs, logit_bias, logprob_token_ids
         )
-
-    def _unbias(self, params: SamplingParams) -> tuple[tuple[int, ...], float] | None:
-        """What :func:`full_vocab_log_prob` needs for a request: the placeholder ids and ``-bias / T`` (greedy
-        requests: vLLM's processed log-probs are then taken at T = 1)."""
-        if not (self._placeholder_bias and params.logprobs):
-            return None
-        temperature = 1.0 if params.greedy else float(params.temperature)
-        bias = next(iter(self._placeholder_bias.values()))
-        return tuple(self._placeholder_bias), -bias / temperature
-
-    def _vllm_prompt(self, prompt_ids: Sequence[int], multi_modal_data: Any,
-                     request_id: str) -> tuple[dict[str, Any], list[int] | None]:
-        """vLLM's prompt for our ids (and images), and the prompt vLLM must end up with (``None``: text)."""
-        ids = [int(t) for t in prompt_ids]
-        if not multi_modal_data:
-            return {"prompt_token_ids": ids}, None
-        if self.image_token_id is None:
-            raise NotImplementedError(f"request '{request_id}': images were sent to the vllm rollout engine, but the "
-                                      f"model {self.model_path} is text-only (no vision_config); point "
-                                      "actor_rollout_ref.model.path at a Qwen2-VL checkpoint, or use "
-                                      "actor_rollout_ref.rollout.name=hf (docs/vision.md)")
-        from hybridflow.rollout.hf_vision import images_of
-
-        images, videos = images_of(multi_modal_data)
-        if videos:
-            raise NotImplementedError(f"request '{request_id}': the vllm rollout engine generates with images, not "
-                                      f"videos (got {len(videos)}); drop the data.video_key column or sample frames "
-                                      "as images")
-        if not images:
-            return {"prompt_token_ids": ids}, None
-        collapsed = [t for i, t in enumerate(ids) if not (t == self.image_token_id and i and ids[i - 1] == t)]
-        runs = sum(1 for t in collapsed if t == self.image_token_id)
-        if runs != len(images):
-            raise ValueError(f"request '{request_id}': the prompt holds {runs} run(s) of image tokens (id "
-                             f"{self.image_token_id}) but {len(images)} image(s) came with it; render the prompt "
-                             "with the processor together with the same images, in the order they appear")
-        return {"prompt_token_ids": collapsed, "multi_modal_data": {"image": list(images)}}, ids
 
     def _submit(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str,
                 multi_modal_data: Any = None) -> concurrent.futures.Future:
@@ -473,7 +406,7 @@ class VLLMRolloutEngine(RolloutEngine):
             raise RuntimeError(f"vLLM engine '{self.name}' was started with load_format=dummy (random weights) and "
                                "has not received weights yet: call update_weights() first, or start it with "
                                "actor_rollout_ref.rollout.load_format=auto")
-        prompt, expected = self._vllm_prompt(prompt_ids, multi_modal_data, request_id)
+        prompt, expected = vllm_prompt(prompt_ids, multi_modal_data, request_id, self.image_token_id, self.model_path)
         vparams = self._vllm_params(params)
         with self._lock:
             self._counter += 1
@@ -481,7 +414,8 @@ class VLLMRolloutEngine(RolloutEngine):
         result: concurrent.futures.Future = concurrent.futures.Future()
 
         def add(driver: _Driver) -> None:
-            req = _Request(request_id, result, bool(params.logprobs), expected, self._unbias(params))
+            unbias = unbias_of(self._placeholder_bias, params)
+            req = _Request(request_id, result, bool(params.logprobs), expected, unbias)
             driver.engine.add_request(internal_id, prompt, vparams, lora_request=self._lora_request)
             driver.active[internal_id] = req
 
@@ -525,7 +459,7 @@ class VLLMRolloutEngine(RolloutEngine):
                 yield item
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
-            tensors = _checkpoint_names(given()) if self.image_token_id is not None else given()
+            tensors = checkpoint_names(given()) if self.image_token_id is not None else given()
             if self._tied_embeddings:  # after the renaming: the head of model.embed_tokens is lm_head
                 tensors = with_tied_head(tensors)
             yield from materialise_in_buckets(tensors, self.bucket_bytes, self._target_device())
@@ -646,40 +580,6 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
-
-
-# transformers 5 names Qwen2-VL's modules ``model.language_model.*`` / ``model.visual.*`` and saves them under
-# their checkpoint names ``model.*`` / ``visual.*``; vLLM's transformers backend maps only checkpoint names (it
-# reads ``model.visual.x`` as ``model.language_model.visual.x``), its native module either.
-_VLM_CHECKPOINT_PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."))
-
-
-def _checkpoint_names(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """A vision-language actor's parameter names as its checkpoint spells them (what vLLM loaded at start)."""
-    for name, tensor in named_tensors:
-        for new, old in _VLM_CHECKPOINT_PREFIXES:
-            if name.startswith(new):
-                name = old + name[len(new):]
-                break
-        yield name, tensor
-
-
-def full_vocab_log_prob(processed: float, biased: Sequence[float], shift: float) -> float:
-    """Undo a logit bias in vLLM's ``processed_logprobs``.
-
-    vLLM reports ``log softmax`` of the processed logits ``z = (logits + bias) / T``; the actor's (and the hf
-    engine's) log-prob is over ``logits / T``.  With ``b_i`` the reported log-probs of the biased tokens and
-    ``shift = -bias / T`` (the same bias on each), the two normalisers differ by
-    ``Z_full / Z_processed = 1 - sum exp(b_i) + sum exp(b_i + shift)``, so
-    ``log p_full = processed - log(1 - sum exp(b_i) + sum exp(b_i + shift))``.  Exact as long as nothing else
-    (top-k / top-p) removed tokens from the distribution (as for the text path, vLLM's processed log-prob is then
-    renormalised over the kept set).  Computed in log space (``shift`` reaches 1000 at T = 0.1)."""
-    if not biased:
-        return processed
-    b = torch.tensor(list(biased), dtype=torch.float64)
-    kept = torch.log1p(-b.exp().sum().clamp(max=1.0))  # log(1 - sum exp(b_i)), ~0
-    back = torch.logsumexp(b + shift, 0)  # log sum exp(b_i + shift): the placeholders' unbiased mass
-    return float(processed - torch.logaddexp(kept, back))
 
 
 def _warm_up(engine) -> None:
