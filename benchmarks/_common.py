@@ -343,19 +343,27 @@ def run_hybridflow(overrides: list[str], budget_s: float | None = None) -> Recor
     return logger
 
 
-def run_child(script: Path, args: list[str], timeout: float = 900, threads: int | None = None) -> dict[str, Any]:
+def run_child(script: Path, args: list[str], timeout: float = 900, threads: int | None = None,
+              env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``script args`` in a fresh interpreter and parse the JSON line it prints last (``RESULT {...}``).
 
     Each measured run gets its own process so its peak RSS is its own and no state leaks between runs.
-    The child gets one torch thread unless ``threads`` says otherwise (``single_thread_env``).
+    The child gets one torch thread unless ``threads`` says otherwise (``single_thread_env``), or exactly ``env``.
     """
     proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
-                          env=single_thread_env(threads), cwd=REPO)
+                          env=env if env is not None else single_thread_env(threads), cwd=REPO)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     raise RuntimeError(f"{script.name} {' '.join(args)} failed (rc={proc.returncode}):\n"
                        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def job_from_json(text: str) -> GRPOJob:
+    """The ``GRPOJob`` a parent passed to its child as ``json.dumps(asdict(job))``."""
+    data = json.loads(text)
+    data["extra"] = tuple(data["extra"])
+    return GRPOJob(**data)
 
 
 def emit_result(result: dict[str, Any]) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -66,12 +65,7 @@ def run(variant: str, base: C.GRPOJob) -> dict:
     env = C.single_thread_env()
     env.pop("OMP_NUM_THREADS", None)  # as a user's shell: the framework chooses
     env.update(extra_env)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--child", json.dumps(asdict(job))], capture_output=True,
-                          text=True, timeout=1800, env=env, cwd=C.REPO)
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"{variant} failed (rc={proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return C.run_child(SCRIPT, ["--child", json.dumps(asdict(job))], timeout=1800, env=env)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        data = json.loads(args.child)
-        data["extra"] = tuple(data["extra"])
-        C.emit_result(child(C.GRPOJob(**data)))
+        C.emit_result(child(C.job_from_json(args.child)))
         return 0
     work = C.DEFAULT_WORKDIR
     state = C.print_state(f"bench_cores: 1 rank x {os.cpu_count()} threads vs ranks x 1 thread vs the default")

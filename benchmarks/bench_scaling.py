@@ -164,9 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        data = json.loads(args.child)
-        data["extra"] = tuple(data["extra"])
-        C.emit_result(child(C.GRPOJob(**data)))
+        C.emit_result(child(C.job_from_json(args.child)))
         return 0
 
     global IN_PROCESS

@@ -75,12 +75,6 @@ VAL_KEYS = ("val-core/synthetic/addition/reward/mean@1", "val-aux/synthetic/addi
 
 
 # ------------------------------------------------------------------------------------------------ children
-def _job_from(args) -> C.GRPOJob:
-    data = json.loads(args.job)
-    data["extra"] = tuple(data["extra"])
-    return C.GRPOJob(**data)
-
-
 def child_hybridflow(job: C.GRPOJob, budget_s: float | None) -> dict:
     logger = C.run_hybridflow(job.overrides(test_freq=10**9 if budget_s else -1) + ["trainer.logger=[]"],
                               budget_s=budget_s)
@@ -439,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trl-opts", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        job = _job_from(args)
+        job = C.job_from_json(args.job)
         C.emit_result(child_hybridflow(job, args.budget) if args.child == "hybridflow"
                       else child_trl(job, args.budget, args.task, json.loads(args.trl_opts)))
         return 0
