@@ -485,7 +485,9 @@ class ContinuousBatcher:
         positions = rows["write_col"] + rows["rope_delta"]
         try:
             if self.fast is not None and self.fast.usable():
-                logits = self.fast.step(rows["next_token"], positions, cache, mask, self._weights_stamp())
+                # the fingerprint reads weight values (a host sync on CUDA): only when packed copies need it
+                stamp = self._weights_stamp() if self.fast.packed.enabled else None
+                logits = self.fast.step(rows["next_token"], positions, cache, mask, stamp)
             else:
                 logits = self.model(input_ids=rows["next_token"][:, None], attention_mask=mask,
                                     position_ids=positions[:, None], past_key_values=cache,
