@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from hybridflow.data.mrope import model_position_ids
+from hybridflow.engine.transformers_adapter import attention_implementation
 from hybridflow.engine.vision import merge_multi_modal_inputs, vision_in_every_step
 
 __all__ = [
@@ -128,8 +129,8 @@ def use_packed_layout(module: nn.Module, device: torch.device, use_remove_paddin
     """
     if not use_remove_padding:
         return False
-    impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
-    return device.type == "cuda" and impl in _VARLEN_ATTENTION
+    config = getattr(module, "config", None)
+    return device.type == "cuda" and config is not None and attention_implementation(config) in _VARLEN_ATTENTION
 
 
 def per_position_outputs(

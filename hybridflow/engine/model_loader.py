@@ -24,6 +24,7 @@ from typing import Any, Iterable
 import torch
 
 from hybridflow.engine import device as dev
+from hybridflow.engine.transformers_adapter import causal_lm_model_types
 from hybridflow.engine.vision import check_supported_vlm, is_vision_language_config, vision_linear_names
 
 __all__ = [
@@ -108,8 +109,6 @@ def load_hf_config(path: str, trust_remote_code: bool = False, override_config: 
 
 def check_causal_lm(path: str, trust_remote_code: bool = False, field: str = "actor_rollout_ref.model.path") -> None:
     """Fail on the controller, before any worker starts, when ``path`` is not a causal LM (e.g. DistilBERT)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     cfg = load_hf_config(path, trust_remote_code, None, field)
     if is_vision_language_config(cfg):
         try:
@@ -118,7 +117,7 @@ def check_causal_lm(path: str, trust_remote_code: bool = False, field: str = "ac
             raise ModelLoadError(str(e)) from None
         return
     remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(cfg, "auto_map", None) or {})
-    if not remote and cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if not remote and cfg.model_type not in causal_lm_model_types():
         raise ModelLoadError(f"{field}={path!r} is a '{cfg.model_type}' model, which has no causal-LM (text "
                              f"generation) class; point {field} at a decoder-only checkpoint such as Qwen2 or Llama")
 

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridflow.engine.transformers_adapter import attention_implementation, text_config
+
 __all__ = ["FastDecoder", "PackedLinears", "fast_decoder_for", "SUPPORTED_MODEL_TYPES"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "qwen2_vl", "qwen2_5_vl")
@@ -55,18 +57,15 @@ def _decoder(model: nn.Module) -> nn.Module | None:
     return getattr(body, "language_model", None) or body
 
 
-def _text_config(config):
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
 def _unsupported_reason(model: nn.Module) -> str | None:
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
-    config = _text_config(config)
-    if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
-        return f"attention implementation {config._attn_implementation!r}"
+    impl = attention_implementation(config)
+    config = text_config(config)
+    if impl not in ("sdpa", "eager"):
+        return f"attention implementation {impl!r}"
     if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
         return "sliding-window attention layers"
     if model_type == "mistral" and getattr(config, "sliding_window", None) is not None:
@@ -143,7 +142,7 @@ class FastDecoder:
         self.model = model
         self.body = _decoder(model)
         self.layers = list(self.body.layers)
-        config = _text_config(model.config)
+        config = text_config(model.config)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads

@@ -27,6 +27,7 @@ from typing import Callable
 
 import torch
 
+from hybridflow.engine.transformers_adapter import check_cache_object, forward_with_cache, text_config
 from hybridflow.rollout.base import TokenOutput
 from hybridflow.rollout.fast_decode import fast_decoder_for
 from hybridflow.rollout.hf_prefill import PrefillJob, run_prefill
@@ -105,9 +106,9 @@ class ContinuousBatcher:
         first = next(model.parameters())
         self.device, self.param_dtype = first.device, first.dtype
         self.compute_dtype = compute_dtype or self.param_dtype
-        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.geometry = KVGeometry.from_config(text_config, self.compute_dtype)
-        model_len = getattr(text_config, "max_position_embeddings", None)
+        lm_config = text_config(model.config)
+        self.geometry = KVGeometry.from_config(lm_config, self.compute_dtype)
+        model_len = getattr(lm_config, "max_position_embeddings", None)
         self.max_model_len = limits.max_model_len or (int(model_len) if model_len else None)
         # never sampled (a VLM's image/video placeholders: the response cannot carry pixels for them)
         self.suppress = torch.tensor(suppress_ids, device=self.device) if suppress_ids else None
@@ -412,6 +413,7 @@ class ContinuousBatcher:
         dst = torch.tensor([d for _, d in moves], dtype=torch.long, device=self.device)
         if cache is None:
             self.cache = SlotKVCache(new_rows, new_cols, self.compute_dtype, self.param_dtype, self.device)
+            check_cache_object(self.cache)
         elif realloc:
             self.cache = cache.resized(new_rows, new_cols, src, dst, width)
         elif moves:
@@ -489,9 +491,9 @@ class ContinuousBatcher:
                 stamp = self._weights_stamp() if self.fast.packed.enabled else None
                 logits = self.fast.step(rows["next_token"], positions, cache, mask, stamp)
             else:
-                logits = self.model(input_ids=rows["next_token"][:, None], attention_mask=mask,
-                                    position_ids=positions[:, None], past_key_values=cache,
-                                    use_cache=True).logits[:, -1]
+                logits = forward_with_cache(self.model, cache, input_ids=rows["next_token"][:, None],
+                                            attention_mask=mask, position_ids=positions[:, None],
+                                            use_cache=True).logits[:, -1]
         finally:
             cache.end()
         tokens, log_probs = sample_next_tokens(logits, self.sampling, self.generator, rows["gen_len"], self.suppress)

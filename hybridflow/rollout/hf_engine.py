@@ -33,6 +33,7 @@ import torch
 
 from hybridflow.engine.device import empty_cache, resolve_dtype
 from hybridflow.engine.forward import eval_mode
+from hybridflow.engine.transformers_adapter import attention_implementation
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
 from hybridflow.rollout.hf_batcher import BatcherLimits, ContinuousBatcher, GenerationRequest
 from hybridflow.rollout.hf_vision import VisionPreparer, images_of
@@ -123,7 +124,7 @@ class HFRolloutEngine(RolloutEngine):
         fast_decode: bool = True,
         max_batch_size: int | None = None,
     ):
-        attn = getattr(model.config, "_attn_implementation", "sdpa")
+        attn = attention_implementation(model.config)
         if attn not in _SUPPORTED_ATTENTION:
             raise ValueError(
                 f"hf rollout engine needs attn_implementation in {_SUPPORTED_ATTENTION}, the model uses '{attn}'; "

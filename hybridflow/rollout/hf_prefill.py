@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from hybridflow.engine.transformers_adapter import forward_with_cache
 from hybridflow.rollout.kv_cache import SlotKVCache
 
 __all__ = ["PrefillJob", "run_prefill"]
@@ -106,8 +107,8 @@ def _forward(model, cache: SlotKVCache, chunks: list[tuple[PrefillJob, int, int]
     model_positions, vision_inputs = _vision_inputs(chunks, positions, pad, device)
     cache.begin_extend(_writes(chunks, pad, first, lens, device), read_rows, kv_len)
     try:
-        out = model(input_ids=ids, attention_mask=mask[:, None], position_ids=model_positions, past_key_values=cache,
-                    use_cache=True, logits_to_keep=1, **vision_inputs)
+        out = forward_with_cache(model, cache, input_ids=ids, attention_mask=mask[:, None],
+                                 position_ids=model_positions, use_cache=True, logits_to_keep=1, **vision_inputs)
     finally:
         cache.end()
     return out.logits[:, -1]

@@ -17,7 +17,7 @@ Three kinds of forward write into it:
 
 The buffers are allocated for the rows and columns asked for (:meth:`resized` reallocates, moving rows),
 in the storage ``dtype`` (the rollout's compute dtype, e.g. bf16 under autocast over fp32 weights).
-HF attention modules only call ``past_key_values.update(k, v, layer_idx)``, so this duck-typed object
+HF attention modules only call ``cache.update(k, v, layer_idx, ...)``, so this duck-typed object
 works for every decoder in transformers that uses the standard attention interface (Llama, Qwen2,
 Mistral, ...).  Layer buffers are allocated from the first forward's key shapes, so no architecture
 knowledge is needed; :class:`KVGeometry` estimates the bytes per token from the model config for sizing.
@@ -83,8 +83,10 @@ class SlotKVCache:
         self._row_index = torch.arange(rows, device=device)
 
     # ------------------------------------------------------------------ called by HF attention
-    def update(self, key_states, value_states, layer_idx: int, cache_kwargs=None):
-        """Store this step's K/V of layer ``layer_idx`` and return the K/V the layer attends over."""
+    def update(self, key_states, value_states, layer_idx: int, *_: object, **__: object):
+        """Store this step's K/V of layer ``layer_idx`` and return the K/V the layer attends over (the extra
+        arguments transformers passes -- ``cache_kwargs`` or ``kwargs=`` depending on the release -- carry
+        nothing this cache needs; see :mod:`hybridflow.engine.transformers_adapter`)."""
         if layer_idx == len(self.keys):  # first forward: allocate from the real shapes
             self._allocate_layer(key_states, value_states)
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]

@@ -1,0 +1,160 @@
+"""Each assumption ``hybridflow.engine.transformers_adapter`` makes about transformers, checked against the
+installed release.  A new release that changes one of them fails here, naming the assumption, instead of
+breaking (or hanging) the ``hf`` engine somewhere downstream."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from hybridflow.engine import transformers_adapter as tfa
+from hybridflow.rollout.kv_cache import SlotKVCache
+from hybridflow.utils.tiny_model import build_char_tokenizer, build_tiny_model
+
+ARCHS = ["qwen2", "llama", "qwen3", "mistral"]
+
+
+class RecordingCache:
+    """A duck-typed cache like the engine's: records every update call and returns what it is told to."""
+
+    def __init__(self, replace_values: torch.Tensor | None = None):
+        self.calls: list[tuple[int, tuple[int, ...], tuple[int, ...], int]] = []
+        self.replace_values = replace_values
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        self.calls.append((layer_idx, tuple(key_states.shape), tuple(value_states.shape), len(args) + len(kwargs)))
+        if self.replace_values is not None:
+            value_states = torch.zeros_like(value_states)
+        return key_states, value_states
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def model(request):
+    tok = build_char_tokenizer()
+    return build_tiny_model(tok, size="nano", arch=request.param).eval()
+
+
+def _inputs(model, batch=2, length=5):
+    torch.manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (batch, length))
+    positions = torch.arange(length)[None].expand(batch, -1)
+    causal = torch.full((length, length), float("-inf")).triu(1)
+    return ids, positions, causal[None, None].expand(batch, 1, -1, -1).clone()
+
+
+def test_forward_takes_a_cache_argument_without_deprecation_warning(model):
+    name = tfa.cache_argument(model)
+    assert name in ("cache", "past_key_values")
+    ids, positions, mask = _inputs(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # a deprecated argument name would raise here
+        tfa.forward_with_cache(model, RecordingCache(), input_ids=ids, attention_mask=mask, position_ids=positions,
+                               use_cache=True)
+
+
+def test_attention_layers_call_update_once_per_layer_with_k_v_layer_idx(model):
+    cache = RecordingCache()
+    ids, positions, mask = _inputs(model, batch=2, length=5)
+    with torch.no_grad():
+        tfa.forward_with_cache(model, cache, input_ids=ids, attention_mask=mask, position_ids=positions,
+                               use_cache=True)
+    cfg = tfa.text_config(model.config)
+    kv_heads = cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    assert [c[0] for c in cache.calls] == list(range(cfg.num_hidden_layers)), "one update per layer, in order"
+    for _, k_shape, v_shape, _ in cache.calls:
+        assert k_shape == v_shape == (2, kv_heads, 5, head_dim), "K/V as (batch, kv_heads, tokens, head_dim)"
+
+
+def test_attention_uses_the_tensors_update_returns(model):
+    """The engine's cache returns the cached columns to attend over: attention must read what update returns."""
+    ids, positions, mask = _inputs(model)
+    with torch.no_grad():
+        plain = tfa.forward_with_cache(model, RecordingCache(), input_ids=ids, attention_mask=mask,
+                                       position_ids=positions, use_cache=True).logits
+        zeroed = tfa.forward_with_cache(model, RecordingCache(replace_values=torch.zeros(())), input_ids=ids,
+                                        attention_mask=mask, position_ids=positions, use_cache=True).logits
+    assert not torch.allclose(plain, zeroed), "the values update() returned were ignored"
+
+
+def test_a_4d_additive_mask_is_used_as_given(model):
+    """The engine builds its own (B, 1, q, kv) additive masks; transformers must not rebuild them."""
+    ids, positions, mask = _inputs(model, batch=1, length=5)
+    blocked = mask.clone()
+    blocked[..., 4, 1] = float("-inf")  # the last query may not see token 1
+    with torch.no_grad():
+        a = tfa.forward_with_cache(model, RecordingCache(), input_ids=ids, attention_mask=mask,
+                                   position_ids=positions, use_cache=True).logits
+        b = tfa.forward_with_cache(model, RecordingCache(), input_ids=ids, attention_mask=blocked,
+                                   position_ids=positions, use_cache=True).logits
+    torch.testing.assert_close(a[:, :4], b[:, :4])
+    assert not torch.allclose(a[:, 4], b[:, 4]), "a masked column did not change the output: mask rebuilt"
+
+
+def test_explicit_position_ids_are_used(model):
+    """Rotary positions only matter relative to each other: a gap in the middle must change the output."""
+    ids, positions, mask = _inputs(model, batch=1, length=5)
+    gapped = positions.clone()
+    gapped[:, 3:] += 7
+    with torch.no_grad():
+        a = tfa.forward_with_cache(model, RecordingCache(), input_ids=ids, attention_mask=mask,
+                                   position_ids=positions, use_cache=True).logits
+        b = tfa.forward_with_cache(model, RecordingCache(), input_ids=ids, attention_mask=mask,
+                                   position_ids=gapped, use_cache=True).logits
+    torch.testing.assert_close(a[:, :3], b[:, :3])
+    assert not torch.allclose(a, b), "position_ids were ignored"
+
+
+def test_the_engine_cache_matches_the_protocol_and_a_wrong_one_is_refused():
+    tfa.check_cache_object(SlotKVCache(2, 8, torch.float32, torch.float32, torch.device("cpu")))
+    tfa.check_cache_object(RecordingCache())
+
+    class OldStyle:
+        def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+            return key_states, value_states
+
+    with pytest.raises(TypeError, match=r"cannot take the call transformers"):
+        tfa.check_cache_object(OldStyle())
+    with pytest.raises(TypeError, match="no update"):
+        tfa.check_cache_object(object())
+
+
+def test_attention_implementation_and_text_config(model, tiny_vlm_dir):
+    from transformers import AutoConfig
+
+    assert tfa.attention_implementation(model.config) in ("sdpa", "eager")
+    vlm = AutoConfig.from_pretrained(tiny_vlm_dir)
+    assert tfa.text_config(vlm) is not vlm and hasattr(tfa.text_config(vlm), "num_hidden_layers")
+    assert tfa.text_config(model.config) is model.config
+
+
+def test_causal_lm_model_types_cover_the_supported_families():
+    types = tfa.causal_lm_model_types()
+    assert {"qwen2", "qwen3", "llama", "mistral", "gemma2", "qwen3_moe", "deepseek_v3"} <= types
+    assert "distilbert" not in types
+
+
+def test_forward_with_cache_through_a_peft_wrapper():
+    from peft import LoraConfig, get_peft_model
+
+    tok = build_char_tokenizer()
+    peft_model = get_peft_model(build_tiny_model(tok, size="nano"), LoraConfig(r=2, target_modules=["q_proj"]))
+    assert tfa.cache_argument(peft_model) == tfa.cache_argument(peft_model.get_base_model())
+    ids, positions, mask = _inputs(peft_model.get_base_model())
+    cache = RecordingCache()
+    with torch.no_grad():
+        tfa.forward_with_cache(peft_model, cache, input_ids=ids, attention_mask=mask, position_ids=positions,
+                               use_cache=True)
+    assert cache.calls, "the cache handed through the PEFT wrapper was never used"
+
+
+def test_qwen2_vl_keeps_rope_deltas_on_its_inner_model(tiny_vlm_dir):
+    from transformers import AutoModelForImageTextToText
+
+    vlm = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).eval()
+    assert hasattr(vlm.model, "rope_deltas"), "Qwen2-VL no longer caches rope_deltas on model.model"
+    vlm.model.rope_deltas = torch.ones(1, 1)
+    tfa.reset_rope_deltas(vlm)
+    assert vlm.model.rope_deltas is None
