@@ -13,6 +13,7 @@ from PIL import Image
 from hybridflow.data.mrope import MropeSpec, vlm_position_ids
 from hybridflow.data.multimodal import build_messages, process_prompt
 from hybridflow.protocol import DataProto
+from hybridflow.engine.transformers_adapter import reset_rope_deltas
 
 _SIZES = [(32, 32), (32, 48), (48, 32), (48, 48)]
 
@@ -78,7 +79,7 @@ def hf_reference_log_probs(model, processor, data: DataProto) -> torch.Tensor:
         kwargs = {"pixel_values": torch.cat([m["pixel_values"] for m in mm]),
                   "image_grid_thw": torch.cat([m["image_grid_thw"] for m in mm])}
     token_types = (b["input_ids"] == processor.image_token_id).long()
-    model.model.rope_deltas = None
+    reset_rope_deltas(model)
     logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], mm_token_type_ids=token_types,
                    use_cache=False, **kwargs).logits
     logits = logits[:, -R - 1:-1].float()

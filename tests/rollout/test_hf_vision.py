@@ -12,6 +12,7 @@ from PIL import Image
 
 from hybridflow.rollout.hf_engine import HFRolloutEngine
 from hybridflow.rollout.sampling_params import SamplingParams
+from hybridflow.engine.transformers_adapter import reset_rope_deltas
 
 _SHAPES = [(32, 48), (48, 32), (32, 32), (48, 48)]
 
@@ -118,7 +119,7 @@ def test_sampled_log_probs_equal_a_full_forward(vlm):
             logits = model(input_ids=full, attention_mask=torch.ones_like(full), pixel_values=x["pixel_values"],
                            image_grid_thw=x["image_grid_thw"], mm_token_type_ids=x["mm_token_type_ids"].new_zeros(
                                full.shape).masked_fill_(full == model.config.image_token_id, 1)).logits
-        model.model.rope_deltas = None  # the model caches them between calls
+        reset_rope_deltas(model)  # the model caches them between calls
         want = torch.log_softmax(logits[0, n - 1:-1], -1).gather(-1, full[0, n:, None])[:, 0]
         np.testing.assert_allclose(out.log_probs, want.tolist(), atol=1e-5, rtol=0)
 

@@ -21,6 +21,7 @@ from hybridflow.rollout.hf_engine import HFRolloutEngine
 from hybridflow.rollout.replica import RolloutReplica
 from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.rollout.server_manager import AsyncLLMServerManager
+from hybridflow.engine.transformers_adapter import reset_rope_deltas
 
 P, R = 64, 12
 
@@ -111,7 +112,7 @@ class _ScriptedFirstTurn(RolloutReplica):
         with torch.no_grad():
             logits = self.model(input_ids=full, attention_mask=torch.ones_like(full),
                                 mm_token_type_ids=(full == self.model.config.image_token_id).int(), **pixels).logits
-        self.model.model.rope_deltas = None
+        reset_rope_deltas(self.model)
         n = len(prompt_ids)
         lp = torch.log_softmax(logits[0, n - 1:-1].float(), -1).gather(-1, full[0, n:, None])[:, 0]
         return TokenOutput(request_id, ids, lp.tolist(), "stop")
