@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from hybridflow.trainer.command_line import EXIT_CONFIG_ERROR
+from hybridflow.utils.quiet import quiet_libraries
 
 USAGE = """hybridflow <command> [args]
 
@@ -31,6 +32,7 @@ commands:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_libraries()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)

@@ -18,6 +18,8 @@ from datetime import timedelta
 
 import torch
 
+from hybridflow.utils.quiet import quiet_libraries
+
 __all__ = ["Worker", "ENV_DEVICE", "ENV_NUM_THREADS", "ENV_ROLE", "find_free_port", "node_ip_address"]
 
 ENV_DEVICE = "HYBRIDFLOW_DEVICE"  # "cpu" or "cuda", set by the worker group from the resource pool
@@ -67,6 +69,7 @@ class Worker:
         self._local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
         if not 0 <= self._rank < self._world_size:
             raise ValueError(f"RANK={self._rank} is outside WORLD_SIZE={self._world_size}")
+        quiet_libraries()
         threads = _env_int(ENV_NUM_THREADS, 0)
         if threads > 0:
             torch.set_num_threads(threads)

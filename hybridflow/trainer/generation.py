@@ -50,7 +50,9 @@ def run_generation(config) -> ValidationResult:
 
 def main(argv: list[str] | None = None) -> int:
     from hybridflow.trainer.command_line import load_trainer_config
+    from hybridflow.utils.quiet import quiet_libraries
 
+    quiet_libraries()
     config, _ = load_trainer_config(list(sys.argv[1:] if argv is None else argv))
     result = run_generation(config)
     for key in sorted(result.metrics):

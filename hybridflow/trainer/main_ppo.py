@@ -396,7 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     """``hybridflow train`` / ``python -m hybridflow.trainer.main_ppo``: verl overrides, ``--config-path/--config-name``
     and ``--dry-run`` (print the resolved config and the batch sizes in words, load nothing)."""
     from hybridflow.trainer.command_line import EXIT_CONFIG_ERROR, describe_batch_sizes, load_trainer_config
+    from hybridflow.utils.quiet import quiet_libraries
 
+    quiet_libraries()
     cfg, cl = load_trainer_config(list(sys.argv[1:] if argv is None else argv))
     if cl.dry_run:
         from omegaconf import OmegaConf

@@ -255,6 +255,9 @@ def _print_step(step: int, metrics: dict[str, float]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> SFTResult:
+    from hybridflow.utils.quiet import quiet_libraries
+
+    quiet_libraries()
     config = load_sft_config(list(sys.argv[1:] if argv is None else argv))
     result = run_sft(config, on_step=_print_step)
     print(f"SFT finished in {result.seconds:.1f}s; HF model: {result.hf_dir}")
