@@ -36,6 +36,7 @@ from hybridflow.utils.registry import closest
 __all__ = [
     "AgentLoopBase",
     "AgentLoopMetrics",
+    "AgentLoopNotRegistered",
     "AgentLoopOutput",
     "DictConfigWrap",
     "ToolListWrap",
@@ -277,12 +278,19 @@ def _import_target(target: str, where: str) -> type:
     return cls
 
 
+class AgentLoopNotRegistered(KeyError, AssertionError):
+    """An agent name nobody registered (a ``KeyError``; verl asserts, so also an ``AssertionError``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def resolve_agent_loop(agent_name: str) -> tuple[type[AgentLoopBase], dict[str, Any]]:
     """The class and extra constructor keywords registered as ``agent_name``; a clear error otherwise."""
     spec = _REGISTRY.get(agent_name)
     if spec is None:
         hint = closest(agent_name, list(_REGISTRY))
-        raise KeyError(f"agent loop {agent_name!r} is not registered (known: {', '.join(sorted(_REGISTRY))})"
+        raise AgentLoopNotRegistered(f"agent loop {agent_name!r} is not registered (known: {', '.join(sorted(_REGISTRY))})"
                        + (f"; did you mean {hint!r}?" if hint else "")
                        + ". Register it with @register(name) or list it in "
                        "actor_rollout_ref.rollout.agent.agent_loop_config_path")

@@ -177,3 +177,48 @@ def test_verl_names_at_verl_paths(tokenizer):
     wrapped = ToolListWrap([1, 2])
     assert wrapped.tools == [1, 2]
     assert json.loads(json.dumps(AgentLoopMetrics().model_dump()))["compute_score"] == 0.0
+
+
+# --------------------------------------------------------------------------------------------- worker
+SEEN: dict = {}
+
+
+class RecordingLoop(AgentLoopBase):
+    """Records what verl's worker hands every loop."""
+
+    def __init__(self, *args, tools: ToolListWrap | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        SEEN["tools"] = tools
+
+    async def run(self, sampling_params, **kwargs):
+        return AgentLoopOutput(prompt_ids=[1], response_ids=[2], response_mask=[1], metrics=AgentLoopMetrics())
+
+
+def test_the_worker_hands_every_loop_the_runs_tools(tiny_model_dir, tokenizer, tmp_path):
+    import numpy as np
+
+    from hybridflow.agents.base import register
+    from hybridflow.agents.loop_worker import AgentLoopWorker
+    from hybridflow.config import load_config
+    from hybridflow.protocol import DataProto
+
+    register("recording_agent")(RecordingLoop)
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: calculator\n    config: {type: native}\n")
+    cfg = load_config([f"actor_rollout_ref.model.path={tiny_model_dir}", f"critic.model.path={tiny_model_dir}",
+                       f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}", "trainer.n_gpus_per_node=1",
+                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2"])
+    worker = AgentLoopWorker(cfg, [ScriptedReplica(tokenizer, [])], tokenizer=tokenizer)
+    rows = {"__request_id__": ["r0"], "__seed__": [1], "agent_name": ["recording_agent"],
+            "raw_prompt": [[{"role": "user", "content": "hi"}]]}
+    (output, metrics), = asyncio.run(worker.run_trajectories(DataProto.from_dict(non_tensors=rows)))
+    assert metrics["error"] == 0.0 and output.response_ids == [2]
+    assert isinstance(SEEN["tools"], ToolListWrap) and [t.name for t in SEEN["tools"].tools] == ["calculator"]
+
+
+def test_an_unregistered_agent_name_is_verls_assertion_and_a_key_error():
+    from hybridflow.agents.base import resolve_agent_loop
+
+    for error in (AssertionError, KeyError):
+        with pytest.raises(error, match="'no_such_agent' is not registered"):
+            resolve_agent_loop("no_such_agent")
