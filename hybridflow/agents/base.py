@@ -165,17 +165,18 @@ class AgentLoopBase(ABC):
     """Base class of agent loops; one instance per trajectory (cheap: shared state lives in the worker).
 
     Constructed as verl does: ``cls(trainer_config=DictConfigWrap(cfg), server_manager=..., tokenizer=...,
-    processor=..., dataset_cls=..., data_config=DictConfigWrap(cfg.data), **kwargs)``; ``dataset_config=`` (verl's
-    name before Feb 2026) is accepted for ``data_config``.
+    processor=..., dataset_cls=..., data_config=DictConfigWrap(cfg.data), hf_model_type=..., **kwargs)`` (the same
+    positions); ``dataset_config=`` (verl's name before Feb 2026) is accepted for ``data_config``.
     """
 
     def __init__(self, trainer_config: DictConfigWrap, server_manager, tokenizer, processor=None,
                  dataset_cls: type | None = None, data_config: DictConfigWrap | None = None,
-                 dataset_config: DictConfigWrap | None = None, **kwargs):
+                 hf_model_type: str | None = None, dataset_config: DictConfigWrap | None = None, **kwargs):
         if data_config is not None and dataset_config is not None and data_config is not dataset_config:
             raise TypeError("give the data config once: data_config= (verl's current name) or dataset_config=")
         data_config = data_config if data_config is not None else dataset_config
         self.config = trainer_config.config
+        self.hf_model_type = hf_model_type  # verl picks its token builder by it; rendering here uses the template
         self.typed_config = typed_view(trainer_config)
         self.rollout_config = self.typed_config.actor_rollout_ref.rollout
         self.server_manager = server_manager

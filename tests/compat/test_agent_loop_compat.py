@@ -134,7 +134,7 @@ def test_function_tool_path_is_read_from_the_config(tokenizer, tmp_path, registr
     cfg = verl_config(function_tool_path=str(path), tool_config_path=None)
     replica = ScriptedReplica(tokenizer, ['<tool_call>{"name": "shout", "arguments": {"text": "hi"}}</tool_call>', "ok"])
     loop = ToolAgentLoop(DictConfigWrap(cfg), AsyncLLMServerManager([replica], 128), tokenizer, None, None,
-                         DictConfigWrap(cfg.data))
+                         DictConfigWrap(cfg.data), "qwen2")  # verl's positions, hf_model_type last
     out = asyncio.run(loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": "shout hi"}]))
     assert "HI" in tokenizer.decode([t for t, m in zip(out.response_ids, out.response_mask) if m == 0])
 
