@@ -281,8 +281,8 @@ class DataProto:
         """Add ``other``'s keys to this batch (in place); equal keys must hold equal values (NaN == NaN)."""
         if len(self) and len(other) and len(self) != len(other):
             raise BatchSizeError(f"union: batch sizes differ ({len(self)} vs {len(other)})")
-        self.batch = TensorBatch(union_tensor_dict(self.batch, other.batch))
-        self.non_tensor_batch = union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
+        self.batch = TensorBatch(union_tensor_dict(dict(self.batch), other.batch))  # copies: a dict this batch
+        self.non_tensor_batch = union_numpy_dict(dict(self.non_tensor_batch), other.non_tensor_batch)  # shares stays
         for k, v in other.meta_info.items():
             if k in self.meta_info and not deep_equal(self.meta_info[k], v):
                 raise ProtocolValueError(f"union: meta_info key '{k}' differs ({self.meta_info[k]!r:.100} vs {v!r:.100})")

@@ -175,16 +175,18 @@ class DataProtoConfig(metaclass=_AutoPaddingSwitch):
 
 # ---------------------------------------------------------------------------------------------- equality
 def deep_equal(a: Any, b: Any, _seen: set[int] | None = None) -> bool:
-    """Equality for ``union``: NaN equals NaN, arrays compare dtype, shape and every element (recursively
-    for object arrays, lists, tuples and dicts), and self-referencing containers do not recurse forever."""
+    """Equality for ``union``: NaN equals NaN, arrays compare shape and every element (recursively for object
+    arrays, lists, tuples and dicts; equal values held with different dtypes are equal, where verl compares
+    dtypes too), and self-referencing containers do not recurse forever."""
     seen = set() if _seen is None else _seen
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
             return False
-        if a.dtype != b.dtype or a.shape != b.shape:
+        if a.shape != b.shape:
             return False
-        if a.dtype != object:
+        if a.dtype == b.dtype and a.dtype != object:
             return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+        # object arrays, or the same values held with different dtypes (a str array vs an object array of str)
         return _recurse(a, b, seen, lambda: zip(a.flat, b.flat))
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
