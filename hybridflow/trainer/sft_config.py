@@ -83,8 +83,9 @@ class SFTTrainerConfig:
     save_hf_model: bool = True
     test_freq: int = -1  # validation loss on data.val_files every N steps (and always after the last)
     device: str = "auto"  # auto | cpu | cuda
-    n_gpus_per_node: int = 1  # data-parallel processes per node (spawned here when not started by torchrun)
-    nnodes: int = 1
+    # data-parallel processes per node and nodes; unset: what torchrun started (verl's scripts set neither), else 1
+    n_gpus_per_node: Optional[int] = None
+    nnodes: Optional[int] = None
 
 
 @dataclass
@@ -130,7 +131,7 @@ def _normalize(config: SFTConfig) -> None:
     t.logger = [t.logger] if isinstance(t.logger, str) else list(t.logger)
     if t.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"trainer.device={t.device!r} must be auto, cpu or cuda")
-    if t.n_gpus_per_node < 1 or t.nnodes < 1:
+    if (t.n_gpus_per_node is not None and t.n_gpus_per_node < 1) or (t.nnodes is not None and t.nnodes < 1):
         raise ValueError(f"trainer.n_gpus_per_node={t.n_gpus_per_node} and trainer.nnodes={t.nnodes} must be >= 1")
     if m.lora_rank < 0:
         raise ValueError(f"model.lora_rank={m.lora_rank} must be >= 0 (0 trains the whole model)")

@@ -2,9 +2,9 @@
 
 ``trainer.n_gpus_per_node`` x ``trainer.nnodes`` is the number of data-parallel ranks (FSDP2 shards the model
 over them, gloo on CPU and NCCL on GPU). Started by ``torchrun`` (``WORLD_SIZE`` in the environment), the
-process joins that group, whose size must match. Started plainly with more than one rank on one node, the
-ranks are spawned here (``torch.multiprocessing``) on a free local port. More than one node needs torchrun on
-each node, as with verl.
+process joins that group (the two keys, when set, must match its size; verl's scripts set neither). Started
+plainly with more than one rank on one node, the ranks are spawned here (``torch.multiprocessing``) on a free
+local port. More than one node needs torchrun on each node, as with verl.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import socket
 from datetime import timedelta
 from typing import Any, Callable
 
-__all__ = ["select_device", "run_ranks"]
+__all__ = ["run_ranks", "select_device", "world_size"]
 
 
 def select_device(device: str) -> None:
@@ -61,28 +61,39 @@ def _spawned_rank(rank: int, fn: Callable[[Any], Any], config: Any, world: int, 
         dist.destroy_process_group()
 
 
+def world_size(config: Any, environ: dict | None = None) -> tuple[int, bool]:
+    """``(ranks, started by a launcher)``: torchrun's ``WORLD_SIZE`` when it started us (the config's
+    ``n_gpus_per_node`` x ``nnodes``, when set, must agree), else their product (unset counts as 1)."""
+    env = os.environ if environ is None else environ
+    t = config.trainer
+    configured = None if t.n_gpus_per_node is None and t.nnodes is None else (t.n_gpus_per_node or 1) * (t.nnodes or 1)
+    if "WORLD_SIZE" in env and "RANK" in env:
+        launched = int(env["WORLD_SIZE"])
+        if configured is not None and configured != launched:
+            raise ValueError(f"the launcher started {launched} processes but trainer.n_gpus_per_node x trainer.nnodes "
+                             f"= {t.n_gpus_per_node or 1} x {t.nnodes or 1} = {configured}; make them agree (torchrun "
+                             "--nproc_per_node=N --nnodes=M with trainer.n_gpus_per_node=N trainer.nnodes=M) or drop "
+                             "the two keys")
+        return launched, True
+    if (t.nnodes or 1) > 1:
+        raise ValueError(f"trainer.nnodes={t.nnodes}: start the run on every node with torchrun --nnodes={t.nnodes} "
+                         f"--nproc_per_node={t.n_gpus_per_node or 1} -m hybridflow.trainer.fsdp_sft_trainer ... "
+                         "(a plain start spawns processes on this node only)")
+    return configured or 1, False
+
+
 def run_ranks(fn: Callable[[Any], Any], config: Any) -> Any:
     """``fn(config)`` on every rank of ``trainer.n_gpus_per_node`` x ``trainer.nnodes``; rank 0's result."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    t = config.trainer
-    world = int(t.n_gpus_per_node) * int(t.nnodes)
-    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:  # torchrun (or another launcher) started us
-        launched = int(os.environ["WORLD_SIZE"])
-        if launched != world:
-            raise ValueError(f"the launcher started {launched} processes but trainer.n_gpus_per_node x trainer.nnodes "
-                             f"= {t.n_gpus_per_node} x {t.nnodes} = {world}; make them agree (torchrun "
-                             "--nproc_per_node=N --nnodes=M with trainer.n_gpus_per_node=N trainer.nnodes=M)")
+    world, launched = world_size(config)
+    if launched:
         if not dist.is_initialized():
             _join_group()
         return fn(config)
     if world == 1:
         return fn(config)
-    if t.nnodes > 1:
-        raise ValueError(f"trainer.nnodes={t.nnodes}: start the run on every node with torchrun --nnodes={t.nnodes} "
-                         f"--nproc_per_node={t.n_gpus_per_node} -m hybridflow.trainer.fsdp_sft_trainer ... "
-                         "(a plain start spawns processes on this node only)")
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     mp.start_processes(_spawned_rank, args=(fn, config, world, _free_port(), results), nprocs=world, join=True,

@@ -250,8 +250,9 @@ def run_sft(config: SFTConfig, rows: Sequence[dict] | None = None,
     return SFTTrainer(config, tokenizer, examples, on_step=on_step, val_examples=val).fit()
 
 
-def _run_logged(config: SFTConfig) -> SFTResult:
-    """One rank of the command: ``run_sft`` with rank 0 logging to ``trainer.logger``."""
+def _run_logged(config: SFTConfig) -> SFTResult | None:
+    """One rank of the command: ``run_sft`` with rank 0 logging to ``trainer.logger`` (and returning the result;
+    other ranks return None)."""
     from hybridflow.engine.fsdp import is_distributed
     from hybridflow.tracking import Tracking
 
@@ -260,7 +261,8 @@ def _run_logged(config: SFTConfig) -> SFTResult:
         tracking = Tracking(config.trainer.project_name, config.trainer.experiment_name, config.trainer.logger,
                             config=config, total_steps=config.trainer.total_training_steps)
     try:
-        return run_sft(config, on_step=(lambda step, m: tracking.log(m, step)) if tracking is not None else None)
+        result = run_sft(config, on_step=(lambda step, m: tracking.log(m, step)) if tracking is not None else None)
+        return result if tracking is not None else None
     finally:
         if tracking is not None:
             tracking.finish()

@@ -143,17 +143,18 @@ def test_trainer_device_is_checked():
         load_sft_config(["trainer.device=npu"])
 
 
-def test_torchrun_world_size_must_match_the_config(monkeypatch):
-    from hybridflow.trainer.sft_launch import run_ranks
+def test_the_world_size_comes_from_torchrun_or_the_config():
+    from hybridflow.trainer.sft_launch import world_size
 
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("RANK", "0")
+    launched = {"WORLD_SIZE": "4", "RANK": "0"}
+    assert world_size(load_sft_config([]), launched) == (4, True)  # verl's scripts set neither key
+    assert world_size(load_sft_config(["trainer.n_gpus_per_node=2", "trainer.nnodes=2"]), launched) == (4, True)
     with pytest.raises(ValueError, match="started 4 processes but .* = 2 x 1 = 2"):
-        run_ranks(lambda c: None, load_sft_config(["trainer.n_gpus_per_node=2"]))
-    monkeypatch.delenv("WORLD_SIZE")
-    monkeypatch.delenv("RANK")
+        world_size(load_sft_config(["trainer.n_gpus_per_node=2"]), launched)
+    assert world_size(load_sft_config([]), {}) == (1, False)
+    assert world_size(load_sft_config(["trainer.n_gpus_per_node=3"]), {}) == (3, False)
     with pytest.raises(ValueError, match="torchrun --nnodes=2"):
-        run_ranks(lambda c: None, load_sft_config(["trainer.nnodes=2"]))
+        world_size(load_sft_config(["trainer.nnodes=2"]), {})
 
 
 @pytest.mark.slow
@@ -182,3 +183,18 @@ def test_the_module_path_runs_as_a_command(gsm8k_like, bpe_model_dir, tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "SFT finished" in proc.stdout and (tmp_path / "ckpt" / "huggingface" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_verls_torchrun_line_runs(gsm8k_like, bpe_model_dir, tmp_path):
+    """``torchrun --standalone --nnodes=1 --nproc_per_node=2 -m hybridflow.trainer.fsdp_sft_trainer ...`` (verl's
+    launch line with the module renamed): two gloo ranks, sized by torchrun alone."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([str(torchrun), "--standalone", "--nnodes=1", "--nproc_per_node=2",
+                           "-m", "hybridflow.trainer.fsdp_sft_trainer",
+                           *peft_script(gsm8k_like, bpe_model_dir, tmp_path / "ckpt"), "trainer.device=cpu"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("SFT finished") == 1  # rank 0 reports
+    assert (tmp_path / "ckpt" / "huggingface" / "config.json").is_file()
