@@ -395,3 +395,30 @@ def test_bad_tool_class_paths_raise_verls_exception_types():
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
         get_tool_class("hybridflow.tools.base_tool.Nope")
     assert get_tool_class("verl.tools.base_tool.BaseTool") is BaseTool  # verl's path reads as ours
+
+
+def test_load_all_tools_with_mcp_native_and_function_tools_in_one_run(native_yaml, tmp_path):
+    """One tool YAML with a native tool and an MCP server (``type: mcp``), plus a function-tool file."""
+    pytest.importorskip("mcp", reason="needs the 'mcp' extra (pip install 'hybridflow[mcp]')")
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    from hybridflow.tools.utils.mcp_client import close_all_managers
+
+    server = Path(__file__).resolve().parents[1] / "tools" / "mcp_calc_server.py"
+    (tmp_path / "mcp_servers.json").write_text(json.dumps({"mcpServers": {"calc": {
+        "command": sys.executable, "args": [str(server)],
+        "env": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}}}))
+    with open(native_yaml, "a") as f:
+        f.write("  - class_name: verl.tools.mcp_base_tool.MCPBaseTool\n"
+                "    config: {type: mcp, timeout: 5}\n"
+                "    mcp: {mcp_servers_config_path: mcp_servers.json, tool_selected_list: [add]}\n")
+    try:
+        tools = load_all_tools(native_yaml, write(tmp_path, TWO_TOOLS))
+        assert [t.name for t in tools] == ["search", "add", "calculator", "get_weather"]  # file tools by name
+        out = asyncio.run(ToolExecutor(tools, timeout_s=20).call("add", {"a": 2, "b": 40}))
+        assert out.ok and out.text.strip() == "42"
+    finally:
+        close_all_managers()
