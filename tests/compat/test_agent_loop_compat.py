@@ -144,7 +144,9 @@ class EchoLoop(AgentLoopBase):
 
     async def run(self, sampling_params, **kwargs):
         prompt_ids = await self.apply_chat_template(kwargs["raw_prompt"])
-        out = await self.server_manager.generate(request_id="e", prompt_ids=prompt_ids, sampling_params=sampling_params)
+        out = await self.server_manager.generate(request_id="e", prompt_ids=prompt_ids, sampling_params=sampling_params,
+                                                 image_data=None, audio_data=None, video_data=None,
+                                                 mm_processor_kwargs={}, priority=0)  # verl's keywords
         return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=out.token_ids,
                                response_mask=[1] * len(out.token_ids), num_turns=2, metrics=AgentLoopMetrics())
 
