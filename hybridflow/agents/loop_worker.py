@@ -27,10 +27,12 @@ from hybridflow.agents.base import (
     AgentLoopMetrics,
     AgentLoopOutput,
     DictConfigWrap,
+    ToolListWrap,
     load_agent_loop_config,
     resolve_agent_loop,
 )
 from hybridflow.agents.postprocess import outputs_to_batch
+from hybridflow.agents.tool_session import load_tools
 from hybridflow.agents.trajectory_images import row_images
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.replica import ReplicaError, RolloutReplica
@@ -82,7 +84,10 @@ class AgentLoopWorker:
         self.server_manager = AsyncLLMServerManager(replicas, default_max_tokens=int(self.rollout_config.response_length))
         plain = OmegaConf.create(config_to_dict(config))
         self.trainer_config = DictConfigWrap(plain, typed=config)
-        self.dataset_config = DictConfigWrap(plain.data, typed=config.data)
+        self.data_config = DictConfigWrap(plain.data, typed=config.data)
+        mt = self.rollout_config.multi_turn
+        # every loop gets the run's tools, as verl's worker passes them (``tools=ToolListWrap(...)``)
+        self.tools = ToolListWrap(list(load_tools(mt.tool_config_path, getattr(mt, "function_tool_path", None)).values()))
         register_builtin_loops()
         if self.rollout_config.agent.agent_loop_config_path:
             load_agent_loop_config(self.rollout_config.agent.agent_loop_config_path)
@@ -120,7 +125,7 @@ class AgentLoopWorker:
             cls, extra = resolve_agent_loop(str(agent_name))
             loop: AgentLoopBase = cls(trainer_config=self.trainer_config, server_manager=self.server_manager,
                                       tokenizer=self.tokenizer, processor=self.processor, dataset_cls=None,
-                                      dataset_config=self.dataset_config, **extra)
+                                      data_config=self.data_config, tools=self.tools, **extra)
             output = await loop.run(sampling, request_id=request_id, **row)
             if not isinstance(output, AgentLoopOutput):
                 raise TypeError(f"agent loop {agent_name!r} returned {type(output).__name__}, not AgentLoopOutput")
