@@ -279,6 +279,15 @@ def build_data(config, tokenizer, processor=None):
     return train_loader, val_loader
 
 
+def check_dataset_agent_names(*loaders) -> None:
+    """Rows naming an agent loop nobody registered stop the run here, before any model loads."""
+    from hybridflow.agents.setup_check import check_agent_names
+
+    for loader in loaders:
+        if loader is not None:
+            check_agent_names(loader.dataset)
+
+
 def build_reward_fns(config, tokenizer):
     """Training manager (``num_examine=0``) and validation manager (``num_examine=1``), as verl."""
     from hybridflow.rewards import load_reward_manager
@@ -359,6 +368,7 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         check_causal_lm(model_cfg.path, model_cfg.trust_remote_code)
         processor = load_processor_for(config)
         train_loader, val_loader = build_data(config, tokenizer, processor)
+        check_dataset_agent_names(train_loader, val_loader)
         # The workers' LR schedules need the horizon; it is passed to init_model below.
         total = resolve_total_training_steps(config, len(train_loader))
         reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
@@ -409,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from hybridflow.trainer.preflight import user_error_types
     from hybridflow.trainer.signals import GracefulInterrupt
+    from hybridflow.trainer.step_failures import StepFailedError
 
     try:
         with GracefulInterrupt() as interrupt:  # Ctrl-C: finish the step, checkpoint, report, exit 130
@@ -421,7 +432,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{cfg.trainer.default_local_dir} is intact: fix the cause and run the same command again to resume "
               "from it (trainer.resume_mode=auto)", file=sys.stderr)
         return EXIT_ROLLOUT_FAILED
+    except StepFailedError as e:  # too much of a step failed: the counts and the first error, not a traceback
+        print(f"hybridflow: {e}\nhybridflow: the failure counts of the step are in the metrics log and the run report; "
+              f"raise trainer.tolerated_failure_fraction (now {cfg.trainer.tolerated_failure_fraction:g}) only if "
+              "partial failures are expected", file=sys.stderr)
+        return EXIT_TRAINING_FAILED
     return interrupt.exit_code
+
+
+EXIT_TRAINING_FAILED = 1
 
 
 EXIT_ROLLOUT_FAILED = 3
