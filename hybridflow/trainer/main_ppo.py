@@ -92,7 +92,7 @@ def create_workers(config) -> Runtime:
         if backend == "ray":  # first: the worker-class imports below need no Ray, Ray's start is the long pole
             import ray
 
-            from hybridflow.controller.ray_resources import init_ray
+            from hybridflow.controller.ray_init import init_ray
 
             started_here = not ray.is_initialized()
             init_ray(dict(config.ray_kwargs.ray_init))
@@ -104,6 +104,7 @@ def create_workers(config) -> Runtime:
             create_resource_pool,
             create_worker_group,
         )
+        from hybridflow.agents.loop_manager import rollout_stream_threads
         from hybridflow.rollout.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
         from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
@@ -126,7 +127,7 @@ def create_workers(config) -> Runtime:
             class_dict["reward_model"] = ClassWithInitArgs(RewardModelWorker, config.reward_model)
         host_cls = create_colocated_worker_cls(class_dict)
         # Rollout requests from the agent loops run in their own thread pool beside the dispatched calls.
-        host_cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: _rollout_threads(config)}
+        host_cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: rollout_stream_threads(config)}
         host = create_worker_group(backend, pool, host_cls, role="colocated")
         runtime._closers.append(host.shutdown)
         views = host.spawn(class_dict)
@@ -139,11 +140,6 @@ def create_workers(config) -> Runtime:
                                   critic=views.get("critic"), reward_model=views.get("reward_model"))
     runtime.n_devices = runtime.dp_size = pool.world_size
     return runtime
-
-
-def _rollout_threads(config) -> int:
-    """Threads a worker process gives to rollout requests: one per streamed request batch in flight."""
-    return max(64, min(1024, int(config.actor_rollout_ref.rollout.max_num_seqs)))
 
 
 def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None, processor=None) -> None:
