@@ -197,10 +197,15 @@ class AgentLoopWorker:
 
 
 def stack_outputs(tokenizer, rollout_config, outputs: list[AgentLoopOutput], processor=None) -> DataProto:
-    """``outputs_to_batch`` with the run's widths and the tokenizer's pad id (``processor``: a VLM's)."""
+    """``outputs_to_batch`` with the run's widths and the tokenizer's pad id (``processor``: a VLM's).  The
+    ``agent_error`` column is always there (``None`` where the loop did not raise), so batches of different
+    generation rounds (DAPO, async training) concatenate whether or not one of them had a failure."""
     pad = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
-    return outputs_to_batch(outputs, int(rollout_config.prompt_length), int(rollout_config.response_length), pad,
-                            processor)
+    batch = outputs_to_batch(outputs, int(rollout_config.prompt_length), int(rollout_config.response_length), pad,
+                             processor)
+    if "agent_error" not in batch.non_tensor_batch:
+        batch.non_tensor_batch["agent_error"] = np.full(len(batch), None, dtype=object)
+    return batch
 
 
 def default_agent_loop(rollout_config) -> str:

@@ -74,3 +74,20 @@ def test_a_step_without_model_tokens_stops():
     check_trained_tokens(_batch(mask=torch.tensor([[0, 0, 0, 0]] * 7 + [[0, 1, 0, 0]])), {})
     with pytest.raises(StepFailedError, match="sum of response_mask is 0"):
         check_trained_tokens(_batch(mask=torch.zeros(8, 4, dtype=torch.long)), {})
+
+
+def test_generation_rounds_with_and_without_failures_concatenate():
+    """DAPO keeps generating rounds and concatenates them: the failure column must exist in every round."""
+    from hybridflow.agents.base import AgentLoopOutput
+    from hybridflow.agents.loop_worker import stack_outputs
+    from hybridflow.config import load_config
+
+    rollout = load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                           "critic.ppo_micro_batch_size_per_gpu=4"]).actor_rollout_ref.rollout
+    ok = AgentLoopOutput(prompt_ids=[1, 2], response_ids=[3], response_mask=[1], num_turns=2)
+    failed = AgentLoopOutput(prompt_ids=[1, 2], response_ids=[0], response_mask=[0], num_turns=0,
+                             extra_fields={"agent_error": "Traceback ..."})
+    clean, broken = stack_outputs(None, rollout, [ok, ok]), stack_outputs(None, rollout, [ok, failed])
+    both = DataProto.concat([clean, broken])
+    assert both.non_tensor_batch["agent_error"].tolist() == [None, None, None, "Traceback ..."]
+    assert trajectory_failures(both).failed == 1
