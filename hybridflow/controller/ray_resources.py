@@ -12,7 +12,6 @@ placement group otherwise just waits forever; and it bounds the wait for ``pg.re
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 from hybridflow.controller.errors import ResourceUnavailableError
 from hybridflow.controller.ray_init import init_ray
