@@ -136,7 +136,7 @@ def warm_model(workdir: Path, size: str, sft_steps: int, seed: int = 0) -> str:
     if (hf_dir / "config.json").exists():
         return str(hf_dir)
     from hybridflow.data.synthetic import make_rows
-    from hybridflow.trainer.sft_trainer import load_sft_config, run_sft
+    from hybridflow.sft.trainer import load_sft_config, run_sft
 
     rows = [{"prompt": r["prompt"], "response": r["reward_model"]["ground_truth"]}
             for r in make_rows("addition", 4000, seed, "train")]
@@ -216,7 +216,7 @@ def long_tail_task(workdir: Path, sft_steps: int, *, size: str = "tiny", respons
     name = f"long_tail{tag}_sft{steps}_lr{lr:g}_s{seed}" if tag else f"long_tail_sft{sft_steps}_s{seed}"
     out = workdir / "models" / name
     if not (out / "huggingface" / "config.json").exists():
-        from hybridflow.trainer.sft_trainer import load_sft_config, run_sft
+        from hybridflow.sft.trainer import load_sft_config, run_sft
         from hybridflow.utils.tiny_model import build_char_tokenizer, build_tiny_model
 
         base = workdir / "models" / f"long_tail_base{'' if default else '_' + size}_s{seed}"

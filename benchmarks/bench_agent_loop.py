@@ -105,8 +105,8 @@ def run_variant(model, tok, model_dir: str, prompts, observations, turns: int, t
     """One ``generate_sequences`` call of the variant on a fresh engine; times and engine counters."""
     from hybridflow.agents import AgentLoopManager
     from hybridflow.rollout import create_rollout_engine
-    from hybridflow.rollout.fleet import ServerFleet
-    from hybridflow.rollout.server import RolloutServer
+    from hybridflow.rollout.service.fleet import ServerFleet
+    from hybridflow.rollout.service.server import RolloutServer
     from hybridflow.workers.rollout_server_worker import hf_engine_kwargs
 
     n, obs = len(prompts), len(observations[0])

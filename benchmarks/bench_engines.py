@@ -40,7 +40,7 @@ import torch  # noqa: E402
 
 from benchmarks._common import print_state, print_table  # noqa: E402
 from hybridflow.rollout import SamplingParams  # noqa: E402
-from hybridflow.rollout.hf_engine import HFRolloutEngine  # noqa: E402
+from hybridflow.rollout.hf.engine import HFRolloutEngine  # noqa: E402
 
 
 def make_prompts(vocab: int, first: int, batch: int, seed: int = 0) -> list[list[int]]:
@@ -58,7 +58,7 @@ def timed(fn) -> tuple[float, float, object]:
 def bench_generation(model_dir: str, rounds: int, batch: int, new: int):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
+    from hybridflow.rollout.vllm.engine import VLLMRolloutEngine
 
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(model_dir)

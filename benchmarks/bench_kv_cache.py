@@ -27,8 +27,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from hybridflow.rollout import SamplingParams  # noqa: E402
-from hybridflow.rollout.hf_batcher import BatcherLimits, ContinuousBatcher, GenerationRequest  # noqa: E402
-from hybridflow.rollout.kv_cache import KVGeometry  # noqa: E402
+from hybridflow.rollout.hf.batcher import BatcherLimits, ContinuousBatcher, GenerationRequest  # noqa: E402
+from hybridflow.rollout.hf.kv_cache import KVGeometry  # noqa: E402
 
 OLD_COLUMN_QUANTUM = 64
 

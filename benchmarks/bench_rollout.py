@@ -50,7 +50,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from hybridflow.rollout import SamplingParams  # noqa: E402
-from hybridflow.rollout.hf_engine import HFRolloutEngine  # noqa: E402
+from hybridflow.rollout.hf.engine import HFRolloutEngine  # noqa: E402
 from hybridflow.utils.tiny_model import build_bpe_tokenizer, build_tiny_model  # noqa: E402
 
 

@@ -45,7 +45,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from hybridflow.trainer.quickstart import held_out_rows
+    from hybridflow.quickstart.addition import held_out_rows
 
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)

@@ -98,7 +98,9 @@ def test_no_import_cycles():
 
 # Names that are the same on purpose: package markers, each package's own error types, and verl's public
 # module paths.  Modules named after a dataset or task under the folders that say what they do with it
-# (``data/preprocess/gsm8k.py`` writes it, ``rewards/scorers/gsm8k.py`` scores it) are left out.
+# (``data/preprocess/gsm8k.py`` writes it, ``rewards/scorers/gsm8k.py`` scores it) are left out.  A name may
+# repeat across sibling rooms of one floor, where the folder says which (``rollout/hf/engine.py``,
+# ``rollout/vllm/engine.py``): what must be unique is (folder, file name).
 _SHARED_NAMES = {"__init__.py", "__main__.py", "errors.py", "base.py", "main_ppo.py", "tool_parser.py",
                  "tool_registry.py"}
 _PER_TASK_FOLDERS = ("data/preprocess/", "rewards/scorers/")
@@ -109,6 +111,101 @@ def test_module_names_say_their_layer():
     for path in PACKAGE.rglob("*.py"):
         rel = str(path.relative_to(PACKAGE))
         if not rel.startswith(_PER_TASK_FOLDERS):
-            by_name[path.name].append(rel)
-    repeated = {n: sorted(p) for n, p in by_name.items() if len(p) > 1 and n not in _SHARED_NAMES}
-    assert not repeated, f"same file name in several layers (rename so the name says which): {repeated}"
+            by_name[(path.parent.name, path.name)].append(rel)
+    repeated = {n: sorted(p) for n, p in by_name.items() if len(p) > 1 and n[1] not in _SHARED_NAMES}
+    assert not repeated, f"same folder/file name in several layers (rename so the name says which): {repeated}"
+
+
+# The floors of docs/architecture.md, top to bottom.  A module may import modules of its own floor and of the
+# floors below it, never above.  Entry modules (verl's public paths and the commands) sit on top.
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("entry points", ("cli", "__main__", "experimental", "trainer.main_ppo", "trainer.fsdp_sft_trainer", "trainer.sft_trainer",
+                      "trainer.runtime", "quickstart", "data.preprocess")),
+    ("async controllers", ("trainer.asynchronous",)),
+    ("single controller", ("trainer", "sft")),
+    ("observability", ("tracking",)),
+    ("agent loops", ("agents",)),
+    ("role workers", ("workers",)),
+    ("rollout engines", ("rollout.hf", "rollout.vllm", "rollout.sglang")),
+    ("rollout service", ("rollout.service",)),
+    ("weights", ("rollout.weights",)),
+    ("rollout contracts", ("rollout",)),
+    ("tools and interactions", ("tools", "interactions")),
+    ("rewards", ("rewards",)),
+    ("sandbox", ("sandbox",)),
+    ("model engine", ("engine",)),
+    ("data", ("data",)),
+    ("algorithms", ("algorithms",)),
+    ("worker groups", ("controller",)),
+    ("config", ("config",)),
+    ("batch container", ("protocol", "protocol_ops")),
+    ("utilities", ("utils",)),
+]
+ENGINES = ("rollout.hf", "rollout.vllm", "rollout.sglang")
+
+
+def floor_of(module: str) -> int:
+    """Index in FLOORS of the longest prefix that names ``module`` (``hybridflow.`` stripped)."""
+    name = module.removeprefix("hybridflow.")
+    best, best_len = None, -1
+    for i, (_, prefixes) in enumerate(FLOORS):
+        for prefix in prefixes:
+            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = i, len(prefix)
+    if best is None:
+        raise AssertionError(f"{module} is on no floor: add it to FLOORS in tests/test_architecture.py and to "
+                             "docs/architecture.md")
+    return best
+
+
+def _upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for mod, targets in graph.items():
+        if mod == "hybridflow":
+            continue
+        for target in targets:
+            if target == "hybridflow":
+                continue
+            if floor_of(target) < floor_of(mod):
+                bad.append(f"{mod} ({FLOORS[floor_of(mod)][0]}) imports {target} ({FLOORS[floor_of(target)][0]})")
+    return sorted(bad)
+
+
+# Imports that go up a floor today, each with the reason it is tolerated; the list may only shrink.
+KNOWN_UPWARD: set[str] = {
+    # the config checks consult the registries of the floors they check; they move into one check pipeline
+    "hybridflow.config.validate (config) imports hybridflow.algorithms (algorithms)",
+    "hybridflow.config.validate_rollout (config) imports hybridflow.rollout.vllm.config (rollout engines)",
+    # the code sandbox and its SandboxFusion client move into their own package below rewards and tools
+    "hybridflow.rewards.code (rewards) imports hybridflow.tools.sandbox (tools and interactions)",
+    "hybridflow.rewards.code (rewards) imports hybridflow.tools.sandbox_fusion_client (tools and interactions)",
+    "hybridflow.rewards.manager_factory (rewards) imports hybridflow.tools.sandbox_fusion_client (tools and interactions)",
+}
+
+
+def test_imports_only_go_downwards_through_the_floors():
+    bad = set(_upward_imports(import_graph())) - KNOWN_UPWARD
+    assert not bad, "imports that go up a floor:\n" + "\n".join(sorted(bad))
+
+
+def test_no_engine_imports_another_engine():
+    graph = import_graph()
+    crossing = []
+    for mod, targets in graph.items():
+        name = mod.removeprefix("hybridflow.")
+        mine = next((e for e in ENGINES if name == e or name.startswith(e + ".")), None)
+        if mine is None:
+            continue
+        for target in targets:
+            t = target.removeprefix("hybridflow.")
+            other = next((e for e in ENGINES if t == e or t.startswith(e + ".")), None)
+            if other is not None and other != mine:
+                crossing.append(f"{mod} imports {target}")
+    assert not crossing, crossing
+
+
+def test_the_floor_check_catches_an_upward_import():
+    """The check itself: a model-engine module importing the trainer is reported."""
+    graph = {"hybridflow.engine.forward": {"hybridflow.trainer.stages"}, "hybridflow.trainer.stages": set()}
+    assert _upward_imports(graph) == ["hybridflow.engine.forward (model engine) imports hybridflow.trainer.stages "
+                                      "(single controller)"]

@@ -12,7 +12,7 @@ NOT RUN YET: written without a GPU.  On a GPU machine, for each engine on the Qw
     python benchmarks/gpu/check_engines.py --engine sglang
 
 Record the printed lines, dated, in benchmarks/RESULTS.md; once SGLang has passed here, its start-up notice
-(``UNVERIFIED_NOTICE`` in hybridflow/rollout/sglang_engine.py) can go.
+(``UNVERIFIED_NOTICE`` in hybridflow/rollout/sglang/engine.py) can go.
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ def check(engine_name: str, model_dir: str) -> dict:
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
     if engine_name == "vllm":
-        from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
+        from hybridflow.rollout.vllm.engine import VLLMRolloutEngine
 
         engine = VLLMRolloutEngine(model_dir, engine_args={"dtype": "bfloat16", "gpu_memory_utilization": 0.3,
                                                            "max_model_len": 1024, "enable_sleep_mode": True,
                                                            "load_format": "auto"}, device="cuda", seed=0)
     else:
-        from hybridflow.rollout.sglang_engine import SGLangRolloutEngine
+        from hybridflow.rollout.sglang.engine import SGLangRolloutEngine
 
         engine = SGLangRolloutEngine(model_dir, server_args=["--dtype", "bfloat16", "--mem-fraction-static", "0.3",
                                                              "--context-length", "1024", "--enable-memory-saver"])

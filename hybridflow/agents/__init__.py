@@ -19,7 +19,7 @@ from hybridflow.agents.loop_manager import AgentLoopManager
 from hybridflow.agents.single_turn import SingleTurnAgentLoop
 from hybridflow.agents.tool_agent import ToolAgentLoop
 from hybridflow.agents.loop_worker import AgentLoopWorker
-from hybridflow.rollout.server_manager import AsyncLLMServerManager
+from hybridflow.rollout.service.server_manager import AsyncLLMServerManager
 
 __all__ = [
     "AgentLoopBase",

@@ -21,8 +21,8 @@ import numpy as np
 from hybridflow.agents.loop_worker import AgentLoopWorker, split_rows, stack_outputs
 from hybridflow.agents.reward_loop import ScorerClient, TrajectoryScorer, reward_loop_applies
 from hybridflow.protocol import DataProto
-from hybridflow.rollout.fleet import RolloutFleet
-from hybridflow.rollout.server_manager import derive_seed
+from hybridflow.rollout.service.fleet import RolloutFleet
+from hybridflow.rollout.service.server_manager import derive_seed
 
 __all__ = ["AgentLoopManager", "summarize_trajectory_metrics", "concurrent_trajectories", "rollout_stream_threads"]
 

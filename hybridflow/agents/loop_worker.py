@@ -37,8 +37,8 @@ from hybridflow.agents.postprocess import outputs_to_batch
 from hybridflow.agents.tool_session import load_tools
 from hybridflow.agents.trajectory_images import row_images
 from hybridflow.protocol import DataProto
-from hybridflow.rollout.replica import ReplicaError, RolloutReplica
-from hybridflow.rollout.server_manager import AsyncLLMServerManager
+from hybridflow.rollout.service.replica import ReplicaError, RolloutReplica
+from hybridflow.rollout.service.server_manager import AsyncLLMServerManager
 
 __all__ = ["AgentLoopWorker", "sampling_dict", "TRAJECTORY_KEYS"]
 

@@ -51,7 +51,7 @@ def rollout_model_errors(cfg) -> list[str]:
     """Errors for a rollout engine that cannot serve ``actor_rollout_ref.model.path`` here: the sglang adapter is
     text-only; the vllm adapter serves Qwen2-VL when vLLM can load it (``vllm_vision_settings``: torchvision or an
     image-only processor in the folder, colocated engines only).  Read from the model folder; no model loads."""
-    from hybridflow.rollout.vllm_config import text_only_engine_error, vllm_vision_settings
+    from hybridflow.rollout.vllm.config import text_only_engine_error, vllm_vision_settings
 
     rollout, model = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model
     if rollout.name == "vllm":

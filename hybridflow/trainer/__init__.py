@@ -18,15 +18,15 @@ _EXPORTS = {
     "run_ppo": "hybridflow.trainer.main_ppo",
     "train_ppo": "hybridflow.trainer.main_ppo",
     "PPOTrainer": "hybridflow.trainer.ppo_trainer",
-    "OneStepOffTrainer": "hybridflow.trainer.one_step_off",
-    "FullyAsyncTrainer": "hybridflow.trainer.fully_async",
+    "OneStepOffTrainer": "hybridflow.trainer.asynchronous.one_step_off",
+    "FullyAsyncTrainer": "hybridflow.trainer.asynchronous.fully_async",
     "RunHistory": "hybridflow.trainer.ppo_trainer",
     "WorkerGroups": "hybridflow.trainer.stages",
     "StepPlan": "hybridflow.trainer.stages",
-    "run_sft": "hybridflow.trainer.sft_trainer",
-    "load_sft_config": "hybridflow.trainer.sft_trainer",
-    "run_quickstart": "hybridflow.trainer.quickstart",
-    "merge_checkpoint": "hybridflow.trainer.merge",
+    "run_sft": "hybridflow.sft.trainer",
+    "load_sft_config": "hybridflow.sft.trainer",
+    "run_quickstart": "hybridflow.quickstart.addition",
+    "merge_checkpoint": "hybridflow.cli.merge",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -105,7 +105,7 @@ def create_workers(config) -> Runtime:
             create_worker_group,
         )
         from hybridflow.agents.loop_manager import rollout_stream_threads
-        from hybridflow.rollout.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
+        from hybridflow.rollout.service.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
         from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
         process_on_nodes = [1] if backend == "local" else [tcfg.n_gpus_per_node] * tcfg.nnodes
@@ -148,13 +148,13 @@ def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None, p
     ``reward_fn`` (the training reward manager) scores trajectories in the agent loops when verl's reward
     loop applies and the backend is local. ``processor``: a vision-language model's (loaded when not given)."""
     from hybridflow.agents import AgentLoopManager
-    from hybridflow.rollout.fleet import HybridFleet
+    from hybridflow.rollout.service.fleet import HybridFleet
 
     arr = config.actor_rollout_ref
     if arr.hybrid_engine:
         fleet = HybridFleet(runtime.groups.actor_rollout)
     elif arr.rollout.name == "vllm":  # standalone vLLM server processes, fed the actor's weights after every update
-        from hybridflow.rollout.vllm_server_fleet import VLLMServerFleet
+        from hybridflow.rollout.vllm.server_fleet import VLLMServerFleet
         from hybridflow.trainer.rollout_pool import rollout_pool_devices
 
         actor = runtime.groups.actor_rollout
@@ -324,11 +324,11 @@ def trainer_class(config) -> type:
     """The controller of ``async_training.mode``: the synchronous HybridFlow step, one-step-off or fully async."""
     mode = config.async_training.mode
     if mode == "one_step_off":
-        from hybridflow.trainer.one_step_off import OneStepOffTrainer
+        from hybridflow.trainer.asynchronous.one_step_off import OneStepOffTrainer
 
         return OneStepOffTrainer
     if mode == "fully_async":
-        from hybridflow.trainer.fully_async import FullyAsyncTrainer
+        from hybridflow.trainer.asynchronous.fully_async import FullyAsyncTrainer
 
         return FullyAsyncTrainer
     from hybridflow.trainer.ppo_trainer import PPOTrainer
@@ -446,8 +446,8 @@ EXIT_ROLLOUT_FAILED = 3
 
 def rollout_failure_types() -> tuple[type[BaseException], ...]:
     """Errors that mean the rollout side of the run died (a replica's process, an agent-loop worker)."""
-    from hybridflow.rollout.replica import ReplicaError
-    from hybridflow.trainer.sample_queue import RolloutFailed
+    from hybridflow.rollout.service.replica import ReplicaError
+    from hybridflow.trainer.asynchronous.sample_queue import RolloutFailed
 
     return ReplicaError, RolloutFailed
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.rollout.checkpoint_engine import resolve_backend
-from hybridflow.rollout.standalone_fleet import StandaloneFleet
+from hybridflow.rollout.weights.checkpoint_engine import resolve_backend
+from hybridflow.rollout.service.standalone_fleet import StandaloneFleet
 
 __all__ = ["ActorWeightSource", "start_standalone_fleet", "weight_sync_settings", "rollout_pool_devices"]
 
@@ -57,7 +57,7 @@ def start_standalone_fleet(config, actor_group: Any, use_gpu: bool, closers: lis
     ``closers`` (called in reverse order at shutdown)."""
     from hybridflow.controller import ClassWithInitArgs, create_resource_pool, create_worker_group
     from hybridflow.agents.loop_manager import rollout_stream_threads
-    from hybridflow.rollout.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
+    from hybridflow.rollout.service.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
     from hybridflow.workers.rollout_server_worker import RolloutServerWorker
 
     backend = config.trainer.backend

@@ -230,7 +230,7 @@ class ActorRolloutRefWorker(Worker):
         """Where rank 0 will listen for the weight-sync group of standalone rollout replicas."""
         if self.rank != 0:
             return None
-        from hybridflow.rollout.checkpoint_engine import free_port, node_address
+        from hybridflow.rollout.weights.checkpoint_engine import free_port, node_address
 
         return node_address(), free_port()
 
@@ -240,7 +240,7 @@ class ActorRolloutRefWorker(Worker):
         if self.actor is None:
             raise RuntimeError(f"connect_weight_sync needs a role with 'actor' (this worker is {self.role!r})")
         if self.rank == 0:
-            from hybridflow.rollout.checkpoint_engine import BroadcastCheckpointEngine
+            from hybridflow.rollout.weights.checkpoint_engine import BroadcastCheckpointEngine
 
             self._weight_sync = BroadcastCheckpointEngine(spec, 0, self.device).connect()
 
@@ -248,7 +248,7 @@ class ActorRolloutRefWorker(Worker):
     def send_rollout_weights(self) -> dict[str, float]:
         """Broadcast the actor's full weights to the replicas, bucket by bucket (every rank gathers its shards;
         rank 0 sends).  Returns what was sent (``{}`` on the other ranks)."""
-        from hybridflow.rollout.checkpoint_engine import full_tensors
+        from hybridflow.rollout.weights.checkpoint_engine import full_tensors
 
         if self.actor is None:
             raise RuntimeError(f"send_rollout_weights needs a role with 'actor' (this worker is {self.role!r})")
@@ -267,7 +267,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weights_checksum(self) -> float:
         """Sum of all actor parameters (tests compare it with the replicas')."""
-        from hybridflow.rollout.checkpoint_engine import full_tensors
+        from hybridflow.rollout.weights.checkpoint_engine import full_tensors
 
         with torch.no_grad():
             return float(sum(t.double().sum() for _, t in full_tensors(self.actor_engine.module)

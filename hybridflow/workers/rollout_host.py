@@ -20,8 +20,8 @@ from typing import Any, Iterator, Sequence
 from hybridflow.engine.forward import eval_mode
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.rollout.base import RolloutEngine, TokenOutput
-from hybridflow.rollout.replica import RolloutReplica, replica_for_server
-from hybridflow.rollout.server import GenerateRequest, RolloutServer
+from hybridflow.rollout.service.replica import RolloutReplica, replica_for_server
+from hybridflow.rollout.service.server import GenerateRequest, RolloutServer
 
 __all__ = ["RolloutHost"]
 

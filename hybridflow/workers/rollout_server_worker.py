@@ -4,11 +4,11 @@ Where the hybrid engine generates with the actor's own module, a standalone repl
 from ``actor_rollout_ref.model.path`` on devices of its own (the ``rollout`` pool:
 ``rollout.nnodes x rollout.n_gpus_per_node``, one replica per device; one in this process with
 ``trainer.backend=local``).  It serves requests from the agent loops on an
-:class:`~hybridflow.rollout.interruptible_server.InterruptibleRolloutServer` and receives the actor's weights
-through the checkpoint engine (:mod:`hybridflow.rollout.checkpoint_engine`): rank 0 of that group is the
+:class:`~hybridflow.rollout.service.interruptible_server.InterruptibleRolloutServer` and receives the actor's weights
+through the checkpoint engine (:mod:`hybridflow.rollout.weights.checkpoint_engine`): rank 0 of that group is the
 actor's rank 0, replica ``i`` is rank ``i + 1``.
 
-The worker group is driven by :class:`~hybridflow.rollout.standalone_fleet.StandaloneFleet`.
+The worker group is driven by :class:`~hybridflow.rollout.service.standalone_fleet.StandaloneFleet`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import torch
 
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engine.model_loader import load_causal_lm, load_processor, load_tokenizer
-from hybridflow.rollout.checkpoint_engine import BroadcastCheckpointEngine, WeightSyncSpec
-from hybridflow.rollout.interruptible_server import InterruptibleRolloutServer
-from hybridflow.rollout.replica import RolloutReplica, replica_for_server
+from hybridflow.rollout.weights.checkpoint_engine import BroadcastCheckpointEngine, WeightSyncSpec
+from hybridflow.rollout.service.interruptible_server import InterruptibleRolloutServer
+from hybridflow.rollout.service.replica import RolloutReplica, replica_for_server
 
 __all__ = ["RolloutServerWorker", "hf_engine_kwargs"]
 

@@ -12,8 +12,8 @@ import pytest
 from hybridflow.agents import AgentLoopOutput, DictConfigWrap
 from hybridflow.agents.tool_agent import ToolAgentLoop
 from hybridflow.rollout.base import TokenOutput
-from hybridflow.rollout.replica import RolloutReplica
-from hybridflow.rollout.server_manager import AsyncLLMServerManager
+from hybridflow.rollout.service.replica import RolloutReplica
+from hybridflow.rollout.service.server_manager import AsyncLLMServerManager
 
 
 class ScriptedReplica(RolloutReplica):

@@ -24,7 +24,7 @@ CALL = '<tool_call>{"name":"rev","arguments":{"s":"ab"}}</tool_call>'
 def tool_calling_model(tmp_path_factory, addition_rows):
     """A nano model whose every sampled first turn is ``CALL`` (SFT on 64 demonstration chats)."""
     from hybridflow.data.io import read_rows
-    from hybridflow.trainer.quickstart_tool_use import build_tool_model, warm_up
+    from hybridflow.quickstart.tool_use import build_tool_model, warm_up
 
     out = tmp_path_factory.mktemp("tool_calling_model")
     rows = read_rows(str(addition_rows / "train.parquet"))

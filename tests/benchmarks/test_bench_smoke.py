@@ -112,7 +112,7 @@ def test_bench_async_smoke(capsys):
 
 def test_grpo_reference_loop_runs_from_a_model_folder(tmp_path, capsys):
     """The reference GRPO loop (the learning-quality oracle of the quickstart) runs from an HF folder."""
-    from hybridflow.trainer.quickstart import build_base_model
+    from hybridflow.quickstart.addition import build_base_model
 
     model = build_base_model(tmp_path / "base", seed=1)
     result = _load("grpo_reference").main(["--model", model, "--steps", "2", "--prompts", "4", "--n", "2",

@@ -25,8 +25,8 @@ from hybridflow.experimental.agent_loop import (
 from hybridflow.experimental.agent_loop.tool_agent_loop import AgentState
 from hybridflow.experimental.agent_loop.tool_parser import GptOssToolParser, ToolParser
 from hybridflow.rollout.base import TokenOutput
-from hybridflow.rollout.replica import RolloutReplica
-from hybridflow.rollout.server_manager import AsyncLLMServerManager
+from hybridflow.rollout.service.replica import RolloutReplica
+from hybridflow.rollout.service.server_manager import AsyncLLMServerManager
 from hybridflow.tools import function_tool as function_tool_mod
 from hybridflow.tools.function_tool import FUNCTION_TOOL_REGISTRY, function_tool
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridflow.trainer.sft_trainer import SFTTrainer, build_examples, load_sft_config, main, run_sft
+from hybridflow.sft.trainer import SFTTrainer, build_examples, load_sft_config, main, run_sft
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,7 @@ def test_dict_keys_pick_the_question_and_the_answer(gsm8k_like, bpe_model_dir):
     tok = AutoTokenizer.from_pretrained(bpe_model_dir)
     cfg = load_sft_config(["data.prompt_key=extra_info", "data.response_key=extra_info",
                            "data.prompt_dict_keys=['question']", "+data.response_dict_keys=['answer']"])
-    from hybridflow.trainer.sft_trainer import read_sft_rows
+    from hybridflow.sft.trainer import read_sft_rows
 
     (ex,) = build_examples(read_sft_rows(str(gsm8k_like / "train.parquet"))[7:8], tok, cfg.data)
     assert "What is 1 plus 3?" in tok.decode(ex.input_ids)
@@ -90,7 +90,7 @@ def test_lora_keys_act_in_the_trainer(gsm8k_like, bpe_model_dir, tmp_path):
                                                                                "model.target_modules=[q_proj,v_proj]"])
     from transformers import AutoTokenizer
 
-    from hybridflow.trainer.sft_trainer import read_sft_rows
+    from hybridflow.sft.trainer import read_sft_rows
 
     tok = AutoTokenizer.from_pretrained(bpe_model_dir)
     trainer = SFTTrainer(cfg, tok, build_examples(read_sft_rows(cfg.data.train_files), tok, cfg.data))
@@ -134,7 +134,7 @@ def test_multiturn_script_and_the_ulysses_refusal(gsm8k_like, bpe_model_dir, tmp
 
 
 def test_trainer_device_is_checked():
-    from hybridflow.trainer.sft_launch import select_device
+    from hybridflow.sft.launch import select_device
 
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="trainer.device=cuda but torch sees no GPU"):
@@ -144,7 +144,7 @@ def test_trainer_device_is_checked():
 
 
 def test_the_world_size_comes_from_torchrun_or_the_config():
-    from hybridflow.trainer.sft_launch import world_size
+    from hybridflow.sft.launch import world_size
 
     launched = {"WORLD_SIZE": "4", "RANK": "0"}
     assert world_size(load_sft_config([]), launched) == (4, True)  # verl's scripts set neither key

@@ -8,7 +8,7 @@ import pytest
 
 from hybridflow.config import ConfigError, load_config
 from hybridflow.config.validate_rollout import rollout_hardware_errors
-from hybridflow.rollout.vllm_config import engine_kwargs_to_cli, kv_cache_bytes_needed, vllm_engine_kwargs
+from hybridflow.rollout.vllm.config import engine_kwargs_to_cli, kv_cache_bytes_needed, vllm_engine_kwargs
 
 BASE = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.rollout.name=vllm"]
@@ -186,7 +186,7 @@ def test_vision_model_with_vllm_is_checked_at_start(tiny_vlm_dir, tiny_vlm25_dir
 
 
 def test_vllm_vision_settings_pick_the_backend(image_only_vlm_dir):
-    from hybridflow.rollout.vllm_config import vllm_vision_settings
+    from hybridflow.rollout.vllm.config import vllm_vision_settings
 
     kwargs, note = vllm_vision_settings(image_only_vlm_dir, trust_remote_code=True, torchvision=False)
     assert kwargs["model_impl"] == "transformers" and kwargs["trust_remote_code"] is True

@@ -84,7 +84,7 @@ def run_update(worker, data: DataProto) -> dict:
 
 class OneRankGroup:
     """A bare worker seen as a one-rank worker group (each method returns a one-element list), which is
-    what :class:`hybridflow.rollout.fleet.HybridFleet` drives."""
+    what :class:`hybridflow.rollout.service.fleet.HybridFleet` drives."""
 
     host_role = None
 
@@ -108,7 +108,7 @@ def with_raw_prompt_ids(prompts: DataProto) -> DataProto:
 def generate(worker, config, prompts: DataProto, backend: str = "local") -> DataProto:
     """Generate through the rollout service (hybrid fleet on ``worker``'s engine, local agent-loop manager)."""
     from hybridflow.agents import AgentLoopManager
-    from hybridflow.rollout.fleet import HybridFleet
+    from hybridflow.rollout.service.fleet import HybridFleet
     from hybridflow.trainer.stages import split_generation_input
 
     group = worker if hasattr(worker, "host_role") else OneRankGroup(worker)

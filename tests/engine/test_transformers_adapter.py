@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hybridflow.engine import transformers_adapter as tfa
-from hybridflow.rollout.kv_cache import SlotKVCache
+from hybridflow.rollout.hf.kv_cache import SlotKVCache
 from hybridflow.utils.tiny_model import build_char_tokenizer, build_tiny_model
 
 ARCHS = ["qwen2", "llama", "qwen3", "mistral"]

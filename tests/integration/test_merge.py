@@ -22,7 +22,7 @@ A = "actor_rollout_ref"
 def test_merged_checkpoint_reproduces_logits(lora, nano_model_dir, addition_data, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from hybridflow.trainer.merge import merge_checkpoint
+    from hybridflow.cli.merge import merge_checkpoint
 
     extra = [DENSE_REWARD, "reward_model.num_workers=0", "algorithm.adv_estimator=grpo", "trainer.save_freq=1",
              f"{A}.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]

@@ -43,7 +43,7 @@ def test_synthetic_compute_score_golden_values():
 
 
 def test_held_out_rows_are_disjoint_and_unique():
-    from hybridflow.trainer.quickstart import held_out_rows
+    from hybridflow.quickstart.addition import held_out_rows
 
     train, test = held_out_rows(train_size=3000, test_size=300, seed=1)
     test_prompts = [r["prompt"][0]["content"] for r in test]
@@ -69,7 +69,7 @@ GAIN = 0.15
 
 @pytest.mark.slow
 def test_quickstart_learns_and_writes_summary_metrics_and_report(tmp_path, capsys):
-    from hybridflow.trainer.quickstart import run_quickstart
+    from hybridflow.quickstart.addition import run_quickstart
 
     summary = run_quickstart(str(tmp_path), rl_steps=50, test_freq=50, train_size=4000, test_size=200)
     on_disk = json.loads((tmp_path / "summary.json").read_text())

@@ -11,9 +11,9 @@ import pytest
 from hybridflow.agents import DictConfigWrap
 from hybridflow.agents.tool_agent import ToolAgentLoop
 from hybridflow.rollout.base import TokenOutput
-from hybridflow.rollout.replica import RolloutReplica
-from hybridflow.rollout.server_manager import AsyncLLMServerManager
-from hybridflow.trainer.quickstart_tool_use import (
+from hybridflow.rollout.service.replica import RolloutReplica
+from hybridflow.rollout.service.server_manager import AsyncLLMServerManager
+from hybridflow.quickstart.tool_use import (
     LARGE_FACTOR,
     TOOL_CONFIG,
     build_tool_model,
@@ -93,7 +93,7 @@ def test_a_tool_trajectory_is_token_for_token_the_warm_up_chat(tool_model, token
     from omegaconf import OmegaConf
 
     from hybridflow.config import config_to_dict, load_config
-    from hybridflow.trainer.sft_data import multi_turn_example
+    from hybridflow.sft.data import multi_turn_example
 
     row = _rows(1)[0]
     chat = demonstrations([row], 1, (1.0, 1.0), seed=0)[0]["messages"]
@@ -141,7 +141,7 @@ def test_grpo_through_the_tool_agent_learns_to_use_the_calculator(tmp_path, caps
     """A shortened run (fewer RL steps, smaller held-out set) still shows the claim with margin: the tool arm
     gains over its own start and ends far above the no-tool baseline with the same budget.  Seeded: the
     numbers below were the same on every run; the margins leave room for a slightly different machine."""
-    from hybridflow.trainer.quickstart_tool_use import run_tool_use_quickstart
+    from hybridflow.quickstart.tool_use import run_tool_use_quickstart
 
     summary = run_tool_use_quickstart(str(tmp_path), seed=1, test_size=100, rl_steps=30, test_freq=15)
     on_disk = json.loads((tmp_path / "summary.json").read_text())

@@ -10,7 +10,7 @@ import pytest
 
 
 def test_vision_quickstart_writes_summary_report_and_gallery(tmp_path, capsys):
-    from hybridflow.trainer.quickstart_vision import run_vision_quickstart
+    from hybridflow.quickstart.vision import run_vision_quickstart
 
     summary = run_vision_quickstart(str(tmp_path), train_size=32, test_size=8, sft_steps=3, rl_steps=2, test_freq=2,
                                     batch_size=4, n=2, gallery=4)
@@ -30,7 +30,7 @@ def test_the_warm_up_pairs_pictures_with_shuffled_answers():
     mostly not the picture's own; unshuffled, they are the truths."""
     import random
 
-    from hybridflow.trainer.quickstart_vision import vision_rows, warm_up_answers
+    from hybridflow.quickstart.vision import vision_rows, warm_up_answers
 
     train, _ = vision_rows(200, 1, seed=5)
     truths = [r["reward_model"]["ground_truth"] for r in train]
@@ -41,7 +41,7 @@ def test_the_warm_up_pairs_pictures_with_shuffled_answers():
 
 
 def test_cli_dispatches_the_vision_task(monkeypatch):
-    import hybridflow.trainer.quickstart_vision as qv
+    import hybridflow.quickstart.vision as qv
     from hybridflow.cli import main
 
     calls = []
@@ -57,7 +57,7 @@ GAIN = 0.2
 
 @pytest.mark.slow
 def test_vision_quickstart_learns(tmp_path):
-    from hybridflow.trainer.quickstart_vision import run_vision_quickstart
+    from hybridflow.quickstart.vision import run_vision_quickstart
 
     summary = run_vision_quickstart(str(tmp_path), gallery=0)
     before, after = summary["before"]["accuracy"], summary["after"]["accuracy"]

@@ -103,7 +103,7 @@ def _stop_after(k):
 def test_vlm_resume_is_exact_and_the_merged_checkpoint_loads(varied_vlm_dir, vision_data, tmp_path):
     from transformers import AutoModelForImageTextToText
 
-    from hybridflow.trainer.merge import merge_checkpoint
+    from hybridflow.cli.merge import merge_checkpoint
     from hybridflow.utils.hf_processor import load_processor
 
     extra = [*VLM, "trainer.save_freq=1", f"{A}.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]

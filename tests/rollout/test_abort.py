@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hybridflow.rollout import SamplingParams
-from hybridflow.rollout.hf_engine import HFRolloutEngine
+from hybridflow.rollout.hf.engine import HFRolloutEngine
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from hybridflow.rollout.checkpoint_engine import (
+from hybridflow.rollout.weights.checkpoint_engine import (
     BroadcastCheckpointEngine,
     WeightSyncSpec,
     free_port,

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from hybridflow.rollout import SamplingParams
-from hybridflow.rollout.fast_decode import fast_decoder_for
-from hybridflow.rollout.hf_engine import HFRolloutEngine
+from hybridflow.rollout.hf.fast_decode import fast_decoder_for
+from hybridflow.rollout.hf.engine import HFRolloutEngine
 from hybridflow.utils.tiny_model import build_char_tokenizer, build_tiny_model
 
 
@@ -61,7 +61,7 @@ def test_packed_linears_follow_every_kind_of_weight_change():
     """The decode step's oneDNN-prepacked weights equal F.linear, and are repacked after in-place updates (version
     counter), replaced storage, and value changes that bypass the version counter (fused optimizers: caught by
     the batcher's weights stamp)."""
-    from hybridflow.rollout.fast_decode import PackedLinears
+    from hybridflow.rollout.hf.fast_decode import PackedLinears
 
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 96)

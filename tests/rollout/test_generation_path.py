@@ -9,9 +9,9 @@ import torch
 
 from hybridflow.agents import AgentLoopManager
 from hybridflow.protocol import DataProto
-from hybridflow.rollout.fleet import ServerFleet
-from hybridflow.rollout.hf_engine import HFRolloutEngine
-from hybridflow.rollout.server import RolloutServer
+from hybridflow.rollout.service.fleet import ServerFleet
+from hybridflow.rollout.hf.engine import HFRolloutEngine
+from hybridflow.rollout.service.server import RolloutServer
 from hybridflow.trainer.stages import WorkerGroups, generate
 
 P = 24

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridflow.rollout import ROLLOUT_ENGINES, SamplingParams, create_rollout_engine
-from hybridflow.rollout.hf_engine import HFRolloutEngine
+from hybridflow.rollout.hf.engine import HFRolloutEngine
 
 
 @pytest.fixture(scope="module")

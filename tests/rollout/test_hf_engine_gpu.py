@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hybridflow.rollout import SamplingParams
-from hybridflow.rollout.hf_engine import HFRolloutEngine
-from hybridflow.rollout.kv_cache import KVGeometry
+from hybridflow.rollout.hf.engine import HFRolloutEngine
+from hybridflow.rollout.hf.kv_cache import KVGeometry
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

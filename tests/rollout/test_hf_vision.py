@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hybridflow.rollout.hf_engine import HFRolloutEngine
+from hybridflow.rollout.hf.engine import HFRolloutEngine
 from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.engine.transformers_adapter import reset_rope_deltas
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from hybridflow.rollout import SamplingParams, create_rollout_engine
-from hybridflow.rollout.checkpoint_engine import full_tensors
-from hybridflow.rollout.interruptible_server import InterruptibleRolloutServer
-from hybridflow.rollout.server import GenerateRequest
+from hybridflow.rollout.weights.checkpoint_engine import full_tensors
+from hybridflow.rollout.service.interruptible_server import InterruptibleRolloutServer
+from hybridflow.rollout.service.server import GenerateRequest
 
 PROMPT = [3, 4, 5, 6]
 LENGTH = 120

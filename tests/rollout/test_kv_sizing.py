@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from hybridflow.rollout import SamplingParams
-from hybridflow.rollout.hf_batcher import BatcherLimits, ContinuousBatcher, GenerationRequest
-from hybridflow.rollout.hf_engine import HFRolloutEngine, rollout_compute_dtype
-from hybridflow.rollout.kv_cache import KVGeometry
+from hybridflow.rollout.hf.batcher import BatcherLimits, ContinuousBatcher, GenerationRequest
+from hybridflow.rollout.hf.engine import HFRolloutEngine, rollout_compute_dtype
+from hybridflow.rollout.hf.kv_cache import KVGeometry
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hybridflow.rollout import SamplingParams
-from hybridflow.rollout.hf_engine import HFRolloutEngine
-from hybridflow.rollout.prefix_pool import PrefixPool
+from hybridflow.rollout.hf.engine import HFRolloutEngine
+from hybridflow.rollout.hf.prefix_pool import PrefixPool
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def _prompts_of(turn_outputs, first, tok):
 def _one_forward_whatever_the_lengths(monkeypatch):
     """Let every chunk join the widest one (the engine otherwise splits unlike lengths to save padding), so that
     one forward mixes lengths -- what these tests check."""
-    from hybridflow.rollout import hf_prefill
+    from hybridflow.rollout.hf import prefill as hf_prefill
 
     monkeypatch.setattr(hf_prefill, "_MIN_FILL", 0.0)
     monkeypatch.setattr(hf_prefill, "_MAX_PAD", 10**9)

@@ -10,9 +10,9 @@ import torch
 
 from hybridflow.rollout import SamplingParams, create_rollout_engine
 from hybridflow.rollout.base import TokenOutput
-from hybridflow.rollout.replica import InProcessReplica, RolloutReplica
-from hybridflow.rollout.server import GenerateRequest, RolloutServer
-from hybridflow.rollout.server_manager import AsyncLLMServerManager, derive_seed
+from hybridflow.rollout.service.replica import InProcessReplica, RolloutReplica
+from hybridflow.rollout.service.server import GenerateRequest, RolloutServer
+from hybridflow.rollout.service.server_manager import AsyncLLMServerManager, derive_seed
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +153,7 @@ class _StreamHost:
         self.stream_calls = 0
 
     def replica(self):
-        from hybridflow.rollout.replica import replica_for_server
+        from hybridflow.rollout.service.replica import replica_for_server
 
         return replica_for_server(self.server, "rollout_stream")
 
@@ -168,7 +168,7 @@ class _StreamHost:
 @pytest.mark.ray
 def test_ray_replica_coalesces_a_tick_of_requests_into_one_stream(tiny_model_dir, engine):
     ray = pytest.importorskip("ray")
-    from hybridflow.rollout.replica import RAY_ROLLOUT_CONCURRENCY_GROUP, RayActorReplica
+    from hybridflow.rollout.service.replica import RAY_ROLLOUT_CONCURRENCY_GROUP, RayActorReplica
 
     eng, tok = engine
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
@@ -185,7 +185,7 @@ def test_ray_replica_coalesces_a_tick_of_requests_into_one_stream(tiny_model_dir
         assert [o.token_ids for o in outs] == [e.token_ids for e in eng.generate_batch(prompts, GREEDY)]
         assert ray.get(host.count.remote()) == 1  # five requests, one Ray call
         ray.kill(host)
-        from hybridflow.rollout.replica import ReplicaError
+        from hybridflow.rollout.service.replica import ReplicaError
 
         with pytest.raises(ReplicaError, match="ray-host"):
             asyncio.run(replica.generate("late", prompts[0], GREEDY))

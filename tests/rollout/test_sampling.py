@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hybridflow.rollout.token_sampler import RowSampling, _filter_top_k_top_p, sample_next_tokens
+from hybridflow.rollout.hf.token_sampler import RowSampling, _filter_top_k_top_p, sample_next_tokens
 from hybridflow.rollout.sampling_params import SamplingParams
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.rollout.sampling_params import SamplingParams
-from hybridflow.rollout.token_sampler import (RowSampling, _mix32, _mix32_int, inverse_cdf_sample, sample_next_tokens,
+from hybridflow.rollout.hf.token_sampler import (RowSampling, _mix32, _mix32_int, inverse_cdf_sample, sample_next_tokens,
                                               seed_key, seeded_uniform, split_seed)
 
 # chi-square critical values at p = 0.001 (df -> value), so a correct sampler fails one in a thousand
@@ -129,7 +129,7 @@ def _submit(engine, prompt, params, results, i):
 
 
 def test_seeded_request_is_the_same_alone_batched_reordered_and_joining_mid_decode(model_and_tokenizer, prompt_texts):
-    from hybridflow.rollout.hf_engine import HFRolloutEngine
+    from hybridflow.rollout.hf.engine import HFRolloutEngine
 
     model, tok = model_and_tokenizer
     prompts = [tok.encode(t) for t in prompt_texts]

@@ -8,7 +8,7 @@ import pytest
 
 from hybridflow.config import load_config
 from hybridflow.rollout import SamplingParams
-from hybridflow.rollout.sglang_engine import UNVERIFIED_NOTICE, parse_sglang_output, sglang_server_args
+from hybridflow.rollout.sglang.engine import UNVERIFIED_NOTICE, parse_sglang_output, sglang_server_args
 
 
 def test_verl_keys_become_server_flags():
@@ -36,7 +36,7 @@ def test_generate_answers_become_token_outputs():
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang is installed")
 def test_missing_sglang_says_it_needs_a_gpu_machine():
-    from hybridflow.rollout.sglang_engine import SGLangRolloutEngine
+    from hybridflow.rollout.sglang.engine import SGLangRolloutEngine
 
     with pytest.raises(ImportError, match=r"hybridflow\[sglang\].*GPU"):
         SGLangRolloutEngine("/m")
@@ -44,7 +44,7 @@ def test_missing_sglang_says_it_needs_a_gpu_machine():
 
 
 def test_payload_carries_seed_stops_and_log_probs(monkeypatch):
-    from hybridflow.rollout.sglang_engine import SGLangRolloutEngine
+    from hybridflow.rollout.sglang.engine import SGLangRolloutEngine
 
     engine = SGLangRolloutEngine.__new__(SGLangRolloutEngine)  # no server: only the request builder
     import random

@@ -23,7 +23,7 @@ def test_missing_vllm_names_the_extra_and_the_command(no_vllm):
 
 
 def test_the_engine_module_checks_too(no_vllm):
-    from hybridflow.rollout.vllm_engine import require_vllm
+    from hybridflow.rollout.vllm.engine import require_vllm
 
     with pytest.raises(ImportError, match=r"pip install hybridflow\[vllm\].*make venv-vllm"):
         require_vllm()

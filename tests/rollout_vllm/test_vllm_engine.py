@@ -14,7 +14,7 @@ from hybridflow.rollout import SamplingParams
 
 @pytest.fixture(scope="module")
 def engine(varied_model_dir, engine_args, tokenizer):
-    from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
+    from hybridflow.rollout.vllm.engine import VLLMRolloutEngine
 
     eng = VLLMRolloutEngine(varied_model_dir, engine_args=engine_args, tokenizer=tokenizer, seed=0)
     yield eng

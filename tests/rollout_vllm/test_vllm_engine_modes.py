@@ -22,7 +22,7 @@ def _perturbed(model_dir, seed=5, scale=0.3):
 
 def test_multiprocess_engine_reloads_weights_from_shm(varied_model_dir, engine_args, tokenizer, prompts,
                                                       hf_reference):
-    from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
+    from hybridflow.rollout.vllm.engine import VLLMRolloutEngine
 
     hf_greedy, _ = hf_reference
     new = _perturbed(varied_model_dir)
@@ -41,7 +41,7 @@ def test_lora_adapter_only_sync_matches_the_peft_model(varied_model_dir, engine_
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
+    from hybridflow.rollout.vllm.engine import VLLMRolloutEngine
 
     hf_greedy, hf_log_probs = hf_reference
     base = AutoModelForCausalLM.from_pretrained(varied_model_dir, dtype=torch.float32).eval()
@@ -72,7 +72,7 @@ def test_lora_adapter_only_sync_matches_the_peft_model(varied_model_dir, engine_
 
 
 def test_start_failure_names_the_engine_and_shows_the_log_tail(varied_model_dir, engine_args):
-    from hybridflow.rollout.vllm_engine import RolloutEngineStartError, VLLMRolloutEngine
+    from hybridflow.rollout.vllm.engine import RolloutEngineStartError, VLLMRolloutEngine
 
     with pytest.raises(RolloutEngineStartError, match=r"(?s)failed to start.*max_model_len") as e:
         VLLMRolloutEngine(varied_model_dir, engine_args={**engine_args, "max_model_len": 100000}, name="r0")
@@ -82,7 +82,7 @@ def test_start_failure_names_the_engine_and_shows_the_log_tail(varied_model_dir,
 
 
 def test_dummy_weights_refuse_to_generate_until_the_first_sync(varied_model_dir, engine_args, tokenizer):
-    from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
+    from hybridflow.rollout.vllm.engine import VLLMRolloutEngine
 
     with VLLMRolloutEngine(varied_model_dir, engine_args={**engine_args, "load_format": "dummy"},
                            tokenizer=tokenizer) as engine:

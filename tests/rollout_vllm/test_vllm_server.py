@@ -21,7 +21,7 @@ def model(varied_model_dir):
 
 @pytest.fixture(scope="module")
 def fleet(varied_model_dir, engine_args, model, tmp_path_factory):
-    from hybridflow.rollout.vllm_server_fleet import VLLMServerFleet
+    from hybridflow.rollout.vllm.server_fleet import VLLMServerFleet
 
     kwargs = {**engine_args, "logprobs_mode": "processed_logprobs"}
     f = VLLMServerFleet(varied_model_dir, kwargs, n_servers=1, weights_source=lambda: model.named_parameters(),
@@ -108,7 +108,7 @@ def test_client_pickles_without_its_sessions(fleet):
 
 
 def test_a_dead_replica_is_named(fleet, prompts):
-    from hybridflow.rollout.vllm_server import VLLMServerError
+    from hybridflow.rollout.vllm.server import VLLMServerError
 
     server = fleet.servers[0]
     os.killpg(server.proc.pid, signal.SIGKILL)  # the process group this fleet started
@@ -120,7 +120,7 @@ def test_a_dead_replica_is_named(fleet, prompts):
 
 
 def test_start_failure_shows_the_log_tail(varied_model_dir, engine_args, tmp_path):
-    from hybridflow.rollout.vllm_server import VLLMServerError, VLLMServerProcess
+    from hybridflow.rollout.vllm.server import VLLMServerError, VLLMServerProcess
 
     server = VLLMServerProcess({**engine_args, "model": varied_model_dir, "max_model_len": 100000}, name="bad",
                                log_dir=str(tmp_path))

@@ -121,7 +121,7 @@ def test_a_server_replica_dying_mid_run_is_named_and_the_run_resumes(tiny_bpe_mo
 
     import psutil
 
-    from hybridflow.rollout.vllm_server import VLLMServerError
+    from hybridflow.rollout.vllm.server import VLLMServerError
 
     extra = ["actor_rollout_ref.hybrid_engine=false", "trainer.save_freq=1", "trainer.resume_mode=auto"]
     killed = []

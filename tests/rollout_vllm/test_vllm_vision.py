@@ -39,7 +39,7 @@ def processor(vlm_dir):
 
 @pytest.fixture(scope="module")
 def vlm_engine(vlm_dir, engine_args):
-    from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
+    from hybridflow.rollout.vllm.engine import VLLMRolloutEngine
 
     engine = VLLMRolloutEngine(vlm_dir, engine_args=engine_args, trust_remote_code=True, seed=0)
     try:
@@ -176,8 +176,8 @@ def test_update_weights_then_greedy_equals_hf_with_the_new_weights(vlm_engine, v
 def test_refusals_name_the_key_and_the_fix(tiny_vlm_dir, tiny_vlm25_dir, vlm_dir, engine_args, tmp_path):
     """Checked before vLLM starts: no image-only processor, no trust_remote_code, model_impl=vllm without
     torchvision, Qwen2.5-VL, standalone servers."""
-    from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
-    from hybridflow.rollout.vllm_server_fleet import VLLMServerFleet
+    from hybridflow.rollout.vllm.engine import VLLMRolloutEngine
+    from hybridflow.rollout.vllm.server_fleet import VLLMServerFleet
 
     with pytest.raises(ValueError, match=r"write_image_only_processor.*trust_remote_code=true.*rollout\.name=hf"):
         VLLMRolloutEngine(tiny_vlm_dir, engine_args=engine_args, trust_remote_code=True)
@@ -194,7 +194,7 @@ def test_refusals_name_the_key_and_the_fix(tiny_vlm_dir, tiny_vlm25_dir, vlm_dir
 
 def test_text_engine_refuses_images_naming_the_fix(varied_model_dir, engine_args, tokenizer):
     """A text checkpoint still serves text; images sent to it are refused with the fix, not dropped."""
-    from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
+    from hybridflow.rollout.vllm.engine import VLLMRolloutEngine
 
     with VLLMRolloutEngine(varied_model_dir, engine_args=engine_args, tokenizer=tokenizer, seed=0) as engine:
         ids = tokenizer.encode("1+2=")

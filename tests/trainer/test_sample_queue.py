@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.sample_queue import RolloutFailed, Sample, SampleQueue
+from hybridflow.trainer.asynchronous.sample_queue import RolloutFailed, Sample, SampleQueue
 
 
 def _sample(ordinal: int, version: int) -> Sample:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.trainer.sft_data import SFTDataError, collate_sft, multi_turn_example, single_turn_example, truncate_example
-from hybridflow.trainer.sft_trainer import load_sft_config, run_sft
+from hybridflow.sft.data import SFTDataError, collate_sft, multi_turn_example, single_turn_example, truncate_example
+from hybridflow.sft.trainer import load_sft_config, run_sft
 
 
 @pytest.fixture(scope="module")

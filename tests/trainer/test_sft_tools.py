@@ -11,8 +11,8 @@ import torch
 from hybridflow.agents.tool_parser import ToolParser
 from hybridflow.data.io import read_rows, write_parquet
 from hybridflow.tools import CalculatorTool
-from hybridflow.trainer.sft_data import SFTDataError, multi_turn_example
-from hybridflow.trainer.sft_trainer import SFTTrainer, build_examples, load_sft_config
+from hybridflow.sft.data import SFTDataError, multi_turn_example
+from hybridflow.sft.trainer import SFTTrainer, build_examples, load_sft_config
 from hybridflow.utils.tool_chat_template import HERMES_TOOL_CHAT_TEMPLATE
 
 TOOLS = [CalculatorTool().tool_schema.model_dump(exclude_none=True)]

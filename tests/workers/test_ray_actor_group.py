@@ -13,7 +13,7 @@ def ray_group(tiny_model_dir, config_factory):
     import ray
 
     from hybridflow.controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
-    from hybridflow.rollout.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
+    from hybridflow.rollout.service.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
     from hybridflow.workers import ActorRolloutRefWorker
 
     cfg = config_factory(tiny_model_dir)

@@ -88,7 +88,7 @@ def test_lora_adapts_the_language_model_only(tiny_vlm_dir, config_factory):
 def test_checkpoint_round_trip_and_merge_give_the_same_logits(tiny_vlm_dir, config_factory, tmp_path):
     from transformers import AutoModelForImageTextToText
 
-    from hybridflow.trainer.merge import merge_checkpoint
+    from hybridflow.cli.merge import merge_checkpoint
     from hybridflow.utils.hf_processor import load_processor
 
     worker = _worker(config_factory, tiny_vlm_dir)

@@ -17,10 +17,10 @@ from PIL import Image
 from hybridflow.agents import DictConfigWrap
 from hybridflow.agents.postprocess import outputs_to_batch
 from hybridflow.rollout.base import TokenOutput
-from hybridflow.rollout.hf_engine import HFRolloutEngine
-from hybridflow.rollout.replica import RolloutReplica
+from hybridflow.rollout.hf.engine import HFRolloutEngine
+from hybridflow.rollout.service.replica import RolloutReplica
 from hybridflow.rollout.sampling_params import SamplingParams
-from hybridflow.rollout.server_manager import AsyncLLMServerManager
+from hybridflow.rollout.service.server_manager import AsyncLLMServerManager
 from hybridflow.engine.transformers_adapter import reset_rope_deltas
 
 P, R = 64, 12
@@ -64,8 +64,8 @@ def test_rollout_log_probs_with_images_equal_the_actors(worker, vision_data):
     from hybridflow.agents import AgentLoopManager
     from hybridflow.data.collate import collate_fn
     from hybridflow.data.rl_dataset import create_rl_dataset
-    from hybridflow.rollout.fleet import ServerFleet
-    from hybridflow.rollout.server import RolloutServer
+    from hybridflow.rollout.service.fleet import ServerFleet
+    from hybridflow.rollout.service.server import RolloutServer
     from hybridflow.trainer.stages import WorkerGroups, generate, prompts_from_loader
 
     cfg = worker.full_config
@@ -187,7 +187,7 @@ def test_a_failed_image_trajectory_keeps_its_images(worker, vision_data):
     data = create_rl_dataset(str(vision_data / "train.parquet"), cfg.data, worker.tokenizer, processor=worker.processor)
     host = SimpleNamespace(processor=worker.processor, tokenizer=worker.tokenizer,
                            rollout_config=cfg.actor_rollout_ref.rollout)
-    out = AgentLoopWorker._failed_output(host, dict(data[0]))
+    out = AgentLoopWorker._failed_output(host, dict(data[0]), "the loop raised")
     assert len(out.multi_modal_data["image"]) == 1 and out.response_mask == [0]
     batch = outputs_to_batch([out], P, R, worker.tokenizer.pad_token_id, worker.processor)
     assert batch.non_tensor_batch["multi_modal_inputs"][0]["image_grid_thw"].tolist() == [[1, 6, 6]]

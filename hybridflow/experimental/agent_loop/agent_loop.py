@@ -11,7 +11,7 @@ from hybridflow.agents.base import (
 from hybridflow.agents.loop_manager import AgentLoopManager
 from hybridflow.agents.loop_worker import AgentLoopWorker
 from hybridflow.rollout.base import TokenOutput
-from hybridflow.rollout.server_manager import AsyncLLMServerManager
+from hybridflow.rollout.service.server_manager import AsyncLLMServerManager
 
 __all__ = [
     "AgentLoopBase",

@@ -1,0 +1,176 @@
+"""The ``hybridflow`` console script: train, sft, quickstart, generate, merge, data.
+
+Each sub-command is a thin front door to a library function so everything a command does can also
+be called from Python (and debugged there). Heavy imports happen inside the sub-command so that
+``hybridflow train --dry-run`` answers in about a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hybridflow.trainer.command_line import EXIT_CONFIG_ERROR
+from hybridflow.utils.quiet import quiet_libraries
+
+USAGE = """hybridflow <command> [args]
+
+commands:
+  train [--dry-run] [--config-path DIR --config-name NAME] key=value ...
+                     PPO/GRPO training with verl's config keys (same as python -m hybridflow.trainer.main_ppo)
+  sft key=value ...  supervised fine-tuning (also used to warm up models before RL)
+  quickstart [--task addition|tool-use|vision] [--output-dir DIR]
+                     train a built-in tiny model on a built-in task on this CPU and report before/after
+                     (tool-use: GRPO through tool_agent teaches it to call a calculator)
+  generate / eval    generate from a model for a dataset and score it
+  merge CKPT_DIR TARGET_DIR
+                     export a checkpoint (LoRA merged) to a Hugging Face folder
+  data NAME ...      write verl-format parquet for a dataset (gsm8k [--tool], math, countdown, synthetic tasks)
+  sandbox serve [--host H --port P --workers N]
+                     serve the SandboxFusion API (/run_code) on the local code sandbox
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    quiet_libraries()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    handlers = {
+        "train": cmd_train,
+        "sft": cmd_sft,
+        "quickstart": cmd_quickstart,
+        "generate": cmd_generate,
+        "eval": cmd_generate,
+        "merge": cmd_merge,
+        "data": cmd_data,
+        "sandbox": cmd_sandbox,
+    }
+    if cmd not in handlers:
+        from hybridflow.utils.registry import closest
+
+        hint = closest(cmd, list(handlers))
+        print(f"hybridflow: unknown command '{cmd}'" + (f"; did you mean '{hint}'?" if hint else ""), file=sys.stderr)
+        print(USAGE, file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    result = handlers[cmd](rest)
+    return result if isinstance(result, int) else 0  # sub-commands may return their result object
+
+
+def cmd_train(argv: list[str]) -> int:
+    from hybridflow.trainer.main_ppo import main as train_main
+
+    return train_main(argv)
+
+
+def cmd_sft(argv: list[str]) -> int:
+    from hybridflow.sft.trainer import main as sft_main
+
+    sft_main(argv)
+    return 0
+
+
+def cmd_quickstart(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="hybridflow quickstart", description="Train a tiny model on CPU.")
+    parser.add_argument("--output-dir", default=None,
+                        help="default outputs/quickstart, outputs/quickstart_tool_use or outputs/quickstart_vision")
+    parser.add_argument("--backend", default="local", choices=["local", "ray"])
+    parser.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget for RL")
+    parser.add_argument("--task", default="addition", choices=["addition", "tool-use", "vision"],
+                        help="addition: GRPO on 2-digit sums; tool-use: GRPO through tool_agent with a calculator; "
+                             "vision: a tiny vision-language model learns to name the colour of a shape in a picture")
+    parser.add_argument("--seed", type=int, default=None, help="run seed (default 1)")
+    args = parser.parse_args(argv)
+    if args.task == "tool-use":
+        return _quickstart_tool_use(args)
+    kwargs = {"backend": args.backend}
+    if args.seed is not None:
+        kwargs["seed"] = args.seed
+    if args.max_seconds is not None:
+        kwargs["max_seconds"] = args.max_seconds
+    if args.task == "vision":
+        from hybridflow.quickstart.vision import run_vision_quickstart
+
+        run_vision_quickstart(output_dir=args.output_dir or "outputs/quickstart_vision", **kwargs)
+        return 0
+    from hybridflow.quickstart.addition import run_quickstart
+
+    run_quickstart(output_dir=args.output_dir or "outputs/quickstart", **kwargs)
+    return 0
+
+
+def _quickstart_tool_use(args: argparse.Namespace) -> int:
+    if args.max_seconds is not None:
+        print("hybridflow quickstart: --max-seconds does not apply to --task tool-use, which runs a fixed "
+              "number of steps (drop --max-seconds)", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    from hybridflow.quickstart.tool_use import run_tool_use_quickstart
+
+    kwargs = {"output_dir": args.output_dir or "outputs/quickstart_tool_use", "backend": args.backend}
+    if args.seed is not None:
+        kwargs["seed"] = args.seed
+    run_tool_use_quickstart(**kwargs)
+    return 0
+
+
+def cmd_generate(argv: list[str]) -> int:
+    from hybridflow.cli.generate import main as gen_main
+
+    return gen_main(argv) or 0
+
+
+def cmd_merge(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="hybridflow merge", description="Export a checkpoint to an HF folder.")
+    parser.add_argument("local_dir", help="checkpoint folder, e.g. checkpoints/proj/exp/global_step_10/actor")
+    parser.add_argument("target_dir", help="where to write the Hugging Face model")
+    args = parser.parse_args(argv)
+    from hybridflow.cli.merge import merge_checkpoint
+
+    path = merge_checkpoint(args.local_dir, args.target_dir)
+    print(f"wrote Hugging Face model to {path}")
+    return 0
+
+
+def cmd_data(argv: list[str]) -> int:
+    from hybridflow.data.preprocess import DATA_COMMANDS
+
+    if not argv or argv[0] in ("-h", "--help"):
+        print("hybridflow data NAME [options]\n\ndatasets:")
+        for name, spec in DATA_COMMANDS.items():
+            print(f"  {name:<14} {spec[0]}")
+        return 0
+    name = argv[0]
+    if name not in DATA_COMMANDS:
+        from hybridflow.utils.registry import closest
+
+        hint = closest(name, list(DATA_COMMANDS))
+        print(f"hybridflow data: unknown dataset '{name}'" + (f"; did you mean '{hint}'?" if hint else "")
+              + f". Known: {', '.join(DATA_COMMANDS)}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    description, setup, run = DATA_COMMANDS[name]
+    parser = argparse.ArgumentParser(prog=f"hybridflow data {name}", description=description)
+    setup(parser)
+    written = run(parser.parse_args(argv[1:]))
+    paths = written.values() if isinstance(written, dict) else (written or [])
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_sandbox(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("hybridflow sandbox serve [--host 127.0.0.1] [--port 8080] [--workers 4] [--max-timeout 60] "
+              "[--max-memory-mb 4096] [--isolation auto|namespace|audit]")
+        return 0
+    if argv[0] != "serve":
+        print(f"hybridflow sandbox: unknown sub-command '{argv[0]}'; use 'hybridflow sandbox serve'", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    from hybridflow.tools.sandbox_server import main as serve_main
+
+    return serve_main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Built-in demonstrations that train a tiny model on this CPU: addition, tool use, vision."""

@@ -1,0 +1,1 @@
+"""The ``hf`` engine: transformers model, continuous batcher, slot KV cache, prefix pool, lean decode step."""

@@ -1,0 +1,149 @@
+"""``StandaloneFleet``: rollout replicas on a pool of their own, fed the actor's weights by the checkpoint engine.
+
+The fleet kind of split placement (verl's ``actor_rollout_ref.hybrid_engine=false``) and of both async
+training modes.  ``group`` is the worker group of :class:`~hybridflow.workers.rollout_server_worker.
+RolloutServerWorker` (Ray actors on the ``rollout`` pool, or one in this process with the local backend);
+its methods run on every replica.  ``weight_source`` is the trainer's side of the weight sync::
+
+    weight_source.address() -> (host, port)   # where the group's store listens (the sender's host)
+    weight_source.connect(spec)               # the sender joins (blocks until every replica has joined)
+    weight_source.send() -> dict              # broadcast the current weights (blocks until delivered)
+
+:meth:`update_weights` runs the replicas' receive and the sender's send together and returns the seconds it
+took (``timing_s/update_weights``); each sync is a new *weight version* (:attr:`version`), which async
+training uses to measure staleness.  :meth:`interrupt` / :meth:`resume` bracket a sync during which
+in-flight requests are cut short and later continued (partial rollout).
+
+``keep_awake`` (async training): the replicas generate continuously, so :meth:`sleep` must not free their
+KV cache under running requests and :meth:`wake_up` must not restart their random streams mid-flight; both
+only check that every replica is alive.  A replica that died is reported by name (:class:`ReplicaError`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from hybridflow.rollout.weights.checkpoint_engine import WeightSyncSpec
+from hybridflow.rollout.service.fleet import RolloutFleet
+from hybridflow.rollout.service.replica import ReplicaError
+
+__all__ = ["StandaloneFleet"]
+
+
+class _Background:
+    """Run ``fn`` in a daemon thread (a sender that fails must not leave the caller waiting on receivers)."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name="weight-sync-receivers")
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self._result = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            self._error = e
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError("the rollout replicas did not finish receiving the weights in time")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class StandaloneFleet(RolloutFleet):
+    """Replicas of ``group`` (see the module docstring)."""
+
+    def __init__(self, group: Any, weight_source: Any, *, backend: str, bucket_bytes: int, overlap: bool = False,
+                 timeout_s: float = 600.0, keep_awake: bool = False, seed: int = 0):
+        self.group = group
+        self.weight_source = weight_source
+        self.backend = backend
+        self.bucket_bytes = int(bucket_bytes)
+        self.overlap = bool(overlap)
+        self.timeout_s = float(timeout_s)
+        self.keep_awake = bool(keep_awake)
+        self.seed = int(seed)
+        self.replicas = list(self._guard("rollout_replica", group.rollout_replica))
+        self.names = [r.name for r in self.replicas]
+        self.version = 0
+        self.last_sync: dict[str, float] = {}
+        self._connected = False
+        self._asleep = False
+
+    # ------------------------------------------------------------------ health
+    def _guard(self, what: str, fn: Callable[..., Any], *args) -> Any:
+        """Call a group method; a replica process that died becomes a :class:`ReplicaError` naming it."""
+        from hybridflow.controller.errors import WorkerDiedError
+
+        try:
+            return fn(*args)
+        except WorkerDiedError as e:
+            name = self.names[e.rank] if hasattr(self, "names") and e.rank < len(self.names) else f"rank {e.rank}"
+            raise ReplicaError(f"rollout replica '{name}' died during {what}: {e.detail.strip()}") from e
+
+    def check(self) -> None:
+        """Raise :class:`ReplicaError` naming the first replica whose process died."""
+        self._guard("a health check", self.group.ping)
+
+    # ------------------------------------------------------------------ lifecycle
+    def wake_up(self, global_step: int | None = None) -> None:
+        if self.keep_awake:
+            self.check()
+            return
+        seed = None if global_step is None else self.seed + 7919 * int(global_step)
+        self._guard("wake_up", self.group.wake_up_rollout, seed)
+        self._asleep = False
+
+    def sleep(self) -> None:
+        if self.keep_awake:
+            return
+        self._guard("sleep", self.group.sleep_rollout)
+        self._asleep = True
+
+    def interrupt(self) -> int:
+        """Cut every in-flight request short; they continue after :meth:`resume` (partial rollout)."""
+        return int(sum(self._guard("interrupt", self.group.interrupt_rollout)))
+
+    def resume(self) -> None:
+        self._guard("resume", self.group.resume_rollout)
+
+    def abort_all(self) -> None:
+        self._guard("abort_all", self.group.abort_rollout)
+
+    # ------------------------------------------------------------------ weights
+    def _spec(self) -> WeightSyncSpec:
+        host, port = self.weight_source.address()
+        return WeightSyncSpec(self.backend, host, int(port), 1 + len(self.replicas), self.bucket_bytes,
+                              self.overlap, self.timeout_s)
+
+    def _connect(self) -> None:
+        spec = self._spec()
+        receivers = _Background(lambda: self._guard("connect_weight_sync", self.group.connect_weight_sync, spec))
+        self.weight_source.connect(spec)
+        receivers.result(self.timeout_s)
+        self._connected = True
+
+    def update_weights(self) -> float:
+        """Broadcast the actor's current weights to every replica (a new weight version); seconds spent."""
+        start = time.perf_counter()
+        self.check()
+        if not self._connected:
+            self._connect()
+        version = self.version + 1
+        receivers = _Background(lambda: self._guard("receive_weights", self.group.receive_weights, version))
+        sent = self.weight_source.send()
+        received = receivers.result(self.timeout_s)
+        self.version = version
+        seconds = time.perf_counter() - start
+        self.last_sync = {"seconds": seconds, **{f"sent_{k}": float(v) for k, v in (sent or {}).items()},
+                          "receive_seconds_max": max((r.get("seconds", 0.0) for r in received), default=0.0)}
+        return seconds
+
+    def shutdown(self) -> None:
+        """Nothing of its own to stop: the worker group (shut down by the trainer's runtime) owns the replicas."""

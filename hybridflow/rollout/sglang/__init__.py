@@ -1,0 +1,1 @@
+"""The SGLang engine (GPU machines only)."""

@@ -1,0 +1,213 @@
+"""A fleet of standalone vLLM server replicas: started and stopped by hybridflow, fed the actor's weights.
+
+``VLLMServerFleet(model_path, engine_kwargs, n_servers, weights_source)`` starts ``n_servers``
+:class:`~hybridflow.rollout.vllm.server.VLLMServerProcess` es (in parallel) and exposes one
+:class:`~hybridflow.rollout.vllm.server.VLLMServerClient` per server as :attr:`replicas`.  Lifecycle:
+
+* :meth:`update_weights` -- ``weights_source()`` yields the actor's full weights (HF names); they are written
+  once as safetensors under /dev/shm and every server reloads them (vLLM ``reload_weights`` through
+  ``/collective_rpc``); with ``lora_rank > 0`` only the adapter is written and loaded as a new LoRA, which the
+  clients then name in their requests.  Returns the seconds spent (``timing_s/update_weights``).
+* :meth:`wake_up` / :meth:`sleep` -- on GPU vLLM's sleep mode (``free_cache_engine``); on CPU the servers keep
+  their memory (vLLM has no CPU sleep mode).  ``wake_up`` also checks every server is alive and restarts the
+  clients' seed streams at a function of the step.
+* :meth:`abort_all`, :meth:`shutdown` (only the processes this fleet started).
+
+A server that died is reported by :meth:`check`, naming the replica, its exit code and its log tail.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from hybridflow.rollout.service.fleet import RolloutFleet
+from hybridflow.rollout.vllm.server import VLLMServerClient, VLLMServerError, VLLMServerProcess
+from hybridflow.rollout.weights.transfer import (
+    model_config,
+    shm_folder,
+    with_tied_head,
+    write_lora_adapter,
+    write_safetensors_folder,
+)
+
+__all__ = ["VLLMServerFleet", "LORA_NAME"]
+
+LORA_NAME = "actor_lora"  # the served name of the actor's adapter (clients request it when lora_rank > 0)
+
+WeightsSource = Callable[[], Iterable[tuple[str, torch.Tensor]]]
+
+
+class VLLMServerFleet(RolloutFleet):
+    """``n_servers`` vLLM server processes and their clients (see the module docstring)."""
+
+    def __init__(self, model_path: str, engine_kwargs: dict[str, Any], n_servers: int = 1,
+                 weights_source: WeightsSource | None = None, *, device: str = "cpu", free_cache_engine: bool = True,
+                 lora_rank: int = 0, lora_alpha: float = 16.0, seed: int = 0, log_dir: str | None = None,
+                 start_timeout_s: float = 600.0, python: str | None = None, name: str = "vllm-server",
+                 keep_awake: bool = False):
+        from hybridflow.rollout.vllm.config import vllm_vision_settings
+
+        # a vision-language model is refused before any server process starts (the replicas take no images)
+        vllm_vision_settings(str(model_path), engine_kwargs.get("model_impl"), hybrid=False)
+        kwargs = {**engine_kwargs, "model": str(model_path)}
+        if kwargs.get("load_format") == "dummy":  # reloads read safetensors folders, which a dummy loader cannot
+            kwargs["load_format"] = "auto"
+        if device == "cpu":
+            from hybridflow.rollout.vllm.config import cpu_safe_chunking
+
+            cpu_safe_chunking(kwargs)
+        if lora_rank > 0:
+            from hybridflow.rollout.vllm.config import lora_rank_bucket
+
+            kwargs.setdefault("enable_lora", True)
+            kwargs.setdefault("max_lora_rank", lora_rank_bucket(lora_rank))
+            kwargs.setdefault("max_loras", 1)
+        self.model_path = str(model_path)
+        self.weights_source = weights_source
+        self.device = device
+        self.free_cache_engine = bool(free_cache_engine)
+        self.keep_awake = bool(keep_awake)  # async training: the servers generate while the actor trains
+        self.lora_rank, self.lora_alpha = int(lora_rank), float(lora_alpha)
+        self.seed = int(seed)
+        self._tied = bool(model_config(self.model_path).get("tie_word_embeddings", False))
+        self._shm_dir: str | None = None
+        self._lora_version = 0
+        self.servers = [VLLMServerProcess(kwargs, name=f"{name}-{i}", log_dir=log_dir, python=python,
+                                          start_timeout_s=start_timeout_s) for i in range(int(n_servers))]
+        self._start_all()
+        self.replicas = [VLLMServerClient(s.url, s.name, LORA_NAME if self.lora_rank > 0 else s.served_model_name,
+                                          seed=self.seed + i) for i, s in enumerate(self.servers)]
+        self._asleep = False
+        if self.lora_rank > 0 and weights_source is not None:  # the clients name the adapter from the start
+            try:
+                self.update_weights()
+            except BaseException:
+                self.shutdown()
+                raise
+
+    def _start_all(self) -> None:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
+            futures = [pool.submit(s.start) for s in self.servers]
+            errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            self.shutdown()
+            raise errors[0]
+
+    # ------------------------------------------------------------------ health
+    def check(self) -> None:
+        """Raise :class:`VLLMServerError` naming the first replica whose process died."""
+        for server in self.servers:
+            server.check_alive()
+
+    # ------------------------------------------------------------------ lifecycle
+    def wake_up(self, global_step: int | None = None) -> None:
+        self.check()
+        if self._asleep and self.device == "cuda":
+            for server in self.servers:
+                server.wake_up()
+        self._asleep = False
+        if global_step is not None:
+            for i, client in enumerate(self.replicas):
+                client.reseed(self.seed + 7919 * int(global_step) + i)
+
+    def sleep(self) -> None:
+        if self.keep_awake:
+            return
+        if self.free_cache_engine and self.device == "cuda":
+            for server in self.servers:
+                server.sleep(level=2 if self.lora_rank == 0 and self.weights_source is not None else 1)
+        self._asleep = True
+
+    def update_weights(self) -> float | None:
+        """Push ``weights_source()`` into every server; seconds spent (``None`` without a source)."""
+        if self.weights_source is None:
+            return None
+        self.check()
+        start = time.perf_counter()
+        if self._shm_dir is None:
+            self._shm_dir = shm_folder("vllm-fleet")
+        tensors = self.weights_source()
+        if self.lora_rank > 0:
+            self._update_lora(tensors)
+        else:
+            if self._tied:
+                tensors = with_tied_head(tensors)
+            folder = str(Path(self._shm_dir) / "weights")
+            write_safetensors_folder(tensors, folder)
+            if self.device == "cuda" and self._asleep:  # weights were discarded by sleep(level=2)
+                for server in self.servers:
+                    server.wake_up()
+                self._asleep = False
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
+                list(pool.map(lambda s: s.reload_weights(folder), self.servers))
+        return time.perf_counter() - start
+
+    def _update_lora(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """The adapter is served under one fixed name, so clients held by other processes stay valid: the
+        old one is unloaded and the new one loaded between generations (no request is in flight then)."""
+        version = self._lora_version + 1
+        folder = Path(self._shm_dir) / f"lora_v{version}"
+        write_lora_adapter(tensors, folder, self.lora_rank, self.lora_alpha, self.model_path)
+        for server in self.servers:
+            if self._lora_version:
+                server.unload_lora(LORA_NAME)
+            server.load_lora(LORA_NAME, str(folder))
+        if self._lora_version:
+            shutil.rmtree(Path(self._shm_dir) / f"lora_v{self._lora_version}", ignore_errors=True)
+        self._lora_version = version
+
+    def abort_all(self) -> None:
+        for server in self.servers:
+            server.abort_all()
+
+    def shutdown(self) -> None:
+        """Stop every server this fleet started and remove its /dev/shm folder."""
+        errors = []
+        for client in self.replicas:  # this process's HTTP sessions (agent-loop actors hold their own copies)
+            client.close_idle_sessions()
+        for server in self.servers:
+            try:
+                server.stop()
+            except Exception as e:  # noqa: BLE001 - stop the others anyway
+                errors.append(e)
+        if self._shm_dir is not None:
+            shutil.rmtree(self._shm_dir, ignore_errors=True)
+            self._shm_dir = None
+        if errors:
+            raise VLLMServerError(f"stopping the vLLM servers failed: {errors[0]}")
+
+    @classmethod
+    def from_config(cls, config: Any, weights_source: WeightsSource, device: str) -> "VLLMServerFleet":
+        """Standalone replicas for a training run (``actor_rollout_ref.hybrid_engine=false``): as many servers as
+        the rollout pool's devices hold engines (``rollout.nnodes x rollout.n_gpus_per_node / (TP x DP x PP)``,
+        at least one; one on CPU), started from ``model.path`` and then given the actor's weights."""
+        from hybridflow.rollout.vllm.config import vllm_engine_kwargs
+
+        rc, mc, pool = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model, config.rollout
+        per_engine = int(rc.tensor_model_parallel_size) * int(rc.data_parallel_size) * \
+            int(rc.pipeline_model_parallel_size)
+        n_servers = max(1, int(pool.nnodes) * int(pool.n_gpus_per_node) // per_engine) if device == "cuda" else 1
+        kwargs = vllm_engine_kwargs(rc, mc.path, device, lora_rank=int(mc.lora_rank), hybrid=False)
+        fleet = cls(mc.path, kwargs, n_servers, weights_source, device=device,
+                    free_cache_engine=bool(rc.free_cache_engine), lora_rank=int(mc.lora_rank),
+                    lora_alpha=float(mc.lora_alpha), seed=int(rc.seed),
+                    keep_awake=config.async_training.mode != "sync")
+        if int(mc.lora_rank) == 0:  # LoRA fleets synced in __init__ already
+            try:
+                fleet.update_weights()
+            except BaseException:
+                fleet.shutdown()
+                raise
+        return fleet
+
+    def __enter__(self) -> "VLLMServerFleet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

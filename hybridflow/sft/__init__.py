@@ -1,0 +1,1 @@
+"""Supervised fine-tuning: the trainer and its data (single- and multi-turn)."""
