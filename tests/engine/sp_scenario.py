@@ -81,8 +81,8 @@ def check_actor(model_dir: str, sp: int, batches, checkpointing: bool) -> dict[s
     from hybridflow.engine.forward import response_log_probs
     from hybridflow.engine.model_loader import enable_gradient_checkpointing, load_causal_lm
 
-    ref = load_causal_lm(model_dir)
-    got = load_causal_lm(model_dir)
+    ref = load_causal_lm(model_dir).train()
+    got = load_causal_lm(model_dir).train()  # checkpointing recomputes only in training mode
     if checkpointing:
         enable_gradient_checkpointing(got)
     engine = _engine(got, model_dir, sp)
@@ -172,12 +172,19 @@ def main(rank: int, world: int, port: int, sp: int, lm_dir: str, vlm_dir: str, o
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=240))
     batches = _load("hf_test_batches", "batches.py")
-    results = {
-        "actor": check_actor(lm_dir, sp, batches, checkpointing=False),
-        "actor_checkpointing": check_actor(lm_dir, sp, batches, checkpointing=True),
-        "critic": check_critic(lm_dir, sp, batches),
-        "vlm": check_vlm(vlm_dir, sp),
+    from hybridflow.engine.ulysses import COMM
+
+    checks = {
+        "actor": lambda: check_actor(lm_dir, sp, batches, checkpointing=False),
+        "actor_checkpointing": lambda: check_actor(lm_dir, sp, batches, checkpointing=True),
+        "critic": lambda: check_critic(lm_dir, sp, batches),
+        "vlm": lambda: check_vlm(vlm_dir, sp),
     }
+    results = {}
+    for name, check in checks.items():
+        COMM.reset()
+        results[name] = check()
+        results[name]["comm_bytes"] = COMM.sent.get("all_to_all", 0.0)
     results = {k: _max_over_ranks(v) for k, v in results.items()}
     if rank == 0:
         Path(out_json).write_text(json.dumps({"world": world, "sp": sp, "results": results}, indent=1))
