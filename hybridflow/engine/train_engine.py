@@ -102,7 +102,7 @@ class TrainEngine:
         if self.parallel_dims.sp_enabled:
             pd = self.parallel_dims
             self.sequence_parallel = SequenceParallel.for_module(
-                module, pd.sp_group, pd.sp, pd.coordinate(self._rank)["sp"], f"{role}.{pd.key}")
+                module, pd.sp_group, pd.sp, pd.coordinate(self._rank)["sp"], pd.key)
         module.to(self.device)
         compute, reduce, buffers = resolve_precision(fsdp_config, role)
         self.compute_dtype = compute

@@ -34,6 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from hybridflow.utils.sequence_parallel_rules import ulysses_head_error
+
 __all__ = [
     "ULYSSES_KWARG", "UlyssesBatch", "CommCounter", "COMM", "all_to_all", "gather_sequence",
     "make_ulysses_attention", "check_attention_heads", "UlyssesConfigError",
@@ -151,18 +153,10 @@ class UlyssesBatch:
 
 
 def check_attention_heads(num_heads: int, num_kv_heads: int, sp: int, key: str) -> None:
-    """Refuse, with the reason, a head layout the all-to-all cannot split."""
-    if sp <= 1:
-        return
-    if num_heads % sp:
-        raise UlyssesConfigError(
-            f"{key}={sp}: the model has {num_heads} attention heads, which do not split over {sp} ranks (Ulysses "
-            f"gives each rank num_attention_heads / sp heads); choose a divisor of {num_heads}")
-    if num_kv_heads % sp and sp % num_kv_heads:
-        raise UlyssesConfigError(
-            f"{key}={sp}: the model has {num_kv_heads} key/value heads; Ulysses needs them to split over the "
-            f"{sp} ranks or, when there are fewer, to divide {sp} (each is then repeated); choose sp dividing "
-            f"{num_kv_heads} or a multiple of it that divides {num_heads}")
+    """Refuse, with the reason, a head layout the all-to-all cannot split (the rule the config checks too)."""
+    problem = ulysses_head_error(num_heads, num_kv_heads, sp, key)
+    if problem:
+        raise UlyssesConfigError(problem)
 
 
 def _repeat_kv_heads(x: torch.Tensor, times: int) -> torch.Tensor:
