@@ -227,6 +227,23 @@ class TrainEngine:
             return contextlib.nullcontext()
         return torch.autocast(device_type=dev.device_type(), dtype=self.compute_dtype)
 
+    @contextlib.contextmanager
+    def sequence_parallel_traffic(self, role: str) -> Iterator[dict[str, float]]:
+        """Measure the bytes this rank's Ulysses collectives sent inside the block; the dict it yields gets
+        ``perf/{role}_sp_comm_mb`` at exit (stays empty without sequence parallelism).  Calls on one process run
+        one after another, so the process-wide counter is this engine's while the block runs."""
+        out: dict[str, float] = {}
+        if self.sequence_parallel is None:
+            yield out
+            return
+        from hybridflow.engine.ulysses import COMM
+
+        COMM.reset()
+        try:
+            yield out
+        finally:
+            out[f"perf/{role}_sp_comm_mb"] = COMM.total() / 2**20
+
     def activation_offload(self):
         """``model.enable_activation_offload``: tensors saved for backward go to pinned host memory during the
         forward and come back for the backward (``torch.autograd.graph.save_on_cpu``), trading PCIe transfers

@@ -343,7 +343,9 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"update_actor needs a role with 'actor' (this worker is {self.role!r})")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
         start = time.perf_counter()
-        metrics: dict[str, Any] = self.actor.update_policy(data)
+        with self.actor_engine.sequence_parallel_traffic("actor") as traffic:
+            metrics: dict[str, Any] = self.actor.update_policy(data)
+        metrics.update(traffic)
         metrics["perf/update_actor_s"] = time.perf_counter() - start
         return DataProto(meta_info={"metrics": metrics})
 

@@ -161,7 +161,9 @@ class CriticWorker(Worker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))
     def update_critic(self, data: DataProto) -> DataProto:
         start = time.perf_counter()
-        metrics: dict[str, Any] = self.critic.update_critic(data)
+        with self.engine.sequence_parallel_traffic("critic") as traffic:
+            metrics: dict[str, Any] = self.critic.update_critic(data)
+        metrics.update(traffic)
         metrics["perf/update_critic_s"] = time.perf_counter() - start
         return DataProto(meta_info={"metrics": metrics})
 
