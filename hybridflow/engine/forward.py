@@ -334,10 +334,28 @@ def response_values(module: nn.Module, batch: dict[str, torch.Tensor], use_remov
     return outs["values"][:, -R - 1 : -1]
 
 
+@contextlib.contextmanager
+def _root_parameters(module: nn.Module) -> Iterator[None]:
+    """The root's own parameters (embeddings, final norm, head) gathered while submodules are called directly.
+
+    Calling a submodule of an FSDP2 root skips the root's pre-forward, which is what gathers them; the decoder
+    layers are FSDP units of their own and gather themselves.  ``unshard`` / ``reshard`` are not recursive.
+    """
+    if not hasattr(module, "unshard"):
+        yield
+        return
+    module.unshard()
+    try:
+        yield
+    finally:
+        module.reshard()
+
+
 def _sequence_score_head(module, ids, attn, pos, keep, labels):
     backbone = getattr(module, module.base_model_prefix)
-    hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-    return {"scores": _take(module.score(hidden)[..., 0].float(), keep)}
+    with _root_parameters(module):
+        hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+        return {"scores": _take(module.score(hidden)[..., 0].float(), keep)}
 
 
 def last_token_scores(module: nn.Module, input_ids, attention_mask, position_ids, use_remove_padding: bool = False,

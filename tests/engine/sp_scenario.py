@@ -172,8 +172,13 @@ def main(rank: int, world: int, port: int, sp: int, lm_dir: str, vlm_dir: str, o
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=240))
     batches = _load("hf_test_batches", "batches.py")
+    from hybridflow.engine.model_loader import load_causal_lm
     from hybridflow.engine.ulysses import COMM
 
+    engine = _engine(load_causal_lm(lm_dir), lm_dir, sp)
+    # the loss normalisers are summed over the dp group only: sp peers hold the same rows
+    layout = {"dp": engine.dp_size, "dp_sum_of_ones": engine.all_reduce_sum([1.0])[0], "dp_rank": engine.dp_rank,
+              "sp_rank": engine.sequence_parallel.rank}
     checks = {
         "actor": lambda: check_actor(lm_dir, sp, batches, checkpointing=False),
         "actor_checkpointing": lambda: check_actor(lm_dir, sp, batches, checkpointing=True),
@@ -186,6 +191,8 @@ def main(rank: int, world: int, port: int, sp: int, lm_dir: str, vlm_dir: str, o
         results[name] = check()
         results[name]["comm_bytes"] = COMM.sent.get("all_to_all", 0.0)
     results = {k: _max_over_ranks(v) for k, v in results.items()}
+    results["layout"] = [None] * world
+    dist.all_gather_object(results["layout"], layout)
     if rank == 0:
         Path(out_json).write_text(json.dumps({"world": world, "sp": sp, "results": results}, indent=1))
     dist.barrier()

@@ -152,6 +152,10 @@ def run_scenario(world: int, sp: int, lm_dir: str, vlm_dir: str, out_dir: Path) 
 def test_sequence_parallel_equals_the_unsharded_model(world, sp, varied_lm_dir, varied_vlm_dir, tmp_path):
     results = run_scenario(world, sp, varied_lm_dir, varied_vlm_dir, tmp_path)
     print(f"\nworld={world} sp={sp}: " + json.dumps(results))
+    layout = results.pop("layout")
+    dp = world // sp
+    assert [(r["dp_rank"], r["sp_rank"]) for r in layout] == [(i // sp, i % sp) for i in range(world)]
+    assert all(r["dp"] == dp and r["dp_sum_of_ones"] == dp for r in layout)  # normalisers: dp group only
     assert set(results) == {"actor", "actor_checkpointing", "critic", "vlm"}
     # gradient checkpointing re-runs each layer's attention (and its all-to-alls) in backward
     assert results["actor_checkpointing"]["comm_bytes"] > 1.4 * results["actor"]["comm_bytes"]

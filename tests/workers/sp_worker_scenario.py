@@ -2,10 +2,11 @@
 
 usage: python sp_worker_scenario.py RANK WORLD PORT CONFIG_PICKLE OUT_DIR
 
-The actor/ref worker and the critic worker run with ``ulysses_sequence_parallel_size = WORLD`` (dp = 1): every
+The actor/ref, critic and reward-model workers run with ``ulysses_sequence_parallel_size = WORLD`` (dp = 1): every
 rank gets the whole batch, as the controller's N-D dispatch gives it to the sp ranks of one group.  The actor
 computes log-probs, reference log-probs and one PPO update with token-budget micro-batches; the critic computes
-values and one update; both save a checkpoint.  Rank 0 writes what the parent compares with a one-process run.
+values and one update; the reward model scores the batch.  Rank 0 writes what the parent compares with a one-process
+run.
 """
 
 import importlib.util
@@ -36,6 +37,7 @@ def main(rank: int, world: int, port: int, cfg_path: str, out_dir: str) -> None:
     from hybridflow.protocol import DataProto
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
     from hybridflow.workers.critic import CriticWorker
+    from hybridflow.workers.reward_model import RewardModelWorker
 
     with open(cfg_path, "rb") as f:
         cfg = pickle.load(f)
@@ -57,10 +59,14 @@ def main(rank: int, world: int, port: int, cfg_path: str, out_dir: str) -> None:
     cdata = critic_batch(DataProto.from_dict({**dict(data.batch), "values": values.batch["values"]}))
     cmetrics = critic.update_critic(cdata).meta_info["metrics"]
     cstate = critic.engine.full_state_dict()
+
+    rm = RewardModelWorker(cfg.reward_model)
+    rm.init_model()
+    rm_scores = rm.compute_rm_score(data).batch["rm_scores"]
     if rank == 0:
         torch.save({"state": state, "metrics": metrics, "ref_log_prob": ref.batch["ref_log_prob"],
-                    "values": values.batch["values"], "critic_state": cstate, "critic_metrics": cmetrics},
-                   os.path.join(out_dir, "after_update.pt"))
+                    "values": values.batch["values"], "critic_state": cstate, "critic_metrics": cmetrics,
+                    "rm_scores": rm_scores}, os.path.join(out_dir, "after_update.pt"))
     torch.distributed.destroy_process_group()
 
 

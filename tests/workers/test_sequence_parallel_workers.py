@@ -1,4 +1,5 @@
-"""The workers with Ulysses sequence parallelism (2 gloo ranks, sp = 2) against one process without it.
+"""The workers with Ulysses sequence parallelism (2 gloo ranks, sp = 2) against one process without it: actor/ref,
+critic and reward model.
 
 ``sp_worker_scenario.py`` runs the actor/ref worker (reference log-probs, log-probs and a PPO update with
 token-budget micro-batches) and the critic worker (values and an update) with ``ulysses_sequence_parallel_size=2``;
@@ -30,11 +31,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _reward_model(lm_dir: str, out) -> str:
+    """A sequence-classification checkpoint of the tiny LM with a saved (seeded) score head."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_pretrained(lm_dir, num_labels=1).save_pretrained(out)
+    AutoTokenizer.from_pretrained(lm_dir).save_pretrained(out)
+    return str(out)
+
+
 @pytest.fixture(scope="module")
 def sp_run(config_factory, tmp_path_factory):
     from hybridflow.utils.tiny_model import make_tiny_checkpoint
 
     model = str(make_tiny_checkpoint(tmp_path_factory.mktemp("varied_lm"), size="nano", initializer_range=0.2))
+    rm_dir = _reward_model(model, tmp_path_factory.mktemp("varied_rm"))
     cfg = config_factory(
         model, "trainer.n_gpus_per_node=2", "algorithm.adv_estimator=gae",
         f"{A}.actor.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2",
@@ -43,7 +55,9 @@ def sp_run(config_factory, tmp_path_factory):
         f"{A}.ref.log_prob_use_dynamic_bsz=true", f"{A}.ref.log_prob_max_token_len_per_gpu=16",
         f"{A}.actor.use_kl_loss=true", "critic.model.use_remove_padding=true", "critic.use_dynamic_bsz=true",
         "critic.ppo_max_token_len_per_gpu=12", "critic.forward_max_token_len_per_gpu=16", "critic.optim.lr=1e-3",
-        "critic.ppo_mini_batch_size=2",
+        "critic.ppo_mini_batch_size=2", "reward_model.enable=true", f"reward_model.model.path={rm_dir}",
+        "reward_model.model.use_remove_padding=true", "reward_model.ulysses_sequence_parallel_size=2",
+        "reward_model.micro_batch_size_per_gpu=4",
     )
     for optim in (cfg.actor_rollout_ref.actor.optim, cfg.critic.optim):
         optim.override_optimizer_config = {"eps": 1.0}  # Adam step ~ linear in the gradient
@@ -62,6 +76,7 @@ def sp_run(config_factory, tmp_path_factory):
     single.actor_rollout_ref.actor.ulysses_sequence_parallel_size = 1
     single.actor_rollout_ref.ref.ulysses_sequence_parallel_size = 1
     single.critic.ulysses_sequence_parallel_size = 1
+    single.reward_model.ulysses_sequence_parallel_size = 1
     return single, str(out_dir), torch.load(os.path.join(out_dir, "after_update.pt"))
 
 
@@ -108,6 +123,17 @@ def test_critic_with_sp_equals_one_process(sp_run, batches):
     metrics = critic.update_critic(cdata).meta_info["metrics"]
     _assert_states_close(critic.engine.full_state_dict(), saved["critic_state"], init)
     assert metrics["critic/grad_norm"] == pytest.approx(saved["critic_metrics"]["critic/grad_norm"], rel=1e-4)
+
+
+def test_reward_model_with_sp_equals_one_process(sp_run, batches):
+    from hybridflow.workers.reward_model import RewardModelWorker
+
+    cfg, _, saved = sp_run
+    rm = RewardModelWorker(cfg.reward_model)
+    rm.init_model()
+    data = batches.make_update_batch(rm.engine.module.config.vocab_size, seed=0)
+    scores = rm.compute_rm_score(data).batch["rm_scores"]
+    assert scores.abs().sum() > 0 and torch.allclose(scores, saved["rm_scores"], atol=1e-5)
 
 
 def test_sp_checkpoint_has_one_shard_per_rank(sp_run):
