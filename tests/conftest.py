@@ -11,6 +11,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Tests start their own Ray instances (address="local"); a RAY_ADDRESS left in the shell would point hybridflow's
+# runs at an outside cluster instead (an explicit RAY_ADDRESS is honoured by init_ray).
+os.environ.pop("RAY_ADDRESS", None)
 
 import pytest
 import torch

@@ -99,7 +99,8 @@ def test_no_import_cycles():
 # Names that are the same on purpose: package markers, each package's own error types, and verl's public
 # module paths.  Modules named after a dataset or task under the folders that say what they do with it
 # (``data/preprocess/gsm8k.py`` writes it, ``rewards/scorers/gsm8k.py`` scores it) are left out.
-_SHARED_NAMES = {"__init__.py", "__main__.py", "errors.py", "base.py", "main_ppo.py", "tool_parser.py"}
+_SHARED_NAMES = {"__init__.py", "__main__.py", "errors.py", "base.py", "main_ppo.py", "tool_parser.py",
+                 "tool_registry.py"}
 _PER_TASK_FOLDERS = ("data/preprocess/", "rewards/scorers/")
 
 

@@ -86,7 +86,7 @@ def test_reorder_and_indexing():
     d = make(4)
     d.reorder(torch.tensor([3, 2, 1, 0]))
     assert list(d.non_tensor_batch["uid"]) == ["u3", "u2", "u1", "u0"]
-    assert len(d[1:3]) == 2 and d[0].non_tensor_batch["uid"][0] == "u3"
+    assert len(d[1:3]) == 2 and d[0].non_tensor_batch["uid"] == "u3"  # one row: a DataProtoItem, as in verl
     mask = np.array([True, False, True, False])
     assert list(d.select_idxs(mask).non_tensor_batch["uid"]) == ["u3", "u1"]
     assert torch.equal(d["x"], d.batch["x"])

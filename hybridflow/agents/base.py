@@ -21,6 +21,7 @@ pkg.module.Class`` plus constructor keywords), selected per row by the ``agent_n
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import os
 import sys
@@ -35,9 +36,12 @@ from hybridflow.utils.registry import closest
 __all__ = [
     "AgentLoopBase",
     "AgentLoopMetrics",
+    "AgentLoopNotRegistered",
     "AgentLoopOutput",
     "DictConfigWrap",
+    "ToolListWrap",
     "register",
+    "typed_view",
     "resolve_agent_loop",
     "load_agent_loop_config",
     "registered_agent_loops",
@@ -45,12 +49,14 @@ __all__ = [
 
 
 class AgentLoopMetrics(BaseModel):
-    """Per-trajectory timing: seconds waiting for the model and for tools (verl's names); extra keys allowed."""
+    """Per-trajectory timing: seconds waiting for the model, for tools and for the reward (verl's names);
+    extra keys allowed."""
 
     model_config = ConfigDict(extra="allow")
 
     generate_sequences: float = 0.0
     tool_calls: float = 0.0
+    compute_score: float = 0.0
     num_preempted: int = -1
 
 
@@ -69,31 +75,120 @@ class AgentLoopOutput(BaseModel):
     num_turns: int = 0
     metrics: AgentLoopMetrics = AgentLoopMetrics()
     extra_fields: dict[str, Any] = {}
+    mm_processor_kwargs: Optional[dict[str, Any]] = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """verl's per-trajectory dict: the fields that were set, with ``prompts`` / ``responses`` /
+        ``response_mask`` as int64 tensors, ``rollout_log_probs`` (float32) for ``response_logprobs``,
+        ``rm_scores`` (the reward on the last response token) for ``reward_score``, ``routed_experts``
+        (int16) padded with zero rows to prompt + response length, and ``teacher_ids`` /
+        ``teacher_logprobs`` lifted out of ``extra_fields``."""
+        import torch
+
+        out = self.model_dump(exclude_unset=True)
+        out["prompts"] = torch.tensor(out.pop("prompt_ids"), dtype=torch.int64)
+        out["responses"] = torch.tensor(out.pop("response_ids"), dtype=torch.int64)
+        out["response_mask"] = torch.tensor(out.pop("response_mask"), dtype=torch.int64)
+        logprobs = out.pop("response_logprobs", None)
+        if logprobs is not None:
+            out["rollout_log_probs"] = torch.tensor(logprobs, dtype=torch.float32)
+        experts = out.pop("routed_experts", None)
+        if experts is not None:
+            experts = torch.as_tensor(experts, dtype=torch.int16)
+            total = out["prompts"].numel() + out["responses"].numel()
+            aligned = experts.new_zeros((total, *experts.shape[1:]))
+            rows = min(experts.shape[0], total)
+            aligned[:rows] = experts[:rows]
+            out["routed_experts"] = aligned
+        score = out.pop("reward_score", None)
+        if score is not None:
+            rm_scores = torch.zeros(out["response_mask"].shape, dtype=torch.float32)
+            if rm_scores.numel():
+                rm_scores[-1] = score
+            out["rm_scores"] = rm_scores
+        extra = out.setdefault("extra_fields", dict(self.extra_fields))  # set in place: not in the fields-set
+        for key in ("teacher_ids", "teacher_logprobs"):
+            value = extra.pop(key, None)
+            if value is not None:
+                out[key] = value
+        return out
 
 
 class DictConfigWrap:
-    """verl's wrapper that hands the trainer config to loops (``self.config`` is an OmegaConf DictConfig,
-    as verl users index it); ``typed`` is hybridflow's typed ``PPOConfig`` node for code that prefers it."""
+    """verl's wrapper that hands a config to loops without Hydra resolving it: ``self.config`` is an
+    OmegaConf DictConfig, as verl users index it. ``typed`` is what hybridflow's own loops read: the
+    trainer's typed ``PPOConfig`` node when the agent-loop worker builds the loop; for a loop built verl's way
+    (``DictConfigWrap(cfg)``) it is ``cfg`` laid over hybridflow's defaults, so every key a built-in loop
+    reads has its default value."""
 
     def __init__(self, config: Any, typed: Any = None):
         self.config = config
         self.typed = typed
 
 
+class ToolListWrap:
+    """verl's wrapper of the tool list given to ``ToolAgentLoop(tools=...)`` (Hydra instantiation would turn
+    the tool objects into DictConfigs)."""
+
+    def __init__(self, tools: list):
+        self.tools = tools
+
+
+@functools.lru_cache(maxsize=1)
+def _default_tree():
+    from omegaconf import OmegaConf
+
+    from hybridflow.config import CONFIG_DIR
+
+    return OmegaConf.load(CONFIG_DIR / "ppo_trainer.yaml")
+
+
+def typed_view(wrapped: DictConfigWrap | None, node: str | None = None) -> Any:
+    """What hybridflow's loops read from a :class:`DictConfigWrap`: its ``typed`` node, else its config over
+    the defaults (``node``: the sub-node of the defaults it stands for, e.g. ``"data"``)."""
+    if wrapped is None:
+        return None
+    if getattr(wrapped, "typed", None) is not None:
+        return wrapped.typed
+    from omegaconf import DictConfig, OmegaConf
+
+    config = wrapped.config
+    if not isinstance(config, DictConfig):
+        config = OmegaConf.create(config if config is not None else {})
+    defaults = OmegaConf.create(OmegaConf.to_container(_default_tree(), resolve=False))
+    if node is not None:
+        defaults = OmegaConf.create(OmegaConf.to_container(defaults, resolve=True)[node])
+    return OmegaConf.merge(defaults, config)
+
+
 class AgentLoopBase(ABC):
-    """Base class of agent loops; one instance per trajectory (cheap: shared state lives in the worker)."""
+    """Base class of agent loops; one instance per trajectory (cheap: shared state lives in the worker).
+
+    Constructed as verl does: ``cls(trainer_config=DictConfigWrap(cfg), server_manager=..., tokenizer=...,
+    processor=..., dataset_cls=..., data_config=DictConfigWrap(cfg.data), hf_model_type=..., **kwargs)`` (the same
+    positions); ``dataset_config=`` (verl's name before Feb 2026) is accepted for ``data_config``.
+    """
 
     def __init__(self, trainer_config: DictConfigWrap, server_manager, tokenizer, processor=None,
-                 dataset_cls: type | None = None, dataset_config: DictConfigWrap | None = None, **kwargs):
+                 dataset_cls: type | None = None, data_config: DictConfigWrap | None = None,
+                 hf_model_type: str | None = None, dataset_config: DictConfigWrap | None = None, **kwargs):
+        if data_config is not None and dataset_config is not None and data_config is not dataset_config:
+            raise TypeError("give the data config once: data_config= (verl's current name) or dataset_config=")
+        data_config = data_config if data_config is not None else dataset_config
         self.config = trainer_config.config
-        self.typed_config = trainer_config.typed
+        self.hf_model_type = hf_model_type  # verl picks its token builder by it; rendering here uses the template
+        self.typed_config = typed_view(trainer_config)
+        self.rollout_config = self.typed_config.actor_rollout_ref.rollout
         self.server_manager = server_manager
         self.tokenizer = tokenizer
         self.processor = processor
         self.dataset_cls = dataset_cls
-        self.dataset_config = dataset_config.config if dataset_config is not None else None
-        kwargs_cfg = self.dataset_config.get("apply_chat_template_kwargs") if self.dataset_config is not None else None
+        self.data_config = data_config.config if data_config is not None else None
+        self.dataset_config = self.data_config  # the old attribute name
+        kwargs_cfg = self.data_config.get("apply_chat_template_kwargs") if self.data_config is not None else None
         self.apply_chat_template_kwargs: dict[str, Any] = dict(kwargs_cfg or {})
+        mm_cfg = self.data_config.get("mm_processor_kwargs") if self.data_config is not None else None
+        self.mm_processor_kwargs: dict[str, Any] = dict(mm_cfg or {})
         try:  # verl's loops keep the loop they run on; built outside one, there is none yet
             self.loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -184,12 +279,19 @@ def _import_target(target: str, where: str) -> type:
     return cls
 
 
+class AgentLoopNotRegistered(KeyError, AssertionError):
+    """An agent name nobody registered (a ``KeyError``; verl asserts, so also an ``AssertionError``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def resolve_agent_loop(agent_name: str) -> tuple[type[AgentLoopBase], dict[str, Any]]:
     """The class and extra constructor keywords registered as ``agent_name``; a clear error otherwise."""
     spec = _REGISTRY.get(agent_name)
     if spec is None:
         hint = closest(agent_name, list(_REGISTRY))
-        raise KeyError(f"agent loop {agent_name!r} is not registered (known: {', '.join(sorted(_REGISTRY))})"
+        raise AgentLoopNotRegistered(f"agent loop {agent_name!r} is not registered (known: {', '.join(sorted(_REGISTRY))})"
                        + (f"; did you mean {hint!r}?" if hint else "")
                        + ". Register it with @register(name) or list it in "
                        "actor_rollout_ref.rollout.agent.agent_loop_config_path")

@@ -24,7 +24,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.rollout.fleet import RolloutFleet
 from hybridflow.rollout.server_manager import derive_seed
 
-__all__ = ["AgentLoopManager", "summarize_trajectory_metrics"]
+__all__ = ["AgentLoopManager", "summarize_trajectory_metrics", "concurrent_trajectories", "rollout_stream_threads"]
 
 
 class AgentLoopManager:
@@ -44,7 +44,8 @@ class AgentLoopManager:
         self.backend = backend
         self.tokenizer = tokenizer
         self.processor = processor
-        num_workers = agent_worker_count(self.rollout_config.agent.num_workers, backend)
+        num_workers = agent_worker_count(self.rollout_config.agent.num_workers, backend,
+                                         concurrent_trajectories(config))
         self.scorer = _start_scorer(config, backend, reward_manager) if reward_loop_applies(config) else None
         client = ScorerClient(self.scorer) if self.scorer is not None else None
         self._next_worker = 0
@@ -125,9 +126,10 @@ class AgentLoopManager:
         self.workers, self.scorer = [], None
 
 
-def agent_worker_count(configured: int | None, backend: str) -> int:
-    """``rollout.agent.num_workers``, or when null: min(8, CPUs) -- verl's 8 on a node with CPUs to spare, fewer
-    on a laptop, where each worker process (tokenizer, torch: ~250 MB, seconds of start-up) would only wait."""
+def agent_worker_count(configured: int | None, backend: str, trajectories: int | None = None) -> int:
+    """``rollout.agent.num_workers``, or when null: min(8, CPUs, ``trajectories``) -- verl's 8 on a node with CPUs
+    to spare, fewer on a laptop, where each worker process (tokenizer, torch: ~250 MB, seconds of start-up) would
+    only wait, and never more than the trajectories that can run at once (a worker without rows only waits)."""
     if configured is not None:
         if int(configured) < 1:
             raise ValueError(f"actor_rollout_ref.rollout.agent.num_workers={configured}: need at least 1")
@@ -138,7 +140,43 @@ def agent_worker_count(configured: int | None, backend: str) -> int:
         import ray
 
         cpus = int(ray.cluster_resources().get("CPU", 1))
-    return max(1, min(8, cpus))
+    return max(1, min(8, cpus, trajectories or 8))
+
+
+def concurrent_trajectories(config) -> int:
+    """How many trajectories can be in flight at once in this run (what rollout threads are sized by).
+
+    Training: a generation round's prompts (``data.gen_batch_size``, else ``data.train_batch_size``) x
+    ``rollout.n``; fully async training keeps up to ``(1 + staleness_threshold) x trigger_parameter_sync_step x
+    train_batch_size`` prompts in flight.  Validation: ``data.val_batch_size x val_kwargs.n`` when the batch size is
+    set (null = the whole set at once, unknown before the data is read: its requests then queue for threads when
+    it has more trajectories than training, which only delays them).
+    """
+    data, rollout, at = config.data, config.actor_rollout_ref.rollout, config.async_training
+    prompts = int(data.gen_batch_size or data.train_batch_size)
+    if at.mode == "fully_async":
+        per_version = int(data.train_batch_size) * int(at.trigger_parameter_sync_step)
+        prompts = int(per_version * (1.0 + float(at.staleness_threshold)))
+    demand = prompts * int(rollout.n)
+    if data.val_files and data.val_batch_size:
+        demand = max(demand, int(data.val_batch_size) * int(rollout.val_kwargs.n))
+    return max(1, demand)
+
+
+MAX_ROLLOUT_STREAM_THREADS = 1024
+
+
+def rollout_stream_threads(config) -> int:
+    """Threads a Ray rollout process gives to streamed request batches (its ``RAY_ROLLOUT_CONCURRENCY_GROUP``).
+
+    Each agent-loop worker sends the requests of one event-loop tick as one streamed call, which holds a thread
+    of that group until its last answer; so no more calls than trajectories in flight can be running, and no more
+    than ``rollout.max_num_seqs`` can be generating at once (further calls would only wait in the engine).  Ray
+    starts the group's threads with the process, so the size is the demand -- not ``max_num_seqs`` alone, which
+    held ~1,050 idle threads per process with verl's default of 1024.
+    """
+    demand = concurrent_trajectories(config)
+    return max(1, min(demand, int(config.actor_rollout_ref.rollout.max_num_seqs), MAX_ROLLOUT_STREAM_THREADS))
 
 
 def _start_scorer(config, backend: str, reward_manager) -> Any:

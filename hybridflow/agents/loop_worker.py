@@ -8,8 +8,10 @@ loops' model calls meet in the replicas' engines, which batch them.
 
 A trajectory whose loop raises is not lost and does not stop the batch: it becomes an empty, untrained
 trajectory (score 0 from the reward, ``response_mask`` 0) counted in ``agent/error_count``, with the first
-traceback printed once.  Only a replica failure (:class:`ReplicaError`: a rollout process died) stops the
-run, since every later request would fail too.
+traceback printed once and every traceback kept in the row's ``agent_error`` column (the trainer stops a
+step where more than ``trainer.tolerated_failure_fraction`` of the trajectories failed, and names the first).
+Only a replica failure (:class:`ReplicaError`: a rollout process died) stops the run at once, since every
+later request would fail too.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from hybridflow.agents.base import (
     AgentLoopMetrics,
     AgentLoopOutput,
     DictConfigWrap,
+    ToolListWrap,
     load_agent_loop_config,
     resolve_agent_loop,
 )
 from hybridflow.agents.postprocess import outputs_to_batch
+from hybridflow.agents.tool_session import load_tools
 from hybridflow.agents.trajectory_images import row_images
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.replica import ReplicaError, RolloutReplica
@@ -82,7 +86,10 @@ class AgentLoopWorker:
         self.server_manager = AsyncLLMServerManager(replicas, default_max_tokens=int(self.rollout_config.response_length))
         plain = OmegaConf.create(config_to_dict(config))
         self.trainer_config = DictConfigWrap(plain, typed=config)
-        self.dataset_config = DictConfigWrap(plain.data, typed=config.data)
+        self.data_config = DictConfigWrap(plain.data, typed=config.data)
+        mt = self.rollout_config.multi_turn
+        # every loop gets the run's tools, as verl's worker passes them (``tools=ToolListWrap(...)``)
+        self.tools = ToolListWrap(list(load_tools(mt.tool_config_path, getattr(mt, "function_tool_path", None)).values()))
         register_builtin_loops()
         if self.rollout_config.agent.agent_loop_config_path:
             load_agent_loop_config(self.rollout_config.agent.agent_loop_config_path)
@@ -120,7 +127,7 @@ class AgentLoopWorker:
             cls, extra = resolve_agent_loop(str(agent_name))
             loop: AgentLoopBase = cls(trainer_config=self.trainer_config, server_manager=self.server_manager,
                                       tokenizer=self.tokenizer, processor=self.processor, dataset_cls=None,
-                                      dataset_config=self.dataset_config, **extra)
+                                      data_config=self.data_config, tools=self.tools, **extra)
             output = await loop.run(sampling, request_id=request_id, **row)
             if not isinstance(output, AgentLoopOutput):
                 raise TypeError(f"agent loop {agent_name!r} returned {type(output).__name__}, not AgentLoopOutput")
@@ -129,7 +136,8 @@ class AgentLoopWorker:
             raise
         except Exception as exc:  # noqa: BLE001 - one trajectory's failure must not cost the batch
             self._report(agent_name, request_id, exc)
-            output = self._failed_output(row)
+            output = self._failed_output(row, f"agent loop {agent_name!r} failed on trajectory {request_id}:\n"
+                                         + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
             failed = 1.0
         finally:
             self.server_manager.release(request_id)
@@ -148,9 +156,12 @@ class AgentLoopWorker:
         result = await self.scorer.score(one)
         output.reward_score = result["score"]
         output.extra_fields["reward_extra_info"] = result["extra"]
+        output.extra_fields["reward_error"] = result.get("error")  # None, or why it could not be scored
         return {f"reward_loop/{k}": float(v) for k, v in result.get("metrics", {}).items()}
 
-    def _failed_output(self, row: dict[str, Any]) -> AgentLoopOutput:
+    def _failed_output(self, row: dict[str, Any], error: str) -> AgentLoopOutput:
+        """The untrained stand-in for a trajectory whose loop raised; ``agent_error`` carries the traceback (the
+        trainer names the first one when too many trajectories of a step failed)."""
         prompt = [int(t) for t in row.get("raw_prompt_ids") or []] or [self.tokenizer.pad_token_id or 0]
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
         # One masked token gives the reward a place to sit; response_mask 0 keeps it out of every loss.
@@ -158,7 +169,7 @@ class AgentLoopWorker:
         return AgentLoopOutput(prompt_ids=prompt, response_ids=[eos], response_mask=[0],
                                response_logprobs=[0.0] if self.rollout_config.calculate_log_probs else None,
                                multi_modal_data={"image": images} if images else None,  # the prompt's image tokens
-                               num_turns=0, extra_fields={"agent_error": True})
+                               num_turns=0, extra_fields={"agent_error": error})
 
     def _report(self, agent_name: str, request_id: str, exc: BaseException) -> None:
         if self._reported_error:
@@ -191,10 +202,15 @@ class AgentLoopWorker:
 
 
 def stack_outputs(tokenizer, rollout_config, outputs: list[AgentLoopOutput], processor=None) -> DataProto:
-    """``outputs_to_batch`` with the run's widths and the tokenizer's pad id (``processor``: a VLM's)."""
+    """``outputs_to_batch`` with the run's widths and the tokenizer's pad id (``processor``: a VLM's).  The
+    ``agent_error`` column is always there (``None`` where the loop did not raise), so batches of different
+    generation rounds (DAPO, async training) concatenate whether or not one of them had a failure."""
     pad = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
-    return outputs_to_batch(outputs, int(rollout_config.prompt_length), int(rollout_config.response_length), pad,
-                            processor)
+    batch = outputs_to_batch(outputs, int(rollout_config.prompt_length), int(rollout_config.response_length), pad,
+                             processor)
+    if "agent_error" not in batch.non_tensor_batch:
+        batch.non_tensor_batch["agent_error"] = np.full(len(batch), None, dtype=object)
+    return batch
 
 
 def default_agent_loop(rollout_config) -> str:

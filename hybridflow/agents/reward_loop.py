@@ -52,12 +52,15 @@ class TrajectoryScorer:
         self._lock = threading.Lock()  # the manager's scoring pool serves one call at a time
 
     def score(self, rows: DataProto) -> list[dict[str, Any]]:
-        """Per row: ``{"score": float, "extra": {...}}``; the call's error counts ride on the first row."""
+        """Per row: ``{"score": float, "extra": {...}, "error": None or why it could not be scored}``; the call's
+        error counts ride on the first row."""
         with self._lock:
             result = self.manager(rows, return_dict=True)
         scores = result["reward_tensor"].sum(dim=-1).tolist()
         extra = result.get("reward_extra_info", {})
-        out = [{"score": float(s), "extra": {k: v[i] for k, v in extra.items()}} for i, s in enumerate(scores)]
+        errors = result.get("reward_errors") or [None] * len(scores)
+        out = [{"score": float(s), "extra": {k: v[i] for k, v in extra.items()}, "error": errors[i]}
+               for i, s in enumerate(scores)]
         if out:
             out[0]["metrics"] = dict(result.get("reward_metrics", {}))
         return out

@@ -9,7 +9,7 @@ an agent-loop worker as a per-trajectory failure.  Here they stop the run at onc
 
 from __future__ import annotations
 
-__all__ = ["AgentConfigError", "check_agent_config"]
+__all__ = ["AgentConfigError", "check_agent_config", "check_agent_names"]
 
 
 class AgentConfigError(ValueError):
@@ -41,6 +41,31 @@ def check_agent_config(config) -> None:
     if mt.format not in ToolParser.names():
         raise AgentConfigError(f"{key}.multi_turn.format={mt.format!r} is not a tool-call format; choose one of: "
                                f"{', '.join(ToolParser.names())}")
+
+
+def check_agent_names(dataset) -> None:
+    """Every ``agent_name`` a dataset row names must be a registered agent loop (after :func:`check_agent_config`
+    registered the configured ones); otherwise each of those rows would fail in every step.  Rows without one use
+    ``rollout.agent.default_agent_loop``.  Datasets that do not keep their rows (a ``data.custom_cls``) are skipped."""
+    from hybridflow.agents.base import registered_agent_loops
+
+    rows = getattr(dataset, "rows", None)
+    if rows is None:
+        return
+    known = set(registered_agent_loops())
+    bad = [(i, row.get("agent_name")) for i, row in enumerate(rows)
+           if row.get("agent_name") is not None and str(row.get("agent_name")) not in known]
+    if not bad:
+        return
+    first, name = bad[0]
+    where = dataset._where(first) if hasattr(dataset, "_where") else f"row {first}"
+    names = sorted({str(n) for _, n in bad})
+    raise AgentConfigError(
+        f"{where}: column 'agent_name' is {name!r}, which is not a registered agent loop ({len(bad)} of {len(rows)} "
+        f"rows name unregistered loops: {', '.join(map(repr, names[:5]))}). Registered: "
+        f"{', '.join(sorted(known))}. Fix the column, or register the loop in "
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path"
+    )
 
 
 def _check(load, key: str) -> None:

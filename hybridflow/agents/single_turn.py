@@ -24,7 +24,8 @@ class SingleTurnAgentLoop(AgentLoopBase):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.response_length = int(self.typed_config.actor_rollout_ref.rollout.response_length)
-        self.tool_schemas = load_tool_schemas(self.typed_config.data.tool_config_path)
+        data = self.typed_config.data
+        self.tool_schemas = load_tool_schemas(data.tool_config_path, getattr(data, "function_tool_path", None))
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         raw_ids = kwargs.get("raw_prompt_ids")

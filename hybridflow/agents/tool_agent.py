@@ -28,30 +28,46 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from enum import Enum
 from typing import Any
 
-from hybridflow.agents.base import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from hybridflow.agents.base import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, ToolListWrap, register
 from hybridflow.agents.chat import check_tokenization, render_continuation
 from hybridflow.agents.tool_parser import ToolParser
-from hybridflow.agents.tool_session import load_executor, load_interactions, load_tool_schemas
+from hybridflow.agents.tool_session import load_executor, load_interactions, tool_schemas
 from hybridflow.agents.trajectory_images import image_message_content, message_images, tool_images
 
-__all__ = ["ToolAgentLoop"]
+__all__ = ["AgentState", "ToolAgentLoop"]
 
 logger = logging.getLogger(__name__)
 
 
+class AgentState(Enum):
+    """The states of a tool-agent trajectory (verl's names; ``INTERACTING`` is the simulated user's turn)."""
+
+    PENDING = "pending"
+    GENERATING = "generating"
+    PROCESSING_TOOLS = "processing_tools"
+    INTERACTING = "interacting"
+    TERMINATED = "terminated"
+
+
 @register("tool_agent")
 class ToolAgentLoop(AgentLoopBase):
-    def __init__(self, *args, **kwargs):
+    """``tools=ToolListWrap([...])`` (verl's way, BaseTool objects or ``@function_tool`` entries) replaces the
+    tools of ``rollout.multi_turn.tool_config_path`` / ``function_tool_path``."""
+
+    def __init__(self, *args, tools: ToolListWrap | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         rollout = self.typed_config.actor_rollout_ref.rollout
         self.mt = rollout.multi_turn
         self.response_length = int(rollout.response_length)
-        self.executor = load_executor(self.mt)
-        self.tool_schemas = load_tool_schemas(self.mt.tool_config_path)
+        given = list(tools.tools) if tools is not None else None
+        self.executor = load_executor(self.mt, given)
+        self.tool_schemas = tool_schemas(self.executor.tools.values())
         self.interactions = load_interactions(self.mt.interaction_config_path)
         self.parser = ToolParser.get_tool_parser(self.mt.format, self.tokenizer)
+        self.parser_tools = [t.tool_schema for t in self.executor.tools.values()]
         eos = self.tokenizer.eos_token_id
         self.stop_ids = [eos] if isinstance(eos, int) else list(eos or [])
 
@@ -63,27 +79,18 @@ class ToolAgentLoop(AgentLoopBase):
         state.images = message_images(state.messages) if self.processor is not None else []
         prompt_ids = await self.apply_chat_template(state.messages, tools=self.tool_schemas or None,
                                                     images=state.images or None)
+        state.phase = AgentState.GENERATING
         try:
-            while True:
-                budget = self.response_length - len(state.response)
-                if budget <= 0:
-                    break
-                output = await self._generate(state, request_id, prompt_ids, sampling_params, budget)
-                if output.finish_reason != "stop" or self._turn_limit(state.assistant_turns, self.mt.max_assistant_turns):
-                    break
-                found = await self.parser.extract_tool_calls_with_errors(output.token_ids)
-                if found.items:
-                    if self._turn_limit(state.user_turns, self.mt.max_user_turns):
-                        break
-                    if not await self._run_tools(state, found.items, session):
-                        break
-                elif interaction is not None:
-                    if self._turn_limit(state.user_turns, self.mt.max_user_turns):
-                        break
-                    if not await self._interact(state, interaction, instance, interaction_kwargs):
-                        break
-                else:
-                    break
+            while state.phase is not AgentState.TERMINATED:
+                if state.phase is AgentState.GENERATING:
+                    state.phase = await self._generating(state, request_id, prompt_ids, sampling_params,
+                                                         interaction is not None)
+                elif state.phase is AgentState.PROCESSING_TOOLS:
+                    ok = await self._run_tools(state, state.pending, session)
+                    state.phase = AgentState.GENERATING if ok else AgentState.TERMINATED
+                else:  # INTERACTING
+                    ok = await self._interact(state, interaction, instance, interaction_kwargs)
+                    state.phase = AgentState.GENERATING if ok else AgentState.TERMINATED
         finally:
             reward_scores = await session.close()
             if interaction is not None:
@@ -91,9 +98,28 @@ class ToolAgentLoop(AgentLoopBase):
         return self._output(state, prompt_ids, session, reward_scores, sampling_params)
 
     # ------------------------------------------------------------------ states
+    async def _generating(self, state: "_Trajectory", request_id: str, prompt_ids: list[int], sampling_params,
+                          interacting: bool) -> AgentState:
+        """One model turn; the next state from what it wrote and the turn limits."""
+        budget = self.response_length - len(state.response)
+        if budget <= 0:
+            return AgentState.TERMINATED
+        output = await self._generate(state, request_id, prompt_ids, sampling_params, budget)
+        if output.finish_reason != "stop" or self._turn_limit(state.assistant_turns, self.mt.max_assistant_turns):
+            return AgentState.TERMINATED
+        found = await self.parser.extract_tool_calls_with_errors(output.token_ids, self.parser_tools)
+        if not found.items and not interacting:
+            return AgentState.TERMINATED
+        if self._turn_limit(state.user_turns, self.mt.max_user_turns):
+            return AgentState.TERMINATED
+        state.pending = found.items
+        return AgentState.PROCESSING_TOOLS if found.items else AgentState.INTERACTING
+
     async def _generate(self, state: "_Trajectory", request_id: str, prompt_ids: list[int], sampling_params,
                         budget: int):
         params = dict(sampling_params, max_tokens=budget)
+        if self.parser.stop_token_ids:  # formats whose models keep writing after a call (Kimi, GLM, Gemma 4)
+            params["stop_token_ids"] = list(dict.fromkeys([*self.stop_ids, *self.parser.stop_token_ids]))
         start = time.perf_counter()
         output = await self.server_manager.generate(request_id=request_id, prompt_ids=prompt_ids + state.response,
                                                     sampling_params=params, image_data=list(state.images) or None)
@@ -238,6 +264,8 @@ class _Trajectory:
         self.finish_reason = "stop"
         self.generate_s = 0.0
         self.tool_s = 0.0
+        self.phase = AgentState.PENDING
+        self.pending: list = []  # the calls (and parse errors) of the last model turn
 
 
 async def _settled(value):

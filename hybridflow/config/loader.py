@@ -191,9 +191,10 @@ def _check_override_keys(overrides: list[str], cfg_dir: Path, name: str) -> list
         parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
     except Exception as e:
         raise ConfigError([f"could not parse the overrides: {_first_line(e)}"]) from None
-    base = OmegaConf.load(CONFIG_DIR / f"{DEFAULT_CONFIG_NAME}.yaml") if cfg_dir == CONFIG_DIR else None
+    base = _base_tree(cfg_dir, name)
     if base is None:
-        return list(overrides)  # a user config may add keys through its defaults list; Hydra checks those
+        return list(overrides)  # the named config does not compose on its own: Hydra reports why
+    user_config = not (cfg_dir == CONFIG_DIR and name.removesuffix(".yaml") == DEFAULT_CONFIG_NAME)
     known = _all_key_paths(base)
     errors, out, megatron = [], [], []
     for raw, ov in zip(overrides, parsed):
@@ -206,6 +207,9 @@ def _check_override_keys(overrides: list[str], cfg_dir: Path, name: str) -> list
             continue
         if _under_free_form(base, key):
             out.append("++" + raw)
+            continue
+        if user_config and ("/" in key or "@" in key):
+            out.append(raw)  # a config-group choice of the user's defaults list: Hydra resolves it
             continue
         hint = closest(key, sorted(known))
         msg = f"unknown config key '{key}'"
@@ -221,6 +225,29 @@ def _check_override_keys(overrides: list[str], cfg_dir: Path, name: str) -> list
     if errors:
         raise ConfigError(errors)
     return out
+
+
+def _base_tree(cfg_dir: Path, name: str) -> DictConfig | None:
+    """The key tree overrides apply to: our defaults file, or the named config composed without overrides
+    (``--config-path/--config-name``: its own keys and those its defaults list brings in)."""
+    stem = name.removesuffix(".yaml")
+    if cfg_dir == CONFIG_DIR and stem == DEFAULT_CONFIG_NAME:
+        return OmegaConf.load(CONFIG_DIR / f"{DEFAULT_CONFIG_NAME}.yaml")
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    extra = [] if cfg_dir == CONFIG_DIR else [f"hydra.searchpath=[file://{CONFIG_DIR}]"]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(cfg_dir), version_base=None):
+            cfg = compose(config_name=stem, overrides=extra)
+    except Exception:  # noqa: BLE001 - composing again with the overrides reports the problem
+        return None
+    finally:
+        GlobalHydra.instance().clear()
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    cfg.pop("hydra", None)
+    return cfg
 
 
 def _all_key_paths(node: Any, prefix: str = "") -> set[str]:

@@ -533,6 +533,7 @@ class TrainerConfig:
     use_legacy_worker_impl: Any  # "auto" | "enable" | "disable" (verl scripts also write False); inert here
     seed: int
     report: bool
+    tolerated_failure_fraction: float  # hybridflow-only: see hybridflow.trainer.step_failures
 
 
 @dataclass(**KW)

@@ -105,6 +105,10 @@ def _check_choices(cfg: PPOConfig, errors: list[str]) -> None:
             errors.append(f"{key}={val!r} is not a KL estimator; choose one of: {', '.join(KL_ESTIMATORS)} "
                           "(append '+' for the straight-through variant, e.g. low_var_kl+)")
     _check_agent_keys(rollout, errors)
+    tolerated = cfg.trainer.tolerated_failure_fraction
+    if not 0.0 <= tolerated <= 1.0:
+        errors.append(f"trainer.tolerated_failure_fraction={tolerated!r} must be between 0 (stop at the first failed "
+                      "trajectory, reward or tool call of a step) and 1 (stop only when all of a step's failed)")
     fg = cfg.algorithm.filter_groups
     if fg.enable and fg.metric is None:
         errors.append("algorithm.filter_groups.enable=true needs algorithm.filter_groups.metric "

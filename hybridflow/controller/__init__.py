@@ -31,7 +31,7 @@ from hybridflow.controller.worker_group import ClassWithInitArgs, ResourcePool, 
 
 _RAY_NAMES = {
     "RayResourcePool": "hybridflow.controller.ray_resources",
-    "init_ray": "hybridflow.controller.ray_resources",
+    "init_ray": "hybridflow.controller.ray_init",
     "RayClassWithInitArgs": "hybridflow.controller.ray_worker_group",
     "RayWorkerGroup": "hybridflow.controller.ray_worker_group",
 }

@@ -1,4 +1,4 @@
-"""Ray start-up and resource pools over placement groups.
+"""Resource pools over Ray placement groups (starting Ray: ``ray_init.py``).
 
 A ``RayResourcePool`` reserves, per node, one STRICT_PACK placement group with one bundle per worker
 process (``{"CPU": num_cpus_per_worker * max_colocate_count}`` plus one GPU when ``use_gpu``), as in
@@ -12,75 +12,14 @@ placement group otherwise just waits forever; and it bounds the wait for ``pg.re
 from __future__ import annotations
 
 import itertools
-import os
-from typing import Any
 
-from hybridflow.controller.errors import RayInitError, ResourceUnavailableError
+from hybridflow.controller.errors import ResourceUnavailableError
+from hybridflow.controller.ray_init import init_ray
 from hybridflow.controller.worker_group import ResourcePool
 
 __all__ = ["RayResourcePool", "init_ray", "cluster_summary"]
 
 _POOL_IDS = itertools.count()
-
-
-def init_ray(ray_init_kwargs: dict[str, Any] | None = None) -> None:
-    """Start (or connect to) Ray once, as verl's ``ray.init(**ray_kwargs.ray_init)``.
-
-    Which cluster: ``address`` when given (``"auto"``, ``host:port``, ``ray://...``); else the ``RAY_ADDRESS``
-    environment variable when set (how ``ray job submit`` hands a cluster to a job, and how a user points
-    runs at a ``ray start --head`` cluster: attaching skips the seconds of starting GCS, raylet and agents);
-    else a new local instance -- never a cluster merely found running on the machine. Only a local instance
-    started here gets the lean defaults (no dashboard: ~1 s and ~150 MB on a laptop); a cluster that is
-    attached to keeps its own settings. Failures raise :class:`RayInitError` repeating what was asked.
-    """
-    import ray
-
-    if ray.is_initialized():
-        return
-    kwargs = dict(ray_init_kwargs or {})
-    address = kwargs.get("address")
-    if address in (None, "") and os.environ.get("RAY_ADDRESS"):
-        kwargs.pop("address", None)  # ray.init reads RAY_ADDRESS itself
-        where = f"the cluster in RAY_ADDRESS={os.environ['RAY_ADDRESS']!r}"
-        _check_reachable(os.environ["RAY_ADDRESS"], field="the RAY_ADDRESS environment variable")
-    elif address in (None, "", "local"):
-        # Explicitly "local": without an address ray.init would also join the last cluster that `ray start`
-        # left running on this machine (/tmp/ray/ray_current_cluster), i.e. attach to a stray cluster.
-        kwargs["address"] = "local"
-        kwargs.setdefault("include_dashboard", False)
-        where = "a new local Ray instance"
-    else:
-        where = str(address)
-        _check_reachable(str(address))
-    try:
-        ray.init(**kwargs)
-    except Exception as e:  # noqa: BLE001 - re-raised with the request attached
-        hint = ""
-        if "auth" in f"{type(e).__name__} {e} {e.__cause__}".lower():
-            hint = (" The cluster uses token authentication (what `ray start` of Ray 2.60 enables by default): "
-                    "export RAY_AUTH_MODE=token on this machine (the token is read from ~/.ray/auth_token).")
-        raise RayInitError(
-            f"ray.init failed while connecting to {where} with arguments {kwargs}: {type(e).__name__}: {e}. "
-            "Check ray_kwargs.ray_init (address, num_cpus, num_gpus) or run `ray status` on the cluster." + hint
-        ) from e
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0, field: str = "ray_kwargs.ray_init.address") -> None:
-    """Fail in seconds on an unreachable ``host:port`` (``ray.init`` itself retries for minutes)."""
-    import socket
-
-    if address == "auto" or "://" in address or ":" not in address:
-        return  # "auto" reads RAY_ADDRESS / the local session; ray:// client addresses are checked by Ray
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            pass
-    except (OSError, ValueError) as e:
-        raise RayInitError(
-            f"cannot reach the Ray head at {field}={address!r} ({type(e).__name__}: {e}). "
-            "Start it with `ray start --head` on that machine, fix the address, or leave the address unset "
-            "(and RAY_ADDRESS unset) to start a local Ray instance."
-        ) from e
 
 
 def cluster_summary() -> str:

@@ -3,12 +3,14 @@
 After each assistant turn the latest answer is scored with the strict GSM8K rule (``#### <number>``): a correct
 answer ends the conversation with "Your response is correct!" and score 1.0; otherwise the user says "Your
 response is incorrect! You need to reflect on your answer and try again." (score 0.0) and the model gets
-another turn. The sample's ``interaction_kwargs`` must carry ``ground_truth`` (``hybridflow data gsm8k --tool``
-writes it).
+another turn. The sample's ``interaction_kwargs`` carry ``ground_truth`` (``hybridflow data gsm8k --tool``
+writes it); without one the instance stores ``None`` (as verl) and no answer is ever judged correct, which is
+logged once per interaction.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from hybridflow.interactions.base import BaseInteraction, last_assistant_content
@@ -16,6 +18,8 @@ from hybridflow.rewards.scorers import gsm8k
 
 CORRECT = "Your response is correct!"
 INCORRECT = "Your response is incorrect! You need to reflect on your answer and try again."
+
+logger = logging.getLogger(__name__)
 
 
 class Gsm8kInteraction(BaseInteraction):
@@ -25,14 +29,18 @@ class Gsm8kInteraction(BaseInteraction):
         if unknown:
             raise ValueError(f"interaction '{self.name}' (Gsm8kInteraction) takes no config keys, got {unknown}")
         self._instances: dict[str, dict[str, Any]] = {}
+        self._warned_no_ground_truth = False
 
     async def start_interaction(self, instance_id: str | None = None, ground_truth: str | None = None,
                                 **kwargs) -> str:
-        if ground_truth is None:
-            raise ValueError(f"interaction '{self.name}' needs ground_truth in the sample's "
-                             "extra_info.interaction_kwargs")
+        if ground_truth is None and not self._warned_no_ground_truth:
+            self._warned_no_ground_truth = True
+            logger.warning("interaction '%s' started without ground_truth (the sample's "
+                           "extra_info.interaction_kwargs.ground_truth): its answers can never be judged correct",
+                           self.name)
         instance_id = await super().start_interaction(instance_id)
-        self._instances[instance_id] = {"response": "", "ground_truth": str(ground_truth), "reward": 0.0}
+        truth = None if ground_truth is None else str(ground_truth)
+        self._instances[instance_id] = {"response": "", "ground_truth": truth, "reward": 0.0}
         return instance_id
 
     async def generate_response(self, instance_id: str, messages: list[dict[str, Any]],
@@ -51,7 +59,9 @@ class Gsm8kInteraction(BaseInteraction):
                                    score=1.0)
 
     async def finalize_interaction(self, instance_id: str | None = None, **kwargs) -> None:
-        self._instances.pop(instance_id, None)
+        """Drop the instance; an id that was never started (or is already finalized) is a ``KeyError``."""
+        self._state(instance_id)
+        del self._instances[instance_id]
 
     def _state(self, instance_id: str | None) -> dict[str, Any]:
         if instance_id not in self._instances:

@@ -11,7 +11,11 @@ all-or-nothing. Ground truth is JSON (a string, as stored in verl parquet files,
   ``assert`` is one test case; other statements (imports, helpers) run before each of them.
 
 Every case is a separate sandbox run, so a crash, hang or ``sys.exit(0)`` affects only that case and the
-program cannot see or tamper with other cases' expectations. With ``sandbox_fusion_url`` (verl's keyword, set
+program cannot see or tamper with other cases' expectations. As verl's ``compute_score(..., continuous=True)``,
+the score is the pass fraction of the first :data:`MAX_SCORED_CASES` (10) cases (problems with hundreds of
+cases cost ten runs), and a completion without a ```python (or untagged) fence is the program itself -- the
+text before its first fence, if it has fences of another language -- except on a SandboxFusion service,
+where verl scores such a completion 0.0. With ``sandbox_fusion_url`` (verl's keyword, set
 from ``reward_model.sandbox_fusion.url``) the runs go to a SandboxFusion service instead of the local sandbox
 (``hybridflow sandbox serve`` is one); the scoring rules are the same.
 """
@@ -31,6 +35,8 @@ from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
 from hybridflow.tools.sandbox_fusion_client import run_code_remote
 
 Runner = Callable[[str, str], SandboxResult]
+
+MAX_SCORED_CASES = 10  # verl's continuous code score looks at the first 10 test cases
 
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = ("python", "py", "python3")
@@ -173,13 +179,17 @@ def remote_runner(url: str, timeout_s: float, memory_mb: int, semaphore=None) ->
 
 
 def evaluate_code(code: str, ground_truth, timeout_s: float = 5.0, memory_mb: int = 512, max_workers: int = 2,
-                  sandbox_config: SandboxConfig | None = None, runner: Runner | None = None) -> CodeEvalResult:
-    """Run ``code`` against every case of ``ground_truth`` (cases in parallel, ``max_workers`` at a time).
+                  sandbox_config: SandboxConfig | None = None, runner: Runner | None = None,
+                  max_cases: int | None = None) -> CodeEvalResult:
+    """Run ``code`` against the cases of ``ground_truth`` (the first ``max_cases`` when given; in parallel,
+    ``max_workers`` at a time).
 
     ``runner(program, stdin)`` runs one case; the default is the local sandbox with ``sandbox_config``.
     """
     gt = _parse_ground_truth(ground_truth)
     cases = _assert_cases(gt["assert"]) if "assert" in gt else _io_cases(gt)
+    if max_cases is not None:
+        cases = cases[:max_cases]
     if runner is None:
         config = sandbox_config or SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb)
         runner = lambda program, stdin: run_python(program, stdin=stdin, config=config)  # noqa: E731
@@ -197,9 +207,10 @@ def compute_score(solution_str: str, ground_truth, extra_info: dict | None = Non
                   memory_mb: int | None = None, memory_limit_mb: int | None = None, max_workers: int = 2,
                   sandbox_config: SandboxConfig | None = None, sandbox_fusion_url: str | None = None,
                   concurrent_semaphore=None, **kwargs) -> float:
-    """Pass fraction of the last ```python block of ``solution_str`` on the tests in ``ground_truth``.
+    """Pass fraction of the program in ``solution_str`` on the first 10 tests in ``ground_truth`` (verl's rules).
 
-    0.0 when the response has no code block. Keywords used: ``timeout_s`` (per case, default 5),
+    The program is the last ```python block (or untagged block); without one, the completion itself (locally)
+    or 0.0 (on a SandboxFusion service), as verl. Keywords used: ``timeout_s`` (per case, default 5),
     ``memory_mb`` (or verl's ``memory_limit_mb``, default 512), ``max_workers`` (parallel cases, default 2),
     ``sandbox_config``, and verl's ``sandbox_fusion_url`` (run on that service) with ``concurrent_semaphore``
     (held around each request; its permits also set the parallel cases). Other keywords (reward managers
@@ -210,14 +221,16 @@ def compute_score(solution_str: str, ground_truth, extra_info: dict | None = Non
     gt = _parse_ground_truth(ground_truth)  # validate even when there is no code, so bad data is noticed
     code = extract_code(solution_str)
     if code is None:
-        return 0.0
+        if sandbox_fusion_url:
+            return 0.0
+        code = (solution_str or "").split("```")[0]
     memory_mb = memory_mb or memory_limit_mb or 512
     runner = None
     if sandbox_fusion_url:
         runner = remote_runner(sandbox_fusion_url, timeout_s, memory_mb, concurrent_semaphore)
         max_workers = getattr(concurrent_semaphore, "permits", max_workers)
     return evaluate_code(code, gt, timeout_s=timeout_s, memory_mb=memory_mb, max_workers=max_workers,
-                         sandbox_config=sandbox_config, runner=runner).score
+                         sandbox_config=sandbox_config, runner=runner, max_cases=MAX_SCORED_CASES).score
 
-
-__all__ = ["compute_score", "evaluate_code", "extract_code", "remote_runner", "stdout_matches", "CodeEvalResult"]
+__all__ = ["MAX_SCORED_CASES", "compute_score", "evaluate_code", "extract_code", "remote_runner", "stdout_matches",
+           "CodeEvalResult"]

@@ -77,6 +77,25 @@ class ScoreFnSpec:
             return default_compute_score
         return load_custom_reward_fn(self.path, self.name)
 
+    def check_call(self, keywords: list[str], expected: str) -> None:
+        """Refuse now a function that cannot take the keywords the reward manager will call it with (a wrong
+        signature would otherwise fail on every sample, every step); ``expected`` is the signature to suggest."""
+        fn = self.resolve()
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to inspect
+            return
+        try:
+            signature.bind(**{k: None for k in keywords})
+        except TypeError as exc:
+            where = (f"custom_reward_function.name={self.name!r} in {self.path!r}" if self.fn is None and self.path
+                     else self.describe())
+            raise RewardFunctionError(
+                f"{where} has the signature {getattr(fn, '__name__', 'fn')}{signature}, but the reward manager "
+                f"calls it with the keywords {', '.join(keywords)} ({exc}); define it as "
+                f"def {getattr(fn, '__name__', 'compute_score')}{expected}"
+            ) from None
+
     def describe(self) -> str:
         if self.fn is not None:
             return f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', self.fn)}"

@@ -12,8 +12,9 @@ verl's three rule-based managers, sharing one decoding/placement path:
 
 Calling ``manager(data, return_dict=True)`` returns ``{"reward_tensor": (B, R) float32, "reward_extra_info":
 dict[str, list] (one entry per sample; None where that sample's scorer failed), "reward_metrics":
-dict[str, float]}`` where ``reward_metrics`` holds ``reward/error_count``, ``reward/timeout_count`` and
-``reward/error_rate`` for this call (the trainer merges them into its step metrics). Without ``return_dict``
+dict[str, float], "reward_errors": list}`` where ``reward_metrics`` holds ``reward/error_count``,
+``reward/timeout_count`` and ``reward/error_rate`` for this call (the trainer merges them into its step metrics)
+and ``reward_errors`` says per sample why it could not be scored (``None`` when it was). Without ``return_dict``
 only the tensor is returned. When the batch carries ``rm_scores`` (a reward-model worker ran), those are the
 reward and no rule scorer is called, as in verl.
 """
@@ -68,8 +69,15 @@ class RewardManager:
         self.reward_kwargs = dict(reward_kwargs or {})
         spec = compute_score if isinstance(compute_score, ScoreFnSpec) else ScoreFnSpec(fn=compute_score)
         self.scoring = scoring or ScoringConfig()
+        spec.check_call(self.call_keywords(), self.expected_signature)  # a bad path / name / signature: now
         self.pool = ScoringPool(spec, self.scoring.num_workers, self.scoring.timeout_s)
         self.errors = ErrorTracker(self.scoring.error_score)
+
+    expected_signature = "(data_source, solution_str, ground_truth, extra_info=None, **kwargs)"
+
+    def call_keywords(self) -> list[str]:
+        """The keywords every scorer call passes (``_per_sample``): verl's four plus ``reward_kwargs``."""
+        return ["data_source", "solution_str", "ground_truth", "extra_info", *self.reward_kwargs]
 
     def close(self) -> None:
         """Stop the scoring worker processes (they are also stopped when the manager is collected)."""
@@ -78,7 +86,8 @@ class RewardManager:
     # ------------------------------------------------------------------ public API
     def __call__(self, data: DataProto, return_dict: bool = False):
         if "rm_scores" in data.batch:
-            out = {"reward_tensor": data.batch["rm_scores"], "reward_extra_info": {}, "reward_metrics": {}}
+            out = {"reward_tensor": data.batch["rm_scores"], "reward_extra_info": {}, "reward_metrics": {},
+                   "reward_errors": [None] * len(data)}
             return out if return_dict else out["reward_tensor"]
         self.errors.reset_step()
         decoded = self.decode(data)
@@ -93,6 +102,7 @@ class RewardManager:
             "reward_tensor": reward_tensor,
             "reward_extra_info": _columns(extras),
             "reward_metrics": self.errors.metrics(len(scores)),
+            "reward_errors": list(self.errors.sample_errors),
         }
         return out if return_dict else reward_tensor
 
@@ -209,6 +219,11 @@ class PrimeRewardManager(NaiveRewardManager):
 @REWARD_MANAGERS.register("batch")
 class BatchRewardManager(RewardManager):
     """One scorer call for the whole batch with list arguments (verl ``batch``)."""
+
+    expected_signature = "(data_sources, solution_strs, ground_truths, extra_infos, **kwargs)"
+
+    def call_keywords(self) -> list[str]:
+        return ["data_sources", "solution_strs", "ground_truths", "extra_infos", *self.reward_kwargs]
 
     def score_batch(self, decoded):
         task = dict(data_sources=decoded.data_sources, solution_strs=decoded.solution_strs,

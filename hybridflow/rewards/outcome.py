@@ -3,7 +3,10 @@
 A scorer may return a number or a dict with a ``score`` key (verl convention; the other keys become
 ``reward_extra_info`` columns). Anything else -- an exception, a timeout, NaN/inf, a string, a dict without
 ``score`` -- is an *error*: it is scored ``error_score`` and counted, and the first traceback is logged once, so
-one broken sample (or a broken reward file) is visible in metrics without stopping training.
+one broken sample is visible in metrics without stopping training.  Each sample's error is also kept
+(:attr:`ErrorTracker.sample_errors`: ``None`` or the reason; the full traceback for the first error of a call,
+its last line for the others) so the trainer can stop a step where too many samples could not be scored and
+say why (``hybridflow.trainer.step_failures``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.rewards.pool import ERROR, OK, TIMEOUT, TaskResult
@@ -61,23 +64,31 @@ class ErrorTracker:
     step_timeouts: int = 0
     total_errors: int = 0
     total_timeouts: int = 0
+    sample_errors: list = field(default_factory=list)  # this call, one entry per resolved sample: None or why
 
     def reset_step(self) -> None:
         self.step_errors = 0
         self.step_timeouts = 0
+        self.sample_errors = []
 
     def resolve(self, result: TaskResult, where: str) -> tuple[float, dict[str, Any]]:
         """Score + extra for ``result``; errors become ``error_score`` and are counted."""
         if result.status == OK:
             try:
-                return as_score(result.value)
+                score, extra = as_score(result.value)
             except (TypeError, ValueError) as exc:
                 self._record(ERROR, f"{type(exc).__name__}: {exc}", where)
                 return self.error_score, {}
+            self.sample_errors.append(None)
+            return score, extra
         self._record(result.status, result.error or result.status, where)
         return self.error_score, {}
 
     def _record(self, status: str, detail: str, where: str) -> None:
+        detail = detail.strip()
+        first_of_call = not any(self.sample_errors)
+        reason = "timed out: " if status == TIMEOUT else ""
+        self.sample_errors.append(f"{where}: {reason}{detail if first_of_call else _last_line(detail)}")
         if status == TIMEOUT:
             self.step_timeouts += 1
             self.total_timeouts += 1
@@ -99,3 +110,9 @@ class ErrorTracker:
             "reward/timeout_count": float(self.step_timeouts),
             "reward/error_rate": (self.step_errors + self.step_timeouts) / max(num_scored, 1),
         }
+
+
+def _last_line(text: str) -> str:
+    """The line of a traceback that says what was raised (its last non-empty line)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else text

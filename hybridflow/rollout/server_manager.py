@@ -98,8 +98,19 @@ class AsyncLLMServerManager:
 
     async def generate(self, request_id: str, *, prompt_ids: list[int],
                        sampling_params: dict[str, Any] | SamplingParams, image_data: Any = None,
-                       video_data: Any = None) -> TokenOutput:
-        """One turn of ``request_id``: generate from ``prompt_ids`` on the trajectory's replica."""
+                       video_data: Any = None, audio_data: Any = None, mm_processor_kwargs: dict | None = None,
+                       priority: int = 0) -> TokenOutput:
+        """One turn of ``request_id``: generate from ``prompt_ids`` on the trajectory's replica.
+
+        verl's keywords: ``priority`` is accepted and has no effect (requests are served as they come);
+        ``audio_data`` and ``mm_processor_kwargs`` are refused (no audio models; the processor's settings are
+        the model's own)."""
+        if audio_data is not None:
+            raise ValueError("server_manager.generate(audio_data=...): audio inputs are not supported by the rollout "
+                             "engines; pass image_data / video_data only")
+        if mm_processor_kwargs:
+            raise ValueError(f"server_manager.generate(mm_processor_kwargs={mm_processor_kwargs!r}): per-request "
+                             "processor settings are not supported; the processor's own configuration is used")
         params = self.to_sampling_params(sampling_params)
         index, call = self._route(request_id)
         if params.seed is not None and call > 0:

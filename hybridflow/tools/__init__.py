@@ -10,7 +10,8 @@ on use. See docs/agents.md.
 from hybridflow.tools.base_tool import TOOL_REGISTRY, BaseTool, register_tool
 from hybridflow.tools.calculator import CalculatorTool
 from hybridflow.tools.executor import ToolCallOutcome, ToolExecutor, ToolSession, summarize_outcomes, truncate_tool_response
-from hybridflow.tools.function_tool import FunctionTool, function_tool
+from hybridflow.tools import function_tool  # the module, callable as the decorator (see its _CallableModule)
+from hybridflow.tools.function_tool import FunctionTool
 from hybridflow.tools.gsm8k_tool import Gsm8kTool
 from hybridflow.tools.image_zoom_in_tool import ImageZoomInTool
 from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python

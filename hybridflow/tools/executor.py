@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from hybridflow.tools.base_tool import BaseTool
+from hybridflow.tools.function_tool import as_base_tool
 from hybridflow.tools.schemas import ToolResponse, parse_arguments, validate_arguments
 
 logger = logging.getLogger(__name__)
@@ -113,7 +114,8 @@ def summarize_outcomes(outcomes: Iterable[ToolCallOutcome]) -> dict[str, float]:
 
 
 class ToolExecutor:
-    """Runs model-issued calls against ``tools`` (a list or a ``{name: tool}`` mapping).
+    """Runs model-issued calls against ``tools`` (a list or a ``{name: tool}`` mapping of ``BaseTool`` objects
+    or ``@function_tool`` :class:`~hybridflow.tools.function_tool.FunctionTool` entries).
 
     ``timeout_s`` bounds ``create`` + ``execute`` of one call (``release`` and ``calc_reward`` get the same
     bound separately); ``validate`` checks arguments against the tool's schema before ``execute``.
@@ -123,7 +125,8 @@ class ToolExecutor:
     def __init__(self, tools: Mapping[str, BaseTool] | Sequence[BaseTool], timeout_s: float = 60.0,
                  max_tool_response_length: int = 256, tool_response_truncate_side: str = "middle",
                  validate: bool = True):
-        self.tools: dict[str, BaseTool] = dict(tools) if isinstance(tools, Mapping) else {t.name: t for t in tools}
+        listed = dict(tools) if isinstance(tools, Mapping) else {t.name: t for t in tools}
+        self.tools: dict[str, BaseTool] = {name: as_base_tool(t) for name, t in listed.items()}
         if not timeout_s > 0:
             raise ValueError(f"tool timeout_s must be > 0 seconds, got {timeout_s}")
         if max_tool_response_length < 1:

@@ -4,8 +4,10 @@ The report answers "did it learn, how fast, and what does it write?" without a t
 reward, response length, KL, entropy, losses, throughput/MFU, stage times, memory and validation curves
 (each panel drawn only if its metrics were logged), a table of the last value of every metric, and sample
 generations (multi-turn ones with the model's tokens and the observations -- tool results, user turns -- marked
-apart, from their ``segments``). PNGs are embedded as base64 so the file can be mailed or attached to an issue as-is; all text
-from the model is HTML-escaped. The file is written to a temp name and renamed, so a reader never sees half.
+apart, from their ``segments``).  Failures come first, in a warning box: the steps where trajectories failed,
+rewards could not be scored or tools crashed (with counts and the worst fraction), and why a run stopped.
+PNGs are embedded as base64 so the file can be mailed or attached to an issue as-is; all text from the model
+is HTML-escaped. The file is written to a temp name and renamed, so a reader never sees half.
 """
 
 from __future__ import annotations
@@ -39,6 +41,15 @@ PLOT_PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Validation", "value", ("val-core/*",)),
 )
 MAX_SAMPLES = 32
+
+# (what failed, its per-step fraction metric, its per-step count metrics)
+FAILURE_METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("trajectories failed (agent loop raised)", "rollout/failed_fraction", ("agent/error_count",)),
+    ("rewards could not be scored (error or timeout)", "reward/error_fraction",
+     ("reward/error_count", "reward/timeout_count")),
+    ("tool calls crashed", "rollout/tool_crash_fraction",
+     ("agent/tool_errors/tool_exception", "agent/tool_errors/timeout", "agent/tool_errors/bad_return")),
+)
 
 
 def _is_number(v: Any) -> bool:
@@ -156,6 +167,32 @@ def _samples_html(samples: Sequence[Mapping[str, Any]]) -> str:
     return note + _table(rows, ["step", "prompt", "response", "score"], "samples")
 
 
+def _failures_html(history: Sequence[Mapping[str, Any]], error: str | None) -> str:
+    """A warning box when anything failed: one line per kind (steps affected, total count, worst fraction),
+    and the error that stopped the run.  Empty when nothing failed."""
+    lines = []
+    for what, fraction_key, count_keys in FAILURE_METRICS:
+        hit = [rec for rec in history if _is_number(rec.get(fraction_key)) and rec[fraction_key] > 0]
+        if not hit:
+            continue
+        total = sum(float(rec.get(k, 0) or 0) for rec in hit for k in count_keys if _is_number(rec.get(k, 0)))
+        worst = max(float(rec[fraction_key]) for rec in hit)
+        steps = ", ".join(str(rec.get("step", "?")) for rec in hit[:20]) + (", ..." if len(hit) > 20 else "")
+        lines.append(f"<li><b>{html.escape(what)}</b>: in {len(hit)} step(s) ({html.escape(steps)}), "
+                     f"{total:.0f} in all, at worst {worst:.0%} of a step (<code>{fraction_key}</code>)</li>")
+    if not lines and not error:
+        return ""
+    parts = ["<div class='failures'><h2>Failures</h2>"]
+    if error:
+        parts.append(f"<p><b>The run stopped with an error:</b></p><pre>{html.escape(error)}</pre>")
+    if lines:
+        parts.append("<ul>" + "".join(lines) + "</ul><p>Failed items were counted and left out of training; "
+                     "a step where more than <code>trainer.tolerated_failure_fraction</code> of them failed "
+                     "stops the run.</p>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 h1{font-size:1.5em} h2{font-size:1.2em;margin-top:1.5em;border-bottom:1px solid #ddd}
@@ -163,6 +200,8 @@ h1{font-size:1.5em} h2{font-size:1.2em;margin-top:1.5em;border-bottom:1px solid 
 table{border-collapse:collapse;font-size:0.85em} td,th{border:1px solid #ddd;padding:3px 6px;vertical-align:top}
 th{background:#f5f5f5;text-align:left} pre{white-space:pre-wrap;word-break:break-word;margin:0;max-width:60em}
 .obs{background:#e8eef7;color:#445;border:1px dashed #9ab;font-style:italic} .call{background:#fff1c2;font-weight:600}
+.failures{background:#fdecea;border:2px solid #d93025;padding:0.2em 1em 0.5em;margin:1em 0}
+.failures h2{color:#b3261e;border:none}
 """
 
 
@@ -171,12 +210,14 @@ def _render(
     samples: Sequence[Mapping[str, Any]],
     summary: Mapping[str, Any] | None,
     title: str,
+    error: str | None = None,
 ) -> str:
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
     steps = [rec.get("step", i + 1) for i, rec in enumerate(history)]
     span = f"steps {steps[0]}–{steps[-1]}" if steps else "no steps"
     parts.append(f"<p>{len(history)} logged records, {html.escape(span)}.</p>")
+    parts.append(_failures_html(history, error))
     if summary:
         rows = [[html.escape(str(k)), html.escape(_fmt(v))] for k, v in flatten_dict(summary, sep=" / ").items()]
         parts.append("<h2>Summary</h2>" + _table(rows, ["", "value"]))
@@ -205,16 +246,18 @@ def write_report(
     samples: Sequence[Mapping[str, Any]],
     summary: Mapping[str, Any] | None = None,
     title: str = "hybridflow run report",
+    error: str | None = None,
 ) -> Path:
     """Write ``<output_dir>/report.html`` atomically and return its path.
 
     ``history``: one dict per logged step (``{"step": N, metric: value, ...}``, e.g. from :func:`load_history`);
     ``samples``: dicts with ``prompt``, ``response``, ``score`` (and optionally ``step``); ``summary``: a few
-    headline numbers (before/after accuracy, wall time) shown first.
+    headline numbers (before/after accuracy, wall time) shown first; ``error``: why the run stopped, shown in
+    the failures box at the top.
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    text = _render(history, samples, summary, title)
+    text = _render(history, samples, summary, title, error)
     target = out / "report.html"
     fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".html.tmp", dir=out)
     try:

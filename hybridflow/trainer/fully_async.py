@@ -104,6 +104,7 @@ class FullyAsyncTrainer(PPOTrainer):
         self._account(samples, batch, metrics)
         with timed("reward", timing):
             metrics.update(stages.compute_reward(self.groups, batch, self.reward_fn, self.plan.use_rm))
+        self.check_rewards(batch, metrics)
         return batch
 
     def _assemble(self, samples: list[Sample], timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
@@ -117,7 +118,9 @@ class FullyAsyncTrainer(PPOTrainer):
                                                                output)
         output.meta_info = {"timing": gen_timing, "metrics": gen_metrics}
         batch = stages.merge_generation_output(prompts.repeat(n, interleave=True), output)
-        metrics.update(batch.meta_info.pop("gen_metrics", {}))
+        gen_metrics = batch.meta_info.pop("gen_metrics", {})
+        metrics.update(gen_metrics)
+        self.check_generation(batch, gen_metrics, metrics)
         timing.update(batch.meta_info.pop("gen_timing", {}))
         tag_versions(batch, [s.version_start for s in samples for _ in range(n)],
                      [s.version_end for s in samples for _ in range(n)])

@@ -92,7 +92,7 @@ def create_workers(config) -> Runtime:
         if backend == "ray":  # first: the worker-class imports below need no Ray, Ray's start is the long pole
             import ray
 
-            from hybridflow.controller.ray_resources import init_ray
+            from hybridflow.controller.ray_init import init_ray
 
             started_here = not ray.is_initialized()
             init_ray(dict(config.ray_kwargs.ray_init))
@@ -104,6 +104,7 @@ def create_workers(config) -> Runtime:
             create_resource_pool,
             create_worker_group,
         )
+        from hybridflow.agents.loop_manager import rollout_stream_threads
         from hybridflow.rollout.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
         from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
@@ -126,7 +127,7 @@ def create_workers(config) -> Runtime:
             class_dict["reward_model"] = ClassWithInitArgs(RewardModelWorker, config.reward_model)
         host_cls = create_colocated_worker_cls(class_dict)
         # Rollout requests from the agent loops run in their own thread pool beside the dispatched calls.
-        host_cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: _rollout_threads(config)}
+        host_cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: rollout_stream_threads(config)}
         host = create_worker_group(backend, pool, host_cls, role="colocated")
         runtime._closers.append(host.shutdown)
         views = host.spawn(class_dict)
@@ -139,11 +140,6 @@ def create_workers(config) -> Runtime:
                                   critic=views.get("critic"), reward_model=views.get("reward_model"))
     runtime.n_devices = runtime.dp_size = pool.world_size
     return runtime
-
-
-def _rollout_threads(config) -> int:
-    """Threads a worker process gives to rollout requests: one per streamed request batch in flight."""
-    return max(64, min(1024, int(config.actor_rollout_ref.rollout.max_num_seqs)))
 
 
 def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None, processor=None) -> None:
@@ -279,6 +275,15 @@ def build_data(config, tokenizer, processor=None):
     return train_loader, val_loader
 
 
+def check_dataset_agent_names(*loaders) -> None:
+    """Rows naming an agent loop nobody registered stop the run here, before any model loads."""
+    from hybridflow.agents.setup_check import check_agent_names
+
+    for loader in loaders:
+        if loader is not None:
+            check_agent_names(loader.dataset)
+
+
 def build_reward_fns(config, tokenizer):
     """Training manager (``num_examine=0``) and validation manager (``num_examine=1``), as verl."""
     from hybridflow.rewards import load_reward_manager
@@ -359,6 +364,7 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         check_causal_lm(model_cfg.path, model_cfg.trust_remote_code)
         processor = load_processor_for(config)
         train_loader, val_loader = build_data(config, tokenizer, processor)
+        check_dataset_agent_names(train_loader, val_loader)
         # The workers' LR schedules need the horizon; it is passed to init_model below.
         total = resolve_total_training_steps(config, len(train_loader))
         reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
@@ -411,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from hybridflow.trainer.preflight import user_error_types
     from hybridflow.trainer.signals import GracefulInterrupt
+    from hybridflow.trainer.step_failures import StepFailedError
 
     try:
         with GracefulInterrupt() as interrupt:  # Ctrl-C: finish the step, checkpoint, report, exit 130
@@ -423,7 +430,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{cfg.trainer.default_local_dir} is intact: fix the cause and run the same command again to resume "
               "from it (trainer.resume_mode=auto)", file=sys.stderr)
         return EXIT_ROLLOUT_FAILED
+    except StepFailedError as e:  # too much of a step failed: the counts and the first error, not a traceback
+        print(f"hybridflow: {e}\nhybridflow: the failure counts of the step are in the metrics log and the run report; "
+              f"raise trainer.tolerated_failure_fraction (now {cfg.trainer.tolerated_failure_fraction:g}) only if "
+              "partial failures are expected", file=sys.stderr)
+        return EXIT_TRAINING_FAILED
     return interrupt.exit_code
+
+
+EXIT_TRAINING_FAILED = 1
 
 
 EXIT_ROLLOUT_FAILED = 3

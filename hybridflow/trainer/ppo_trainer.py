@@ -36,6 +36,14 @@ from hybridflow.trainer.balance import balance_batch
 from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator, zero_variance_fraction
 from hybridflow.trainer.rollout_correction_stage import apply_rollout_correction, correction_enabled
 from hybridflow.trainer.stages import StepPlan, WorkerGroups, timed
+from hybridflow.trainer.step_failures import (
+    StepFailedError,
+    check_failures,
+    check_trained_tokens,
+    reward_failures,
+    tool_failures,
+    trajectory_failures,
+)
 from hybridflow.trainer.validation import Validator
 
 
@@ -130,6 +138,7 @@ class PPOTrainer:
         self.global_steps = 0
         self.epoch = 0
         self.skipped_steps = 0  # steps whose update was skipped for non-finite gradients
+        self.tolerated_failures = float(config.trainer.tolerated_failure_fraction)
         self.history = RunHistory()
         self.flops_counters = build_flops_counters(config)
         # reward_model.launch_reward_fn_async: the reward function scores in the background during the log-prob,
@@ -161,7 +170,11 @@ class PPOTrainer:
         prompts = self._prompt_stream()
         try:
             while self.global_steps < self.total_training_steps:
-                metrics = self.train_step(prompts)
+                try:
+                    metrics = self.train_step(prompts)
+                except StepFailedError as e:  # log what was counted and say it in the report, then stop
+                    self._stopped(e)
+                    raise
                 if metrics is None:
                     break  # data exhausted (total_epochs reached)
                 self.global_steps += 1
@@ -202,7 +215,7 @@ class PPOTrainer:
         if resumed or self.config.split_placement:
             stages.sync_rollout_weights(self.groups)
 
-    def _finish(self) -> None:
+    def _finish(self, error: str | None = None) -> None:
         if self.async_reward is not None:
             self.async_reward.close()
         if self.logger is None:
@@ -212,8 +225,16 @@ class PPOTrainer:
             from hybridflow.tracking.report import write_report
 
             write_report(output_dir, self.history.metrics, self.history.samples,
-                         title=f"{self.config.trainer.project_name}/{self.config.trainer.experiment_name}")
+                         title=f"{self.config.trainer.project_name}/{self.config.trainer.experiment_name}",
+                         error=error)
         self.logger.finish()
+
+    def _stopped(self, error: StepFailedError) -> None:
+        """The step that failed: its failure counts go to the log under its step number and the report says why
+        the run stopped (the exception then ends the run)."""
+        self.global_steps += 1
+        self._log({**error.metrics, "training/global_step": float(self.global_steps), "training/stopped": 1.0})
+        self._finish(error=str(error))
 
     def _prompt_stream(self) -> Iterator[dict[str, Any]]:
         """Prompt batches across epochs until ``trainer.total_epochs`` passes are done (or steps run out).
@@ -253,6 +274,7 @@ class PPOTrainer:
 
         Returns the batch trained on (PF-PPO resamples it in the advantage stage)."""
         cfg, plan, groups = self.config, self.plan, self.groups
+        check_trained_tokens(batch, metrics)  # an update on a step without a model token would do nothing
         if cfg.trainer.balance_batch:
             metrics.update(balance_batch(batch, self.dp_size))
         batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
@@ -275,6 +297,7 @@ class PPOTrainer:
         if pending_reward is not None:  # wait for the background scorer (the time blocked is timing_s/reward)
             with timed("reward", timing):
                 metrics.update(stages.apply_reward_result(batch, self.async_reward.collect(pending_reward)))
+            self.check_rewards(batch, metrics)
         if not plan.filter_groups:  # (with filtering, the accumulator reports it over every generated group)
             # groups whose n scores are all equal give GRPO-style estimators no signal (DAPO, Yu et al. 2025)
             metrics["train/zero_variance_group_fraction"] = zero_variance_fraction(batch, "seq_reward")
@@ -362,8 +385,10 @@ class PPOTrainer:
             if plan.remax_baseline:
                 baseline_prompts = prompts.select(deepcopy=True)
             batch = stages.generate(self.groups, prompts, meta)
-        metrics.update(batch.meta_info.pop("gen_metrics", {}))
+        gen_metrics = batch.meta_info.pop("gen_metrics", {})
+        metrics.update(gen_metrics)
         timing.update(batch.meta_info.pop("gen_timing", {}))  # verl's agent_loop/* timings
+        self.check_generation(batch, gen_metrics, metrics)
         if plan.remax_baseline:
             with timed("gen_max", timing):
                 baselines = stages.generate_remax_baseline(self.groups, baseline_prompts, self.reward_fn)
@@ -371,7 +396,19 @@ class PPOTrainer:
         if self.async_reward is None or "rm_scores" in batch.batch:  # else scored in the background (train_step)
             with timed("reward", timing):
                 metrics.update(stages.compute_reward(self.groups, batch, self.reward_fn, plan.use_rm))
+            self.check_rewards(batch, metrics)
         return batch
+
+    # ------------------------------------------------------------------ failure accounting (step_failures.py)
+    def check_generation(self, batch: DataProto, gen_metrics: dict[str, float], metrics: dict[str, float]) -> None:
+        """``rollout/failed_fraction`` and ``rollout/tool_crash_fraction`` of a generated batch; stops the run
+        when too many trajectories or tool calls failed."""
+        check_failures([trajectory_failures(batch), tool_failures(gen_metrics, len(batch))],
+                       self.tolerated_failures, metrics)
+
+    def check_rewards(self, batch: DataProto, metrics: dict[str, float]) -> None:
+        """``reward/error_fraction`` of a scored batch; stops the run when too many samples could not be scored."""
+        check_failures([reward_failures(batch)], self.tolerated_failures, metrics)
 
     # ------------------------------------------------------------------------------------------ validation
     def _validate(self, log: bool = True) -> dict[str, float]:

@@ -56,6 +56,7 @@ def start_standalone_fleet(config, actor_group: Any, use_gpu: bool, closers: lis
     """Start the replicas (their processes, their models) and the fleet over them; what it starts is added to
     ``closers`` (called in reverse order at shutdown)."""
     from hybridflow.controller import ClassWithInitArgs, create_resource_pool, create_worker_group
+    from hybridflow.agents.loop_manager import rollout_stream_threads
     from hybridflow.rollout.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
     from hybridflow.workers.rollout_server_worker import RolloutServerWorker
 
@@ -72,7 +73,7 @@ def start_standalone_fleet(config, actor_group: Any, use_gpu: bool, closers: lis
     if callable(release):
         closers.append(release)
     cls = ClassWithInitArgs(RolloutServerWorker, config.actor_rollout_ref)
-    cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: max(64, min(1024, int(rc.max_num_seqs)))}
+    cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: rollout_stream_threads(config)}
     group = create_worker_group(backend, pool, cls, role="rollout")
     closers.append(group.shutdown)
     local = getattr(group, "worker", None)

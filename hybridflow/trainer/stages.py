@@ -233,6 +233,11 @@ def apply_reward_result(batch: DataProto, result: dict[str, Any]) -> dict[str, f
     ``batch``; returns the reward metrics.  Separate from the call so the call can run in the background
     (``reward_model.launch_reward_fn_async``, ``trainer/async_reward.py``)."""
     batch.batch["token_level_scores"] = result["reward_tensor"]
+    errors = result.get("reward_errors")
+    if errors is not None and len(errors) == len(batch):  # per sample: None, or why it could not be scored
+        column = np.empty(len(batch), dtype=object)
+        column[:] = list(errors)
+        batch.non_tensor_batch["reward_error"] = column
     # batch-level info (e.g. error counts) comes through reward_metrics, not as columns
     extra = {k: v for k, v in result.get("reward_extra_info", {}).items() if len(v) == len(batch)}
     for key, values in extra.items():

@@ -104,7 +104,7 @@ def test_user_agent_loop_from_yaml_trains_locally(tiny_model_dir, addition_rows,
 @pytest.mark.ray
 def test_user_agent_loop_from_yaml_trains_on_ray(tiny_model_dir, addition_rows, agent_loop_yaml, tmp_path):
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         history = run(_two_turn_overrides(tiny_model_dir, addition_rows, tmp_path, agent_loop_yaml, "ray"), tmp_path)
     finally:

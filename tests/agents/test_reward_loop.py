@@ -58,7 +58,7 @@ def test_training_is_the_same_with_and_without_the_reward_loop(tiny_model_dir, a
 @pytest.mark.ray
 def test_reward_loop_on_ray_uses_one_scorer_actor(tiny_model_dir, addition_rows, tmp_path):
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         history = run(small_overrides(tiny_model_dir, addition_rows, tmp_path, backend="ray",
                                       extra=["actor_rollout_ref.rollout.agent.num_workers=2", *DENSE]), tmp_path)

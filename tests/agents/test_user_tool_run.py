@@ -78,7 +78,7 @@ def test_a_user_tool_class_runs_in_grpo_locally(tool_calling_model, addition_row
 @pytest.mark.ray
 def test_a_user_tool_class_runs_in_grpo_on_ray(tool_calling_model, addition_rows, tmp_path):
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         pids = _run_user_tool(tool_calling_model, addition_rows, tmp_path, "ray")
     finally:

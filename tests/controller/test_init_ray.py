@@ -1,13 +1,22 @@
-"""``init_ray`` fails fast and says what was asked (no Ray instance is started here)."""
+"""``init_ray``: fails fast and says what was asked; a private instance unless a cluster is named, even with a
+``ray start`` cluster left running on the machine (only the last test starts Ray, in subprocesses)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
 from hybridflow.controller import RayInitError, init_ray
 
 ray = pytest.importorskip("ray")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_unreachable_address_fails_in_seconds_not_minutes():
@@ -21,3 +30,98 @@ def test_bad_ray_init_argument_is_named():
     with pytest.raises(RayInitError, match=r"(?s)a new local Ray instance with arguments .*num_cpuz"):
         init_ray({"num_cpuz": 2})
     assert not ray.is_initialized()
+
+
+# ------------------------------------------------------------------------------------------------ leftover cluster
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _python(code: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+GCS = "import ray; print('GCS', ray.get_runtime_context().gcs_address)"
+
+
+@pytest.fixture
+def leftover_cluster():
+    """A `ray start --head` cluster left running, with its address file where a bare `ray.init` looks for one.
+
+    ``RAY_TMPDIR`` points Ray's temp dir (and so the address file, ``<dir>/ray/ray_current_cluster``) at a folder of
+    this test, so no other Ray user on the machine sees the cluster; ``--block`` keeps the ``ray start`` process as
+    the parent of what it starts, and the test stops exactly those processes."""
+    import psutil
+
+    tmp = tempfile.mkdtemp(prefix="hfray", dir="/tmp")  # short: Ray's socket paths live under it
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_TMPDIR=tmp, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={_free_port()}", "--num-cpus=1",
+                             "--include-dashboard=false", f"--ray-client-server-port={_free_port()}"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    address_file = Path(tmp) / "ray" / "ray_current_cluster"
+    started: list = []
+    try:
+        deadline = time.monotonic() + 120
+        while not address_file.exists() or not address_file.read_text().strip():
+            assert head.poll() is None and time.monotonic() < deadline, "ray start --head did not come up"
+            time.sleep(0.5)
+        started = psutil.Process(head.pid).children(recursive=True)
+        yield env, address_file.read_text().strip()
+    finally:
+        head.terminate()  # the blocking `ray start` drains and stops the processes it started
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+        for proc in started:  # anything it left behind, by pid
+            if proc.is_running():
+                proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_leftover_cluster_is_never_joined_and_a_named_one_is(leftover_cluster):
+    env, leftover = leftover_cluster
+    # the trap that init_ray avoids: a bare ray.init() joins the leftover (bare on purpose)
+    bare = _python(f"import ray; ray.init(); {GCS}", env)  # bare on purpose
+    assert f"GCS {leftover}" in bare.stdout, bare.stderr[-2000:]
+
+    private = _python(f"from hybridflow.controller import init_ray; init_ray({{'num_cpus': 1}}); {GCS}", env)
+    assert private.returncode == 0, private.stderr[-2000:]
+    assert "GCS " in private.stdout and f"GCS {leftover}" not in private.stdout
+    assert "hybridflow: started a private Ray instance (1 CPUs)" in private.stderr
+
+    named = _python(f"from hybridflow.controller import init_ray; init_ray({{'address': {leftover!r}}}); {GCS}", env)
+    assert f"GCS {leftover}" in named.stdout, named.stderr[-2000:]
+    assert f"hybridflow: connected to the Ray cluster at ray_kwargs.ray_init.address='{leftover}'" in named.stderr
+
+    from_env = _python(f"from hybridflow.controller import init_ray; init_ray({{}}); {GCS}",
+                       {**env, "RAY_ADDRESS": leftover})
+    assert f"GCS {leftover}" in from_env.stdout, from_env.stderr[-2000:]
+    assert f"connected to the Ray cluster in RAY_ADDRESS='{leftover}' (unset RAY_ADDRESS" in from_env.stderr
+
+
+def test_every_ray_start_in_the_repository_asks_for_a_private_instance():
+    """A bare ``ray.init(...)`` joins a cluster left in Ray's address file (and then refuses ``num_cpus``): the
+    package goes through ``init_ray`` (the one place that decides), and tests pass ``address="local"`` or
+    ``address=...`` (a line marked ``bare on purpose`` is exempt)."""
+    import re
+
+    offenders = []
+    for folder in ("hybridflow", "tests", "examples"):
+        for path in (REPO / folder).rglob("*.py"):
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                call = re.search(r"\bray\.init\((.*)", line)
+                exempt = path.name == "ray_init.py" or "bare on purpose" in line
+                if call and "address" not in call.group(1) and not exempt:
+                    offenders.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

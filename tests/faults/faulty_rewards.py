@@ -49,3 +49,15 @@ def sends_sigint(data_source, solution_str, ground_truth, extra_info=None, **kwa
 
     _signal_once(signal.SIGINT)
     return 0.0
+
+
+def raises_on_some_prompts(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """A bug on the prompts whose dataset index is a multiple of 4 (2 of the 8 samples of a base_args step)."""
+    if int(extra_info["index"]) % 4 == 0:
+        raise RuntimeError(f"scorer bug on prompt {extra_info['index']}")
+    return float(solution_str.strip() == str(ground_truth))
+
+
+def wrong_signature(solution, answer):
+    """Not verl's signature: the reward manager calls with data_source=, solution_str=, ground_truth=, ..."""
+    return float(solution == answer)

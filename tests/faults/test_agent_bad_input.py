@@ -1,9 +1,8 @@
 """Bad agent-loop input through ``hybridflow train``: configuration errors stop the run before any model loads
-(exit 2, the key and the fix); per-trajectory problems are counted and the run goes on."""
+(exit 2, the key and the fix).  Rows naming an unregistered agent loop and failing loops: ``test_silent_runs.py``."""
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 
 from .conftest import A, base_args, invoke_cli, read_metrics
@@ -49,17 +48,3 @@ def test_agent_config_errors_stop_the_run_before_models_load(case, fault_data, n
     for needle in needles:
         assert needle.lower() in message, (needle, result.stderr)
     assert not read_metrics(tmp_path)  # nothing trained
-
-
-def test_an_unregistered_agent_name_fails_its_rows_only(fault_data, nano_model_dir, tmp_path):
-    """Rows naming an unknown loop become counted, untrained trajectories; the others train."""
-    df = pd.read_parquet(fault_data / "train.parquet")
-    df["agent_name"] = ["no_such_loop" if i % 4 == 0 else "single_turn_agent" for i in range(len(df))]
-    data = tmp_path / "named.parquet"
-    df.to_parquet(data)
-    result = invoke_cli(base_args(nano_model_dir, data, tmp_path, steps=2), tmp_path)
-    assert result.escaped is None and result.rc == 0, result.message
-    assert "no_such_loop" in result.stderr and "agent/error_count" in result.stderr
-    steps = [m for m in read_metrics(tmp_path) if "timing_s/step" in m]
-    assert len(steps) == 2
-    assert all(m["agent/error_count"] == 2 for m in steps)  # one of the 4 prompts x rollout.n=2, every step

@@ -97,8 +97,8 @@ def test_default_names_and_a_user_interaction_file(tmp_path, monkeypatch):
     ("interaction: {a: 1}", ValueError, "top-level 'interaction:' list"),
     ("interaction:\n  - name: x", ValueError, "needs 'class_name'"),
     ("interaction:\n  - class_name: Gsm8kInteraction", ValueError, "'package.module.Class' path"),
-    ("interaction:\n  - class_name: no_such_pkg.mod.X", ImportError, "cannot import module 'no_such_pkg.mod'"),
-    ("interaction:\n  - class_name: hybridflow.interactions.base.Nope", ValueError, "has no attribute 'Nope'"),
+    ("interaction:\n  - class_name: no_such_pkg.mod.X", ModuleNotFoundError, "cannot import module 'no_such_pkg.mod'"),
+    ("interaction:\n  - class_name: hybridflow.interactions.base.Nope", AttributeError, "has no attribute 'Nope'"),
     ("interaction:\n  - class_name: hybridflow.interactions.base.last_assistant_content", TypeError,
      "must be a subclass of hybridflow.interactions.base.BaseInteraction"),
     ("interaction:\n  - class_name: hybridflow.interactions.gsm8k_interaction.Gsm8kInteraction\n    config: {x: 1}",
@@ -117,5 +117,11 @@ def test_bad_interaction_configs(tmp_path, body, error, message):
 def test_missing_file_and_missing_ground_truth(tmp_path):
     with pytest.raises(FileNotFoundError, match="interaction_config_path"):
         initialize_interactions_from_config(tmp_path / "nope.yaml")
-    with pytest.raises(ValueError, match="needs ground_truth"):
-        asyncio.run(Gsm8kInteraction({"name": "g"}).start_interaction())
+    g = Gsm8kInteraction({"name": "g"})  # no ground truth: stored as None (verl), never judged correct
+
+    async def go():
+        instance = await g.start_interaction()
+        return instance, await g.generate_response(instance, [{"role": "assistant", "content": "#### 72"}])
+
+    instance, (done, _, score, _) = asyncio.run(go())
+    assert g._instances[instance]["ground_truth"] is None and (done, score) == (False, 0.0)

@@ -105,6 +105,21 @@ def test_load_errors_name_the_config_field(reward_file, tmp_path):
         load_custom_reward_fn(str(broken))
 
 
+def test_a_signature_the_manager_cannot_call_is_refused_when_the_manager_is_built(reward_file, char_tokenizer):
+    from hybridflow.rewards import BatchRewardManager
+
+    with pytest.raises(RewardFunctionError) as err:  # a batch function under the per-sample manager
+        NaiveRewardManager(char_tokenizer, compute_score=ScoreFnSpec(reward_file, "batch_score"))
+    assert f"custom_reward_function.name='batch_score' in {reward_file!r}" in str(err.value)
+    assert "batch_score(data_sources, solution_strs, ground_truths, extra_infos)" in str(err.value)
+    with pytest.raises(RewardFunctionError, match=r"def compute_score\(data_sources, solution_strs, ground_truths"):
+        BatchRewardManager(char_tokenizer, compute_score=ScoreFnSpec(reward_file, "compute_score"))
+    with pytest.raises(RewardFunctionError, match="unexpected keyword argument 'bonus'"):  # reward_kwargs count
+        BatchRewardManager(char_tokenizer, compute_score=ScoreFnSpec(reward_file, "batch_score"),
+                           reward_kwargs={"bonus": 1.0})
+    NaiveRewardManager(char_tokenizer, compute_score=ScoreFnSpec(reward_file), reward_kwargs={"bonus": 1.0}).close()
+
+
 def test_bad_scoring_config():
     with pytest.raises(ValueError, match="reward_model.timeout_s must be > 0"):
         ScoringConfig(timeout_s=0)

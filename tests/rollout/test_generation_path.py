@@ -173,4 +173,5 @@ def test_a_failing_trajectory_is_counted_and_kept(service, model_and_tokenizer, 
     assert len(out) == 3
     assert out.batch["response_mask"][1].sum() == 0 and out.batch["response_mask"][0].sum() > 0
     assert out.meta_info["gen_metrics"]["agent/error_count"] == 1
-    assert out.non_tensor_batch["agent_error"].tolist() == [None, True, None]
+    errors = out.non_tensor_batch["agent_error"].tolist()  # the failed row carries its traceback
+    assert errors[0] is None and errors[2] is None and "Traceback (most recent call last)" in errors[1]

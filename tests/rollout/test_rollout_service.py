@@ -171,7 +171,7 @@ def test_ray_replica_coalesces_a_tick_of_requests_into_one_stream(tiny_model_dir
     from hybridflow.rollout.replica import RAY_ROLLOUT_CONCURRENCY_GROUP, RayActorReplica
 
     eng, tok = engine
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         host = ray.remote(concurrency_groups={RAY_ROLLOUT_CONCURRENCY_GROUP: 8})(_StreamHost).remote(tiny_model_dir)
         replica = ray.get(host.replica.remote())

@@ -1,4 +1,7 @@
-"""@function_tool: schema from hints + docstring, sync/async bodies, a user's tool file named in the tool YAML."""
+"""@function_tool: schema from hints + docstring, sync/async bodies, a user's tool file named in the tool YAML.
+
+verl's API (registry, path loading, return normalisation) is covered in tests/compat/test_function_tool_compat.py.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,8 @@ import threading
 
 import pytest
 
-from hybridflow.tools import BaseTool, FunctionTool, ToolExecutor, ToolResponse, function_tool, initialize_tools_from_config
+from hybridflow.tools import ToolExecutor, ToolResponse, function_tool, initialize_tools_from_config
+from hybridflow.tools.function_tool import FUNCTION_TOOL_REGISTRY, FunctionTool
 
 
 @function_tool
@@ -36,16 +40,17 @@ async def get_weather(location: str, unit: str = "celsius") -> dict:
 
 
 def test_schema_from_hints_and_docstring():
-    assert issubclass(multiply, FunctionTool) and issubclass(multiply, BaseTool)
-    assert multiply.fn(3, 4) == 12  # the function itself stays callable
-    schema = multiply().get_openai_tool_schema().model_dump(exclude_none=True)
+    assert multiply(3, 4) == 12  # the decorator returns the function itself
+    tool = FUNCTION_TOOL_REGISTRY["multiply"]
+    assert isinstance(tool, FunctionTool) and tool.fn is multiply and not tool.is_async
+    schema = tool.tool_schema.model_dump(exclude_none=True)
     assert schema["function"]["name"] == "multiply"
     assert schema["function"]["description"] == "Multiply two integers exactly."
     assert schema["function"]["parameters"] == {
         "type": "object", "required": ["a", "b"],
         "properties": {"a": {"type": "integer", "description": "the first factor"},
                        "b": {"type": "integer", "description": "the second factor"}}}
-    weather = get_weather().get_openai_tool_schema().function
+    weather = FUNCTION_TOOL_REGISTRY["weather"].tool_schema.function
     assert weather.name == "weather" and weather.description == "Current temperature."
     assert weather.parameters.properties["unit"].enum == ["celsius", "fahrenheit"]
     assert weather.parameters.required == ["location"]
@@ -64,7 +69,7 @@ def test_sync_runs_in_a_thread_and_async_is_awaited():
         seen["thread"] = threading.current_thread() is threading.main_thread()
         return f"x={x}"
 
-    ex = ToolExecutor([where(), get_weather(), multiply()])
+    ex = ToolExecutor([FUNCTION_TOOL_REGISTRY[n] for n in ("where", "weather", "multiply")])
 
     async def go():
         return (await ex.call("where", '{"x": 5}'), await ex.call("weather", '{"location": "Oslo"}'),
@@ -88,8 +93,8 @@ def test_kwargs_receive_create_and_execute_kwargs_and_tuples_pass_through():
         ok = answer == kwargs["ground_truth"]
         return ToolResponse(text="correct" if ok else "wrong"), float(ok), {"attempt": kwargs["attempt"]}
 
-    assert "kwargs" not in check.default_schema["function"]["parameters"]["properties"]
-    ex = ToolExecutor([check()])
+    assert "kwargs" not in FUNCTION_TOOL_REGISTRY["check"].tool_schema.function.parameters.properties
+    ex = ToolExecutor([FUNCTION_TOOL_REGISTRY["check"]])
     kwargs = {"check": {"create_kwargs": {"ground_truth": "7"}, "execute_kwargs": {"attempt": 1}}}
     out = asyncio.run(ex.call("check", '{"answer": "7"}', kwargs))
     assert (out.text, out.step_reward, out.metrics) == ("correct", 1.0, {"attempt": 1})
@@ -105,7 +110,7 @@ def test_a_raising_function_is_a_counted_error():
         """
         raise ZeroDivisionError("no")
 
-    out = asyncio.run(ToolExecutor([broken()]).call("broken", '{"n": 1}'))
+    out = asyncio.run(ToolExecutor([FUNCTION_TOOL_REGISTRY["broken"]]).call("broken", '{"n": 1}'))
     assert out.error_kind == "tool_exception" and "ZeroDivisionError: no" in out.text
 
 

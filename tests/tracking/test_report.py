@@ -120,3 +120,17 @@ def test_tracking_file_backend_to_report_end_to_end(tmp_path):
     samples = load_samples(tmp_path / "generations.jsonl")
     text = write_report(tmp_path, hist, samples).read_text()
     assert "1+2=" in text and set(_images(text)) == {"Score and reward", "Entropy"}
+
+
+def test_failures_get_a_warning_box_with_counts_and_the_stopping_error(tmp_path):
+    hist = _history(3)
+    for rec in hist:
+        rec.update({"rollout/failed_fraction": 0.0, "reward/error_fraction": 0.0})
+    assert "class='failures'" not in write_report(tmp_path, hist, []).read_text()  # nothing failed: no box
+    hist[0].update({"reward/error_fraction": 0.25, "reward/error_count": 2.0, "reward/timeout_count": 1.0})
+    hist[2].update({"reward/error_fraction": 0.125, "reward/error_count": 1.0, "reward/timeout_count": 0.0})
+    text = write_report(tmp_path, hist, [], error="the run stopped: all 8 <trajectories>").read_text()
+    box = text[text.index("class='failures'"):text.index("<h2>Curves</h2>")]  # above the curves
+    assert "rewards could not be scored (error or timeout)</b>: in 2 step(s) (1, 3), 4 in all, at worst 25%" in box
+    assert "trajectories failed" not in box  # only what failed is listed
+    assert "The run stopped with an error" in box and "all 8 &lt;trajectories&gt;" in box

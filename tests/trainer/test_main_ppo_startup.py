@@ -6,6 +6,7 @@ other tests fail before any Ray process exists.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -61,7 +62,7 @@ def test_no_address_starts_a_new_instance_instead_of_joining_a_running_one(monke
     monkeypatch.setattr(ray, "init", record)
     with pytest.raises(RayInitError):
         init_ray({"num_cpus": 2})
-    assert seen == [{"num_cpus": 2, "address": "local", "include_dashboard": False}]
+    assert seen == [{"num_cpus": 2, "address": "local", "include_dashboard": False, "logging_level": logging.WARNING}]
     monkeypatch.setenv("RAY_ADDRESS", "auto")
     with pytest.raises(RayInitError, match="RAY_ADDRESS='auto'"):
         init_ray({"num_cpus": None})

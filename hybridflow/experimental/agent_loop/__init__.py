@@ -11,6 +11,7 @@ from hybridflow.experimental.agent_loop.agent_loop import (
     AgentLoopWorker,
     AsyncLLMServerManager,
     DictConfigWrap,
+    ToolListWrap,
     register,
 )
 from hybridflow.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
@@ -26,5 +27,6 @@ __all__ = [
     "DictConfigWrap",
     "SingleTurnAgentLoop",
     "ToolAgentLoop",
+    "ToolListWrap",
     "register",
 ]

@@ -1,6 +1,13 @@
 """verl's ``verl.experimental.agent_loop.agent_loop`` module path (see :mod:`hybridflow.agents`)."""
 
-from hybridflow.agents.base import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, DictConfigWrap, register
+from hybridflow.agents.base import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    DictConfigWrap,
+    ToolListWrap,
+    register,
+)
 from hybridflow.agents.loop_manager import AgentLoopManager
 from hybridflow.agents.loop_worker import AgentLoopWorker
 from hybridflow.rollout.base import TokenOutput
@@ -15,5 +22,6 @@ __all__ = [
     "AsyncLLMServerManager",
     "DictConfigWrap",
     "TokenOutput",
+    "ToolListWrap",
     "register",
 ]

@@ -1,5 +1,5 @@
 """verl's ``verl.experimental.agent_loop.tool_agent_loop`` module path."""
 
-from hybridflow.agents.tool_agent import ToolAgentLoop
+from hybridflow.agents.tool_agent import AgentState, ToolAgentLoop
 
-__all__ = ["ToolAgentLoop"]
+__all__ = ["AgentState", "ToolAgentLoop"]

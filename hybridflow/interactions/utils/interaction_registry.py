@@ -13,31 +13,27 @@ with ``extra_info.interaction_kwargs.name``.
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any
 
 import yaml
 
 from hybridflow.interactions.base import BaseInteraction
+from hybridflow.utils.registry import import_dotted
 
 _ENTRY_KEYS = {"name", "class_name", "config"}
 
 
+def get_interaction_class(cls_name: str) -> Any:
+    """verl's loader: the object at ``package.module.Name`` (``verl.`` read as ``hybridflow.``); a missing
+    module raises ``ModuleNotFoundError``, a missing name ``AttributeError``, as in verl."""
+    return import_dotted(cls_name, f"interaction class_name {cls_name!r}")
+
+
 def resolve_interaction_class(class_name: str, where: str) -> type[BaseInteraction]:
-    module_name, _, attr = str(class_name).rpartition(".")
-    if not module_name:
+    if "." not in str(class_name):
         raise ValueError(f"{where}: class_name {class_name!r} must be a 'package.module.Class' path")
-    if module_name.split(".")[0] == "verl":
-        module_name = "hybridflow" + module_name[len("verl"):]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ImportError(f"{where}: class_name {class_name!r}: cannot import module {module_name!r} ({e}); the "
-                          "module must be importable (on PYTHONPATH / in the working directory)") from e
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"{where}: class_name {class_name!r}: module {module_name!r} has no attribute {attr!r}")
+    cls = import_dotted(str(class_name), f"{where}: class_name {class_name!r}")
     if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
         raise TypeError(f"{where}: class_name {class_name!r} must be a subclass of "
                         "hybridflow.interactions.base.BaseInteraction")
@@ -87,5 +83,5 @@ def initialize_interactions_from_config(interaction_config_file: str | os.PathLi
     return interactions
 
 
-__all__ = ["default_name", "initialize_interactions_from_config", "interaction_from_entry",
+__all__ = ["default_name", "get_interaction_class", "initialize_interactions_from_config", "interaction_from_entry",
            "resolve_interaction_class"]

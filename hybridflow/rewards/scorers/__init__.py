@@ -62,8 +62,16 @@ def default_compute_score(
     """Score one response with the built-in scorer for ``data_source`` (verl's signature and names).
 
     ``sandbox_fusion_url`` / ``concurrent_semaphore`` / ``memory_limit_mb`` reach the code scorers only (as in
-    verl): their programs then run on that SandboxFusion service instead of the local sandbox.
+    verl): their programs then run on that SandboxFusion service instead of the local sandbox.  A row the
+    built-in scorers cannot score -- an unknown ``data_source``, no ground truth -- raises, so the reward manager
+    counts it as a reward error instead of a silent 0.
     """
+    if ground_truth is None:  # every built-in scorer compares with it: a None would score 0 without a word
+        raise ValueError(
+            f"the row has no ground truth (reward_model.ground_truth is None) for data_source '{data_source}', so the "
+            "built-in scorer cannot score it; fill reward_model.ground_truth in the data, or score with "
+            "custom_reward_function.path"
+        )
     if sandbox_fusion_url and str(data_source) in CODE_SOURCES:
         kwargs.update(sandbox_fusion_url=sandbox_fusion_url, concurrent_semaphore=concurrent_semaphore)
         if memory_limit_mb is not None:

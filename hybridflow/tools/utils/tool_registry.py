@@ -14,11 +14,14 @@ written against :class:`hybridflow.tools.base_tool.BaseTool` (or made with ``@fu
 verl. ``tool_schema`` may be omitted when the class provides one.  A user's tool module kept beside the YAML is
 found in every process that reads the YAML (Ray agent-loop workers included): the YAML's folder is put on the
 import path, as for agent-loop YAMLs (``rollout.agent.agent_loop_config_path``).
+
+:func:`load_all_tools` is verl's loader of a run's tools: this YAML's tools plus the ``@function_tool``
+functions of ``rollout.multi_turn.function_tool_path`` (verl's current path for it is
+``verl.tools.tool_registry``, i.e. :mod:`hybridflow.tools.tool_registry`).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from typing import Any
@@ -26,33 +29,39 @@ from typing import Any
 import yaml
 
 from hybridflow.tools.base_tool import TOOL_REGISTRY, BaseTool
+from hybridflow.tools.function_tool import (
+    FunctionTool,
+    adapter_class,
+    load_function_tools_from_path,
+    registered_function_tool,
+)
+from hybridflow.utils.registry import import_dotted
 
 _ENTRY_KEYS = {"class_name", "config", "tool_schema", "mcp"}
 _MCP_KEYS = {"mcp_servers_config_path", "tool_selected_list"}
 
 
+def get_tool_class(cls_name: str) -> Any:
+    """verl's loader: the object at ``package.module.Name`` (``verl.`` read as ``hybridflow.``); a missing
+    module raises ``ModuleNotFoundError``, a missing name ``AttributeError`` (as in verl)."""
+    return import_dotted(cls_name, f"tool class_name {cls_name!r}")
+
+
 def resolve_tool_class(class_name: str) -> type[BaseTool]:
-    """A registered name, a verl built-in class path, or an importable ``module.Class`` path."""
+    """A registered name, a verl built-in class path, an importable ``module.Class`` path, or the path of a
+    function decorated with ``@function_tool`` (wrapped in a ``BaseTool``)."""
     if class_name in TOOL_REGISTRY:
         return TOOL_REGISTRY.get(class_name)
-    module_name, _, attr = class_name.rpartition(".")
-    if not module_name:
+    if "." not in class_name:
         raise ValueError(f"tool class_name {class_name!r} is neither a registered tool "
                          f"({', '.join(TOOL_REGISTRY.names())}) nor a 'package.module.Class' path")
-    if module_name.split(".")[0] == "verl":
-        module_name = "hybridflow" + module_name[len("verl"):]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ImportError(f"tool class_name {class_name!r}: cannot import module {module_name!r} ({e}); the "
-                          "module must be importable (beside the tool YAML, on PYTHONPATH or in the working "
-                          "directory)") from e
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"tool class_name {class_name!r}: module {module_name!r} has no attribute {attr!r}")
+    cls = get_tool_class(class_name)
+    function = registered_function_tool(cls)
+    if function is not None:
+        return adapter_class(function)
     if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
         raise TypeError(f"tool class_name {class_name!r} must be a subclass of hybridflow.tools.base_tool.BaseTool "
-                        "(or a function decorated with @hybridflow.tools.function_tool)")
+                        "(or a function decorated with @hybridflow.tools.function_tool.function_tool)")
     return cls
 
 
@@ -148,4 +157,22 @@ def initialize_tools_from_config(tools_config_file: str | os.PathLike) -> list[B
     return tools
 
 
-__all__ = ["initialize_tools_from_config", "resolve_tool_class", "tools_from_entry"]
+def load_all_tools(tool_config_path: str | os.PathLike | None,
+                   function_tool_path: str | os.PathLike | None) -> list[BaseTool | FunctionTool]:
+    """verl's loader of one run's tools: the tool YAML's tools (native and MCP) followed by the
+    ``@function_tool`` functions of ``function_tool_path`` (registered ``FunctionTool`` objects, the same ones
+    on every call). A name used on both sides is an error listing every clash."""
+    native = initialize_tools_from_config(tool_config_path) if tool_config_path else []
+    functions = load_function_tools_from_path(function_tool_path) if function_tool_path else []
+    if native and functions:
+        taken = {t.name for t in native}
+        clashes = sorted(t.name for t in functions if t.name in taken)
+        if clashes:
+            raise ValueError(f"Function tool name(s) {clashes} collide with tools already declared in "
+                             f"'{tool_config_path}'. Each tool name must be unique across `tool_config_path` and "
+                             "`function_tool_path`; rename one of them.")
+    return native + functions
+
+
+__all__ = ["get_tool_class", "initialize_tools_from_config", "load_all_tools", "resolve_tool_class",
+           "tools_from_entry"]

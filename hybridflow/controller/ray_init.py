@@ -1,0 +1,159 @@
+"""Starting Ray for a run: a private local instance unless a cluster is named, and only hybridflow's lines.
+
+Which Ray a run uses:
+
+* ``ray_kwargs.ray_init.address`` set (``host:port``, ``auto``, ``ray://...``): that cluster; the run says so.
+* else ``RAY_ADDRESS`` set in the environment: that cluster.  Setting the variable is an explicit request (it is
+  how ``ray job submit`` hands its cluster to a job, and how a user points every run of a shell at a ``ray start
+  --head`` cluster), so it is honoured, and the run says which cluster it joined and that unsetting the
+  variable gives a private instance.
+* else a new, private local instance, always.  A bare ``ray.init()`` would instead join the last cluster that
+  ``ray start`` left on this machine (its address file, ``ray_current_cluster`` in Ray's temp dir) -- a stray
+  cluster with other resources, other settings and other users' actors; hybridflow passes ``address="local"``,
+  which makes Ray start a new instance whatever that file says.
+
+A private instance gets lean defaults (no dashboard: ~1 s and ~150 MB on a laptop) and a quiet start: Ray's
+notices that ask nothing of the user are left out (see :data:`RAY_NOTICES_DROPPED`); an attached cluster keeps
+its own settings.  Failures raise :class:`RayInitError` repeating what was asked.
+
+Signals: in the driver (this process) Ray's C++ core would install abseil's failure signal handler, which
+answers a SIGTERM with a register dump on the console and, once hybridflow's own handler has run, aborts the
+process (exit 134) instead of letting the step finish and the checkpoint be written (exit 143).  The driver
+therefore connects with that handler off -- Ray's ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` switch, unless the user
+set the variable -- and Python's ``faulthandler`` prints tracebacks of real crashes (SIGSEGV, SIGABRT, ...)
+instead.  Worker processes keep Ray's handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from hybridflow.controller.errors import RayInitError
+
+__all__ = ["init_ray", "RAY_NOTICES_DROPPED"]
+
+# Ray's start-up warnings that ask nothing of a hybridflow user: (the logger that emits it, its text), with why.
+RAY_NOTICES_DROPPED = (
+    # ray.init runs on hybridflow's start-up thread (it overlaps data loading), where Ray does not install its own
+    # SIGTERM handler -- which is what hybridflow wants: its handler finishes the step and checkpoints.
+    ("ray._private.worker", "SIGTERM handler is not set because current thread is not the main thread"),
+    # Ray 2.60 turns token authentication on for a new local instance (it listens on the node's address) and
+    # says so when RAY_AUTH_MODE is unset; keeping that protection needs no action.  The opposite notice
+    # (authentication *disabled*) is a security warning and stays.
+    ("ray._private.authentication.authentication_token_setup", "Token authentication is enabled for this Ray cluster"),
+)
+
+
+class _DropNotices(logging.Filter):
+    def __init__(self, texts: list[str]):
+        super().__init__()
+        self.texts = texts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in self.texts)
+
+
+@contextmanager
+def _quiet_start() -> Iterator[None]:
+    """Leave Ray's no-action start-up notices out of the console while ``ray.init`` runs: a logging filter on each
+    logger that emits one (everything else they log still shows)."""
+    filters = []
+    for name in dict.fromkeys(logger for logger, _ in RAY_NOTICES_DROPPED):
+        notice_filter = _DropNotices([text for logger, text in RAY_NOTICES_DROPPED if logger == name])
+        logging.getLogger(name).addFilter(notice_filter)
+        filters.append((name, notice_filter))
+    try:
+        yield
+    finally:
+        for name, notice_filter in filters:
+            logging.getLogger(name).removeFilter(notice_filter)
+
+
+def _say(line: str) -> None:
+    print(f"hybridflow: {line}", file=sys.stderr, flush=True)
+
+
+def init_ray(ray_init_kwargs: dict[str, Any] | None = None) -> None:
+    """Start a private local Ray instance, or connect to the cluster named by ``address`` / ``RAY_ADDRESS`` (see the
+    module docstring); nothing when Ray is already initialised in this process."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    _driver_signal_handling()
+    kwargs = dict(ray_init_kwargs or {})
+    address = kwargs.get("address")
+    env_address = os.environ.get("RAY_ADDRESS", "")
+    if address not in (None, "", "local"):
+        where = f"the Ray cluster at ray_kwargs.ray_init.address={address!r}"
+        _check_reachable(str(address))
+        _connect(kwargs, where)
+        _say(f"connected to {where}")
+    elif address in (None, "") and env_address not in ("", "local"):
+        kwargs.pop("address", None)  # ray.init reads RAY_ADDRESS itself
+        where = f"the Ray cluster in RAY_ADDRESS={env_address!r}"
+        _check_reachable(env_address, field="the RAY_ADDRESS environment variable")
+        _connect(kwargs, where)
+        _say(f"connected to {where} (unset RAY_ADDRESS to run on a private local instance instead)")
+    else:
+        kwargs["address"] = "local"  # never the cluster in Ray's address file
+        kwargs.setdefault("include_dashboard", False)
+        kwargs.setdefault("logging_level", logging.WARNING)  # hybridflow says what started (below)
+        with _quiet_start():
+            _connect(kwargs, "a new local Ray instance")
+        resources = ray.cluster_resources()
+        gpus = int(resources.get("GPU", 0))
+        _say(f"started a private Ray instance ({int(resources.get('CPU', 0))} CPUs"
+             + (f", {gpus} GPUs" if gpus else "") + "); to use a running cluster instead, set "
+             "ray_kwargs.ray_init.address (or RAY_ADDRESS)")
+
+
+def _driver_signal_handling() -> None:
+    """Keep Ray's failure signal handler out of this (driver) process; crashes still print a traceback."""
+    import faulthandler
+
+    from ray._private import ray_constants
+
+    if "RAY_DISABLE_FAILURE_SIGNAL_HANDLER" not in os.environ:  # Ray reads the variable once, when imported
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
+
+
+def _connect(kwargs: dict[str, Any], where: str) -> None:
+    import ray
+
+    try:
+        ray.init(**kwargs)
+    except Exception as e:  # noqa: BLE001 - re-raised with the request attached
+        hint = ""
+        if "auth" in f"{type(e).__name__} {e} {e.__cause__}".lower():
+            hint = (" The cluster uses token authentication (what `ray start` of Ray 2.60 enables by default): "
+                    "export RAY_AUTH_MODE=token on this machine (the token is read from ~/.ray/auth_token).")
+        raise RayInitError(
+            f"ray.init failed while connecting to {where} with arguments {kwargs}: {type(e).__name__}: {e}. "
+            "Check ray_kwargs.ray_init (address, num_cpus, num_gpus) or run `ray status` on the cluster." + hint
+        ) from e
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0, field: str = "ray_kwargs.ray_init.address") -> None:
+    """Fail in seconds on an unreachable ``host:port`` (``ray.init`` itself retries for minutes)."""
+    import socket
+
+    if address == "auto" or "://" in address or ":" not in address:
+        return  # "auto" reads RAY_ADDRESS / the local session; ray:// client addresses are checked by Ray
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as e:
+        raise RayInitError(
+            f"cannot reach the Ray head at {field}={address!r} ({type(e).__name__}: {e}). "
+            "Start it with `ray start --head` on that machine, fix the address, or leave the address unset "
+            "(and RAY_ADDRESS unset) to start a local Ray instance."
+        ) from e

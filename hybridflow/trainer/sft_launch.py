@@ -1,0 +1,101 @@
+"""Where the SFT trainer runs: the device (``trainer.device``) and its data-parallel processes.
+
+``trainer.n_gpus_per_node`` x ``trainer.nnodes`` is the number of data-parallel ranks (FSDP2 shards the model
+over them, gloo on CPU and NCCL on GPU). Started by ``torchrun`` (``WORLD_SIZE`` in the environment), the
+process joins that group (the two keys, when set, must match its size; verl's scripts set neither). Started
+plainly with more than one rank on one node, the ranks are spawned here (``torch.multiprocessing``) on a free
+local port. More than one node needs torchrun on each node, as with verl.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from typing import Any, Callable
+
+__all__ = ["run_ranks", "select_device", "world_size"]
+
+
+def select_device(device: str) -> None:
+    """Make ``trainer.device`` the engine's device (``auto``: a GPU when torch sees one)."""
+    import torch
+
+    from hybridflow.engine import device as dev
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("trainer.device=cuda but torch sees no GPU; use trainer.device=cpu (or auto)")
+    if device in ("cpu", "cuda"):
+        os.environ["HYBRIDFLOW_DEVICE"] = device
+    dev.device_type.cache_clear()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _join_group(timeout_s: float = 600.0) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from hybridflow.engine import device as dev
+
+    if dev.is_cuda():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=dev.dist_backend(), timeout=timedelta(seconds=timeout_s))
+
+
+def _spawned_rank(rank: int, fn: Callable[[Any], Any], config: Any, world: int, port: int, results) -> None:
+    import torch.distributed as dist
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)})
+    _join_group()
+    try:
+        out = fn(config)
+        if rank == 0:
+            results.put(out)
+    finally:
+        dist.destroy_process_group()
+
+
+def world_size(config: Any, environ: dict | None = None) -> tuple[int, bool]:
+    """``(ranks, started by a launcher)``: torchrun's ``WORLD_SIZE`` when it started us (the config's
+    ``n_gpus_per_node`` x ``nnodes``, when set, must agree), else their product (unset counts as 1)."""
+    env = os.environ if environ is None else environ
+    t = config.trainer
+    configured = None if t.n_gpus_per_node is None and t.nnodes is None else (t.n_gpus_per_node or 1) * (t.nnodes or 1)
+    if "WORLD_SIZE" in env and "RANK" in env:
+        launched = int(env["WORLD_SIZE"])
+        if configured is not None and configured != launched:
+            raise ValueError(f"the launcher started {launched} processes but trainer.n_gpus_per_node x trainer.nnodes "
+                             f"= {t.n_gpus_per_node or 1} x {t.nnodes or 1} = {configured}; make them agree (torchrun "
+                             "--nproc_per_node=N --nnodes=M with trainer.n_gpus_per_node=N trainer.nnodes=M) or drop "
+                             "the two keys")
+        return launched, True
+    if (t.nnodes or 1) > 1:
+        raise ValueError(f"trainer.nnodes={t.nnodes}: start the run on every node with torchrun --nnodes={t.nnodes} "
+                         f"--nproc_per_node={t.n_gpus_per_node or 1} -m hybridflow.trainer.fsdp_sft_trainer ... "
+                         "(a plain start spawns processes on this node only)")
+    return configured or 1, False
+
+
+def run_ranks(fn: Callable[[Any], Any], config: Any) -> Any:
+    """``fn(config)`` on every rank of ``trainer.n_gpus_per_node`` x ``trainer.nnodes``; rank 0's result."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    world, launched = world_size(config)
+    if launched:
+        if not dist.is_initialized():
+            _join_group()
+        return fn(config)
+    if world == 1:
+        return fn(config)
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    mp.start_processes(_spawned_rank, args=(fn, config, world, _free_port(), results), nprocs=world, join=True,
+                       start_method="spawn")
+    return results.get() if not results.empty() else None
