@@ -56,3 +56,12 @@ def test_head_counts_are_checked_against_the_checkpoint(nano_model_dir):
     with pytest.raises(ConfigError, match=r"ulysses_sequence_parallel_size=8: the model has 4 attention heads"):
         _load(f"{A}.model.path={nano_model_dir}", f"{A}.actor.ulysses_sequence_parallel_size=8",
               "trainer.n_gpus_per_node=8")
+
+
+def test_dry_run_describes_the_data_parallel_share():
+    from hybridflow.trainer.command_line import describe_batch_sizes
+
+    text = describe_batch_sizes(_load(f"{A}.actor.ulysses_sequence_parallel_size=2"))
+    assert "4 trajectories (2 per data-parallel group of 2 devices, each holding 1/2 of the tokens)" in text
+    assert "1 trajectories per data-parallel group" in text
+    assert "(1 per device)" in describe_batch_sizes(_load())
