@@ -33,9 +33,6 @@ class KeyRule:
 
 
 REFUSED: tuple[KeyRule, ...] = (
-    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic,reward_model}.ulysses_sequence_parallel_size",
-            "Ulysses sequence parallelism is not implemented: every device holds whole sequences. Shorten the "
-            "sequences, or lower *.ppo_max_token_len_per_gpu with use_dynamic_bsz=true"),
     KeyRule("{actor_rollout_ref.actor,critic}.checkpoint.async_save",
             "asynchronous checkpoint saving is a Megatron-only feature in verl; hybridflow writes checkpoints "
             "synchronously and atomically"),

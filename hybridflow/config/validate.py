@@ -16,6 +16,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.key_policy import inert_note, refusal_errors
 from hybridflow.config.schema import PPOConfig
 from hybridflow.config.validate_async import check_async_config
+from hybridflow.config.validate_parallel import check_sequence_parallel, data_parallel_size
 
 # verl's loss aggregation modes (algorithms/aggregation.py implements each; config cannot import algorithms)
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -61,6 +62,7 @@ def validate_config(cfg: PPOConfig) -> list[str]:
     _normalise_deprecated(cfg, notes)
     check_async_config(cfg, errors, notes)
     _check_batch_sizes(cfg, errors, notes)
+    check_sequence_parallel(cfg, errors)
     _check_legacy_micro(cfg, errors, notes)
     _check_sampling(cfg, errors)
     _check_dtypes(cfg, errors)
@@ -442,7 +444,9 @@ def _check_rollout_precision(cfg: PPOConfig, errors: list[str], notes: list[str]
 
 
 def _check_micro(cfg, role, mini, micro_global, micro_per_gpu, dynamic, name, errors, notes) -> None:
-    n, n_dev = cfg.actor_rollout_ref.rollout.n, n_devices(cfg)
+    # with sequence parallelism a mini-batch is split over the dp = devices / sp groups
+    n, n_dev = cfg.actor_rollout_ref.rollout.n, data_parallel_size(cfg, role)
+    devices = "devices" if n_dev == n_devices(cfg) else "data-parallel groups (devices / ulysses_sequence_parallel_size)"
     node = _get(cfg, role)
     if micro_global is not None and micro_per_gpu is not None:
         errors.append(f"set only one of {role}.{name} (deprecated, global) and {role}.{name}_per_gpu")
@@ -454,20 +458,20 @@ def _check_micro(cfg, role, mini, micro_global, micro_per_gpu, dynamic, name, er
     trajectories = mini * n
     if trajectories % n_dev:
         errors.append(f"{role}.ppo_mini_batch_size={mini} prompts x rollout.n={n} = {trajectories} trajectories "
-                      f"per mini-batch cannot be split over {n_dev} devices; make it a multiple of {n_dev}")
+                      f"per mini-batch cannot be split over {n_dev} {devices}; make it a multiple of {n_dev}")
         return
     per_dev = trajectories // n_dev
     if dynamic:
         return
     if micro_per_gpu is None:
         errors.append(f"{role}.{name}_per_gpu is not set: each device's share of a mini-batch "
-                      f"({mini} prompts x {n} = {trajectories} trajectories / {n_dev} devices = {per_dev}) is "
+                      f"({mini} prompts x {n} = {trajectories} trajectories / {n_dev} {devices} = {per_dev}) is "
                       f"processed in micro-batches of this many trajectories. Set it (e.g. "
                       f"{role}.{name}_per_gpu={_largest_divisor(per_dev, 8)}) or use {role}.use_dynamic_bsz=true")
         return
     if micro_per_gpu < 1 or per_dev % micro_per_gpu:
         errors.append(f"{role}.{name}_per_gpu={micro_per_gpu} must divide the per-device mini-batch: "
-                      f"{mini} prompts x rollout.n={n} / {n_dev} devices = {per_dev} trajectories per device")
+                      f"{mini} prompts x rollout.n={n} / {n_dev} {devices} = {per_dev} trajectories per device")
 
 
 def _largest_divisor(n: int, cap: int) -> int:

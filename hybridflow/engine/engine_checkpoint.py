@@ -86,7 +86,7 @@ def save_engine_checkpoint(
 ) -> None:
     """Write this rank's shards (and, from rank 0, the ``huggingface/`` folder) under ``path``."""
     contents = _check_contents(save_contents, field)
-    world, rank = engine.dp_size, engine.dp_rank
+    world, rank = engine.world_size, engine.rank
     os.makedirs(path, exist_ok=True)
     rng = rng_state()  # saving must not perturb the random streams (the HF export initialises a model)
     files = _names(path, world, rank)
@@ -116,7 +116,7 @@ def load_engine_checkpoint(
 ) -> None:
     """Restore what ``save_engine_checkpoint`` wrote; the world size must match."""
     contents = _check_contents(load_contents, field)
-    world, rank = engine.dp_size, engine.dp_rank
+    world, rank = engine.world_size, engine.rank
     files = _names(path, world, rank)
     if "model" in contents and not os.path.exists(files["model"]):
         found = sorted(f for f in os.listdir(path) if f.startswith("model_")) if os.path.isdir(path) else []
@@ -159,7 +159,7 @@ def export_hf_model(engine: TrainEngine, hf_dir: str, tokenizer=None, with_weigh
     ``from_pretrained``; the adapter alone is saved to ``hf_dir/lora_adapter``.
     """
     state = engine.full_state_dict() if with_weights else None
-    if engine.dp_rank != 0:
+    if engine.rank != 0:
         return
     os.makedirs(hf_dir, exist_ok=True)
     base = unwrap_peft(engine.module)

@@ -23,6 +23,10 @@ and ``position_ids`` of shape (B, 4, L) (text positions + M-RoPE, ``data/mrope.p
 the model the (3, B, L) M-RoPE rows, the packed one the (4, 1, N) rows whose first row marks where each
 sequence starts.
 
+With Ulysses sequence parallelism (``sequence_parallel`` given, sp > 1) the micro-batch is always packed and the
+packed row is split along the token axis over the sp group (``engine/ulysses_forward.py``); the outputs come back
+gathered, equal on every rank of the group.
+
 Outputs are computed in that compact layout, scattered back to (B, L) and sliced to the response:
 the output at position t is the prediction for token t+1, so response token j (at P + j) reads
 position P + j - 1, i.e. ``[:, -R-1:-1]``.
@@ -39,6 +43,7 @@ from torch import nn
 
 from hybridflow.data.mrope import model_position_ids
 from hybridflow.engine.transformers_adapter import attention_implementation
+from hybridflow.engine.ulysses_forward import SequenceParallel, sequence_parallel_outputs
 from hybridflow.engine.vision import merge_multi_modal_inputs, vision_in_every_step
 
 __all__ = [
@@ -66,7 +71,8 @@ def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
             module.train()
 
 HeadFn = Callable[
-    [nn.Module, torch.Tensor, torch.Tensor | None, torch.Tensor, "int | torch.Tensor | None"], dict[str, torch.Tensor]
+    [nn.Module, torch.Tensor, torch.Tensor | None, torch.Tensor, "int | torch.Tensor | None", torch.Tensor],
+    dict[str, torch.Tensor],
 ]
 
 _CHUNK_ROWS = 2048  # tokens per chunk when turning logits into log-probs / entropy
@@ -143,12 +149,14 @@ def per_position_outputs(
     packed: bool | None = None,
     first_col: int = 0,
     multi_modal_inputs=None,
+    sequence_parallel: SequenceParallel | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run ``head_fn`` on the compact (packed or trimmed) batch; return its outputs as (B, L) tensors.
 
-    ``head_fn(module, ids, attention_mask_or_None, position_ids, keep)`` returns a dict of per-position
-    tensors for the positions ``keep`` selects along the sequence dimension of ``ids`` (``None``: all;
-    an int k: the last k; a 1-D index tensor); labels for next-token heads are ``ids`` shifted left by one.
+    ``head_fn(module, ids, attention_mask_or_None, position_ids, keep, labels)`` returns a dict of per-position
+    tensors for the positions ``keep`` selects along the sequence dimension of the model's outputs (``None``:
+    all; an int k: the last k; a 1-D index tensor); ``labels`` (b, kept) are the next tokens of those positions.
+    ``sequence_parallel``: this rank's Ulysses group (sp > 1 packs and splits the row over it).
     ``first_col``: only columns >= ``first_col`` of the (B, L) layout are wanted (the rest are left 0), so a
     head can skip work on the prompt -- for a causal LM the vocabulary projection and log-softmax of every
     prompt position, which is most of a forward's memory and a large share of its FLOPs at 100k+ vocabularies.
@@ -163,6 +171,9 @@ def per_position_outputs(
     mm = merge_multi_modal_inputs(multi_modal_inputs, input_ids.device)
     sharded = hasattr(module, "unshard")  # an FSDP2 root: every rank must run the vision tower each pass
     with vision_in_every_step(module, bool(mm), sharded) if multi_modal_inputs is not None else contextlib.nullcontext():
+        if sequence_parallel is not None and sequence_parallel.size > 1:
+            return sequence_parallel_outputs(module, input_ids, attention_mask, position_ids, head_fn, first_col, mm,
+                                             sequence_parallel)
         if packed:
             ids = input_ids[mask].unsqueeze(0)
             if position_ids.dim() == 3:  # (B, 4, L) -> (1, 4, N)
@@ -174,14 +185,16 @@ def per_position_outputs(
                 wanted = torch.arange(L, device=mask.device) >= first_col
                 keep = wanted.expand(B, L)[mask].nonzero().flatten()
                 where = mask & wanted
-            outs = head_fn(module, ids, None, pos, keep, **mm)
+            outs = head_fn(module, ids, None, pos, keep, _take(torch.roll(ids, shifts=-1, dims=1), keep), **mm)
             return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__(where, v[0]))
         cols = mask.any(dim=0).nonzero().flatten()
         lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
         start = min(max(first_col, lo), hi - 1)
         keep = None if start == lo else hi - start
         pos = model_position_ids(position_ids[..., lo:hi])
-        outs = head_fn(module, input_ids[:, lo:hi], attention_mask[:, lo:hi], pos, keep, **mm)
+        ids = input_ids[:, lo:hi]
+        outs = head_fn(module, ids, attention_mask[:, lo:hi], pos, keep, _take(torch.roll(ids, shifts=-1, dims=1), keep),
+                       **mm)
         return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__((slice(None), slice(start, hi)), v))
 
 
@@ -224,14 +237,13 @@ def _sum_pi_squared(logits: torch.Tensor, chunk: int = _CHUNK_ROWS) -> torch.Ten
 
 def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool, sum_pi_squared: bool = False,
              use_torch_compile: bool = False, entropy_checkpointing: bool = False) -> HeadFn:
-    def head(module, ids, attn, pos, keep, **multi_modal):
+    def head(module, ids, attn, pos, keep, labels, **multi_modal):
         extra = {"logits_to_keep": keep} if keep is not None and _accepts_logits_to_keep(module) else {}
         logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **extra,
                         **multi_modal).logits
         if not extra:
             logits = _take(logits, keep)
         logits = logits / temperature
-        labels = _take(torch.roll(ids, shifts=-1, dims=1), keep)  # the last column's label is never read
         b, l, v = logits.shape
         lp, ent = logprob_entropy(
             logits.reshape(b * l, v), labels.reshape(b * l), calculate_entropy, entropy_grad=entropy_grad,
@@ -259,12 +271,13 @@ def response_token_outputs(
     use_torch_compile: bool = False,
     entropy_checkpointing: bool = False,
     multi_modal_inputs=None,
+    sequence_parallel: SequenceParallel | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per response token (B, R): ``log_probs`` = log π_T(response_t | context), and on request ``entropy``
     of π_T and ``sum_pi_squared`` = Σ_v π_T(v)², all from one forward pass (π_T: logits / temperature).
 
     ``entropy_grad=False``: the entropy is a metric only (no autograd graph through it).
-    ``packed``, ``multi_modal_inputs``: see :func:`per_position_outputs`.
+    ``packed``, ``multi_modal_inputs``, ``sequence_parallel``: see :func:`per_position_outputs`.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to compute log-probs, got {temperature}")
@@ -280,6 +293,7 @@ def response_token_outputs(
         packed,
         first_col=batch["input_ids"].shape[-1] - R - 1,  # the response's predictions start one column early
         multi_modal_inputs=multi_modal_inputs,
+        sequence_parallel=sequence_parallel,
     )
     return {k: v[:, -R - 1 : -1] for k, v in outs.items()}
 
@@ -295,41 +309,64 @@ def response_log_probs(
     use_torch_compile: bool = False,
     entropy_checkpointing: bool = False,
     multi_modal_inputs=None,
+    sequence_parallel: SequenceParallel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(log_probs, entropy or None)`` of :func:`response_token_outputs`."""
     outs = response_token_outputs(module, batch, temperature, calculate_entropy, use_remove_padding, entropy_grad,
                                   packed, use_torch_compile=use_torch_compile, entropy_checkpointing=entropy_checkpointing,
-                                  multi_modal_inputs=multi_modal_inputs)
+                                  multi_modal_inputs=multi_modal_inputs, sequence_parallel=sequence_parallel)
     return outs["log_probs"], outs.get("entropy")
 
 
-def _token_value_head(module, ids, attn, pos, keep):
+def _token_value_head(module, ids, attn, pos, keep, labels):
     logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
     return {"values": _take(logits[..., 0].float(), keep)}
 
 
-def response_values(module: nn.Module, batch: dict[str, torch.Tensor], use_remove_padding: bool = False) -> torch.Tensor:
+def response_values(module: nn.Module, batch: dict[str, torch.Tensor], use_remove_padding: bool = False,
+                    sequence_parallel: SequenceParallel | None = None) -> torch.Tensor:
     """Critic values V(s_t) of the state before each response token (B, R)."""
     R = batch["responses"].shape[-1]
     outs = per_position_outputs(
-        module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], _token_value_head, use_remove_padding
+        module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], _token_value_head, use_remove_padding,
+        sequence_parallel=sequence_parallel,
     )
     return outs["values"][:, -R - 1 : -1]
 
 
-def _sequence_score_head(module, ids, attn, pos, keep):
+@contextlib.contextmanager
+def _root_parameters(module: nn.Module) -> Iterator[None]:
+    """The root's own parameters (embeddings, final norm, head) gathered while submodules are called directly.
+
+    Calling a submodule of an FSDP2 root skips the root's pre-forward, which is what gathers them; the decoder
+    layers are FSDP units of their own and gather themselves.  ``unshard`` / ``reshard`` are not recursive.
+    """
+    if not hasattr(module, "unshard"):
+        yield
+        return
+    module.unshard()
+    try:
+        yield
+    finally:
+        module.reshard()
+
+
+def _sequence_score_head(module, ids, attn, pos, keep, labels):
     backbone = getattr(module, module.base_model_prefix)
-    hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-    return {"scores": _take(module.score(hidden)[..., 0].float(), keep)}
+    with _root_parameters(module):
+        hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+        return {"scores": _take(module.score(hidden)[..., 0].float(), keep)}
 
 
-def last_token_scores(module: nn.Module, input_ids, attention_mask, position_ids, use_remove_padding: bool = False):
+def last_token_scores(module: nn.Module, input_ids, attention_mask, position_ids, use_remove_padding: bool = False,
+                      sequence_parallel: SequenceParallel | None = None):
     """Sequence-classification score read at each row's last attended token (B,).
 
     We apply the classifier head at every position and pick the last valid one ourselves instead of
     relying on HF's pad-token search, which is wrong when pad == eos and the response ends with EOS.
     """
-    outs = per_position_outputs(module, input_ids, attention_mask, position_ids, _sequence_score_head, use_remove_padding)
+    outs = per_position_outputs(module, input_ids, attention_mask, position_ids, _sequence_score_head, use_remove_padding,
+                                sequence_parallel=sequence_parallel)
     L = attention_mask.shape[1]
     last = L - 1 - attention_mask.flip(-1).long().argmax(-1)
     return outs["scores"].gather(1, last.unsqueeze(1)).squeeze(1)

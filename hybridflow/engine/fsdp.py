@@ -20,7 +20,6 @@ from hybridflow.engine import device as dev
 
 __all__ = [
     "is_distributed",
-    "build_device_mesh",
     "decoder_layer_classes",
     "apply_fsdp2",
     "fsdp_modules",
@@ -34,24 +33,6 @@ __all__ = [
 
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
-
-
-def build_device_mesh(fsdp_size: int = -1):
-    """A ``("fsdp",)`` mesh over all ranks, or ``("ddp", "fsdp")`` (HSDP) when ``fsdp_size`` divides it.
-
-    Returns ``None`` when torch.distributed is not initialised or has one rank (local backend, a
-    1-device run): sharding over a single rank only adds FSDP's hooks and buys nothing.
-    """
-    if not is_distributed() or dist.get_world_size() == 1:
-        return None
-    from torch.distributed.device_mesh import init_device_mesh
-
-    world = dist.get_world_size()
-    if fsdp_size in (-1, 0, None) or fsdp_size >= world:
-        return init_device_mesh(dev.device_type(), (world,), mesh_dim_names=("fsdp",))
-    if world % fsdp_size:
-        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must divide the world size {world} (or be -1)")
-    return init_device_mesh(dev.device_type(), (world // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
 
 
 def unwrap_peft(model: nn.Module) -> nn.Module:

@@ -3,7 +3,10 @@
 The role workers (actor, critic, ref, reward model) only speak to this object: they hand it
 micro-batch losses and ask it to step, to gather weights, to offload between phases and to
 save/load checkpoints.  It hides whether the module is FSDP2-sharded over N ranks or a plain
-module in a single process (the local backend, where torch.distributed is not initialised).
+module in a single process (the local backend, where torch.distributed is not initialised),
+and how the ranks are laid out (``engine/parallel_dims.py``: data parallel x Ulysses sequence parallel):
+workers read ``dp_size`` / ``dp_rank`` for their share of the batch and pass ``sequence_parallel`` to the
+forward functions, whatever the mesh.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from torch import nn
 from hybridflow.engine import device as dev
 from hybridflow.engine.fsdp import (
     apply_fsdp2,
-    build_device_mesh,
     full_params,
     full_state_dict,
     is_distributed,
@@ -28,6 +30,8 @@ from hybridflow.engine.fsdp import (
     move_optimizer_state,
 )
 from hybridflow.engine.optim import build_lr_scheduler, build_optimizer
+from hybridflow.engine.parallel_dims import ParallelDims
+from hybridflow.engine.ulysses_forward import SequenceParallel
 
 __all__ = ["TrainEngine", "StepResult", "resolve_precision"]
 
@@ -68,7 +72,8 @@ class TrainEngine:
 
     ``fsdp_config`` is the role's ``fsdp_config`` node (``param_offload``, ``optimizer_offload``,
     ``offload_policy``, ``reshard_after_forward``, ``fsdp_size``, ``dtype``); ``total_training_steps``
-    fills the LR schedule's horizon when the config leaves it at -1.
+    fills the LR schedule's horizon when the config leaves it at -1.  ``parallel_dims``: the role's layout
+    (default: every rank data parallel).
     """
 
     def __init__(
@@ -78,7 +83,7 @@ class TrainEngine:
         optim_config: Any | None = None,
         total_training_steps: int | None = None,
         role: str = "actor",
-        mesh=None,
+        parallel_dims: ParallelDims | None = None,
         activation_offload: bool = False,
     ):
         self.role = role
@@ -89,7 +94,15 @@ class TrainEngine:
 
             enable_full_determinism(int(fsdp_config.seed))
         self.device = dev.get_device()
-        self.mesh = mesh if mesh is not None else build_device_mesh(fsdp_config.fsdp_size)
+        world = dist.get_world_size() if is_distributed() else 1
+        self.parallel_dims = (parallel_dims if parallel_dims is not None else ParallelDims(world)).build(dev.device_type())
+        self._rank = dist.get_rank() if is_distributed() else 0
+        self.mesh = self.parallel_dims.fsdp_mesh(dev.device_type(), fsdp_config.fsdp_size)
+        self.sequence_parallel: SequenceParallel | None = None
+        if self.parallel_dims.sp_enabled:
+            pd = self.parallel_dims
+            self.sequence_parallel = SequenceParallel.for_module(
+                module, pd.sp_group, pd.sp, pd.coordinate(self._rank)["sp"], pd.key)
         module.to(self.device)
         compute, reduce, buffers = resolve_precision(fsdp_config, role)
         self.compute_dtype = compute
@@ -124,25 +137,36 @@ class TrainEngine:
         if self.optimizer_offload:
             self.offload_optimizer()
 
-    # ------------------------------------------------------------------ data-parallel group
+    # ------------------------------------------------------------------ layout
     @property
     def dp_size(self) -> int:
-        return dist.get_world_size() if is_distributed() else 1
+        """Data-parallel groups: how many different chunks of a batch are processed at once."""
+        return self.parallel_dims.dp
 
     @property
     def dp_rank(self) -> int:
-        return dist.get_rank() if is_distributed() else 0
+        return self.parallel_dims.dp_rank(self._rank)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group (the shard index of checkpoints)."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel_dims.world
 
     @property
     def is_sharded(self) -> bool:
         return self.mesh is not None
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
-        """Sum a few scalars over the DP group (the global loss normalisers)."""
+        """Sum a few scalars over the DP group (the global loss normalisers); sp peers hold the same rows and
+        are not counted twice."""
         if self.dp_size == 1:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.parallel_dims.dp_group)
         return t.tolist()
 
     def all_reduce_max(self, values: list[float]) -> list[float]:
@@ -150,7 +174,7 @@ class TrainEngine:
         if self.dp_size == 1:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.parallel_dims.dp_group)
         return t.tolist()
 
     # ------------------------------------------------------------------ optimisation
@@ -202,6 +226,23 @@ class TrainEngine:
         if self.is_sharded or self.compute_dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(device_type=dev.device_type(), dtype=self.compute_dtype)
+
+    @contextlib.contextmanager
+    def sequence_parallel_traffic(self, role: str) -> Iterator[dict[str, float]]:
+        """Measure the bytes this rank's Ulysses collectives sent inside the block; the dict it yields gets
+        ``perf/{role}_sp_comm_mb`` at exit (stays empty without sequence parallelism).  Calls on one process run
+        one after another, so the process-wide counter is this engine's while the block runs."""
+        out: dict[str, float] = {}
+        if self.sequence_parallel is None:
+            yield out
+            return
+        from hybridflow.engine.ulysses import COMM
+
+        COMM.reset()
+        try:
+            yield out
+        finally:
+            out[f"perf/{role}_sp_comm_mb"] = COMM.total() / 2**20
 
     def activation_offload(self):
         """``model.enable_activation_offload``: tensors saved for backward go to pinned host memory during the

@@ -15,7 +15,15 @@ tests (``tests/engine/test_transformers_adapter.py``) say which assumption no lo
 * **the attention implementation** -- ``config._attn_implementation`` of the text config;
 * **the model classes** -- ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` says which ``model_type`` loads as a causal LM;
 * **M-RoPE state** -- Qwen2-VL-family models keep ``rope_deltas`` on their inner model between calls
-  (:func:`reset_rope_deltas`).
+  (:func:`reset_rope_deltas`);
+* **the attention and mask interfaces** (Ulysses sequence parallelism, ``engine/ulysses.py``) -- attention modules
+  look their function up in ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` at every call and pass it
+  ``(module, query (B, H, S, D), key, value, attention_mask, **kwargs)`` with the keyword arguments the decoder
+  stack was called with; the decoder builds its mask with ``ALL_MASK_ATTENTION_FUNCTIONS[...]`` and hands a
+  ``None`` mask on as is (:func:`wrap_attention_function`, :func:`wrap_mask_function`);
+* **the decoder stack** -- the module that embeds, runs the layers and is called with ``input_ids`` or
+  ``inputs_embeds`` and ``position_ids`` as keywords (a VLM's language model after the image features are merged;
+  :func:`decoder_stack`), and the head counts of the text config (:func:`attention_head_counts`).
 """
 
 from __future__ import annotations
@@ -28,14 +36,18 @@ from torch import nn
 
 __all__ = [
     "TransformersAdapterError",
+    "attention_head_counts",
     "attention_implementation",
     "cache_argument",
     "causal_lm_model_types",
     "check_cache_object",
+    "decoder_stack",
     "forward_with_cache",
     "reset_rope_deltas",
     "text_config",
     "transformers_version",
+    "wrap_attention_function",
+    "wrap_mask_function",
 ]
 
 _CACHE_ARGUMENTS = ("cache", "past_key_values")
@@ -122,3 +134,56 @@ def reset_rope_deltas(model: nn.Module) -> None:
     inner = getattr(_base_model(model), "model", None)
     if inner is not None and hasattr(inner, "rope_deltas"):
         inner.rope_deltas = None
+
+
+def attention_head_counts(config: Any) -> tuple[int, int]:
+    """(query heads, key/value heads) of the language model."""
+    cfg = text_config(config)
+    heads = int(cfg.num_attention_heads)
+    kv = getattr(cfg, "num_key_value_heads", None)
+    return heads, int(kv) if kv is not None else heads
+
+
+def decoder_stack(model: nn.Module) -> nn.Module:
+    """The module that turns ``input_ids``/``inputs_embeds`` + ``position_ids`` into hidden states through the
+    decoder layers (``Qwen2Model`` of a ``Qwen2ForCausalLM`` or a token-classification critic; the language model
+    of a Qwen2-VL).  transformers' ``get_decoder`` finds it on every model family it knows."""
+    base = _base_model(model)
+    get = getattr(base, "get_decoder", None)
+    decoder = get() if callable(get) else None
+    if decoder is None or not hasattr(decoder, "layers"):
+        raise TransformersAdapterError(
+            f"{type(base).__name__} (transformers {transformers_version()}): get_decoder() does not return a module "
+            "with decoder layers, so its input sequence cannot be split for sequence parallelism")
+    return decoder
+
+
+# name -> tag of the wrapper installed (so several engines in one process install it once)
+_WRAPPED: dict[tuple[str, str], str] = {}
+
+
+def _wrap(kind: str, interface: Any, name: str, make_wrapper, tag: str) -> bool:
+    if _WRAPPED.get((kind, name)) == tag:
+        return True
+    mapping = interface._global_mapping
+    if name not in mapping:
+        return False
+    type(interface).register(name, make_wrapper(mapping[name]))
+    _WRAPPED[(kind, name)] = tag
+    return True
+
+
+def wrap_attention_function(name: str, make_wrapper, tag: str) -> bool:
+    """Replace transformers' attention function ``name`` (``sdpa``, ``flash_attention_2``, ...) by
+    ``make_wrapper(original)``, through the public ``AttentionInterface.register``; once per ``tag``.  The wrapper
+    must behave as ``original`` for calls it does not handle.  Returns False when ``name`` is not registered."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return _wrap("attention", ALL_ATTENTION_FUNCTIONS, name, make_wrapper, tag)
+
+
+def wrap_mask_function(name: str, make_wrapper, tag: str) -> bool:
+    """The same for the mask builder of attention implementation ``name`` (``AttentionMaskInterface``)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    return _wrap("mask", ALL_MASK_ATTENTION_FUNCTIONS, name, make_wrapper, tag)

@@ -34,21 +34,26 @@ def load_trainer_config(argv: list[str]):
 def describe_batch_sizes(cfg) -> str:
     """One paragraph in plain words: what a step and a mini-batch contain, with the user's numbers."""
     from hybridflow.config import n_devices
+    from hybridflow.config.validate_parallel import data_parallel_size
 
     actor = cfg.actor_rollout_ref.actor
     n = cfg.actor_rollout_ref.rollout.n
     devs = n_devices(cfg)
+    dp = data_parallel_size(cfg, "actor_rollout_ref.actor")  # devices / Ulysses sp
+    share = "per device" if dp == devs else \
+        f"per data-parallel group of {devs // dp} devices, each holding 1/{devs // dp} of the tokens"
     tb, mb = cfg.data.train_batch_size, actor.ppo_mini_batch_size
     lines = [
         f"one step: {tb} prompts x rollout.n={n} = {tb * n} trajectories on {devs} device(s)",
         f"policy update: {max(1, tb // mb)} mini-batch(es) of {mb} prompts = {mb * n} trajectories "
-        f"({mb * n // devs} per device) x ppo_epochs={actor.ppo_epochs}",
+        f"({mb * n // dp} {share}) x ppo_epochs={actor.ppo_epochs}",
     ]
     lines.extend(_describe_async(cfg))
     if actor.use_dynamic_bsz:
         lines.append(f"micro-batches: dynamic, up to {actor.ppo_max_token_len_per_gpu} tokens per device")
     else:
-        lines.append(f"micro-batches: {actor.ppo_micro_batch_size_per_gpu} trajectories per device")
+        unit = "device" if dp == devs else "data-parallel group"
+        lines.append(f"micro-batches: {actor.ppo_micro_batch_size_per_gpu} trajectories per {unit}")
     return "\n".join("# " + line for line in lines)
 
 

@@ -87,7 +87,7 @@ def compute_token_outputs(
     Shared by the actor (``old_log_probs``) and the reference policy (``ref_log_prob``)."""
     module = engine.module
     batch = _model_inputs(data, list(_MODEL_KEYS))
-    micro_batches, parts = split_micro_batches(batch, spec)
+    micro_batches, parts = split_micro_batches(batch, spec, sp=engine.parallel_dims.sp)
     pieces: dict[str, list[torch.Tensor]] = {}
     was_training = module.training
     module.eval()
@@ -96,7 +96,7 @@ def compute_token_outputs(
             outs = response_token_outputs(
                 module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding,
                 packed=packed, calculate_sum_pi_squared=calculate_sum_pi_squared, use_torch_compile=use_torch_compile,
-                multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY),
+                multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY), sequence_parallel=engine.sequence_parallel,
             )
             for key, value in outs.items():
                 pieces.setdefault(key, []).append(value.float().cpu())
@@ -248,7 +248,7 @@ class PPOActor:
         at_pi_old: bool = False, bypass=None,
     ) -> None:
         cfg = self.config
-        micro_batches, _ = split_micro_batches(mini_batch, self.update_spec)
+        micro_batches, _ = split_micro_batches(mini_batch, self.update_spec, sp=self.engine.parallel_dims.sp)
         normalizers = self._global_normalizers(micro_batches)
         view = with_global_batch_info(
             cfg, loss_scale_factor=cfg.loss_scale_factor, dp_size=self.engine.dp_size, **normalizers
@@ -270,6 +270,7 @@ class PPOActor:
                     entropy_grad=entropy_in_loss, packed=self.packed, use_torch_compile=bool(cfg.use_torch_compile),
                     entropy_checkpointing=bool(cfg.entropy_checkpointing),
                     multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY),
+                    sequence_parallel=self.engine.sequence_parallel,
                 )
             old_log_prob = log_prob.detach() if from_update else b["old_log_probs"]
             if at_pi_old and "rollout_log_probs" in b:

@@ -8,6 +8,10 @@ several ranks the module is unsharded once for the whole generation (``TrainEngi
 
 The reference policy is a separate frozen model, or -- when the actor trains LoRA adapters -- the
 actor itself with its adapters disabled (no second copy of the base weights).
+
+The actor and the reference each run on a ``ParallelDims`` layout (data parallel x Ulysses sequence parallel,
+``*.ulysses_sequence_parallel_size``): their log-prob and update methods use the controller's mesh-aware dispatch,
+which splits a batch over the dp groups only and gives the sp ranks of a group the same rows.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.engine.model_loader import (
     apply_lora,
@@ -28,6 +32,7 @@ from hybridflow.engine.model_loader import (
     load_processor,
     load_tokenizer,
 )
+from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.vision import freeze_vision_tower
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
@@ -58,8 +63,18 @@ class ActorRolloutRefWorker(Worker):
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
-        for mesh in ("actor", "rollout", "ref"):
-            self._register_dispatch_collect_info(mesh, dp_rank=self.rank, is_collect=True)
+        # verl: a saved adapter (lora_adapter_path) makes the run LoRA even with lora_rank=0
+        self._lora = int(config.model.lora_rank) > 0 or config.model.lora_adapter_path is not None
+        self._actor_dims = ParallelDims(self.world_size, sp=config.actor.ulysses_sequence_parallel_size,
+                                        key="actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+        if self._lora and self._is_actor:  # the reference is the actor without its adapters: same layout
+            self._ref_dims = self._actor_dims
+        else:
+            self._ref_dims = ParallelDims(self.world_size, sp=config.ref.ulysses_sequence_parallel_size,
+                                          key="actor_rollout_ref.ref.ulysses_sequence_parallel_size")
+        for mesh, dims in (("actor", self._actor_dims), ("ref", self._ref_dims)):
+            self._register_dispatch_collect_info(mesh, dp_rank=dims.dp_rank(self.rank), is_collect=dims.is_collect(self.rank))
+        self._register_dispatch_collect_info("rollout", dp_rank=self.rank, is_collect=True)
         self.tokenizer = None
         self.processor = None  # the multimodal processor of a vision-language checkpoint (saved with checkpoints)
         self.actor_engine: TrainEngine | None = None
@@ -67,8 +82,6 @@ class ActorRolloutRefWorker(Worker):
         self.ref_engine: TrainEngine | None = None
         self.rollout: RolloutHost | None = None
         self._weight_sync = None  # split placement: the checkpoint engine to standalone replicas (rank 0)
-        # verl: a saved adapter (lora_adapter_path) makes the run LoRA even with lora_rank=0
-        self._lora = int(config.model.lora_rank) > 0 or config.model.lora_adapter_path is not None
 
     # ------------------------------------------------------------------ construction
     def _load_policy_module(self, fsdp_config, trainable: bool):
@@ -108,12 +121,14 @@ class ActorRolloutRefWorker(Worker):
         if self._is_actor:
             ac = self.config.actor
             module = self._load_policy_module(ac.fsdp_config, trainable=True)
-            self.actor_engine = TrainEngine(module, ac.fsdp_config, ac.optim, total_training_steps, role="actor",
+            self.actor_engine = TrainEngine(module, ac.fsdp_config, ac.optim, total_training_steps,
+                                            role="actor", parallel_dims=self._actor_dims,
                                             activation_offload=bool(mc.enable_activation_offload))
             self.actor = PPOActor(ac, self.actor_engine, ac.use_remove_padding, rollout_n=self.config.rollout.n)
         if self._is_ref and not (self._lora and self._is_actor):
             module = self._load_policy_module(self.config.ref.fsdp_config, trainable=False)
-            self.ref_engine = TrainEngine(module, self.config.ref.fsdp_config, None, role="ref")
+            self.ref_engine = TrainEngine(module, self.config.ref.fsdp_config, None, role="ref",
+                                          parallel_dims=self._ref_dims)
         if self._is_rollout and self.config.hybrid_engine:  # hybrid_engine=false: standalone server replicas
             self._build_rollout()
 
@@ -285,7 +300,7 @@ class ActorRolloutRefWorker(Worker):
             field=f"{field}.log_prob_micro_batch_size_per_gpu",
         )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` of the responses under the current actor (temperature-scaled),
         plus ``sum_pi_squared`` (Σ_v π², the Optimal Token Baseline's input) with
@@ -302,7 +317,7 @@ class ActorRolloutRefWorker(Worker):
             tensors["sum_pi_squared"] = outs["sum_pi_squared"]
         return DataProto.from_dict(tensors, meta_info={"temperature": temperature})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("ref"))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob``: the frozen reference model, or the LoRA actor with adapters disabled."""
         if not self._is_ref:
@@ -321,14 +336,16 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict({"ref_log_prob": log_probs}, meta_info={"temperature": temperature})
 
     # ------------------------------------------------------------------ update
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
     def update_actor(self, data: DataProto) -> DataProto:
         """One PPO update on this rank's share; metrics in ``meta_info["metrics"]`` (verl names)."""
         if self.actor is None:
             raise RuntimeError(f"update_actor needs a role with 'actor' (this worker is {self.role!r})")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
         start = time.perf_counter()
-        metrics: dict[str, Any] = self.actor.update_policy(data)
+        with self.actor_engine.sequence_parallel_traffic("actor") as traffic:
+            metrics: dict[str, Any] = self.actor.update_policy(data)
+        metrics.update(traffic)
         metrics["perf/update_actor_s"] = time.perf_counter() - start
         return DataProto(meta_info={"metrics": metrics})
 

@@ -17,10 +17,11 @@ import torch
 from hybridflow.algorithms.aggregation import check_loss_agg_mode, count_loss_normalizers
 from hybridflow.algorithms.masked import masked_mean
 from hybridflow.algorithms.value_loss import compute_value_loss
-from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.engine.forward import response_values
 from hybridflow.engine.model_loader import apply_lora, enable_gradient_checkpointing, load_tokenizer, load_value_model
+from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
 from hybridflow.workers.micro_batching import (
@@ -57,12 +58,15 @@ class PPOCritic:
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
         module = self.engine.module
-        micro_batches, parts = split_micro_batches(data.select(batch_keys=list(_MODEL_KEYS)), self.forward_spec)
+        sp = self.engine.sequence_parallel
+        micro_batches, parts = split_micro_batches(data.select(batch_keys=list(_MODEL_KEYS)), self.forward_spec,
+                                                   sp=self.engine.parallel_dims.sp)
         outs = []
         module.eval()
         with torch.no_grad(), self.engine.on_device(), self.engine.autocast():
             for mb in micro_batches:
-                outs.append(response_values(module, mb.batch.to(self.engine.device), self.use_remove_padding).cpu())
+                outs.append(response_values(module, mb.batch.to(self.engine.device), self.use_remove_padding,
+                                            sequence_parallel=sp).cpu())
         return gather_in_order(outs, parts) * data.batch["response_mask"]
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
@@ -83,7 +87,7 @@ class PPOCritic:
 
     def _train_mini_batch(self, mini_batch: DataProto, metrics: dict[str, list[float]]) -> None:
         cfg = self.config
-        micro_batches, _ = split_micro_batches(mini_batch, self.update_spec)
+        micro_batches, _ = split_micro_batches(mini_batch, self.update_spec, sp=self.engine.parallel_dims.sp)
         tokens = sum(count_loss_normalizers(mb.batch["response_mask"])["global_token_num"] for mb in micro_batches)
         seqs = sum(count_loss_normalizers(mb.batch["response_mask"])["global_batch_size"] for mb in micro_batches)
         tokens, seqs = self.engine.all_reduce_sum([float(tokens), float(seqs)])
@@ -94,7 +98,8 @@ class PPOCritic:
             b = mb.batch.to(self.engine.device)
             mask = b["response_mask"]
             with self.engine.autocast(), self.engine.activation_offload():
-                vpreds = response_values(self.engine.module, b, self.use_remove_padding)
+                vpreds = response_values(self.engine.module, b, self.use_remove_padding,
+                                         sequence_parallel=self.engine.sequence_parallel)
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds, b["returns"], b["values"], mask, float(cfg.cliprange_value), cfg.loss_agg_mode, **norm
             )
@@ -117,7 +122,10 @@ class CriticWorker(Worker):
     def __init__(self, config: Any):
         super().__init__()
         self.config = config
-        self._register_dispatch_collect_info("critic", dp_rank=self.rank, is_collect=True)
+        self._dims = ParallelDims(self.world_size, sp=config.ulysses_sequence_parallel_size,
+                                  key="critic.ulysses_sequence_parallel_size")
+        self._register_dispatch_collect_info("critic", dp_rank=self._dims.dp_rank(self.rank),
+                                             is_collect=self._dims.is_collect(self.rank))
         self.engine: TrainEngine | None = None
         self.critic: PPOCritic | None = None
         self.tokenizer = None
@@ -142,18 +150,20 @@ class CriticWorker(Worker):
         if mc.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
         self.engine = TrainEngine(module, mc.fsdp_config, self.config.optim, total_training_steps, role="critic",
-                                  activation_offload=bool(mc.enable_activation_offload))
+                                  parallel_dims=self._dims, activation_offload=bool(mc.enable_activation_offload))
         self.critic = PPOCritic(self.config, self.engine)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` (B, R): V of the state before each response token (0 on padding)."""
         return DataProto.from_dict({"values": self.critic.compute_values(data)})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))
     def update_critic(self, data: DataProto) -> DataProto:
         start = time.perf_counter()
-        metrics: dict[str, Any] = self.critic.update_critic(data)
+        with self.engine.sequence_parallel_traffic("critic") as traffic:
+            metrics: dict[str, Any] = self.critic.update_critic(data)
+        metrics.update(traffic)
         metrics["perf/update_critic_s"] = time.perf_counter() - start
         return DataProto(meta_info={"metrics": metrics})
 

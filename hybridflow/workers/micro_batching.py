@@ -2,7 +2,11 @@
 
 A ``MicroBatchSpec`` says how one rank splits its data: a fixed number of rows per micro-batch
 (``*_micro_batch_size_per_gpu``) or a token budget (``use_dynamic_bsz`` + ``*_max_token_len_per_gpu``).
-``iter_micro_batches`` applies it and returns the permutation needed to restore row order.
+``split_micro_batches`` applies it and returns the permutation needed to restore row order.
+
+With Ulysses sequence parallelism the sp ranks of a group share each micro-batch, each holding 1/sp of its
+tokens, so the token budget of a micro-batch is ``*_max_token_len_per_gpu x sp`` (verl's rule): every device
+still sees at most its per-GPU budget.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ class MicroBatchSpec:
     field: str  # config key named in errors
 
 
-def split_micro_batches(data: DataProto, spec: MicroBatchSpec, dp_group=None) -> tuple[list[DataProto], list[list[int]] | None]:
-    """Micro-batches of ``data`` and, for dynamic batching, the row indices of each."""
+def split_micro_batches(data: DataProto, spec: MicroBatchSpec, dp_group=None,
+                        sp: int = 1) -> tuple[list[DataProto], list[list[int]] | None]:
+    """Micro-batches of ``data`` and, for dynamic batching, the row indices of each (``sp``: the sequence-parallel
+    size, which multiplies the token budget).  The micro-batch count is agreed over ``dp_group`` (default: all
+    ranks; sp peers hold the same rows, so they agree anyway)."""
     if spec.use_dynamic_bsz:
-        return rearrange_micro_batches(data, spec.max_token_len, dp_group)
+        return rearrange_micro_batches(data, spec.max_token_len * int(sp), dp_group)
     return split_fixed(data, spec.micro_batch_size, spec.field), None
 
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.engine.forward import last_token_scores
 from hybridflow.engine.model_loader import load_reward_model, load_tokenizer
+from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
 from hybridflow.workers.micro_batching import MicroBatchSpec, gather_in_order, split_micro_batches
@@ -46,7 +47,10 @@ class RewardModelWorker(Worker):
     def __init__(self, config: Any):
         super().__init__()
         self.config = config
-        self._register_dispatch_collect_info("reward_model", dp_rank=self.rank, is_collect=True)
+        self._dims = ParallelDims(self.world_size, sp=config.ulysses_sequence_parallel_size,
+                                  key="reward_model.ulysses_sequence_parallel_size")
+        self._register_dispatch_collect_info("reward_model", dp_rank=self._dims.dp_rank(self.rank),
+                                             is_collect=self._dims.is_collect(self.rank))
         self.engine: TrainEngine | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -70,7 +74,7 @@ class RewardModelWorker(Worker):
             )
         module = load_reward_model(mc.path, mc.fsdp_config.model_dtype, mc.trust_remote_code, mc.override_config)
         module.requires_grad_(False)
-        self.engine = TrainEngine(module, mc.fsdp_config, None, role="reward_model")
+        self.engine = TrainEngine(module, mc.fsdp_config, None, role="reward_model", parallel_dims=self._dims)
 
     def _rm_inputs(self, data: DataProto) -> DataProto:
         """The RM's own ``input_ids/attention_mask/position_ids`` (re-rendered chats when tokenizers differ)."""
@@ -99,7 +103,7 @@ class RewardModelWorker(Worker):
         prompt = b["prompts"][i][b["attention_mask"][i][:P].bool()]
         return [{"role": "user", "content": self.input_tokenizer.decode(prompt, skip_special_tokens=True)}]
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("reward_model"))
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """``rm_scores`` (B, R): the RM score at each row's last response token, 0 elsewhere."""
         inputs = self._rm_inputs(data)
@@ -108,7 +112,7 @@ class RewardModelWorker(Worker):
             bool(self.config.use_dynamic_bsz), self.config.micro_batch_size_per_gpu or len(inputs),
             int(self.config.forward_max_token_len_per_gpu), "reward_model.micro_batch_size_per_gpu",
         )
-        micro_batches, parts = split_micro_batches(inputs, spec)
+        micro_batches, parts = split_micro_batches(inputs, spec, sp=self._dims.sp)
         module = self.engine.module
         module.eval()
         scores = []
@@ -116,6 +120,7 @@ class RewardModelWorker(Worker):
             for mb in micro_batches:
                 b = mb.batch.to(self.engine.device)
                 scores.append(last_token_scores(module, b["input_ids"], b["attention_mask"], b["position_ids"],
-                                                bool(self.config.model.use_remove_padding)).cpu())
+                                                bool(self.config.model.use_remove_padding),
+                                                sequence_parallel=self.engine.sequence_parallel).cpu())
         score = gather_in_order(scores, parts)
         return DataProto.from_dict({"rm_scores": place_on_last_token(score, data.batch["response_mask"])})

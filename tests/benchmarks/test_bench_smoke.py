@@ -62,6 +62,12 @@ def test_bench_train_smoke(capsys):
     assert _number(out, "padding_cost") > 0
 
 
+def test_bench_sequence_parallel_smoke(capsys):
+    out = _run("bench_sequence_parallel", capsys)
+    assert "| 2 | 2 | 128 |" in out  # sp=2: two processes, half the tokens each
+    assert 0 < _number(out, "saved_ratio_sp2") < 0.9  # the activations kept per rank shrink
+
+
 def test_bench_scaling_smoke(capsys):
     out = _run("bench_scaling", capsys)
     assert "| model size |" in out

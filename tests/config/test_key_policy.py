@@ -69,9 +69,9 @@ def test_each_refused_key_names_itself_and_the_reason(rule):
 
 def test_refusals_exit_2_and_inert_keys_print_one_note():
     out = subprocess.run([sys.executable, "-m", "hybridflow", "train", "--dry-run", *BASE,
-                          "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
+                          "actor_rollout_ref.actor.checkpoint.async_save=true"],
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "ulysses_sequence_parallel_size=2 is not supported" in out.stderr
+    assert out.returncode == 2 and "checkpoint.async_save=True is not supported" in out.stderr
     out = subprocess.run([sys.executable, "-m", "hybridflow", "train", "--dry-run", *BASE, "data.use_shm=true",
                           "trainer.use_legacy_worker_impl=disable"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0

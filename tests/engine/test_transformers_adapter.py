@@ -158,3 +158,116 @@ def test_qwen2_vl_keeps_rope_deltas_on_its_inner_model(tiny_vlm_dir):
     vlm.model.rope_deltas = torch.ones(1, 1)
     tfa.reset_rope_deltas(vlm)
     assert vlm.model.rope_deltas is None
+
+
+# ------------------------------------------------------------------ Ulysses: attention / mask interfaces, decoder
+@pytest.fixture
+def wrapped_sdpa():
+    """Wrap ``sdpa`` (and its mask builder) with recorders for one test, then put transformers' own back."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    saved_attn = ALL_ATTENTION_FUNCTIONS._global_mapping["sdpa"]
+    saved_mask = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["sdpa"]
+    saved_tags = dict(tfa._WRAPPED)
+    calls: list[dict] = []
+
+    def make_attention(original):
+        def attention(module, query, key, value, attention_mask, **kwargs):
+            calls.append({"query": tuple(query.shape), "key": tuple(key.shape), "mask": attention_mask,
+                          "marker": kwargs.pop("test_marker", None)})
+            return original(module, query, key, value, attention_mask, **kwargs)
+        return attention
+
+    def make_mask(original):
+        return lambda *a, **k: None
+
+    try:
+        yield calls, lambda mask=False: (tfa.wrap_attention_function("sdpa", make_attention, "test"),
+                                         mask and tfa.wrap_mask_function("sdpa", make_mask, "test"))
+    finally:
+        ALL_ATTENTION_FUNCTIONS._global_mapping["sdpa"] = saved_attn
+        ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["sdpa"] = saved_mask
+        tfa._WRAPPED.clear()
+        tfa._WRAPPED.update(saved_tags)
+
+
+def _marker_hook(decoder, marker):
+    def hook(_module, args, kwargs):
+        kwargs["test_marker"] = marker
+        return args, kwargs
+    return decoder.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def test_a_wrapped_attention_function_gets_every_call_and_the_decoders_keywords(model, wrapped_sdpa):
+    calls, wrap = wrapped_sdpa
+    assert wrap()[0] and not tfa.wrap_attention_function("no_such_attention", lambda f: f, "test")
+    assert tfa.wrap_attention_function("sdpa", lambda f: 1 / 0, "test")  # once per tag: not wrapped twice
+    ids, positions, _ = _inputs(model, batch=1, length=6)
+    handle = _marker_hook(tfa.decoder_stack(model), "here")
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, position_ids=positions, use_cache=False)
+    finally:
+        handle.remove()
+    heads, kv_heads = tfa.attention_head_counts(model.config)
+    assert len(calls) == model.config.num_hidden_layers
+    assert all(c["marker"] == "here" for c in calls), "a keyword given to the decoder stack no longer reaches attention"
+    assert calls[0]["query"][:3] == (1, heads, 6) and calls[0]["key"][:3] == (1, kv_heads, 6)
+
+
+def test_the_decoders_keywords_reach_attention_again_when_checkpointing_recomputes(wrapped_sdpa):
+    calls, wrap = wrapped_sdpa
+    model = build_tiny_model(build_char_tokenizer(), size="nano").train()
+    from hybridflow.engine.model_loader import enable_gradient_checkpointing
+
+    enable_gradient_checkpointing(model)  # as the engine turns it on
+    wrap()
+    ids, positions, _ = _inputs(model, batch=1, length=6)
+    handle = _marker_hook(tfa.decoder_stack(model), "recomputed")
+    try:
+        loss = model(input_ids=ids, position_ids=positions, use_cache=False).logits.sum()
+    finally:
+        handle.remove()
+    forward_calls = len(calls)
+    loss.backward()
+    assert len(calls) == 2 * forward_calls, "gradient checkpointing no longer recomputes attention in backward"
+    assert all(c["marker"] == "recomputed" for c in calls)
+
+
+def test_a_mask_builder_returning_none_gives_attention_no_mask(model, wrapped_sdpa):
+    calls, wrap = wrapped_sdpa
+    wrap(mask=True)
+    ids, _, _ = _inputs(model, batch=1, length=6)
+    packed = torch.tensor([[0, 1, 2, 0, 1, 2]])  # two packed sequences: transformers would build a block mask
+    with torch.no_grad():
+        model(input_ids=ids, position_ids=packed, use_cache=False)
+    assert calls and all(c["mask"] is None for c in calls)
+
+
+def test_decoder_stack_and_its_inputs_as_keywords(tiny_vlm_dir):
+    from transformers import AutoModelForImageTextToText, AutoModelForTokenClassification
+
+    tok = build_char_tokenizer()
+    lm = build_tiny_model(tok, size="nano").eval()
+    critic = AutoModelForTokenClassification.from_config(lm.config)  # passes input_ids positionally
+    vlm = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).eval()
+    assert tfa.decoder_stack(vlm) is vlm.model.language_model
+    assert tfa.attention_head_counts(vlm.config) == (vlm.config.text_config.num_attention_heads,
+                                                     vlm.config.text_config.num_key_value_heads)
+    for m in (lm, critic):
+        seen = {}
+        decoder = tfa.decoder_stack(m)
+        assert hasattr(decoder, "layers") and decoder is m.model
+
+        def hook(module, args, kwargs):
+            import inspect
+
+            seen.update(inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments)
+
+        handle = decoder.register_forward_pre_hook(hook, with_kwargs=True)
+        ids, positions, _ = _inputs(m, batch=1, length=4)
+        with torch.no_grad():
+            m(input_ids=ids, position_ids=positions)
+        handle.remove()
+        assert torch.equal(seen["input_ids"], ids) and torch.equal(seen["position_ids"], positions)
