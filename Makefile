@@ -40,7 +40,9 @@ MIRROR_NOISE := ^WARNING: Location '[^']*' is ignored: it is neither a file nor 
 
 # `make test-latest`: a throwaway venv with the newest versions pyproject.toml allows (torch stays 2.13.0+cpu),
 # running the tests that lean on transformers internals: engines, forward paths, agent loops, the quickstart.
+# LATEST_WITH="transformers==5.25.0" tries versions past pyproject's caps (uv --override) before raising a cap.
 LATEST       := .venv-latest
+LATEST_WITH  ?=
 LATEST_TESTS ?= tests/test_tiny_model.py tests/rollout/test_hf_engine.py tests/rollout/test_hf_vision.py \
                 tests/rollout/test_generation_path.py tests/engine tests/agents tests/integration/test_quickstart.py
 
@@ -95,7 +97,9 @@ test-latest: $(UV_STAMP)
 	@$(NEED_FIND_LINKS)
 	@rm -rf $(LATEST) && mkdir -p $(LATEST)
 	@echo "test-latest: resolving the newest versions pyproject.toml allows"
-	@$(UV_RESOLVE) --upgrade requirements/venv.in -o $(LATEST)/latest.txt
+	@printf '%s\n' $(LATEST_WITH) > $(LATEST)/overrides.txt
+	@$(UV_RESOLVE) --upgrade $(if $(strip $(LATEST_WITH)),--override $(LATEST)/overrides.txt) requirements/venv.in \
+		-o $(LATEST)/latest.txt
 	@$(PY) scripts/lock_diff.py --all $(LOCK) $(LATEST)/latest.txt
 	@PY=$(PY) scripts/venv_from_lock.sh $(LATEST)/venv $(LATEST)/latest.txt
 	$(LATEST)/venv/bin/python -m pytest -q $(LATEST_TESTS)
