@@ -206,15 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         if versions:
             print("installed        " + ", ".join(f"{k} {v}" for k, v in versions.items()))
         print(f"total            {time.monotonic() - t0:.0f} s")
+        print("FAILED: " + "; ".join(problems) if problems else "PASSED", flush=True)
         if args.keep:
-            print(f"kept             {tmp}")
+            print(f"kept {tmp}", flush=True)
         else:
+            print(f"removing {tmp}", flush=True)
             shutil.rmtree(tmp, ignore_errors=True)
-    if problems:
-        print("FAILED: " + "; ".join(problems), flush=True)
-        return 1
-    print("PASSED", flush=True)
-    return 0
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
