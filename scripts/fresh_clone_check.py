@@ -150,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (its path is printed)")
     args = ap.parse_args(argv)
 
-    sha = git("rev-parse", "--verify", f"{args.ref}^{{commit}}")
+    try:
+        sha = git("rev-parse", "--verify", "--quiet", f"{args.ref}^{{commit}}")
+    except subprocess.CalledProcessError:
+        print(f"error: --ref {args.ref!r} is not a commit of {SOURCE}", file=sys.stderr)
+        return 2
     described = git("log", "-1", "--format=%h %s", sha)
     if args.ref == "HEAD" and git("status", "--porcelain", "--untracked-files=no"):
         print("note: this checkout has uncommitted changes; the clone holds the committed HEAD only", flush=True)
@@ -167,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = []
     numbers: dict = {}
     versions: dict = {}
+    completed = False
     t0 = time.monotonic()
     try:
         start = time.monotonic()
@@ -190,9 +195,12 @@ def main(argv: list[str] | None = None) -> int:
             steps.append(test)
             if test["rc"] != 0:
                 problems.append(f"`make test` exited {test['rc']} ({test['tally']})")
+        completed = True
     except KeyboardInterrupt:
         problems.append("interrupted (the running step's processes were stopped)")
     finally:
+        if not completed and not problems:
+            problems.append("the check itself stopped with an error (traceback below)")
         print("\n=== fresh-clone check: summary", flush=True)
         print(f"commit     {described}")
         for s in steps:
