@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
 done
 py=${PY:-python3}
 repo=$(cd "$(dirname "$0")/.." && pwd)
-name=$(basename "$venv")
+name=${venv%/}
 say() { printf '%s: %s\n' "$name" "$*"; }
 fail() { printf '%s: error: %s\n' "$name" "$*" >&2; exit 1; }
 
