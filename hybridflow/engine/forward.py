@@ -45,6 +45,11 @@ from hybridflow.data.mrope import model_position_ids
 from hybridflow.engine.transformers_adapter import attention_implementation
 from hybridflow.engine.ulysses_forward import SequenceParallel, sequence_parallel_outputs
 from hybridflow.engine.vision import merge_multi_modal_inputs, vision_in_every_step
+from hybridflow.engine.vocab_parallel import (
+    is_vocab_sharded,
+    vocab_parallel_logprob_entropy,
+    vocab_parallel_sum_pi_squared,
+)
 
 __all__ = [
     "response_log_probs", "response_token_outputs", "response_values", "last_token_scores", "per_position_outputs",
@@ -89,7 +94,12 @@ def logprob_entropy(
     saved softmax and no backward work.  ``use_torch_compile`` runs the per-chunk kernels compiled where that
     was measured to pay off (``engine/compiled_kernels.py``).  ``entropy_checkpointing`` (verl's key) keeps no
     softmax for the entropy's backward and recomputes it there instead: less memory, one more pass.
+    Logits split over the vocabulary by tensor parallelism (a sharded ``DTensor``) are reduced shard by shard
+    (``engine/vocab_parallel.py``), never gathered; the compiled kernels and entropy checkpointing do not apply
+    there.
     """
+    if is_vocab_sharded(logits):  # tensor parallelism: the LM head's logits are split over the vocabulary
+        return vocab_parallel_logprob_entropy(logits, labels, calculate_entropy, entropy_grad, chunk)
     if entropy_checkpointing and calculate_entropy and entropy_grad and torch.is_grad_enabled():
         from torch.utils.checkpoint import checkpoint
 
@@ -229,6 +239,8 @@ def _accepts_logits_to_keep(module: nn.Module) -> bool:
 def _sum_pi_squared(logits: torch.Tensor, chunk: int = _CHUNK_ROWS) -> torch.Tensor:
     """Σ_v π(v)² per row of (N, V) temperature-scaled logits, ``chunk`` rows at a time, outside autograd
     (it feeds the Optimal Token Baseline's energy, a statistic, never a loss)."""
+    if is_vocab_sharded(logits):
+        return vocab_parallel_sum_pi_squared(logits, chunk)
     from hybridflow.algorithms.token_baseline import sum_pi_squared_from_logits
 
     with torch.no_grad():

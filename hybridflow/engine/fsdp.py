@@ -10,6 +10,7 @@ no ``torch.distributed`` group (the local backend) keeps a plain module and skip
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Iterator
 
 import torch
@@ -22,6 +23,9 @@ __all__ = [
     "is_distributed",
     "decoder_layer_classes",
     "apply_fsdp2",
+    "apply_expert_fsdp2",
+    "clip_gradients",
+    "total_grad_norm",
     "fsdp_modules",
     "full_params",
     "full_state_dict",
@@ -102,6 +106,74 @@ def apply_fsdp2(
         for unit, nxt in zip(units, units[1:]):
             unit.set_modules_to_forward_prefetch([nxt])
     return model
+
+
+def apply_expert_fsdp2(experts: list[nn.Module], mesh, divide_factor: int, param_dtype: torch.dtype = torch.float32,
+                       reduce_dtype: torch.dtype = torch.float32, reshard_after_forward: bool = True,
+                       cpu_offload: bool = False) -> None:
+    """``fully_shard`` each expert-parallel experts module over ``mesh`` (the ranks holding the same experts), before
+    the decoder layers are sharded over the dense mesh; their gradients are divided by ``divide_factor``
+    (``engine/expert_parallel.py`` says why)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if param_dtype != torch.float32 or reduce_dtype != torch.float32:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=True)
+    if cpu_offload and dev.is_cuda():
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+    for module in experts:
+        fully_shard(module, **kwargs)
+        module.set_gradient_divide_factor(float(divide_factor))
+        # gloo has no pre-multiplied sum: scale around a plain sum instead.  Not on a one-rank mesh, where no
+        # collective runs and torch 2.13 would then divide twice (measured: 1/factor^2).
+        if not dev.is_cuda() and mesh.size() > 1:
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def total_grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
+    """The global 2-norm of the gradients of ``params``, whatever mesh each lives on (a collective over the world).
+
+    Parameters of an N-D layout are ``DTensor`` s on different meshes (dense weights on dp x tp, experts on
+    edp x ep, norms on dp only), which torch's ``clip_grad_norm_`` cannot combine.  Each rank adds the squares of
+    its local pieces, weighted so that one all-reduce over the world counts every element once: a gradient on a
+    mesh M with replicated dimensions of total size R exists in world / |M| copies of M, each holding every element
+    R times, so its local squares are weighted by |M| / (world x R).
+    """
+    world = dist.get_world_size() if is_distributed() else 1
+    total = torch.zeros((), dtype=torch.float64)
+    device = None
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        local = g.to_local() if hasattr(g, "to_local") else g
+        device = local.device
+        weight = 1.0 / world
+        mesh = getattr(g, "device_mesh", None)
+        if mesh is not None:
+            replicated = 1
+            for size, placement in zip(mesh.shape, g.placements):
+                if placement.is_replicate():
+                    replicated *= size
+            weight = mesh.size() / (world * replicated)
+        total = total.to(local.device) + local.detach().double().pow(2).sum() * weight
+    if world > 1:
+        total = total.to(device if device is not None else "cpu")
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total.sqrt()
+
+
+def clip_gradients(params: list[nn.Parameter], max_norm: float) -> float:
+    """Scale the gradients so their global norm is at most ``max_norm``; returns the norm before clipping
+    (``inf``/``nan`` untouched: the caller skips the step).  The coefficient is torch's: max_norm / (norm + 1e-6)."""
+    norm = float(total_grad_norm(params))
+    if math.isfinite(norm) and norm > max_norm:
+        coef = max_norm / (norm + 1e-6)
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).mul_(coef)
+    return norm
 
 
 def fsdp_modules(model: nn.Module) -> list[nn.Module]:

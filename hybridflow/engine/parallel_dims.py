@@ -3,23 +3,39 @@
 A training role (actor, reference, critic, reward model) runs on ``world`` ranks arranged as a named mesh whose
 dimensions say what they split::
 
-    world = dp x sp          (later: x tp x ep)
+    world = dp x sp x tp          with dp = edp x ep
 
-* ``dp`` -- data parallel: each dp index gets its own rows of the batch; FSDP2 shards the parameters over
-  every rank that holds the same parameters (today all of them: dp x sp).
+* ``dp`` -- data parallel: each dp index gets its own rows of the batch.
 * ``sp`` -- Ulysses sequence parallel: the ranks of one sp group hold the *same* rows, each a slice of the
   token axis, and swap sequence shards for head shards around attention (``engine/ulysses.py``).
+* ``tp`` -- tensor parallel: the ranks of one tp group hold the same rows and split every layer's weights
+  (attention heads, MLP columns/rows, the vocabulary of the embedding and the LM head;
+  ``engine/tensor_parallel.py``).
+* ``ep`` -- expert parallel, a sub-dimension of dp (as Megatron carves it out of the data-parallel ranks): the
+  ``ep`` consecutive dp indices of one ep group hold different rows and split the experts of every MoE layer
+  between them; tokens travel to their experts' rank and back with all-to-all (``engine/expert_parallel.py``).
+  ``edp = dp / ep`` is what is left of data parallelism for the expert weights.
 
-Ranks are laid out row-major with the last dimension fastest (rank = dp_index * sp + sp_index), the layout
-``init_device_mesh`` uses, so the ranks of one sp group are adjacent (on one node when sp <= GPUs per node).
+Ranks are laid out row-major with the last dimension fastest::
 
-Everything a worker needs to know about the layout comes from here, so a new dimension (``tp``, ``ep``) is added
-to this class without touching the worker code:
+    rank = ((edp_index * ep + ep_index) * sp + sp_index) * tp + tp_index,   dp_index = edp_index * ep + ep_index
+
+the layout ``init_device_mesh`` uses, so a tp group is adjacent ranks (one node when tp <= GPUs per node), then
+an sp group.  FSDP2 shards what is left over the ranks that hold the same parameters:
+
+* dense parameters -- over every (dp, sp) rank of a tp index: the ``fsdp`` dimension (edp x ep x sp flattened),
+  on top of the tp split;
+* expert weights -- over the ``efsdp`` dimension (edp x sp x tp flattened) on top of the ep split (experts are
+  whole on every tp rank: ``expert_tensor_parallel_size = 1``).
+
+Everything a worker needs to know about the layout comes from here, so a dimension is added to this class without
+touching the worker code:
 
 * which rows a rank gets -- :meth:`dp_rank` (ranks with the same dp index get the same chunk of the batch);
-* whose outputs the controller collects -- :meth:`is_collect` (index 0 on every non-dp dimension);
-* the loss normaliser's data-parallel world -- :attr:`dp`;
-* the process groups -- :meth:`build` creates the mesh and exposes ``dp_group`` / ``sp_group`` and the FSDP mesh.
+* whose outputs the controller collects -- :meth:`is_collect` (index 0 on every dimension but dp);
+* the loss normaliser's data-parallel world -- :attr:`dp` and :attr:`dp_group`;
+* the process groups -- :meth:`build` creates the mesh; ``sp_group``, ``tp_mesh``, ``ep_mesh`` and the FSDP
+  meshes come from it.
 
 The arithmetic part (sizes, coordinates, validation) needs no process group, so workers can declare their place
 for the controller's dispatch in ``__init__``, before ``torch.distributed`` is joined.
@@ -32,7 +48,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["ParallelDims", "ParallelDimsError"]
+__all__ = ["ParallelDims", "ParallelDimsError", "role_layout"]
 
 
 class ParallelDimsError(ValueError):
@@ -43,47 +59,72 @@ class ParallelDimsError(ValueError):
 class ParallelDims:
     """Sizes of the named mesh dimensions of one role over ``world`` ranks.
 
-    ``sp`` comes from ``<role>.ulysses_sequence_parallel_size``; ``dp`` is what is left (``world / sp``).
-    ``key`` is the config key named in errors.
+    ``sp`` comes from ``<role>.ulysses_sequence_parallel_size`` (or Megatron's ``context_parallel_size``),
+    ``tp`` / ``ep`` from ``<role>.megatron.tensor_model_parallel_size`` / ``expert_model_parallel_size``;
+    ``dp`` is what is left (``world / (sp x tp)``).  ``key`` / ``tp_key`` / ``ep_key`` are the config keys named
+    in errors.
     """
 
     world: int
     sp: int = 1
+    tp: int = 1
+    ep: int = 1
     key: str = "ulysses_sequence_parallel_size"
+    tp_key: str = "megatron.tensor_model_parallel_size"
+    ep_key: str = "megatron.expert_model_parallel_size"
     _mesh: Any = field(default=None, init=False, repr=False)
     _fsdp_mesh: Any = field(default=None, init=False, repr=False)
+    _meshes: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.world, self.sp = int(self.world), int(self.sp)
+        self.world, self.sp, self.tp, self.ep = int(self.world), int(self.sp), int(self.tp), int(self.ep)
         if self.world < 1:
             raise ParallelDimsError(f"a worker group needs at least one rank, got world size {self.world}")
-        if self.sp < 1:
-            raise ParallelDimsError(f"{self.key}={self.sp}: must be >= 1 (1 turns sequence parallelism off)")
-        if self.world % self.sp:
+        for key, size, what in ((self.key, self.sp, "sequence"), (self.tp_key, self.tp, "tensor"),
+                                (self.ep_key, self.ep, "expert")):
+            if size < 1:
+                raise ParallelDimsError(f"{key}={size}: must be >= 1 (1 turns {what} parallelism off)")
+        if self.world % (self.sp * self.tp):
             raise ParallelDimsError(
-                f"{self.key}={self.sp} must divide the {self.world} ranks of the group (world = dp x sp); "
-                f"choose a divisor of {self.world} or change trainer.n_gpus_per_node x trainer.nnodes")
+                f"{self.key}={self.sp} x {self.tp_key}={self.tp} must divide the {self.world} ranks of the group "
+                f"(world = dp x sp x tp); choose sizes whose product divides {self.world} or change "
+                "trainer.n_gpus_per_node x trainer.nnodes")
+        if self.dp % self.ep:
+            raise ParallelDimsError(
+                f"{self.ep_key}={self.ep} must divide the data-parallel size dp = world / (sp x tp) = "
+                f"{self.world} / ({self.sp} x {self.tp}) = {self.dp}: expert-parallel ranks hold different rows "
+                "(ep is carved out of dp, as in Megatron); lower it or add ranks")
 
     # ------------------------------------------------------------------ sizes and coordinates (no process group)
     @property
     def dp(self) -> int:
         """Data-parallel size: how many different chunks of the batch the group processes at once."""
-        return self.world // self.sp
+        return self.world // (self.sp * self.tp)
+
+    @property
+    def edp(self) -> int:
+        """Data parallelism left for the expert weights (dp / ep)."""
+        return self.dp // self.ep
+
+    @property
+    def nd(self) -> bool:
+        """Whether tensor or expert parallelism is on (the N-D engine); else the plain dp x sp layout."""
+        return self.tp > 1 or self.ep > 1
 
     @property
     def names(self) -> tuple[str, ...]:
-        return ("dp", "sp")
+        return ("dp", "sp", "tp") if self.tp > 1 else ("dp", "sp")
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (self.dp, self.sp)
+        return (self.dp, self.sp, self.tp) if self.tp > 1 else (self.dp, self.sp)
 
     @property
     def sp_enabled(self) -> bool:
         return self.sp > 1
 
     def coordinate(self, rank: int) -> dict[str, int]:
-        """``{"dp": i, "sp": j}`` of global ``rank`` (row-major, last dimension fastest)."""
+        """``{"dp": i, "sp": j[, "tp": k]}`` of global ``rank`` (row-major, last dimension fastest)."""
         if not 0 <= rank < self.world:
             raise ParallelDimsError(f"rank {rank} is outside a group of {self.world} ranks")
         coords, rest = {}, rank
@@ -92,8 +133,14 @@ class ParallelDims:
             rest //= size
         return {name: coords[name] for name in self.names}
 
+    def full_coordinate(self, rank: int) -> dict[str, int]:
+        """All five indices of ``rank``: dp (= edp x ep + ep), edp, ep, sp, tp."""
+        c = self.coordinate(rank)
+        dp = c["dp"]
+        return {"dp": dp, "edp": dp // self.ep, "ep": dp % self.ep, "sp": c["sp"], "tp": c.get("tp", 0)}
+
     def dp_rank(self, rank: int) -> int:
-        """Which chunk of a data-parallel batch ``rank`` processes (shared by its sp peers)."""
+        """Which chunk of a data-parallel batch ``rank`` processes (shared by its sp and tp peers)."""
         return self.coordinate(rank)["dp"]
 
     def is_collect(self, rank: int) -> bool:
@@ -102,8 +149,13 @@ class ParallelDims:
 
     def sp_peers(self, rank: int) -> list[int]:
         """Global ranks of ``rank``'s sequence-parallel group, in sp order."""
-        base = self.dp_rank(rank) * self.sp
-        return list(range(base, base + self.sp))
+        c = self.full_coordinate(rank)
+        return [(c["dp"] * self.sp + s) * self.tp + c["tp"] for s in range(self.sp)]
+
+    def tp_peers(self, rank: int) -> list[int]:
+        """Global ranks of ``rank``'s tensor-parallel group, in tp order."""
+        c = self.full_coordinate(rank)
+        return [(c["dp"] * self.sp + c["sp"]) * self.tp + t for t in range(self.tp)]
 
     # ------------------------------------------------------------------ process groups
     def build(self, device_type: str) -> "ParallelDims":
@@ -118,7 +170,18 @@ class ParallelDims:
                 f"the process group has {dist.get_world_size()} ranks but the layout was planned for {self.world}")
         from torch.distributed.device_mesh import init_device_mesh
 
-        self._mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.names)
+        if not self.nd:
+            self._mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.names)
+            return self
+        # The N-D mesh: every dimension named, then the flattened views the engine uses.
+        mesh = init_device_mesh(device_type, (self.edp, self.ep, self.sp, self.tp),
+                                mesh_dim_names=("edp", "ep", "sp", "tp"))
+        self._mesh = mesh
+        self._meshes = {
+            "dp": mesh["edp", "ep"]._flatten("dp"),
+            "fsdp": mesh["edp", "ep", "sp"]._flatten("fsdp"),
+            "efsdp": mesh["edp", "sp", "tp"]._flatten("efsdp"),
+        }
         return self
 
     @property
@@ -129,31 +192,61 @@ class ParallelDims:
     def _group(self, name: str):
         if self._mesh is None:
             return None
+        if name in self._meshes:
+            return self._meshes[name].get_group()
         return self._mesh[name].get_group()
 
     @property
     def dp_group(self):
-        """Process group of the data-parallel peers (same sp index); ``None`` = the default group or no group."""
-        return self._group("dp") if self.sp > 1 else None
+        """Process group of the data-parallel peers (same sp and tp index); ``None`` = the default group or no
+        group (every rank is a data-parallel peer)."""
+        if self.sp == 1 and self.tp == 1:
+            return None
+        return self._group("dp")
 
     @property
     def sp_group(self):
         """Process group of this rank's sequence-parallel peers; ``None`` when sp = 1."""
         return self._group("sp") if self.sp > 1 else None
 
-    def fsdp_mesh(self, device_type: str, fsdp_size: int | None = -1):
-        """The mesh FSDP2 shards over: every rank holding the same parameters (dp x sp), ``("fsdp",)``, or
-        ``("ddp", "fsdp")`` (HSDP: replicate across groups of ``fsdp_size``) when ``fsdp_size`` divides the world.
+    @property
+    def tp_mesh(self):
+        """1-D mesh of this rank's tensor-parallel peers; ``None`` when tp = 1 or unbuilt."""
+        return self._mesh["tp"] if self._mesh is not None and self.tp > 1 else None
 
-        ``None`` on a single rank (the local backend keeps a plain module).  Sharding runs over the flattened
-        dp x sp ranks because sp peers hold identical parameters: gradients from their token slices are
-        reduced together with those of the data-parallel peers.
+    @property
+    def ep_mesh(self):
+        """1-D mesh of this rank's expert-parallel peers; ``None`` when ep = 1 or unbuilt."""
+        return self._mesh["ep"] if self._mesh is not None and self.ep > 1 else None
+
+    @property
+    def expert_fsdp_mesh(self):
+        """The mesh FSDP2 shards expert weights over (edp x sp x tp flattened); ``None`` unless ep > 1."""
+        return self._meshes.get("efsdp") if self.ep > 1 else None
+
+    def fsdp_mesh(self, device_type: str, fsdp_size: int | None = -1):
+        """The mesh FSDP2 shards (dense) parameters over: every rank holding the same parameters, ``("fsdp",)``,
+        or ``("ddp", "fsdp")`` (HSDP: replicate across groups of ``fsdp_size``) when ``fsdp_size`` divides it.
+
+        ``None`` on a single rank (the local backend keeps a plain module).  Without tp / ep this is the whole
+        world in rank order (sp peers hold identical parameters: gradients from their token slices are reduced
+        together with those of the data-parallel peers); with tp it is the dp x sp ranks of one tp index.
         """
         if self._fsdp_mesh is not None or not _distributed() or self.world == 1:
             return self._fsdp_mesh
         from torch.distributed.device_mesh import init_device_mesh
 
-        # Only data dimensions exist today, so "dp x sp flattened" is the whole world in rank order.
+        if self.nd:
+            flat = self._meshes["fsdp"]
+            size = flat.size()
+            if fsdp_size in (-1, 0, None) or fsdp_size >= size:
+                self._fsdp_mesh = flat
+            elif size % int(fsdp_size):
+                raise ParallelDimsError(f"fsdp_config.fsdp_size={fsdp_size} must divide the {size} ranks that hold the "
+                                        "same parameters (dp x sp), or be -1")
+            else:
+                self._fsdp_mesh = flat._unflatten(0, (size // int(fsdp_size), int(fsdp_size)), ("ddp", "fsdp_shard"))
+            return self._fsdp_mesh
         world = self.world
         if fsdp_size in (-1, 0, None) or fsdp_size >= world:
             self._fsdp_mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("fsdp",))
@@ -165,7 +258,29 @@ class ParallelDims:
         return self._fsdp_mesh
 
     def describe(self) -> str:
-        return " x ".join(f"{n}={s}" for n, s in zip(self.names, self.shape))
+        parts = [f"dp={self.dp}" + (f" (ep={self.ep})" if self.ep > 1 else ""), f"sp={self.sp}"]
+        if self.tp > 1:
+            parts.append(f"tp={self.tp}")
+        return " x ".join(parts)
+
+    @classmethod
+    def for_role(cls, world: int, node: Any, prefix: str) -> "ParallelDims":
+        """The layout a role's config node asks for (``prefix``: the node's key, named in errors)."""
+        return cls(world, key=f"{prefix}.ulysses_sequence_parallel_size",
+                   tp_key=f"{prefix}.megatron.tensor_model_parallel_size",
+                   ep_key=f"{prefix}.megatron.expert_model_parallel_size", **role_layout(node))
+
+
+def role_layout(node: Any) -> dict[str, int]:
+    """``{"sp", "tp", "ep"}`` of a role's config node: sp from ``ulysses_sequence_parallel_size`` (the megatron
+    strategy copies ``context_parallel_size`` there at config time), tp / ep from its ``megatron`` node when the
+    role's ``strategy`` is ``megatron`` (1 otherwise)."""
+    sp = int(getattr(node, "ulysses_sequence_parallel_size", 1) or 1)
+    megatron = getattr(node, "megatron", None)
+    if getattr(node, "strategy", None) != "megatron" or megatron is None:
+        return {"sp": sp, "tp": 1, "ep": 1}
+    return {"sp": sp, "tp": int(megatron.tensor_model_parallel_size or 1),
+            "ep": int(megatron.expert_model_parallel_size or 1)}
 
 
 def _distributed() -> bool:

@@ -4,9 +4,11 @@ The role workers (actor, critic, ref, reward model) only speak to this object: t
 micro-batch losses and ask it to step, to gather weights, to offload between phases and to
 save/load checkpoints.  It hides whether the module is FSDP2-sharded over N ranks or a plain
 module in a single process (the local backend, where torch.distributed is not initialised),
-and how the ranks are laid out (``engine/parallel_dims.py``: data parallel x Ulysses sequence parallel):
-workers read ``dp_size`` / ``dp_rank`` for their share of the batch and pass ``sequence_parallel`` to the
-forward functions, whatever the mesh.
+and how the ranks are laid out (``engine/parallel_dims.py``: data parallel x Ulysses sequence parallel x tensor
+parallel, with expert parallelism inside data parallelism): workers read ``dp_size`` / ``dp_rank`` for their share
+of the batch and pass ``sequence_parallel`` to the forward functions, whatever the mesh.  With tensor or expert
+parallelism the module is split first (``engine/split_model.py``) and FSDP2 shards what is left over the data
+dimensions.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridflow.engine import device as dev
+from hybridflow.engine.expert_parallel import expert_gradient_divide_factor
 from hybridflow.engine.fsdp import (
+    apply_expert_fsdp2,
     apply_fsdp2,
+    clip_gradients,
     full_params,
     full_state_dict,
     is_distributed,
@@ -31,6 +36,7 @@ from hybridflow.engine.fsdp import (
 )
 from hybridflow.engine.optim import build_lr_scheduler, build_optimizer
 from hybridflow.engine.parallel_dims import ParallelDims
+from hybridflow.engine.split_model import split_model
 from hybridflow.engine.ulysses_forward import SequenceParallel
 
 __all__ = ["TrainEngine", "StepResult", "resolve_precision"]
@@ -99,17 +105,24 @@ class TrainEngine:
         self._rank = dist.get_rank() if is_distributed() else 0
         self.mesh = self.parallel_dims.fsdp_mesh(dev.device_type(), fsdp_config.fsdp_size)
         self.sequence_parallel: SequenceParallel | None = None
-        if self.parallel_dims.sp_enabled:
-            pd = self.parallel_dims
+        pd = self.parallel_dims
+        if pd.sp_enabled:
             self.sequence_parallel = SequenceParallel.for_module(
-                module, pd.sp_group, pd.sp, pd.coordinate(self._rank)["sp"], pd.key)
+                module, pd.sp_group, pd.sp, pd.coordinate(self._rank)["sp"], pd.key, tp=pd.tp)
         module.to(self.device)
+        experts = split_model(module, pd) if pd.nd and pd.mesh is not None else []
         compute, reduce, buffers = resolve_precision(fsdp_config, role)
         self.compute_dtype = compute
         if buffers is not None:  # verl's mixed_precision.buffer_dtype (FSDP2 leaves buffers to the module)
             for buf in module.buffers():
                 if buf.is_floating_point():
                     buf.data = buf.data.to(buffers)
+        if experts:
+            apply_expert_fsdp2(experts, pd.expert_fsdp_mesh,
+                               expert_gradient_divide_factor(pd.expert_fsdp_mesh.size(), pd.ep),
+                               param_dtype=compute, reduce_dtype=reduce,
+                               reshard_after_forward=bool(fsdp_config.reshard_after_forward),
+                               cpu_offload=bool(fsdp_config.offload_policy))
         if self.mesh is not None:
             apply_fsdp2(
                 module,
@@ -190,10 +203,13 @@ class TrainEngine:
         optimizer = self._require_optimizer()
         params = [p for p in self.module.parameters() if p.requires_grad]
         max_norm = float(grad_clip) if grad_clip is not None and grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
-        if hasattr(norm, "full_tensor"):  # DTensor norm of sharded gradients
-            norm = norm.full_tensor()
-        grad_norm = float(norm.item())
+        if self.parallel_dims.nd:  # parameters on several meshes: the global norm is combined group by group
+            grad_norm = clip_gradients(params, max_norm)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+            if hasattr(norm, "full_tensor"):  # DTensor norm of sharded gradients
+                norm = norm.full_tensor()
+            grad_norm = float(norm.item())
         stepped = math.isfinite(grad_norm)
         if stepped:
             optimizer.step()

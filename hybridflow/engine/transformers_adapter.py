@@ -30,12 +30,18 @@ from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 __all__ = [
+    "ExpertsLayout",
+    "LayerSplit",
     "TransformersAdapterError",
+    "decoder_layer_split",
+    "embedding_and_head",
+    "moe_experts",
     "attention_head_counts",
     "attention_implementation",
     "cache_argument",
@@ -187,3 +193,135 @@ def wrap_mask_function(name: str, make_wrapper, tag: str) -> bool:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     return _wrap("mask", ALL_MASK_ATTENTION_FUNCTIONS, name, make_wrapper, tag)
+
+
+# ---------------------------------------------------------------------------------------------- N-D parallelism
+# Tensor parallelism splits a decoder layer's projections by *name*; expert parallelism replaces the forward of a
+# MoE layer's experts module.  What those names and that forward are is transformers' business, so it is read
+# here (contract tests: tests/engine/test_transformers_adapter.py, the TP/EP equality tests in
+# tests/engine/test_tensor_parallel.py).  A module this table does not name stays replicated on every tp rank,
+# which is always correct (only its memory is not split).
+
+@dataclass(frozen=True)
+class LayerSplit:
+    """How one decoder layer splits over tensor-parallel ranks (names relative to the layer).
+
+    ``colwise``: ``nn.Linear`` modules whose output features (attention heads, MLP columns) are split;
+    ``rowwise``: the ones whose input features are split (their outputs are summed over the group);
+    ``head_norms``: norms applied per attention head after a colwise projection (Qwen3's ``q_norm``/``k_norm``):
+    their weights stay whole on every rank and their gradients are summed over the group;
+    ``experts``: the MoE layer's experts module (3-D weights, see :func:`moe_experts`), or ``None``;
+    ``shared_columns``: ``(module, first column)`` of whole modules whose output columns from ``first column`` on
+    feed every head directly (the rotary key of DeepSeek's latent attention, one head broadcast to all): each rank
+    back-propagates only its heads' share into them, so their gradient must be summed over the group.
+    """
+
+    colwise: tuple[str, ...]
+    rowwise: tuple[str, ...]
+    head_norms: tuple[str, ...] = ()
+    experts: str | None = None
+    shared_columns: tuple[tuple[str, int], ...] = ()
+
+
+_STANDARD_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+_DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def _mlp_split(prefix: str, mlp: nn.Module) -> tuple[list[str], list[str]]:
+    if all(isinstance(getattr(mlp, n, None), nn.Linear) for n in _DENSE_MLP):
+        return [f"{prefix}.gate_proj", f"{prefix}.up_proj"], [f"{prefix}.down_proj"]
+    return [], []
+
+
+def decoder_layer_split(layer: nn.Module) -> LayerSplit:
+    """The tensor-parallel split of a decoder layer of the supported families: standard multi-head / grouped-query
+    attention (Qwen2, Qwen2.5, Qwen3, Llama, Mistral, Qwen3-MoE), DeepSeek's multi-head latent attention (the
+    up-projections ``q_b_proj``/``q_proj`` and ``kv_b_proj`` are split, the low-rank down-projections stay whole),
+    gated MLPs, and MoE blocks (router whole, experts via :func:`moe_experts`, shared experts split like an MLP)."""
+    attn = getattr(layer, "self_attn", None)
+    if attn is None:
+        raise TransformersAdapterError(f"{type(layer).__name__} has no self_attn module: tensor parallelism does not "
+                                       "know how to split its attention")
+    if all(isinstance(getattr(attn, n, None), nn.Linear) for n in _STANDARD_ATTENTION):
+        colwise = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
+        rowwise = ["self_attn.o_proj"]
+        norms = tuple(f"self_attn.{n}" for n in ("q_norm", "k_norm") if getattr(attn, n, None) is not None)
+        shared = ()
+    elif isinstance(getattr(attn, "kv_b_proj", None), nn.Linear) and isinstance(getattr(attn, "o_proj", None), nn.Linear):
+        q = "q_b_proj" if isinstance(getattr(attn, "q_b_proj", None), nn.Linear) else "q_proj"
+        colwise, rowwise, norms = [f"self_attn.{q}", "self_attn.kv_b_proj"], ["self_attn.o_proj"], ()
+        # kv_a_proj_with_mqa's output is [latent (kv_lora_rank) | rotary key (qk_rope_head_dim)]: the latent goes
+        # through kv_b_proj (split by heads), the rotary key is expanded to every head as is
+        shared = (("self_attn.kv_a_proj_with_mqa", int(attn.kv_lora_rank)),)
+    else:
+        raise TransformersAdapterError(
+            f"{type(attn).__name__} (transformers {transformers_version()}) has neither q/k/v/o projections nor "
+            "DeepSeek's latent-attention projections: tensor parallelism cannot split it")
+    mlp = getattr(layer, "mlp", None)
+    experts = None
+    if mlp is not None:
+        col, row = _mlp_split("mlp", mlp)
+        colwise += col
+        rowwise += row
+        if not col and _is_experts(getattr(mlp, "experts", None)):
+            experts = "mlp.experts"
+            for name in ("shared_experts", "shared_expert"):
+                sub = getattr(mlp, name, None)
+                if sub is not None:
+                    col, row = _mlp_split(f"mlp.{name}", sub)
+                    colwise += col
+                    rowwise += row
+    return LayerSplit(tuple(colwise), tuple(rowwise), norms, experts, shared)
+
+
+def _is_experts(module: Any) -> bool:
+    if not isinstance(module, nn.Module):
+        return False
+    gu, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    return (isinstance(gu, nn.Parameter) and isinstance(down, nn.Parameter) and gu.dim() == 3 and down.dim() == 3
+            and callable(getattr(module, "act_fn", None)))
+
+
+@dataclass(frozen=True)
+class ExpertsLayout:
+    """A MoE experts module as transformers 5 stores it: ``gate_up_proj`` (E, 2 I, H) with the gate projection in
+    rows [0, I) and the up projection in rows [I, 2 I) of each expert, ``down_proj`` (E, H, I), ``act_fn``; its
+    forward is ``forward(hidden_states (T, H), top_k_index (T, k), top_k_weights (T, k)) -> (T, H)`` and computes
+    ``sum_j w_j * down_e(act(gate_e(x)) * up_e(x))`` over a token's k experts e = top_k_index[:, j] (dropless:
+    every token reaches all its experts, there is no capacity limit)."""
+
+    num_experts: int
+    hidden: int
+    intermediate: int
+
+
+def moe_experts(model: nn.Module) -> list[tuple[str, nn.Module, ExpertsLayout]]:
+    """Every experts module of ``model`` (Qwen3-MoE, DeepSeek-V3, Qwen2-MoE, Mixtral in transformers 5), with its
+    layout; ``[]`` for a dense model."""
+    out = []
+    for name, module in _base_model(model).named_modules():
+        if _is_experts(module):
+            e, two_i, h = module.gate_up_proj.shape
+            if two_i % 2 or tuple(module.down_proj.shape) != (e, h, two_i // 2):
+                raise TransformersAdapterError(
+                    f"{name} ({type(module).__name__}): gate_up_proj {tuple(module.gate_up_proj.shape)} and down_proj "
+                    f"{tuple(module.down_proj.shape)} are not the (E, 2I, H) / (E, H, I) layout expert parallelism reads")
+            out.append((name, module, ExpertsLayout(int(e), int(h), int(two_i // 2))))
+    return out
+
+
+def embedding_and_head(model: nn.Module) -> tuple[str, str | None, bool]:
+    """(name of the input embedding, name of the LM head or ``None`` (a critic / reward model's score head is not a
+    vocabulary projection), whether the two share their weight) -- through ``get_input_embeddings`` /
+    ``get_output_embeddings``."""
+    base = _base_model(model)
+    emb, head = base.get_input_embeddings(), base.get_output_embeddings()
+    names = {id(m): n for n, m in base.named_modules()}
+    if emb is None or id(emb) not in names:
+        raise TransformersAdapterError(f"{type(base).__name__}: get_input_embeddings() returns no submodule")
+    if not isinstance(emb, nn.Embedding):
+        raise TransformersAdapterError(f"{type(base).__name__}'s input embedding is a {type(emb).__name__}, not an "
+                                       "nn.Embedding: it cannot be split over the vocabulary")
+    head_name = names.get(id(head)) if isinstance(head, nn.Linear) else None
+    tied = head_name is not None and head.weight is emb.weight
+    return names[id(emb)], head_name, tied

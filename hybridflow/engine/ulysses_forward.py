@@ -91,8 +91,11 @@ class SequenceParallel:
     rank: int
 
     @classmethod
-    def for_module(cls, module: nn.Module, group, size: int, rank: int, key: str) -> "SequenceParallel":
-        """Check that ``module`` can be split (attention implementation, head counts) and install the attention."""
+    def for_module(cls, module: nn.Module, group, size: int, rank: int, key: str, tp: int = 1) -> "SequenceParallel":
+        """Check that ``module`` can be split (attention implementation, head counts) and install the attention.
+
+        With tensor parallelism (``tp`` > 1) each rank's attention holds heads/tp query and key/value heads, and the
+        sequence-parallel all-to-all splits those."""
         config = module.config
         impl = attention_implementation(config)
         if impl not in _SUPPORTED:
@@ -100,7 +103,7 @@ class SequenceParallel:
                 f"{key}={size}: the model runs attention implementation '{impl}'; Ulysses sequence parallelism "
                 f"works with {', '.join(_SUPPORTED)} (hybridflow loads sdpa on CPU, flash_attention_2 on GPU)")
         heads, kv_heads = attention_head_counts(config)
-        check_attention_heads(heads, kv_heads, size, key)
+        check_attention_heads(heads // max(int(tp), 1), max(kv_heads // max(int(tp), 1), 1), size, key)
         decoder_stack(module)  # raises now, not in the first forward, if the model has none
         install_ulysses_attention()
         return cls(group=group, size=int(size), rank=int(rank))

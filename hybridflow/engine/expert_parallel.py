@@ -1,0 +1,173 @@
+"""Expert parallelism for MoE layers: experts split over the ``ep`` ranks, tokens sent to them with all-to-all.
+
+A MoE layer (Qwen3-MoE, DeepSeek-V3) routes every token to its top-k of E experts.  With ``ep`` ranks in an
+expert-parallel group, rank r holds experts [r E/ep, (r+1) E/ep) of every MoE layer (their weights are a
+``DTensor`` sharded on the expert dimension) and the ranks hold *different* tokens (ep is a sub-dimension of data
+parallelism).  The router runs where the tokens are, unchanged -- transformers' own router module computes the
+top-k experts and their weights, so routing (softmax or sigmoid scores, group-limited selection, top-k
+normalisation, scaling) is exactly the model's -- and only the experts module's forward is replaced:
+
+1. every (token, chosen expert) pair is sorted by expert, so the pairs for each destination rank are contiguous;
+2. the counts are exchanged (all-to-all of ``ep`` integers), then the token rows (all-to-all with uneven splits)
+   and their local expert ids;
+3. each rank runs its experts on the rows it received, grouped by expert;
+4. the outputs travel back the same way (the inverse all-to-all), are scaled by the routing weights and summed
+   per token.
+
+The models' own implementations are dropless (no capacity factor: every token reaches all k of its experts), and
+so is this one: the all-to-all splits are as uneven as the routing.  The all-to-alls are differentiable (the
+backward sends gradients along the reverse route), so a token's gradient comes back to the rank that holds it,
+and an expert's gradient sums the contributions of every rank's tokens.
+
+Gradient scale: each expert's gradient already sums over the ep group's tokens, then FSDP2 reduces it over the
+``efsdp`` ranks (edp x sp x tp) that hold the same experts, while the dense parameters average over the
+dp x sp ranks.  The experts' FSDP units therefore divide by efsdp x ep (:func:`expert_gradient_divide_factor`),
+which makes both the same average over the data.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from hybridflow.engine.transformers_adapter import ExpertsLayout, moe_experts
+
+__all__ = ["ExpertParallelError", "apply_expert_parallel", "expert_forward", "expert_gradient_divide_factor",
+           "expert_parallel_problem", "EP_TRAFFIC"]
+
+
+class ExpertParallelError(ValueError):
+    """A model / ep combination that cannot be split (the message says why and what to change)."""
+
+
+class _Traffic:
+    """Bytes of token rows this process sent in expert all-to-alls (forward and backward)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0.0
+
+    def reset(self) -> None:
+        self.bytes = 0.0
+
+
+EP_TRAFFIC = _Traffic()
+
+
+def expert_parallel_problem(num_experts: int | None, ep: int, key: str) -> str | None:
+    if ep <= 1:
+        return None
+    if not num_experts:
+        return f"{key}={ep} splits the experts of MoE layers, but the model has none (a dense model): set it to 1"
+    if num_experts % ep:
+        return f"{key}={ep} must divide the {num_experts} experts of each MoE layer"
+    return None
+
+
+def expert_gradient_divide_factor(expert_fsdp_size: int, ep: int) -> int:
+    return int(expert_fsdp_size) * int(ep)
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` with uneven splits whose backward is the reverse all-to-all."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        return _exchange(x, out_splits, in_splits, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        return _exchange(grad, in_splits, out_splits, ctx.group), None, None, None
+
+
+def _exchange(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+    x = x.contiguous()
+    out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+    dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+    if x.is_floating_point():
+        EP_TRAFFIC.bytes += float(x.numel() * x.element_size())
+    return out
+
+
+def _local_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    gu, down = module.gate_up_proj, module.down_proj
+    if hasattr(gu, "to_local"):
+        gu, down = gu.to_local(), down.to_local()
+    return gu, down
+
+
+def expert_forward(x: torch.Tensor, counts: list[int], gate_up: torch.Tensor, down: torch.Tensor, act_fn) -> torch.Tensor:
+    """Rows ``x`` grouped by expert (``counts[e]`` rows for local expert e, in order) through their experts:
+    ``down_e(act(gate_e(x)) * up_e(x))``."""
+    outs = []
+    for e, rows in enumerate(x.split(counts)):
+        if rows.shape[0] == 0:
+            continue
+        gate, up = F.linear(rows, gate_up[e]).chunk(2, dim=-1)
+        outs.append(F.linear(act_fn(gate) * up, down[e]))
+    return torch.cat(outs) if outs else x.new_zeros((0, down.shape[1]))
+
+
+def _ep_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+    """The experts module's forward under expert parallelism (installed by :func:`apply_expert_parallel`)."""
+    spec = self._hybridflow_ep
+    group, ep, local = spec["group"], spec["ep"], spec["local"]
+    tokens, k = top_k_index.shape
+    flat = top_k_index.reshape(-1)
+    order = torch.sort(flat, stable=True).indices  # pairs sorted by expert, so by destination rank
+    experts_sorted = flat[order]
+    token_of = order // k
+    dest = torch.div(experts_sorted, local, rounding_mode="floor")
+    send = torch.bincount(dest, minlength=ep)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    send_l, recv_l = send.tolist(), recv.tolist()
+    x = _AllToAll.apply(hidden_states[token_of], recv_l, send_l, group)
+    with torch.no_grad():
+        local_ids = _exchange(experts_sorted - dest * local, recv_l, send_l, group)
+    # the received rows come from each source rank sorted by expert; group them by expert across sources
+    by_expert = torch.sort(local_ids, stable=True).indices
+    counts = torch.bincount(local_ids, minlength=local).tolist()
+    gate_up, down = _local_weights(self)
+    y_sorted = expert_forward(x[by_expert], counts, gate_up, down, self.act_fn)
+    y = y_sorted[torch.argsort(by_expert)] if y_sorted.shape[0] else y_sorted
+    back = _AllToAll.apply(y, send_l, recv_l, group)
+    weights = top_k_weights.reshape(-1)[order].unsqueeze(-1)
+    out = torch.zeros_like(hidden_states)
+    return out.index_add(0, token_of, (back * weights).to(out.dtype))
+
+
+def apply_expert_parallel(model: nn.Module, ep_mesh, key: str = "megatron.expert_model_parallel_size") -> list[nn.Module]:
+    """Split every MoE experts module of ``model`` over ``ep_mesh`` (in place) and install the all-to-all forward;
+    returns the experts modules (FSDP2 shards them over their own mesh)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    ep = ep_mesh.size()
+    found = moe_experts(model)
+    counts = {layout.num_experts for _, _, layout in found}
+    problem = expert_parallel_problem(min(counts) if counts else None, ep, key)
+    if problem is None and len(counts) > 1:
+        problem = f"{key}={ep}: the model's MoE layers have different expert counts {sorted(counts)}"
+    for n in counts:
+        problem = problem or expert_parallel_problem(n, ep, key)
+    if problem:
+        raise ExpertParallelError(problem)
+    modules = []
+    for _, module, layout in found:
+        _split(module, layout, ep_mesh, ep, distribute_tensor, Shard)
+        modules.append(module)
+    return modules
+
+
+def _split(module: nn.Module, layout: ExpertsLayout, ep_mesh, ep: int, distribute_tensor, Shard) -> None:
+    for name in ("gate_up_proj", "down_proj"):
+        param = getattr(module, name)
+        sharded = nn.Parameter(distribute_tensor(param.data, ep_mesh, [Shard(0)]), requires_grad=param.requires_grad)
+        setattr(module, name, sharded)
+    module._hybridflow_ep = {"group": ep_mesh.get_group(), "ep": ep, "local": layout.num_experts // ep}
+    module.forward = types.MethodType(_ep_forward, module)

@@ -1,0 +1,201 @@
+"""One rank of the tensor / expert parallel equality scenario (run as a script by test_tensor_parallel.py).
+
+usage: python nd_scenario.py RANK WORLD PORT MODELS_JSON OUT_JSON [BREAK]
+
+For every case of this world size (``CASES``), every rank loads the same tiny checkpoint twice: a plain module
+that computes the reference on the *whole* batch in this process, and a ``TrainEngine`` over the group with the
+case's layout (world = dp x sp x tp, ep inside dp) that computes the same thing on the rank's dp chunk.  It
+compares the response log-probs, the entropies and every parameter's gradient of a loss normalised by the global
+token count (as the workers normalise theirs), then one clipped AdamW step (global grad norm, parameters after
+the step).  Rank 0 writes the max abs differences (the max over ranks) to OUT_JSON.
+
+``BREAK`` (tests of the tests) sabotages one piece: ``rowwise_replicate`` gives the attention output projection a
+replicated placement instead of a row-wise one, ``no_allreduce`` drops the sum over the group after the row-wise
+projections, ``ep_no_return`` skips the all-to-all that brings expert outputs back, ``vocab_local`` normalises
+the log-softmax over the rank's vocabulary shard only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+HERE = Path(__file__).resolve().parent
+
+# name -> (family, tp, ep, sp, role)
+CASES = {
+    2: {
+        "tp2-qwen2": ("qwen2", 2, 1, 1, "actor"),
+        "tp2-llama": ("llama", 2, 1, 1, "actor"),
+        "tp2-qwen3": ("qwen3", 2, 1, 1, "actor"),
+        "tp2-mistral": ("mistral", 2, 1, 1, "actor"),
+        "tp2-qwen3_moe": ("qwen3_moe", 2, 1, 1, "actor"),
+        "tp2-deepseek_v3": ("deepseek_v3", 2, 1, 1, "actor"),
+        "ep2-qwen3_moe": ("qwen3_moe", 1, 2, 1, "actor"),
+        "ep2-deepseek_v3": ("deepseek_v3", 1, 2, 1, "actor"),
+        "tp2-critic-qwen2": ("qwen2", 2, 1, 1, "critic"),
+    },
+    4: {
+        "dp2xtp2-qwen2": ("qwen2", 2, 1, 1, "actor"),
+        "dp2xtp2-qwen3": ("qwen3", 2, 1, 1, "actor"),
+        "dp2xtp2-llama": ("llama", 2, 1, 1, "actor"),
+        "ep2xtp2-qwen3_moe": ("qwen3_moe", 2, 2, 1, "actor"),
+        "ep2xtp2-deepseek_v3": ("deepseek_v3", 2, 2, 1, "actor"),
+        "ep2xedp2-qwen3_moe": ("qwen3_moe", 1, 2, 1, "actor"),
+        "ep4-qwen3_moe": ("qwen3_moe", 1, 4, 1, "actor"),
+        "sp2xtp2-qwen2": ("qwen2", 2, 1, 2, "actor"),
+    },
+}
+
+
+def _load(name: str, file: str):
+    spec = importlib.util.spec_from_file_location(name, HERE / file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _configs(model_dir: str):
+    from hybridflow.config import load_config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = load_config([f"actor_rollout_ref.model.path={model_dir}", "trainer.device=cpu", "trainer.n_gpus_per_node=1",
+                           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "critic.ppo_micro_batch_size_per_gpu=1",
+                           "actor_rollout_ref.actor.optim.lr=0.05"])
+    optim = cfg.actor_rollout_ref.actor.optim
+    optim.override_optimizer_config = {"eps": 1.0}  # an Adam step ~ linear in the gradient: comparable within 1e-5
+    return cfg.actor_rollout_ref.actor.fsdp_config, optim
+
+
+def _loss(out, weight, mask, tokens: int, dp: int):
+    """Token-sum of out x weight over the global token count, times dp (FSDP averages over the data ranks)."""
+    return (out * weight * mask).sum() / tokens * dp
+
+
+def _full(t):
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+
+
+def _grads(module) -> dict[str, torch.Tensor]:
+    return {n: _full(p.grad) for n, p in module.named_parameters() if p.grad is not None}
+
+
+def _params(module) -> dict[str, torch.Tensor]:
+    return {n: _full(p) for n, p in module.named_parameters()}
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    if set(a) != set(b):
+        raise AssertionError(f"parameter sets differ: {sorted(set(a) ^ set(b))[:5]}")
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _load_module(model_dir: str, role: str):
+    from hybridflow.engine.model_loader import load_causal_lm, load_value_model
+
+    if role == "critic":
+        torch.manual_seed(0)  # the value head is freshly initialised: the same seed gives both copies the same
+        return load_value_model(model_dir)
+    return load_causal_lm(model_dir)
+
+
+_INIT: dict[str, torch.Tensor] = {}
+
+
+def check_case(model_dir: str, tp: int, ep: int, sp: int, role: str, batches) -> dict[str, float]:
+    from hybridflow.engine.expert_parallel import EP_TRAFFIC
+    from hybridflow.engine.forward import response_log_probs, response_values
+    from hybridflow.engine.parallel_dims import ParallelDims
+    from hybridflow.engine.train_engine import TrainEngine
+
+    fsdp_cfg, optim_cfg = _configs(model_dir)
+    ref_module, got_module = _load_module(model_dir, role).train(), _load_module(model_dir, role).train()
+    _INIT.clear()
+    _INIT.update(_params(ref_module))
+    ref = TrainEngine(ref_module, fsdp_cfg, optim_cfg, role="actor", parallel_dims=ParallelDims(1))
+    dims = ParallelDims(dist.get_world_size(), sp=sp, tp=tp, ep=ep)
+    engine = TrainEngine(got_module, fsdp_cfg, optim_cfg, role="actor", parallel_dims=dims)
+    vocab = ref_module.config.vocab_size
+    data = batches.make_update_batch(vocab, seed=3, rows=8, prompt_len=10, response_len=8)
+    b = data.batch
+    mask = b["response_mask"].float()
+    tokens = int(mask.sum())
+    dp, dp_rank = engine.dp_size, engine.dp_rank
+    mine = data.chunk(dp)[dp_rank].batch
+    m = mine["response_mask"].float()
+    rows = slice(dp_rank * len(mine["responses"]), (dp_rank + 1) * len(mine["responses"]))
+    EP_TRAFFIC.reset()
+    result: dict[str, float] = {}
+    if role == "critic":
+        v_ref = response_values(ref.module, dict(b), use_remove_padding=False)
+        _loss(v_ref, b["advantages"], mask, tokens, 1).backward()
+        v = response_values(engine.module, dict(mine), sequence_parallel=engine.sequence_parallel,
+                            use_remove_padding=sp > 1)
+        _loss(v, mine["advantages"], m, tokens, dp).backward()
+        result["out"] = float(((v_ref[rows] - v) * m).abs().max())
+    else:
+        lp_ref, ent_ref = response_log_probs(ref.module, dict(b), 0.9, calculate_entropy=True, packed=False)
+        (_loss(lp_ref, b["advantages"], mask, tokens, 1) - 0.05 * _loss(ent_ref, 1.0, mask, tokens, 1)).backward()
+        lp, ent = response_log_probs(engine.module, dict(mine), 0.9, calculate_entropy=True,
+                                     sequence_parallel=engine.sequence_parallel, use_remove_padding=sp > 1)
+        (_loss(lp, mine["advantages"], m, tokens, dp) - 0.05 * _loss(ent, 1.0, m, tokens, dp)).backward()
+        result["out"] = float(((lp_ref[rows] - lp) * m).abs().max())
+        result["entropy"] = float(((ent_ref[rows] - ent) * m).abs().max())
+    ref_grads, got_grads = _grads(ref.module), _grads(engine.module)
+    result["grad"] = _max_diff(ref_grads, got_grads)
+    if os.environ.get("ND_DEBUG"):
+        print({k: float((ref_grads[k] - got_grads[k]).abs().max()) for k in ref_grads}, flush=True)
+        for k in ref_grads:
+            if "experts" in k:
+                r, g = ref_grads[k], got_grads[k]
+                print(k, [(float(g[e].norm() / r[e].norm()) if r[e].norm() > 0 else (float(r[e].norm()), float(g[e].norm()))) for e in range(r.shape[0])], flush=True)
+    result["grad_scale"] = max(float(g.abs().max()) for g in ref_grads.values())
+    result["params"] = len(ref_grads)
+    result["ep_bytes"] = EP_TRAFFIC.bytes
+    # one AdamW step clipped at 0.05 (below every case's norm): the global norm over every mesh, then the update
+    step_ref, step_got = ref.optimizer_step(grad_clip=0.05), engine.optimizer_step(grad_clip=0.05)
+    result["grad_norm"] = step_ref.grad_norm
+    result["grad_norm_diff"] = abs(step_ref.grad_norm - step_got.grad_norm)
+    after_ref = _params(ref.module)
+    result["param_after_step"] = _max_diff(after_ref, _params(engine.module))
+    result["step_size"] = max(float((after_ref[k] - before[k]).abs().max()) for k in before) if (before := _INIT) else 0.0
+    return result
+
+
+def _max_over_ranks(result: dict[str, float]) -> dict[str, float]:
+    keys = sorted(result)
+    t = torch.tensor([float(result[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(keys, t.tolist()))
+
+
+def main(rank: int, world: int, port: int, models: dict[str, str], out_json: str, only: str | None = None) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HYBRIDFLOW_DEVICE="cpu")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=300))
+    batches = _load("hf_test_batches", "batches.py")
+    results = {}
+    for name, (family, tp, ep, sp, role) in CASES[world].items():
+        if only and only not in name:
+            continue
+        results[name] = _max_over_ranks(check_case(models[family], tp, ep, sp, role, batches))
+    if rank == 0:
+        Path(out_json).write_text(json.dumps({"world": world, "results": results}, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    r, w, port = (int(x) for x in sys.argv[1:4])
+    main(r, w, port, json.loads(Path(sys.argv[4]).read_text()), sys.argv[5], sys.argv[6] if len(sys.argv) > 6 else None)
