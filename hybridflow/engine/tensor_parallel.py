@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from hybridflow.engine.transformers_adapter import (
     attention_head_counts,
@@ -45,6 +46,8 @@ from hybridflow.engine.transformers_adapter import (
 )
 
 __all__ = ["TensorParallelError", "apply_tensor_parallel", "tensor_parallel_problem"]
+
+_ROWWISE = RowwiseParallel  # the style of the layers' row-wise projections (the tests' sabotage swaps it)
 
 
 class TensorParallelError(ValueError):
@@ -72,12 +75,7 @@ def tensor_parallel_problem(config: Any, tp: int, key: str) -> str | None:
 def apply_tensor_parallel(model: nn.Module, tp_mesh, key: str = "megatron.tensor_model_parallel_size") -> nn.Module:
     """Split ``model`` over ``tp_mesh`` in place (before FSDP2 shards it over the data dimensions)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
+
 
     if hasattr(model, "peft_config"):
         raise TensorParallelError(f"{key}>1 with LoRA adapters is not supported (the adapters' low-rank layers would "
@@ -88,7 +86,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, key: str = "megatron.tensor
     for layer in decoder_stack(model).layers:
         split = decoder_layer_split(layer)
         plan: dict[str, Any] = {name: ColwiseParallel() for name in split.colwise}
-        plan.update({name: RowwiseParallel() for name in split.rowwise})
+        plan.update({name: _ROWWISE() for name in split.rowwise})
         # per-head norms see (batch, seq, heads/tp, head_dim): sharded on the head dimension, weight whole
         plan.update({name: SequenceParallel(sequence_dim=2, use_local_output=True) for name in split.head_norms})
         parallelize_module(layer, tp_mesh, plan)

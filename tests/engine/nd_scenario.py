@@ -9,10 +9,9 @@ compares the response log-probs, the entropies and every parameter's gradient of
 token count (as the workers normalise theirs), then one clipped AdamW step (global grad norm, parameters after
 the step).  Rank 0 writes the max abs differences (the max over ranks) to OUT_JSON.
 
-``BREAK`` (tests of the tests) sabotages one piece: ``rowwise_replicate`` gives the attention output projection a
-replicated placement instead of a row-wise one, ``no_allreduce`` drops the sum over the group after the row-wise
-projections, ``ep_no_return`` skips the all-to-all that brings expert outputs back, ``vocab_local`` normalises
-the log-softmax over the rank's vocabulary shard only.
+With ``breaks`` as the last argument it first runs the sabotaged cases of ``BREAKS`` (tests of the tests), one
+after the other in the same process group -- each patch breaks one piece of the implementation for one case --
+then every case; another last argument runs only the cases whose name contains it.
 """
 
 from __future__ import annotations
@@ -111,6 +110,95 @@ def _load_module(model_dir: str, role: str):
 _INIT: dict[str, torch.Tensor] = {}
 
 
+# ---------------------------------------------------------------------------------------------- sabotage
+def _patch(module, name, value):
+    old = getattr(module, name)
+    setattr(module, name, value)
+    return lambda: setattr(module, name, old)
+
+
+def _break_head_norm_placement():
+    """Qwen3's per-head q/k norms left as plain replicated weights (not declared sharded over the head dimension),
+    so each rank's weight gradient misses the other ranks' heads."""
+    import hybridflow.engine.tensor_parallel as tp
+
+    real = tp.decoder_layer_split
+
+    def split(layer):
+        s = real(layer)
+        return type(s)(s.colwise, s.rowwise, (), s.experts, s.shared_columns)
+
+    return _patch(tp, "decoder_layer_split", split)
+
+
+def _break_missing_allreduce():
+    """The row-wise projections' partial sums used without the all-reduce over the group."""
+    from torch.distributed.tensor import Partial
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    import hybridflow.engine.tensor_parallel as tp
+
+    class NoReduce(RowwiseParallel):
+        def __init__(self, **kw):
+            super().__init__(output_layouts=Partial(), **kw)
+
+    return _patch(tp, "_ROWWISE", NoReduce)
+
+
+def _break_vocab_normaliser():
+    """The log-softmax normalised over the rank's vocabulary shard only (no all-reduce of the exp-sum)."""
+    import hybridflow.engine.vocab_parallel as vp
+
+    real = vp.dist.all_reduce
+
+    class Dist:
+        ReduceOp = vp.dist.ReduceOp
+
+        @staticmethod
+        def all_reduce(t, op=None, group=None):
+            skip, Dist.after_max = Dist.after_max and op == vp.dist.ReduceOp.SUM, op == vp.dist.ReduceOp.MAX
+            return None if skip else real(t, op=op, group=group)  # the sum right after the max: sum_v exp(z_v - m)
+
+    Dist.after_max = False
+    return _patch(vp, "dist", Dist)
+
+
+def _break_expert_choice():
+    """Each rank runs a token on the *next* local expert (a wrong expert id after the all-to-all)."""
+    import hybridflow.engine.expert_parallel as epm
+
+    real = epm.expert_forward
+
+    def shifted(x, counts, gate_up, down, act_fn):
+        return real(x, counts, gate_up.roll(1, dims=0), down.roll(1, dims=0), act_fn)
+
+    return _patch(epm, "expert_forward", shifted)
+
+
+def _break_expert_gradient_scale():
+    """The experts' gradients averaged over their FSDP ranks only (the ep factor forgotten)."""
+    import hybridflow.engine.train_engine as te
+
+    return _patch(te, "expert_gradient_divide_factor", lambda fsdp_size, ep: fsdp_size)
+
+
+def _break_shared_rotary_key():
+    """DeepSeek's shared rotary key without its gradient sum over the group."""
+    import hybridflow.engine.tensor_parallel as tp
+
+    return _patch(tp, "_sum_gradient_of_columns", lambda first, group: (lambda m, a, out: out))
+
+
+BREAKS = {
+    "head_norm_placement": (_break_head_norm_placement, "tp2-qwen3"),
+    "missing_allreduce": (_break_missing_allreduce, "tp2-qwen2"),
+    "vocab_normaliser": (_break_vocab_normaliser, "tp2-llama"),
+    "expert_choice": (_break_expert_choice, "ep2-qwen3_moe"),
+    "expert_gradient_scale": (_break_expert_gradient_scale, "ep2-deepseek_v3"),
+    "shared_rotary_key": (_break_shared_rotary_key, "tp2-deepseek_v3"),
+}
+
+
 def check_case(model_dir: str, tp: int, ep: int, sp: int, role: str, batches) -> dict[str, float]:
     from hybridflow.engine.expert_parallel import EP_TRAFFIC
     from hybridflow.engine.forward import response_log_probs, response_values
@@ -186,8 +274,18 @@ def main(rank: int, world: int, port: int, models: dict[str, str], out_json: str
                             timeout=timedelta(seconds=300))
     batches = _load("hf_test_batches", "batches.py")
     results = {}
+    if only == "breaks":
+        for name, (sabotage, case) in BREAKS.items():
+            if case not in CASES[world]:
+                continue
+            family, tp, ep, sp, role = CASES[world][case]
+            undo = sabotage()
+            try:
+                results[f"{name}:{case}"] = _max_over_ranks(check_case(models[family], tp, ep, sp, role, batches))
+            finally:
+                undo()
     for name, (family, tp, ep, sp, role) in CASES[world].items():
-        if only and only not in name:
+        if only and only != "breaks" and only not in name:
             continue
         results[name] = _max_over_ranks(check_case(models[family], tp, ep, sp, role, batches))
     if rank == 0:

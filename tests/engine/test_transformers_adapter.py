@@ -271,3 +271,76 @@ def test_decoder_stack_and_its_inputs_as_keywords(tiny_vlm_dir):
             m(input_ids=ids, position_ids=positions)
         handle.remove()
         assert torch.equal(seen["input_ids"], ids) and torch.equal(seen["position_ids"], positions)
+
+
+# ---------------------------------------------------------------------------------------------- N-D parallelism
+def _nd_model(family: str):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("hf_test_nd_models", Path(__file__).with_name("nd_models.py"))
+    nd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nd)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type, extra = nd.FAMILIES[family]
+    cfg = AutoConfig.for_model(model_type, vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, **extra)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+@pytest.mark.parametrize("family,colwise,rowwise,norms,experts", [
+    ("qwen2", {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}, {"o_proj", "down_proj"}, 0, False),
+    ("qwen3", {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}, {"o_proj", "down_proj"}, 2, False),
+    ("qwen3_moe", {"q_proj", "k_proj", "v_proj"}, {"o_proj"}, 2, True),
+    ("deepseek_v3", {"q_b_proj", "kv_b_proj", "gate_proj", "up_proj"}, {"o_proj", "down_proj"}, 0, True),
+])
+def test_decoder_layer_split_names_modules_that_exist(family, colwise, rowwise, norms, experts):
+    """Every name the split gives is a module of that class in the layer (parallelize_module would silently skip a
+    missing one); the last layer of the MoE families is a MoE layer."""
+    model = _nd_model(family)
+    layer = model.model.layers[-1]
+    split = tfa.decoder_layer_split(layer)
+    assert {n.rsplit(".", 1)[-1] for n in split.colwise} == colwise
+    assert {n.rsplit(".", 1)[-1] for n in split.rowwise} >= rowwise
+    for name in split.colwise + split.rowwise:
+        assert isinstance(layer.get_submodule(name), torch.nn.Linear), name
+    assert len(split.head_norms) == norms and all(layer.get_submodule(n) is not None for n in split.head_norms)
+    assert (split.experts is not None) == experts
+    if family == "deepseek_v3":  # the latent attention's rotary key columns, shared by every head
+        (name, first), = split.shared_columns
+        assert layer.get_submodule(name).out_features == first + model.config.qk_rope_head_dim
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_moe_experts_layout_and_forward_contract(family):
+    """transformers' experts module computes, for rows grouped by expert, exactly what expert parallelism's
+    ``expert_forward`` computes from the (E, 2I, H) / (E, H, I) weights with the gate in the first I rows; routing
+    weights multiply each expert's output and a token's k outputs are summed (dropless)."""
+    from hybridflow.engine.expert_parallel import expert_forward
+
+    model = _nd_model(family)
+    found = tfa.moe_experts(model)
+    assert found and all(layout.num_experts == 4 and layout.hidden == 64 for _, _, layout in found)
+    _, experts, layout = found[-1]
+    torch.manual_seed(1)
+    tokens, k = 7, 2
+    x = torch.randn(tokens, layout.hidden)
+    idx = torch.stack([torch.randperm(layout.num_experts)[:k] for _ in range(tokens)])
+    w = torch.rand(tokens, k)
+    want = experts(x, idx, w)
+    flat = idx.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=layout.num_experts).tolist()
+    y = expert_forward(x[order // k], counts, experts.gate_up_proj, experts.down_proj, experts.act_fn)
+    got = torch.zeros_like(x).index_add(0, order // k, y * w.reshape(-1)[order, None])
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_embedding_and_head_find_tied_and_untied_heads():
+    tied = _nd_model("qwen2")
+    tied.config.tie_word_embeddings = True
+    tied.tie_weights()
+    assert tfa.embedding_and_head(tied) == ("model.embed_tokens", "lm_head", True)
+    assert tfa.embedding_and_head(_nd_model("llama")) == ("model.embed_tokens", "lm_head", False)
