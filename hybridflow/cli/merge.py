@@ -1,8 +1,9 @@
 """``hybridflow merge``: turn an actor (or critic) checkpoint into a Hugging Face folder.
 
-An actor folder holds one ``model_world_size_W_rank_R.pt`` per rank (FSDP2 ``Shard(0)`` DTensors when
-``W > 1``) plus ``huggingface/`` (config, tokenizer).  Merging concatenates each parameter's rank-local
-pieces along its shard dimension (in rank order; FSDP2 pieces are contiguous chunks), and, for a LoRA
+An actor folder holds one ``model_world_size_W_rank_R.pt`` per rank (DTensor pieces when ``W > 1``: FSDP2's
+``Shard(0)``, on top of tensor / expert parallel cuts for those layouts) plus ``huggingface/`` (config,
+tokenizer).  Merging writes every rank's piece back where its placements say it came from
+(``engine/shard_merge.py``), and, for a LoRA
 actor, folds the adapters into the base weights: ``W' = W + (alpha / r) * B @ A`` (Hu et al. 2021, LoRA,
 eq. 3), so ``from_pretrained`` on the result needs no peft.  ``alpha`` comes from the step's manifest,
 which the trainer writes with the LoRA settings it trained with.
@@ -13,10 +14,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
-
 import torch
 
+from hybridflow.engine.shard_merge import ShardMergeError, load_pieces, merge_state_dicts
 from hybridflow.trainer.run_checkpoint import MANIFEST_FILE, CheckpointError
 
 _SHARD_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
@@ -35,26 +35,18 @@ def _role_dir(ckpt_dir: Path) -> Path:
     )
 
 
-def _full_tensor(pieces: list[Any]) -> torch.Tensor:
-    first = pieces[0]
-    if not hasattr(first, "placements"):
-        return first.detach().cpu()
-    placement = first.placements[0]
-    local = [p._local_tensor.detach().cpu() for p in pieces]
-    if placement.is_shard():
-        dim = placement.dim
-        return torch.cat(local, dim=dim).narrow(dim, 0, first.shape[dim]).contiguous()
-    return local[0]
-
-
 def load_full_state_dict(role_dir: Path) -> dict[str, torch.Tensor]:
-    """Unsharded CPU state dict of a role folder (any world size)."""
+    """Unsharded CPU state dict of a role folder, whatever layout saved it (any world size; FSDP2, tensor and
+    expert parallel pieces alike: ``engine/shard_merge.py``)."""
     shards = {int(m.group(2)): (int(m.group(1)), p) for p in role_dir.iterdir() if (m := _SHARD_RE.match(p.name))}
     worlds = {w for w, _ in shards.values()}
     if len(worlds) != 1 or sorted(shards) != list(range(next(iter(worlds)))):
         raise CheckpointError(f"{role_dir}: incomplete or mixed shards {sorted(p.name for _, p in shards.values())}")
-    states = [torch.load(shards[r][1], map_location="cpu", weights_only=False) for r in sorted(shards)]
-    return {key: _full_tensor([s[key] for s in states]) for key in states[0]}
+    states = {r: load_pieces(shards[r][1]) for r in sorted(shards)}
+    try:
+        return merge_state_dicts(states)
+    except ShardMergeError as e:
+        raise CheckpointError(f"{role_dir}: {e}") from None
 
 
 def fold_lora(state: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:

@@ -5,12 +5,18 @@ Layout of one role's folder (``global_step_N/actor/`` or ``.../critic/``), as ve
 * ``model_world_size_{W}_rank_{R}.pt``        this rank's parameter shards (DTensors; plain tensors at W=1)
 * ``optim_world_size_{W}_rank_{R}.pt``        this rank's optimizer state (Adam moments, step)
 * ``extra_state_world_size_{W}_rank_{R}.pt``  LR scheduler state + RNG states (python, numpy, torch, cuda)
-* ``fsdp_config.json``                        ``{"FSDP_version": 2, "world_size": W}``
+* ``fsdp_config.json``                        ``{"FSDP_version": 2, "world_size": W, "layout": {"dp", "sp",
+                                              "tp", "ep"}}``
 * ``huggingface/``                            config, generation config and tokenizer; full weights
                                               (LoRA merged) when ``"hf_model"`` is in ``save_contents``
 
 Restoring model, optimizer, schedule *and* RNG is what makes a resumed run continue exactly as if it
-had never stopped.  Loading needs the same world size (the shards are per rank), as in verl.
+had never stopped.  A run on the layout that saved the checkpoint loads its own rank's files.  A run on another
+layout (tensor parallel 2 -> 1, another world size) reads every rank's files, puts each parameter and Adam moment
+back together (``engine/shard_merge.py``) and lets every rank take its new piece of them: the model and the
+optimizer continue exactly, the RNG streams are those of the rank with the same index (rank 0's when the saving
+run had fewer ranks).  That costs a full copy of the model and its optimizer state in every rank's memory once,
+at load time.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.engine.fsdp import unwrap_peft
+from hybridflow.engine.shard_merge import load_pieces
 from hybridflow.engine.train_engine import TrainEngine
 
 __all__ = ["save_engine_checkpoint", "load_engine_checkpoint", "export_hf_model", "rng_state", "set_rng_state"]
@@ -103,9 +110,42 @@ def save_engine_checkpoint(
     set_rng_state(rng)
     if rank == 0:
         with open(os.path.join(path, "fsdp_config.json"), "w") as f:
-            json.dump({"FSDP_version": 2 if engine.is_sharded else 0, "world_size": world}, f)
+            json.dump({"FSDP_version": 2 if engine.is_sharded else 0, "world_size": world,
+                       "layout": _layout(engine)}, f)
     if dist.is_initialized():
         dist.barrier()
+
+
+def _layout(engine: TrainEngine) -> dict[str, int]:
+    pd = engine.parallel_dims
+    return {"dp": pd.dp, "sp": pd.sp, "tp": pd.tp, "ep": pd.ep}
+
+
+def saved_layout(path: str) -> tuple[int, dict[str, int]] | None:
+    """(world size, layout) a checkpoint folder was saved with (layouts before tp/ep: dp x sp), or ``None``."""
+    meta = os.path.join(path, "fsdp_config.json")
+    if not os.path.isfile(meta):
+        return None
+    with open(meta) as f:
+        info = json.load(f)
+    world = int(info.get("world_size", 1))
+    return world, info.get("layout") or {"dp": world, "sp": 1, "tp": 1, "ep": 1}
+
+
+def _rank_files(path: str, kind: str) -> dict[int, str]:
+    """``{rank: file}`` of one kind (``model`` / ``optim`` / ``extra_state``) of the world that saved ``path``."""
+    import re
+
+    pattern = re.compile(rf"^{kind}_world_size_(\d+)_rank_(\d+)\.pt$")
+    found = {}
+    for name in os.listdir(path) if os.path.isdir(path) else []:
+        m = pattern.match(name)
+        if m:
+            found[int(m.group(2))] = (int(m.group(1)), os.path.join(path, name))
+    worlds = {w for w, _ in found.values()}
+    if len(worlds) > 1 or (found and sorted(found) != list(range(next(iter(worlds))))):
+        raise FileNotFoundError(f"{path}: incomplete or mixed {kind} shards {sorted(os.path.basename(p) for _, p in found.values())}")
+    return {r: p for r, (_, p) in found.items()}
 
 
 def load_engine_checkpoint(
@@ -114,19 +154,23 @@ def load_engine_checkpoint(
     load_contents: Iterable[str] = ("model", "optimizer", "extra"),
     field: str = "actor.checkpoint.load_contents",
 ) -> None:
-    """Restore what ``save_engine_checkpoint`` wrote; the world size must match."""
+    """Restore what ``save_engine_checkpoint`` wrote, on the same layout or another one (see the module docstring)."""
     contents = _check_contents(load_contents, field)
     world, rank = engine.world_size, engine.rank
     files = _names(path, world, rank)
+    saved = saved_layout(path)
+    if saved is not None and saved != (world, _layout(engine)) and (engine.is_sharded or saved[0] > 1):
+        _load_resharded(engine, path, contents, saved)
+        return
     if "model" in contents and not os.path.exists(files["model"]):
         found = sorted(f for f in os.listdir(path) if f.startswith("model_")) if os.path.isdir(path) else []
         raise FileNotFoundError(
-            f"no shard {os.path.basename(files['model'])} in {path} (found {found or 'nothing'}); checkpoints "
-            f"load only with the world size they were saved with (this run has {world} ranks)"
+            f"no shard {os.path.basename(files['model'])} in {path} (found {found or 'nothing'}) and no "
+            "fsdp_config.json saying which layout wrote it: point the resume at a complete checkpoint folder"
         )
     with engine.on_device(with_optimizer=True):
         if "model" in contents:
-            state = torch.load(files["model"], map_location=engine.device, weights_only=False)
+            state = load_pieces(files["model"], map_location=engine.device)
             if engine.is_sharded:
                 from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
@@ -134,7 +178,7 @@ def load_engine_checkpoint(
             else:
                 engine.module.load_state_dict(state)
         if "optimizer" in contents and engine.optimizer is not None:
-            state = torch.load(files["optim"], map_location=engine.device, weights_only=False)
+            state = load_pieces(files["optim"], map_location=engine.device)
             if engine.is_sharded:
                 from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
@@ -197,3 +241,69 @@ def _save_full_weights(module, state: dict[str, torch.Tensor], hf_dir: str) -> N
     else:
         copy.load_state_dict(state)
     copy.save_pretrained(hf_dir)
+
+
+def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: tuple[int, dict[str, int]]) -> None:
+    """Load a checkpoint saved on another layout: full tensors from every rank's pieces, each rank keeps its own."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    from hybridflow.engine.shard_merge import merge_state_dicts
+
+    options = StateDictOptions(full_state_dict=True)
+    with engine.on_device(with_optimizer=True):
+        if "model" in contents:
+            full = _merged(path, "model", merge_state_dicts)
+            if engine.is_sharded:
+                set_model_state_dict(engine.module, full, options=options)
+            else:
+                engine.module.load_state_dict(full)
+            del full
+        if "optimizer" in contents and engine.optimizer is not None:
+            full = _merged(path, "optim", merge_state_dicts)
+            if saved[0] == 1:  # one process saved optimizer.state_dict(): state keyed by parameter index
+                full = _fqn_keyed(engine, full)
+            if engine.is_sharded:
+                set_optimizer_state_dict(engine.module, engine.optimizer, full, options=options)
+            else:
+                _load_full_optimizer_state(engine, full)
+            del full
+        if "extra" in contents:
+            extra_files = _rank_files(path, "extra_state")
+            own = extra_files.get(engine.rank, extra_files.get(0))
+            if own is not None:
+                extra = torch.load(own, weights_only=False)
+                if engine.lr_scheduler is not None and extra["lr_scheduler"] is not None:
+                    engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+                set_rng_state(extra["rng"])
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _merged(path: str, kind: str, merge) -> dict:
+    files = _rank_files(path, kind)
+    if not files:
+        raise FileNotFoundError(f"{path} holds no {kind}_world_size_W_rank_R.pt files to resume from")
+    states = {r: load_pieces(f) for r, f in sorted(files.items())}
+    return merge(states)
+
+
+def _fqn_keyed(engine: TrainEngine, state: dict) -> dict:
+    """``optimizer.state_dict()`` of an unsharded run (parameters numbered in the order the optimizer was built
+    from ``module.parameters()``) in the FQN-keyed form ``set_optimizer_state_dict`` takes."""
+    names = [n for n, p in engine.module.named_parameters() if p.requires_grad]
+    groups = []
+    for group in state["param_groups"]:
+        groups.append({**group, "params": [names[i] for i in group["params"]]})
+    return {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
+
+
+def _load_full_optimizer_state(engine: TrainEngine, full: dict) -> None:
+    """A full, FQN-keyed optimizer state (``get_optimizer_state_dict`` format) into a plain, unsharded module's
+    optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(engine.module, engine.optimizer, full, options=StateDictOptions(full_state_dict=True))

@@ -102,7 +102,7 @@ class TrainEngine:
         self.device = dev.get_device()
         world = dist.get_world_size() if is_distributed() else 1
         self.parallel_dims = (parallel_dims if parallel_dims is not None else ParallelDims(world)).build(dev.device_type())
-        self._rank = dist.get_rank() if is_distributed() else 0
+        self._rank = dist.get_rank() if is_distributed() and self.parallel_dims.world > 1 else 0
         self.mesh = self.parallel_dims.fsdp_mesh(dev.device_type(), fsdp_config.fsdp_size)
         self.sequence_parallel: SequenceParallel | None = None
         pd = self.parallel_dims

@@ -55,6 +55,20 @@ CASES = {
 }
 
 
+# checkpoints: name -> (family, saving layout, {target name: layout or None (unsharded, in this process)})
+CHECKPOINTS = {
+    2: {
+        "ckpt-tp2-qwen2": ("qwen2", {"tp": 2}, {"same": {"tp": 2}, "tp1": {}, "single": None}),
+        "ckpt-ep2-qwen3_moe": ("qwen3_moe", {"ep": 2}, {"same": {"ep": 2}, "ep1": {}, "single": None}),
+    },
+    4: {
+        "ckpt-dp2xtp2-qwen3": ("qwen3", {"tp": 2}, {"same": {"tp": 2}, "tp1": {}, "sp2": {"sp": 2}, "single": None}),
+        "ckpt-ep2xtp2-qwen3_moe": ("qwen3_moe", {"tp": 2, "ep": 2}, {"same": {"tp": 2, "ep": 2}, "ep4": {"ep": 4},
+                                                                    "tp2": {"tp": 2}}),
+    },
+}
+
+
 def _load(name: str, file: str):
     spec = importlib.util.spec_from_file_location(name, HERE / file)
     module = importlib.util.module_from_spec(spec)
@@ -288,6 +302,13 @@ def main(rank: int, world: int, port: int, models: dict[str, str], out_json: str
         if only and only != "breaks" and only not in name:
             continue
         results[name] = _max_over_ranks(check_case(models[family], tp, ep, sp, role, batches))
+    ckpt = _load("hf_test_nd_checkpoint", "nd_checkpoint.py")
+    for name, (family, layout, targets) in CHECKPOINTS[world].items():
+        if only and only != "breaks" and only not in name:
+            continue
+        folder = Path(out_json).parent / name
+        results[name] = _max_over_ranks(ckpt.check_checkpoint(models[family], layout, targets, folder, batches,
+                                                              _configs, _loss))
     if rank == 0:
         Path(out_json).write_text(json.dumps({"world": world, "results": results}, indent=1))
     dist.barrier()

@@ -102,29 +102,46 @@ def run_scenario(world: int, models_json: Path, out_dir: Path, only: str = "") -
     port = str(_free_port())
     env = {**os.environ, "PYTHONPATH": str(HERE.parents[1]), "OMP_NUM_THREADS": "1"}
     args = [str(models_json), str(out)] + ([only] if only else [])
+    # each rank writes to its own file: a pipe read one rank at a time would block the others once full
+    files = [open(out_dir / f"rank{r}.log", "w") for r in range(world)]
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), port, *args], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=600)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} of world {world} failed:\n{log[-4000:]}"
+                              stdout=f, stderr=subprocess.STDOUT, text=True) for r, f in enumerate(files)]
+    try:
+        for p in procs:
+            p.wait(timeout=600)
+    except subprocess.TimeoutExpired:
+        for q in procs:
+            q.kill()
+        raise
+    finally:
+        for f in files:
+            f.close()
+    logs = [(out_dir / f"rank{r}.log").read_text() for r in range(world)]
+    failed = [(r, log) for r, (p, log) in enumerate(zip(procs, logs)) if p.returncode != 0]
+    if failed:  # the rank that raised first tells why; the others wait in a collective and time out
+        r, log = next(((r, log) for r, log in failed if "Timed out" not in log), failed[0])
+        raise AssertionError(f"rank {r} of world {world} failed:\n{log[-4000:]}")
     return json.loads(out.read_text())["results"]
 
 
 @pytest.fixture(scope="module")
-def two_ranks(nd_models, tmp_path_factory):
-    return run_scenario(2, nd_models, tmp_path_factory.mktemp("nd2"), only="breaks")
+def two_ranks_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("nd2")
 
 
 @pytest.fixture(scope="module")
-def four_ranks(nd_models, tmp_path_factory):
-    return run_scenario(4, nd_models, tmp_path_factory.mktemp("nd4"))
+def four_ranks_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("nd4")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(nd_models, two_ranks_dir):
+    return run_scenario(2, nd_models, two_ranks_dir, only="breaks")
+
+
+@pytest.fixture(scope="module")
+def four_ranks(nd_models, four_ranks_dir):
+    return run_scenario(4, nd_models, four_ranks_dir)
 
 
 def _assert_equal_to_unsharded(name: str, r: dict) -> None:
@@ -158,3 +175,38 @@ def test_each_sabotage_breaks_the_equality(sabotage, two_ranks):
     r = two_ranks[f"{sabotage}:{case}"]
     print(f"\n{sabotage} on {case}: " + json.dumps({k: float(f"{v:.3g}") for k, v in r.items()}))
     assert max(r.get(k, 0.0) for k in ("out", "entropy", "grad")) > 1e-3, r  # 100 x the tolerance
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+def _checkpoint_cases():
+    return [(w, name) for w, cases in _scenario().CHECKPOINTS.items() for name in sorted(cases)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world,case", _checkpoint_cases(), ids=[c for _, c in _checkpoint_cases()])
+def test_resume_on_the_same_and_on_other_layouts_continues_exactly(world, case, request):
+    """The saving layout and the other layouts (tp/ep switched off, sp instead of tp, another ep, one unsharded
+    process) load the same parameters and Adam moments, and the next step lands on the same parameters."""
+    results = request.getfixturevalue("two_ranks" if world == 2 else "four_ranks")[case]
+    print(f"\n{case}: " + json.dumps({k: float(f"{v:.3g}") for k, v in results.items()}))
+    targets = _scenario().CHECKPOINTS[world][case][2]
+    assert results["step_size"] > 1e-4
+    for target in targets:
+        assert results[f"{target}:params"] == 0.0 and results[f"{target}:moments"] == 0.0, (target, results)
+        assert results[f"{target}:next_step"] <= TOLERANCE, (target, results)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world,case", _checkpoint_cases(), ids=[c for _, c in _checkpoint_cases()])
+def test_merge_turns_any_layout_into_the_trained_hf_model(world, case, request, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from hybridflow.cli.merge import merge_checkpoint
+
+    request.getfixturevalue("two_ranks" if world == 2 else "four_ranks")  # the run that saved the checkpoint
+    folder = request.getfixturevalue("two_ranks_dir" if world == 2 else "four_ranks_dir") / case
+    expected = torch.load(folder / "expected.pt")
+    model = AutoModelForCausalLM.from_pretrained(merge_checkpoint(str(folder), str(tmp_path / "hf")))
+    got = dict(model.named_parameters())
+    assert set(got) == set(expected)
+    assert all(torch.equal(got[k].detach(), expected[k]) for k in expected)
