@@ -8,8 +8,8 @@ loops' model calls meet in the replicas' engines, which batch them.
 
 A trajectory whose loop raises is not lost and does not stop the batch: it becomes an empty, untrained
 trajectory (score 0 from the reward, ``response_mask`` 0) counted in ``agent/error_count``, with the first
-traceback printed once.  Only a replica failure (:class:`ReplicaError`: a rollout process died) stops the
-run, since every later request would fail too.
+traceback printed once.  Only an engine failure (:class:`~hybridflow.rollout.base.EngineError`: a forward
+raised, non-finite logits, a stalled or dead replica) stops the run, since every later request would fail too.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from hybridflow.agents.base import (
 from hybridflow.agents.postprocess import outputs_to_batch
 from hybridflow.agents.trajectory_images import row_images
 from hybridflow.protocol import DataProto
-from hybridflow.rollout.replica import ReplicaError, RolloutReplica
+from hybridflow.rollout.base import EngineError
+from hybridflow.rollout.replica import RolloutReplica
 from hybridflow.rollout.server_manager import AsyncLLMServerManager
 
 __all__ = ["AgentLoopWorker", "sampling_dict", "TRAJECTORY_KEYS"]
@@ -125,7 +126,7 @@ class AgentLoopWorker:
             if not isinstance(output, AgentLoopOutput):
                 raise TypeError(f"agent loop {agent_name!r} returned {type(output).__name__}, not AgentLoopOutput")
             failed = 0.0
-        except ReplicaError:
+        except EngineError:  # the engine itself failed: the batch (and the run) cannot go on
             raise
         except Exception as exc:  # noqa: BLE001 - one trajectory's failure must not cost the batch
             self._report(agent_name, request_id, exc)

@@ -24,7 +24,6 @@ them, and the actor's forward would refuse them); reported log-probs stay over t
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import time
 from typing import Iterable, Sequence
@@ -33,11 +32,12 @@ import torch
 
 from hybridflow.engine.device import empty_cache, resolve_dtype
 from hybridflow.engine.forward import eval_mode
-from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
+from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request, engine_failure
 from hybridflow.rollout.hf_batcher import BatcherLimits, ContinuousBatcher, GenerationRequest
 from hybridflow.rollout.hf_vision import VisionPreparer, images_of
 from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.utils.registry import closest
+from hybridflow.utils.threads import DaemonExecutor
 
 __all__ = ["HFRolloutEngine", "rollout_compute_dtype"]
 
@@ -122,6 +122,7 @@ class HFRolloutEngine(RolloutEngine):
         seed: int = 0,
         fast_decode: bool = True,
         max_batch_size: int | None = None,
+        name: str = "hf",
     ):
         attn = getattr(model.config, "_attn_implementation", "sdpa")
         if attn not in _SUPPORTED_ATTENTION:
@@ -130,6 +131,7 @@ class HFRolloutEngine(RolloutEngine):
                 "load it with attn_implementation='sdpa'"
             )
         self.model = model
+        self.name = name
         if eos_token_ids is None:
             eos_token_ids = getattr(tokenizer, "eos_token_id", None)
         if eos_token_ids is None:
@@ -155,8 +157,10 @@ class HFRolloutEngine(RolloutEngine):
         self._vision = VisionPreparer(processor, model.config)
         spec = self._vision.spec
         self._batcher = ContinuousBatcher(model, pad_token_id, self.generator, limits, self.compute_dtype, fast_decode,
-                                          suppress_ids=[spec.image_token_id, spec.video_token_id] if spec else None)
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-rollout")
+                                          suppress_ids=[spec.image_token_id, spec.video_token_id] if spec else None,
+                                          name=name)
+        # a daemon thread: a forward that never returns must not keep the process from exiting
+        self._executor = DaemonExecutor(max_workers=1, name="hf-rollout")
         self._driver: asyncio.Task | None = None
         self._asleep = False
         self._abort_waiting = threading.Event()  # set while abort_all() waits for the step under way
@@ -214,9 +218,18 @@ class HFRolloutEngine(RolloutEngine):
     def _locked_step(self) -> None:
         while self._abort_waiting.is_set():  # let abort_all() take the lock before the next step
             time.sleep(0.0005)
-        with self._batcher.lock, eval_mode(self.model):
-            if self._batcher.has_work():
-                self._batcher.step()
+        with self._batcher.lock:
+            try:
+                with eval_mode(self.model):
+                    if self._batcher.has_work():
+                        self._batcher.step()  # hands its own failures to the requests
+            except BaseException as exc:
+                if self._batcher.has_work():  # failed around the step (mode switch): nobody was told yet
+                    self._batcher.fail_all(engine_failure(exc, self.name, "a step", self._batcher.load()))
+                raise
+
+    def progress(self) -> tuple[int, str]:
+        return self._batcher.progress(), self._batcher.doing
 
     def generate_batch(
         self, prompts: Sequence[list[int]], sampling_params: SamplingParams | Sequence[SamplingParams],

@@ -28,8 +28,8 @@ __all__ = ["InterruptibleRolloutServer"]
 class InterruptibleRolloutServer(RolloutServer):
     """:class:`RolloutServer` with a gate: :meth:`interrupt` / :meth:`resume` (see the module docstring)."""
 
-    def __init__(self, engine, name: str = "rollout"):
-        super().__init__(engine, name)
+    def __init__(self, engine, name: str = "rollout", stall_timeout_s: float = 300.0):
+        super().__init__(engine, name, stall_timeout_s)
         self._open = self._on_loop(asyncio.Event)
         self._loop.call_soon_threadsafe(self._open.set)
         self.continued = 0  # requests continued after an interruption (for tests and metrics)
@@ -59,6 +59,10 @@ class InterruptibleRolloutServer(RolloutServer):
     @property
     def interrupted(self) -> bool:
         return not self._open.is_set()
+
+    def _paused(self) -> bool:  # requests waiting at the closed gate are not stalled
+        gate = getattr(self, "_open", None)
+        return gate is not None and not gate.is_set()
 
     async def _close_gate(self) -> None:
         self._open.clear()
