@@ -52,6 +52,7 @@ def init_ray(ray_init_kwargs: dict[str, Any] | None = None) -> None:
     else:
         where = str(address)
         _check_reachable(str(address))
+    _keep_python_signal_handlers()
     try:
         ray.init(**kwargs)
     except Exception as e:  # noqa: BLE001 - re-raised with the request attached
@@ -63,6 +64,15 @@ def init_ray(ray_init_kwargs: dict[str, Any] | None = None) -> None:
             f"ray.init failed while connecting to {where} with arguments {kwargs}: {type(e).__name__}: {e}. "
             "Check ray_kwargs.ray_init (address, num_cpus, num_gpus) or run `ray status` on the cluster." + hint
         ) from e
+
+
+def _keep_python_signal_handlers() -> None:
+    """Keep Ray's C++ crash handler out of this (driver) process: it also catches SIGTERM, and a second SIGTERM
+    then aborts the driver (exit 134, no checkpoint, orphaned Ray processes) instead of reaching the
+    trainer's handler (hybridflow.trainer.signals).  Worker processes keep it (their crash stacks)."""
+    from ray._private import ray_constants
+
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0, field: str = "ray_kwargs.ray_init.address") -> None:

@@ -23,6 +23,7 @@ import concurrent.futures
 import itertools
 import queue
 import threading
+import weakref
 from typing import Any, Awaitable, Callable, TypeVar
 
 __all__ = ["CallTimeout", "DaemonExecutor", "call_with_timeout", "run_async", "settle"]
@@ -150,9 +151,24 @@ def run_async(main: Awaitable[T], name: str = "hybridflow-loop") -> T:
     loop = asyncio.new_event_loop()
     executor = DaemonExecutor(max_workers=32, name=f"{name}-executor", join_timeout_s=0.0)
     loop.set_default_executor(executor)
+    created: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
+
+    def task_factory(loop, coro, context=None):
+        task = asyncio.Task(coro, loop=loop, context=context)
+        created.add(task)
+        return task
+
+    loop.set_task_factory(task_factory)
     try:
         asyncio.set_event_loop(loop)
         return loop.run_until_complete(main)
+    except (KeyboardInterrupt, SystemExit):
+        # it left the loop through the task that raised it (asyncio re-raises these at once): that task's
+        # copy is the one raised here, not an exception nobody retrieved
+        for task in list(created):
+            if task.done() and not task.cancelled():
+                task.exception()
+        raise
     finally:
         try:
             tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
