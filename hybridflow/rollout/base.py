@@ -45,14 +45,15 @@ class EngineError(RuntimeError):
     """
 
 
-def engine_failure(exc: BaseException, engine: str, doing: str, requests: int) -> EngineError:
+def engine_failure(exc: BaseException, engine: str, doing: str, requests: int,
+                   cls: type[EngineError] = EngineError) -> EngineError:
     """``exc`` (raised inside an engine while ``doing`` something, with ``requests`` requests in flight or
-    waiting) as the :class:`EngineError` handed to each of those requests; an ``EngineError`` is kept."""
+    waiting) as the :class:`EngineError` (``cls``) handed to each of those requests; an ``EngineError`` is kept."""
     if isinstance(exc, EngineError):
         return exc
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
-    error = EngineError(f"rollout engine '{engine}' failed during {doing} with {requests} request(s) in flight: "
-                        f"{type(exc).__name__}: {exc}\n--- engine traceback ---\n{text}")
+    error = cls(f"rollout engine '{engine}' failed during {doing} with {requests} request(s) in flight: "
+                f"{type(exc).__name__}: {exc}\n--- engine traceback ---\n{text}")
     error.__cause__ = exc
     return error
 

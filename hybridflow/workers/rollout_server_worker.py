@@ -129,8 +129,12 @@ class RolloutServerWorker(Worker):
         start = time.perf_counter()
         server, engine = self._server(), self.engine
         copied = 0
-        for bucket in self._sync.receive_buckets():
-            copied += server.call(lambda b=bucket: engine.update_weights(b), what="weights")
+        try:
+            for bucket in self._sync.receive_buckets():
+                copied += server.call(lambda b=bucket: engine.update_weights(b), what="weights")
+        except BaseException as exc:  # the sender must not wait for this replica until its timeout
+            self._sync.abort(exc)
+            raise
         self.weight_version = int(version)
         return {"tensors": float(copied), "seconds": time.perf_counter() - start}
 
