@@ -157,18 +157,21 @@ class AgentLoopManager:
                                "generation failed too: %s: %s", type(exc).__name__, str(exc).splitlines()[0])
 
     def _diagnosed(self, err: EngineError) -> EngineError:
-        """``err``, or the fleet's own account when it knows more (a server process that died: its exit code
-        and log tail, where the client only saw a closed connection)."""
+        """``err``, or with the fleet's own account when it knows more: a server process that failed (its exit
+        code and the first traceback of its log, where the client only saw a 500 or a closed connection)."""
+        explain = getattr(self.fleet, "explain", None)
         check = getattr(self.fleet, "check", None)
-        if check is None:
+        if explain is None and check is None:
             return err
         try:
-            call_with_timeout(check, _SLEEP_AFTER_FAILURE_S, name="rollout-health-check")
-        except EngineError as found:
-            if str(found) not in str(err):
-                return EngineError(f"{found}\n--- what the trajectories saw ---\n{err}")
+            found = call_with_timeout(lambda: explain(err) if explain is not None else check(),
+                                      _SLEEP_AFTER_FAILURE_S, name="rollout-health-check")
+        except EngineError as raised:
+            found = raised
         except Exception:  # noqa: BLE001 - no better account
-            pass
+            found = None
+        if isinstance(found, EngineError) and str(found) not in str(err):
+            return EngineError(f"{found}\n--- what the trajectories saw ---\n{err}")
         return err
 
     def shutdown(self) -> None:

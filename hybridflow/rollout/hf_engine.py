@@ -32,7 +32,7 @@ import torch
 
 from hybridflow.engine.device import empty_cache, resolve_dtype
 from hybridflow.engine.forward import eval_mode
-from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request, engine_failure
+from hybridflow.rollout.base import EngineError, RolloutEngine, TokenOutput, _per_request, engine_failure
 from hybridflow.rollout.hf_batcher import BatcherLimits, ContinuousBatcher, GenerationRequest
 from hybridflow.rollout.hf_vision import VisionPreparer, images_of
 from hybridflow.rollout.sampling_params import SamplingParams
@@ -222,10 +222,11 @@ class HFRolloutEngine(RolloutEngine):
             try:
                 with eval_mode(self.model):
                     if self._batcher.has_work():
-                        self._batcher.step()  # hands its own failures to the requests
-            except BaseException as exc:
-                if self._batcher.has_work():  # failed around the step (mode switch): nobody was told yet
-                    self._batcher.fail_all(engine_failure(exc, self.name, "a step", self._batcher.load()))
+                        self._batcher.step()
+            except EngineError:  # the step handed it to its requests already (requests submitted since are new)
+                raise
+            except BaseException as exc:  # failed around the step (the mode switch): nobody was told yet
+                self._batcher.fail_all(engine_failure(exc, self.name, "a step", self._batcher.load()))
                 raise
 
     def progress(self) -> tuple[int, str]:

@@ -85,6 +85,7 @@ class _Driver(threading.Thread):
         self.error: BaseException | None = None  # what killed the driver (a RolloutEngineDeadError)
         self.steps = 0
         self.doing = "idle"
+        self.failed = False  # a step or the engine itself raised (not a normal stop)
         self._gate = threading.Lock()  # a command is either queued before the driver stops, or refused
 
     def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
@@ -121,6 +122,7 @@ class _Driver(threading.Thread):
                     self.doing = "idle"
             error = RolloutEngineDeadError(f"vLLM engine '{self.engine_name}' was shut down")
         except BaseException as e:  # noqa: BLE001 - every waiter learns what happened
+            self.failed = True
             error = engine_failure(e, self.engine_name, self.doing, len(self.active), cls=RolloutEngineDeadError)
         with self._gate:  # from here on, call() refuses: nothing can be queued behind the drain below
             self.error = error

@@ -427,7 +427,8 @@ class VLLMRolloutEngine(RolloutEngine):
         if self._shm_dir is not None:
             shutil.rmtree(self._shm_dir, ignore_errors=True)
             self._shm_dir = None
-        gc.collect()
+        if not driver.failed:  # frees the engine's memory for a next one; after a failure the process is about
+            gc.collect()  # to stop, and a collection over a trainer's heap takes seconds
 
     def __enter__(self) -> "VLLMRolloutEngine":
         return self

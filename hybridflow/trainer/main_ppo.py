@@ -437,4 +437,6 @@ def rollout_failure_types() -> tuple[type[BaseException], ...]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hybridflow.utils.fast_exit import run_and_exit
+
+    run_and_exit(main)

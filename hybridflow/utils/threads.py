@@ -47,13 +47,50 @@ def settle(future: concurrent.futures.Future, result: Any = None, error: BaseExc
         return False
 
 
+class _Shared:
+    """What a :class:`DaemonExecutor`'s threads share (not the executor itself: when nothing else holds the
+    executor it is collected, and its idle threads are told to exit)."""
+
+    def __init__(self):
+        self.work: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.idle = 0
+        self.threads: list[threading.Thread] = []
+
+
+def _work(shared: _Shared) -> None:
+    while True:
+        with shared.lock:
+            shared.idle += 1
+        item = shared.work.get()
+        with shared.lock:
+            shared.idle -= 1
+        if item is None:
+            return
+        future, fn, args, kwargs = item
+        if future.set_running_or_notify_cancel():
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+                settle(future, error=exc)
+            else:
+                settle(future, result)
+        del item, future, fn, args, kwargs
+
+
+def _release(shared: _Shared) -> None:
+    for _ in list(shared.threads):
+        shared.work.put(None)
+
+
 class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
     """Up to ``max_workers`` daemon threads named ``{name}_{i}``, started on demand and kept while idle.
 
     Unlike ``ThreadPoolExecutor``'s, its threads are not joined at interpreter exit, and ``shutdown(wait=True)``
     waits only ``join_timeout_s`` for tasks under way, so a task that never returns cannot hang the process.
-    (It subclasses ``ThreadPoolExecutor`` only because asyncio accepts nothing else as a default executor;
-    none of the parent's machinery is used.)
+    Idle threads exit when the executor is shut down or garbage-collected.  (It subclasses
+    ``ThreadPoolExecutor`` only because asyncio accepts nothing else as a default executor; none of the
+    parent's machinery is used.)
     """
 
     def __init__(self, max_workers: int = 1, name: str = "hybridflow-daemon", join_timeout_s: float = 5.0):
@@ -63,62 +100,41 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
         self.max_workers = int(max_workers)
         self.name = name
         self.join_timeout_s = float(join_timeout_s)
-        self._work: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._idle = 0
-        self._lock = threading.Lock()
-        self._shutdown = False
+        self._shared = _Shared()
+        self._closed = False
         self._ids = itertools.count()
+        self._release = weakref.finalize(self, _release, self._shared)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._lock:
-            if self._shutdown:
+        shared = self._shared
+        with shared.lock:
+            if self._closed:
                 raise RuntimeError(f"executor '{self.name}' was shut down")
-            self._work.put((future, fn, args, kwargs))
-            if self._work.qsize() > self._idle and len(self._threads) < self.max_workers:
-                thread = threading.Thread(target=self._worker, name=f"{self.name}_{next(self._ids)}", daemon=True)
-                self._threads.append(thread)
+            shared.work.put((future, fn, args, kwargs))
+            if shared.work.qsize() > shared.idle and len(shared.threads) < self.max_workers:
+                thread = threading.Thread(target=_work, args=(shared,), name=f"{self.name}_{next(self._ids)}",
+                                          daemon=True)
+                shared.threads.append(thread)
                 thread.start()
         return future
 
-    def _worker(self) -> None:
-        while True:
-            with self._lock:
-                self._idle += 1
-            item = self._work.get()
-            with self._lock:
-                self._idle -= 1
-            if item is None:
-                return
-            future, fn, args, kwargs = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    result = fn(*args, **kwargs)
-                except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
-                    settle(future, error=exc)
-                else:
-                    settle(future, result)
-            del item, future, fn, args, kwargs
-
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._lock:
-            if self._shutdown:
+        shared = self._shared
+        with shared.lock:
+            if self._closed:
                 return
-            self._shutdown = True
-            threads = list(self._threads)
+            self._closed = True
+            threads = list(shared.threads)
         if cancel_futures:
-            pending = []
             while True:
                 try:
-                    pending.append(self._work.get_nowait())
+                    item = shared.work.get_nowait()
                 except queue.Empty:
                     break
-            for item in pending:
                 if item is not None:
                     item[0].cancel()
-        for _ in threads:
-            self._work.put(None)
+        self._release()
         if wait:
             for thread in threads:
                 thread.join(self.join_timeout_s)
