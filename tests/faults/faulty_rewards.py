@@ -49,3 +49,15 @@ def sends_sigint(data_source, solution_str, ground_truth, extra_info=None, **kwa
 
     _signal_once(signal.SIGINT)
     return 0.0
+
+
+def hangs_forever(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """Never answers (a scorer stuck on a lock or a socket); records when it was entered."""
+    import os
+
+    path = os.environ.get("HYBRIDFLOW_REWARD_STAMP")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{time.time()}\n")
+    time.sleep(3600)
+    return 1.0
