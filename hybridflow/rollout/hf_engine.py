@@ -42,6 +42,7 @@ from hybridflow.utils.threads import DaemonExecutor
 __all__ = ["HFRolloutEngine", "rollout_compute_dtype"]
 
 _SUPPORTED_ATTENTION = ("sdpa", "eager")
+_ABORT_WAIT_S = 120.0  # abort_all waits this long at most for the step under way
 
 
 def _as_id_list(value) -> list[int]:
@@ -306,12 +307,18 @@ class HFRolloutEngine(RolloutEngine):
 
     def abort_all(self) -> int:
         """Finish every request in flight now with ``finish_reason="abort"`` and the tokens / log-probs
-        generated so far (waiting requests with none); returns how many.  Waits at most for the decode
-        step under way.  The engine stays usable."""
+        generated so far (waiting requests with none); returns how many.  Waits for the step under way, at most
+        120 s (an ``EngineError`` then: the engine is stuck).  The engine stays usable."""
         self._abort_waiting.set()
         try:
-            with self._batcher.lock:
+            if not self._batcher.lock.acquire(timeout=_ABORT_WAIT_S):  # a stuck step: never wait forever
+                raise EngineError(f"rollout engine '{self.name}': the step under way has not finished in "
+                                  f"{_ABORT_WAIT_S:.0f} s, so its requests cannot be aborted (the engine is stuck; "
+                                  f"its replica's stall watchdog names where)")
+            try:
                 return self._batcher.abort_all()
+            finally:
+                self._batcher.lock.release()
         finally:
             self._abort_waiting.clear()
 
