@@ -24,6 +24,8 @@ from hybridflow.rollout.server_manager import derive_seed
 
 __all__ = ["InterruptibleRolloutServer"]
 
+_LOOP_CALL_S = 60.0  # closing the gate is one loop callback; a loop blocked this long is stuck
+
 
 class InterruptibleRolloutServer(RolloutServer):
     """:class:`RolloutServer` with a gate: :meth:`interrupt` / :meth:`resume` (see the module docstring)."""
@@ -48,7 +50,9 @@ class InterruptibleRolloutServer(RolloutServer):
         Aborted requests wait at the gate and continue after :meth:`resume`.
         """
         self._check_open()
-        asyncio.run_coroutine_threadsafe(self._close_gate(), self._loop).result()
+        if self.failed is not None:  # stalled: the engine cannot abort anything
+            raise self.failed
+        asyncio.run_coroutine_threadsafe(self._close_gate(), self._loop).result(_LOOP_CALL_S)
         return int(self.engine.abort_all() or 0)
 
     def resume(self) -> None:

@@ -26,6 +26,8 @@ __all__ = ["GenerationStalled", "StallWatchdog", "STALL_TIMEOUT_KEY", "thread_st
 
 STALL_TIMEOUT_KEY = "actor_rollout_ref.rollout.stall_timeout_s"
 _MAX_STACK_LINES = 60
+# threads whose innermost hybridflow frame is one of these only wait for others: not worth showing
+_WAITERS = {("server.py", "stream"), ("threads.py", "_work"), ("watchdog.py", "_run"), ("server_watch.py", "_run")}
 
 
 class GenerationStalled(EngineError):
@@ -42,7 +44,8 @@ def thread_stacks(skip: set[int] = frozenset()) -> str:
         if ident in skip:
             continue
         stack = traceback.extract_stack(frame)
-        if not any("/hybridflow/" in f.filename for f in stack):
+        ours = [f for f in stack if "/hybridflow/" in f.filename]
+        if not ours or (ours[-1].filename.rsplit("/", 1)[-1], ours[-1].name) in _WAITERS:
             continue
         lines = "".join(traceback.format_list(stack)).rstrip().splitlines()[-_MAX_STACK_LINES:]
         parts[ident] = f"thread '{names.get(ident, ident)}':\n" + "\n".join(lines)

@@ -66,7 +66,8 @@ class Rollouter:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._thread_main, name="fully-async-rollouter", daemon=True)
         self._thread.start()
-        self._ready.wait()
+        if not self._ready.wait(_STOP_ABORT_S):
+            raise RuntimeError(f"the fully-async rollouter's thread did not start within {_STOP_ABORT_S:.0f} s")
 
     def _thread_main(self) -> None:
         loop = asyncio.new_event_loop()
