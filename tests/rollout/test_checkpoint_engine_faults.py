@@ -85,3 +85,28 @@ def test_a_sender_whose_weights_fail_half_way_fails_the_receivers_fast():
         t.join(FAST_S)
     assert not any(t.is_alive() for t in threads)
     assert set(errors) == {1, 2} and max(seconds.values()) < FAST_S + 2
+
+
+def test_the_fleet_raises_the_failing_replica_s_own_error_not_the_sender_s_closed_connection():
+    """StandaloneFleet.update_weights: a replica that fails makes the sender fail with "connection closed by
+    peer"; the error raised is the replica's (the cause)."""
+    from hybridflow.rollout.standalone_fleet import _Background, _together
+
+    def receive():
+        time.sleep(0.2)
+        raise ValueError("replica 1: bucket 3 does not fit the engine's model")
+
+    def send():
+        time.sleep(0.3)
+        raise RuntimeError("[gloo pair.cc] Connection closed by peer [127.0.0.1]:4242")
+
+    with pytest.raises(ValueError, match="does not fit") as raised:
+        _together(send, _Background(receive), timeout_s=10)
+    assert "Connection closed by peer" in str(raised.value.__cause__)
+
+    def send_fails_first():
+        raise OSError("the actor's shards could not be gathered")
+
+    with pytest.raises(OSError, match="could not be gathered"):  # the sender's own error stays the cause
+        _together(send_fails_first, _Background(receive), timeout_s=10)
+    assert _together(lambda: "sent", _Background(lambda: ["ok"]), timeout_s=10) == ("sent", ["ok"])
