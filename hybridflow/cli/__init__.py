@@ -31,6 +31,13 @@ commands:
 """
 
 
+def entry() -> None:
+    """The ``hybridflow`` console script: :func:`main`, then a quick exit (hybridflow.utils.fast_exit)."""
+    from hybridflow.utils.fast_exit import run_and_exit
+
+    run_and_exit(main)
+
+
 def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     argv = list(sys.argv[1:] if argv is None else argv)

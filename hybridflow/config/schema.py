@@ -328,6 +328,7 @@ class RolloutConfig:
     enable_rollout_routing_replay: bool
     quantization: Optional[str]
     profiler: dict
+    stall_timeout_s: float  # hybridflow-only: the generation watchdog (hybridflow.rollout.service.watchdog); 0 = off
 
 
 @dataclass(**KW)

@@ -121,6 +121,9 @@ def _check_agent_keys(rollout, errors: list[str]) -> None:
     key = "actor_rollout_ref.rollout"
     if rollout.agent.num_workers is not None and rollout.agent.num_workers < 1:
         errors.append(f"{key}.agent.num_workers={rollout.agent.num_workers}: at least one agent-loop worker is needed")
+    if not rollout.stall_timeout_s >= 0:
+        errors.append(f"{key}.stall_timeout_s={rollout.stall_timeout_s}: seconds without generation progress before "
+                      "a replica's requests fail; must be >= 0 (0 turns the watchdog off)")
     mt = rollout.multi_turn
     if mt.use_inference_chat_template:
         errors.append(f"{key}.multi_turn.use_inference_chat_template=true belongs to verl's retired SGLang multi-turn "

@@ -46,7 +46,8 @@ def _to_error(exc: BaseException, info: CallInfo, rank: int) -> Exception:
             return WorkerError(info.role, info.worker_class, "__init__", rank, _traceback_of(exc))
         return WorkerDiedError(info.role, info.worker_class, info.method, rank, _traceback_of(exc))
     if isinstance(exc, rex.RayTaskError):
-        return WorkerError(info.role, info.worker_class, info.method, rank, _traceback_of(exc))
+        return WorkerError(info.role, info.worker_class, info.method, rank, _traceback_of(exc),
+                           remote_cause=getattr(exc, "cause", None))
     if isinstance(exc, rex.RayError):
         return WorkerDiedError(info.role, info.worker_class, info.method, rank, f"{type(exc).__name__}: {exc}")
     return WorkerError(info.role, info.worker_class, info.method, rank, f"{type(exc).__name__}: {exc}")

@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     except user_error_types() as e:  # bad input: one clear line, not a traceback
         print(f"hybridflow: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    except rollout_failure_types() as e:  # a rollout replica died: say which, and how to go on
+    except rollout_failure_types() as e:  # an engine failed or a replica died: say which, and how to go on
         print(f"hybridflow: {e}\nhybridflow: the run stopped; its last checkpoint (if any) under "
               f"{cfg.trainer.default_local_dir} is intact: fix the cause and run the same command again to resume "
               "from it (trainer.resume_mode=auto)", file=sys.stderr)
@@ -445,12 +445,15 @@ EXIT_ROLLOUT_FAILED = 3
 
 
 def rollout_failure_types() -> tuple[type[BaseException], ...]:
-    """Errors that mean the rollout side of the run died (a replica's process, an agent-loop worker)."""
-    from hybridflow.rollout.service.replica import ReplicaError
+    """Errors that mean the rollout side of the run failed: an engine raised, stalled or produced non-finite
+    logits, a replica's process or an agent-loop worker died (their messages carry the cause)."""
+    from hybridflow.rollout.base import EngineError
     from hybridflow.trainer.asynchronous.sample_queue import RolloutFailed
 
-    return ReplicaError, RolloutFailed
+    return EngineError, RolloutFailed
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hybridflow.utils.fast_exit import run_and_exit
+
+    run_and_exit(main)

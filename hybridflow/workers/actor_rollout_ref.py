@@ -148,7 +148,7 @@ class ActorRolloutRefWorker(Worker):
         if rc.name == "hf":
             engine = create_rollout_engine(
                 "hf", model=self.actor_engine.module, tokenizer=self.tokenizer, processor=self.processor,
-                max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank,
+                max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank, name=name,
             )
         else:
             kwargs: dict[str, Any] = {"model_path": mc.path, "rollout_config": rc, "tokenizer": self.tokenizer,
@@ -158,7 +158,8 @@ class ActorRolloutRefWorker(Worker):
                               trust_remote_code=bool(mc.trust_remote_code))
             engine = ROLLOUT_ENGINES.get(rc.name)(**kwargs)
         shares_weights = rc.name == "hf"
-        self.rollout = RolloutHost(engine, self.actor_engine, name=name, shares_weights=shares_weights)
+        self.rollout = RolloutHost(engine, self.actor_engine, name=name, shares_weights=shares_weights,
+                                   stall_timeout_s=float(rc.stall_timeout_s))
         if not shares_weights:
             self.rollout.sync_weights()
 

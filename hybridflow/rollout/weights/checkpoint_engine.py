@@ -17,6 +17,11 @@ into the bucket buffer and must copy them before asking for the next bucket, whi
 With ``overlap`` the broadcast of bucket k+1 runs while the receiver copies bucket k into its model
 (verl's ``overlap_broadcast_and_consume``), at the cost of a second buffer.
 
+A member that fails half-way (its weights iterator raises, a bucket does not load into the engine) calls
+:meth:`CheckpointEngine.abort`: it leaves the group at once, which closes its connections, so the other
+members' transfers fail within a fraction of a second ("Connection closed by peer") instead of waiting out
+``timeout_s``; the failing member's own error is the one to report.
+
 Engines that load weights from files instead (a vLLM server replica reloads a safetensors folder) are fed by
 a receiver that writes the received buckets to that folder; the sender side does not change.
 """
@@ -127,6 +132,11 @@ class CheckpointEngine(ABC):
     def close(self) -> None:
         """Leave the group."""
 
+    def abort(self, reason: BaseException | str = "a member failed") -> None:
+        """Leave the group after a failure, so that the other members fail now rather than at their timeout;
+        later transfers through this engine raise."""
+        self.close()
+
 
 class BroadcastCheckpointEngine(CheckpointEngine):
     """Bucketed ``broadcast`` from rank 0 over a private gloo / NCCL group (see the module docstring)."""
@@ -140,10 +150,14 @@ class BroadcastCheckpointEngine(CheckpointEngine):
         self._store = None
         self._group = None
         self._buffers: list[torch.Tensor | None] = [None, None]
+        self._aborted: str | None = None
 
     # ------------------------------------------------------------------ group
     def connect(self) -> "BroadcastCheckpointEngine":
         """Join the group (blocks until every member has joined); idempotent."""
+        if self._aborted is not None:
+            raise RuntimeError(f"weight-sync rank {self.rank} left its group after a failure ({self._aborted}); "
+                               "the group must be rebuilt (a new WeightSyncSpec) before the next transfer")
         if self._group is not None:
             return self
         import torch.distributed as dist
@@ -162,9 +176,13 @@ class BroadcastCheckpointEngine(CheckpointEngine):
         return self
 
     def close(self) -> None:
-        self._group = None
+        self._group = None  # the last reference: its connections close now
         self._store = None
         self._buffers = [None, None]
+
+    def abort(self, reason: BaseException | str = "a member failed") -> None:
+        self._aborted = f"{type(reason).__name__}: {reason}" if isinstance(reason, BaseException) else str(reason)
+        self.close()
 
     def _broadcast(self, tensor: torch.Tensor, wait: bool = True):
         import torch.distributed as dist
@@ -222,6 +240,13 @@ class BroadcastCheckpointEngine(CheckpointEngine):
     def send_weights(self, named_tensors: NamedTensors) -> SyncStats:
         if self.rank != 0:
             raise RuntimeError("only rank 0 of a weight-sync group sends")
+        try:
+            return self._send(named_tensors)
+        except BaseException as exc:  # the receivers must not wait for buckets that will never come
+            self.abort(exc)
+            raise
+
+    def _send(self, named_tensors: NamedTensors) -> SyncStats:
         start_time = time.perf_counter()
         stats = SyncStats()
         pending: list = [None, None]
@@ -270,6 +295,13 @@ class BroadcastCheckpointEngine(CheckpointEngine):
     def receive_buckets(self) -> Iterator[Bucket]:
         if self.rank == 0:
             raise RuntimeError("rank 0 of a weight-sync group is the sender")
+        try:
+            yield from self._receive()
+        except BaseException as exc:  # a transfer error, or the consumer gave up (GeneratorExit): leave now
+            self.abort(exc if not isinstance(exc, GeneratorExit) else "the receiver stopped half-way")
+            raise
+
+    def _receive(self) -> Iterator[Bucket]:
         head = self._recv_meta()
         if head is None:
             return
