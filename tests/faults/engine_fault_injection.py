@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from hybridflow.rollout import hf_batcher
+from hybridflow.rollout.hf import batcher as hf_batcher
 from hybridflow.rollout.hf.batcher import ContinuousBatcher
 from hybridflow.rollout.hf.kv_cache import SlotKVCache
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hybridflow.rollout import SamplingParams
-from hybridflow.rollout import hf_batcher
+from hybridflow.rollout.hf import batcher as hf_batcher
 from hybridflow.rollout.base import EngineError
 from hybridflow.rollout.hf.batcher import ContinuousBatcher
 from hybridflow.rollout.hf.engine import HFRolloutEngine
