@@ -110,6 +110,7 @@ def test_wait_future_keeps_its_timeout_without_a_stop(short_grace):
 
 def test_a_stuck_tool_is_given_up_after_a_stop_request(short_grace):
     from hybridflow.tools import ToolExecutor, function_tool
+    from hybridflow.tools.function_tool import get_function_tool
 
     @function_tool
     def lookup(key: str) -> str:
@@ -121,7 +122,7 @@ def test_a_stuck_tool_is_given_up_after_a_stop_request(short_grace):
         time.sleep(3600)
         return key
 
-    executor = ToolExecutor([lookup()], timeout_s=60)
+    executor = ToolExecutor([get_function_tool("lookup")], timeout_s=60)
     threading.Timer(0.2, stopping.request_stop).start()
     start = time.monotonic()
     with pytest.raises(stopping.StepAbandoned, match="tool lookup has not answered"):
