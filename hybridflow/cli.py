@@ -165,7 +165,7 @@ def cmd_sandbox(argv: list[str]) -> int:
     if argv[0] != "serve":
         print(f"hybridflow sandbox: unknown sub-command '{argv[0]}'; use 'hybridflow sandbox serve'", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    from hybridflow.tools.sandbox_server import main as serve_main
+    from hybridflow.sandbox.http_service import main as serve_main
 
     return serve_main(argv[1:])
 

@@ -27,8 +27,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
-from hybridflow.tools.sandbox_fusion_client import run_code_remote
+from hybridflow.sandbox import SandboxConfig, SandboxResult, run_python
+from hybridflow.sandbox.fusion_client import run_code_remote
 
 Runner = Callable[[str, str], SandboxResult]
 

@@ -13,7 +13,7 @@ from hybridflow.tools.executor import ToolCallOutcome, ToolExecutor, ToolSession
 from hybridflow.tools.function_tool import FunctionTool, function_tool
 from hybridflow.tools.gsm8k_tool import Gsm8kTool
 from hybridflow.tools.image_zoom_in_tool import ImageZoomInTool
-from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
+from hybridflow.sandbox import SandboxConfig, SandboxResult, run_python
 from hybridflow.tools.sandbox_fusion_tools import CodeInterpreterTool, SandboxFusionTool
 from hybridflow.tools.schemas import OpenAIFunctionCallSchema, OpenAIFunctionToolSchema, ToolResponse
 from hybridflow.tools.search_tool import SearchTool

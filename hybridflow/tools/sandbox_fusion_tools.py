@@ -15,8 +15,8 @@ import threading
 from dataclasses import dataclass
 
 from hybridflow.tools.base_tool import BaseTool, ExecuteResult, error_result, parse_tool_config, register_tool
-from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
-from hybridflow.tools.sandbox_fusion_client import run_code_remote, run_code_url
+from hybridflow.sandbox import SandboxConfig, SandboxResult, run_python
+from hybridflow.sandbox.fusion_client import run_code_remote, run_code_url
 from hybridflow.tools.schemas import ToolResponse
 
 

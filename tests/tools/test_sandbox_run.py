@@ -9,10 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from hybridflow.tools.sandbox import (
+from hybridflow.sandbox.runner import _CappedBuffer
+from hybridflow.sandbox import (
     SandboxConfig,
     SandboxResult,
-    _CappedBuffer,
+
     namespaces_available,
     resolve_isolation,
     run_python,

@@ -10,12 +10,17 @@ scorer or tool runs code the same way locally or remotely; ``hybridflow sandbox 
 A 502/503/504 answer or a refused connection is retried (``max_retries`` times, 1 s, 2 s, ... apart); when the
 service stays unreachable :class:`SandboxFusionError` is raised, so the caller counts an error instead of
 scoring the program 0.
+
+Authentication: a token in the URL's password (``http://:TOKEN@host:port/run_code``, what
+``hybridflow sandbox serve`` prints) or in ``$HYBRIDFLOW_SANDBOX_TOKEN`` is sent as ``Authorization: Bearer``;
+the token never appears in error messages.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -23,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from hybridflow.tools.sandbox import SandboxResult
+from hybridflow.sandbox.limits import SandboxResult
 
 _RETRY_STATUS = (502, 503, 504)
 _REQUEST_OVERHEAD_S = 10.0
@@ -33,11 +38,27 @@ class SandboxFusionError(RuntimeError):
     """The sandbox service could not be reached or did not answer in its API's shape."""
 
 
-def run_code_url(url: str) -> str:
-    """``http://host:port`` -> ``http://host:port/run_code``; a URL that names an endpoint is kept."""
+TOKEN_ENV = "HYBRIDFLOW_SANDBOX_TOKEN"
+
+
+def _split_token(url: str) -> tuple[str, str | None]:
+    """``http://:TOKEN@host:port/x`` -> (``http://host:port/x``, ``TOKEN``); no password -> (url, None)."""
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"sandbox_fusion url {url!r} must be an http(s) URL such as http://127.0.0.1:8080/run_code")
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    _, _, password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=hostport)), (password or None)
+
+
+def run_code_url(url: str) -> str:
+    """``http://host:port`` -> ``http://host:port/run_code``; a URL that names an endpoint is kept (a token in
+    the URL is kept too)."""
+    bare, _ = _split_token(url)
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not urlsplit(bare).netloc:
+        shown = bare if bare != url else url
+        raise ValueError(f"sandbox_fusion url {shown!r} must be an http(s) URL such as http://127.0.0.1:8080/run_code")
     if parts.path in ("", "/"):
         parts = parts._replace(path="/run_code")
     return urlunsplit(parts)
@@ -75,13 +96,16 @@ def run_code_remote(url: str, code: str, stdin: str = "", timeout_s: float = 10.
     payload = json.dumps({"code": code, "language": language, "stdin": stdin, "compile_timeout": timeout_s,
                           "run_timeout": timeout_s, "memory_limit_MB": memory_mb, "files": {},
                           "fetch_files": []}).encode()
-    endpoint = run_code_url(url)
+    endpoint, token = _split_token(run_code_url(url))
+    token = token or os.environ.get(TOKEN_ENV)
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     last = "no attempt"
     for attempt in range(max(1, max_retries)):
         if attempt:
             time.sleep(float(attempt))
-        request = urllib.request.Request(endpoint, data=payload, method="POST",
-                                         headers={"Content-Type": "application/json", "Accept": "application/json"})
+        request = urllib.request.Request(endpoint, data=payload, method="POST", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=2 * timeout_s + _REQUEST_OVERHEAD_S) as response:
                 body = response.read()
@@ -90,7 +114,11 @@ def run_code_remote(url: str, code: str, stdin: str = "", timeout_s: float = 10.
             if e.code in _RETRY_STATUS:
                 continue
             detail = e.read()[:300].decode("utf-8", "replace")
-            raise SandboxFusionError(f"sandbox service {endpoint} answered {last}: {detail}") from None
+            hint = ""
+            if e.code == 401:
+                hint = (" -- give the server's token in the URL (http://:TOKEN@host:port/run_code) or in $"
+                        + TOKEN_ENV)
+            raise SandboxFusionError(f"sandbox service {endpoint} answered {last}: {detail}{hint}") from None
         except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
             last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
             continue
