@@ -155,6 +155,7 @@ def _handler(service: SandboxService, token: str, hosts: set[str], idle_timeout_
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        default_request_version = "HTTP/1.0"  # a garbled request line still gets a status line back
         timeout = idle_timeout_s  # socket timeout: idle and half-open connections are closed
 
         def _send(self, status: int, body: Any, content_type: str = "application/json",
