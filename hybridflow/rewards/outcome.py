@@ -4,6 +4,10 @@ A scorer may return a number or a dict with a ``score`` key (verl convention; th
 ``reward_extra_info`` columns). Anything else -- an exception, a timeout, NaN/inf, a string, a dict without
 ``score`` -- is an *error*: it is scored ``error_score`` and counted, and the first traceback is logged once, so
 one broken sample (or a broken reward file) is visible in metrics without stopping training.
+
+A finite score beyond ``+-REWARD_LIMIT`` (1e6) is clipped to it and counted in ``reward/clipped_count`` (the
+first one is logged): larger values overflow float32 in the advantage computation (a reward of 1e300 used to
+crash the run), and no useful reward scale needs them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 from hybridflow.rewards.pool import ERROR, OK, TIMEOUT, TaskResult
 
 logger = logging.getLogger(__name__)
+REWARD_LIMIT = 1e6
 
 
 @dataclass
@@ -61,21 +66,35 @@ class ErrorTracker:
     step_timeouts: int = 0
     total_errors: int = 0
     total_timeouts: int = 0
+    step_clipped: int = 0
+    logged_clip: bool = False
 
     def reset_step(self) -> None:
         self.step_errors = 0
         self.step_timeouts = 0
+        self.step_clipped = 0
 
     def resolve(self, result: TaskResult, where: str) -> tuple[float, dict[str, Any]]:
         """Score + extra for ``result``; errors become ``error_score`` and are counted."""
         if result.status == OK:
             try:
-                return as_score(result.value)
+                return self._clip(*as_score(result.value), where)
             except (TypeError, ValueError) as exc:
                 self._record(ERROR, f"{type(exc).__name__}: {exc}", where)
                 return self.error_score, {}
         self._record(result.status, result.error or result.status, where)
         return self.error_score, {}
+
+    def _clip(self, score: float, extra: dict[str, Any], where: str) -> tuple[float, dict[str, Any]]:
+        if abs(score) <= REWARD_LIMIT:
+            return score, extra
+        self.step_clipped += 1
+        if not self.logged_clip:
+            self.logged_clip = True
+            logger.warning("reward function returned %g (%s); clipped to %g. Rewards beyond +-%g overflow the "
+                           "advantage computation; rescale the reward. Further ones are counted in "
+                           "reward/clipped_count.", score, where, math.copysign(REWARD_LIMIT, score), REWARD_LIMIT)
+        return math.copysign(REWARD_LIMIT, score), extra
 
     def _record(self, status: str, detail: str, where: str) -> None:
         if status == TIMEOUT:
@@ -98,4 +117,5 @@ class ErrorTracker:
             "reward/error_count": float(self.step_errors),
             "reward/timeout_count": float(self.step_timeouts),
             "reward/error_rate": (self.step_errors + self.step_timeouts) / max(num_scored, 1),
+            "reward/clipped_count": float(self.step_clipped),
         }

@@ -49,3 +49,8 @@ def sends_sigint(data_source, solution_str, ground_truth, extra_info=None, **kwa
 
     _signal_once(signal.SIGINT)
     return 0.0
+
+
+def returns_huge(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """Issue 24: a reward of 1e300 crashed the run (float32 overflow in the advantage computation)."""
+    return 1e300 if len(solution_str) % 2 else -1e300
