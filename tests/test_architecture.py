@@ -111,3 +111,15 @@ def test_module_names_say_their_layer():
             by_name[path.name].append(rel)
     repeated = {n: sorted(p) for n, p in by_name.items() if len(p) > 1 and n not in _SHARED_NAMES}
     assert not repeated, f"same file name in several layers (rename so the name says which): {repeated}"
+
+
+def test_the_sandbox_sits_below_rewards_and_tools():
+    """hybridflow.sandbox imports nothing else from hybridflow; rewards and tools reach it, never the reverse
+    (issue 22: the sandbox used to live in tools, and rewards -> tools -> data -> rewards was a cycle)."""
+    graph = import_graph()
+    upward = sorted((m, t) for m, targets in graph.items() if m.startswith("hybridflow.sandbox")
+                    for t in targets if t.startswith("hybridflow") and not t.startswith("hybridflow.sandbox"))
+    assert not upward, f"the sandbox imports upwards: {upward}"
+    to_tools = sorted(m for m, targets in graph.items() if m.startswith("hybridflow.rewards")
+                      for t in targets if t.startswith("hybridflow.tools"))
+    assert not to_tools, f"rewards import tools: {to_tools}"
