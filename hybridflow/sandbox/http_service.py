@@ -42,7 +42,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from hybridflow.sandbox.limits import SandboxConfig, SandboxResult
-from hybridflow.sandbox.modes import resolve_isolation
+from hybridflow.sandbox.modes import SandboxUnavailable, resolve_isolation
 from hybridflow.sandbox.run import run_python
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -388,10 +388,14 @@ def main(argv: list[str] | None = None) -> int:
     setup_parser(parser)
     args = parser.parse_args(argv)
     given = args.token or os.environ.get(TOKEN_ENV)
-    server = make_server(args.host, args.port, token=given, allow_hosts=args.allow_host,
-                         idle_timeout_s=args.idle_timeout, max_connections=args.max_connections,
-                         workers=args.workers, max_timeout_s=args.max_timeout, max_memory_mb=args.max_memory_mb,
-                         isolation=args.isolation)
+    try:
+        server = make_server(args.host, args.port, token=given, allow_hosts=args.allow_host,
+                             idle_timeout_s=args.idle_timeout, max_connections=args.max_connections,
+                             workers=args.workers, max_timeout_s=args.max_timeout, max_memory_mb=args.max_memory_mb,
+                             isolation=args.isolation)
+    except (SandboxUnavailable, ValueError, OSError) as e:
+        print(f"hybridflow sandbox: {e}", file=sys.stderr)
+        return 1
     print(f"hybridflow sandbox: serving the SandboxFusion API on {server_url(server, with_token=False)} "
           f"({args.workers} workers, isolation={server.service.isolation})", flush=True)
     if given:

@@ -365,3 +365,29 @@ def test_os_modes_run_unprivileged_in_a_private_root(mode):
     assert "work" not in lines[1] and "home" not in lines[1] and "sandbox" in lines[1]
     assert lines[2] == "no-root"
     assert lines[3] == "2"  # a seccomp filter is installed
+
+
+# ------------------------------------------------------------------------------------------------ mode choice
+def test_auto_never_falls_back_to_audit(monkeypatch):
+    """Issue 24: isolation=auto fell back to the audit hook without a word for every user who was not root."""
+    from hybridflow.sandbox import modes
+
+    monkeypatch.setattr(modes, "probe", lambda mode: (mode == "audit", "" if mode == "audit" else "off in this test"))
+    modes._auto_choice.cache_clear()
+    try:
+        with pytest.raises(modes.SandboxUnavailable, match=r"no OS-level sandbox.*bubblewrap.*isolation='audit'"):
+            run_python("print(1)")
+        assert run_python("print(1)", config=SandboxConfig(isolation="audit")).stdout == "1\n"  # by name only
+    finally:
+        modes._auto_choice.cache_clear()
+
+
+def test_the_mode_is_said_and_audit_warns(capsys):
+    from hybridflow.sandbox import modes
+
+    modes._announced.clear()
+    result = run_python("print(1)")
+    assert f"hybridflow sandbox: isolation={result.isolation} (" in capsys.readouterr().err
+    assert result.isolation in ("namespace", "bwrap", "userns")
+    run_python("print(1)", config=SandboxConfig(isolation="audit"))
+    assert "hybridflow sandbox: WARNING: isolation=audit (NO OS ISOLATION" in capsys.readouterr().err
