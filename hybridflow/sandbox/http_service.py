@@ -174,7 +174,8 @@ def _handler(service: SandboxService, token: str, hosts: set[str], idle_timeout_
         def send_error(self, code, message=None, explain=None):  # http.server's own refusals, as JSON
             self.close_connection = True
             try:
-                self._send(code, {"status": "Error", "message": message or explain or self.responses.get(code, ("",))[0]})
+                text = message or explain or self.responses.get(code, ("",))[0]
+                self._send(code, {"status": "Error", "message": text})
             except OSError:
                 pass
 

@@ -1,4 +1,5 @@
-"""Tools for agent loops (verl's tool API at verl's module paths), their executor, and the code sandbox.
+"""Tools for agent loops (verl's tool API at verl's module paths) and their executor. The code sandbox they use
+lives in :mod:`hybridflow.sandbox` (``run_python``, ``SandboxConfig`` and ``SandboxResult`` are re-exported here).
 
 Importing this package registers the built-in tools: ``code_interpreter`` (``SandboxFusionTool``),
 ``calc_gsm8k_reward`` (``Gsm8kTool``), ``calculator``, ``search`` (``SearchTool``), ``image_zoom_in_tool``

@@ -35,8 +35,9 @@ HACKS = {
     "patch math.isclose": "import math\nmath.isclose = lambda *a, **k: True\n" + WRONG,
     "print fake verdicts": "import sys\nfor i in range(3):\n    print(f'0 {i} pass')\n" + WRONG,
     "kill the test process": "import os, signal\n" + WRONG + "os.kill(os.getppid(), signal.SIGKILL)\n",
-    "read the test from the parent": ("import os\nfor p in ('/proc/%d/fd/0' % os.getppid(), '/proc/%d/mem' % os.getppid(),"
-                                      " '/proc/%d/environ' % os.getppid()):\n    try:\n        print(open(p, 'rb').read(200))\n"
+    "read the test from the parent": ("import os\nppid = os.getppid()\n"
+                                      "for name in ('fd/0', 'mem', 'environ'):\n    p = '/proc/%d/%s' % (ppid, name)\n"
+                                      "    try:\n        print(open(p, 'rb').read(200))\n"
                                       "    except Exception as e:\n        print(type(e).__name__)\n" + WRONG),
     "walk frames for the nonce": ("import sys\nf = sys._getframe()\nwhile f.f_back:\n    f = f.f_back\n"
                                   "print(sorted(f.f_globals))\n" + WRONG),
@@ -87,7 +88,8 @@ def test_the_verdict_needs_this_runs_nonce():
 
 
 def test_program_values_are_compared_as_plain_data():
-    gt = {"assert": ["assert pair(1) == (1, 1)", "assert sorted(gen(3)) == [0, 1, 2]", "assert words()['a'] == {1}",
+    gt = {"assert": ["assert pair(1) == (1, 1)", "assert sorted(gen(3)) == [0, 1, 2]",
+                     "assert words()['a'] == {1}",
                      "assert Solution().twoSum([2, 7, 11], 9) == [0, 1]", "assert maybe() is None",
                      "try:\n    boom()\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError",
                      "assert ratio() != ratio()"]}
@@ -97,7 +99,8 @@ def test_program_values_are_compared_as_plain_data():
             "def ratio():\n    return float('nan')\n")
     result = evaluate_code(code, gt)
     assert result.passed == [True] * 6, result
-    assert evaluate_code(code, {"assert": "try:\n    boom()\nexcept ValueError:\n    ok = 1\nassert ok == 1"}).score == 1
+    setup_catches = {"assert": "try:\n    boom()\nexcept ValueError:\n    ok = 1\nassert ok == 1"}
+    assert evaluate_code(code, setup_catches).score == 1
 
 
 @pytest.mark.slow

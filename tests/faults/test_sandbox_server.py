@@ -37,7 +37,8 @@ def raw(server, payload: bytes, wait_s: float = 5.0) -> tuple[int | None, dict |
                 data += chunk
                 if b"\r\n\r\n" in data:
                     head, _, body = data.partition(b"\r\n\r\n")
-                    length = [int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")]
+                    length = [int(h.split(b":")[1]) for h in head.split(b"\r\n")
+                              if h.lower().startswith(b"content-length")]
                     if length and len(body) >= length[0]:
                         break
         except (socket.timeout, ConnectionResetError):
