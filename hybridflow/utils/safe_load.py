@@ -77,6 +77,12 @@ def load_torch_file(path: str | Path, map_location: Any = None) -> Any:
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         text = str(e)
+        operand = re.search(r"Unsupported operand (\d+)", text)
+        if operand and "GLOBAL" not in text:
+            raise CorruptCheckpointError(
+                f"checkpoint file {path} ({path.stat().st_size} bytes) is truncated or not a torch checkpoint "
+                f"(pickle opcode {operand.group(1)} does not occur in one: a raw pickle or another format); "
+                "nothing in it was run", path) from None
         if "Weights only load failed" in text or "GLOBAL" in text:
             raise UnsafeCheckpointError(
                 f"refusing to load {path}: it asks to build {_unsafe_global(text)}, which hybridflow's checkpoints "
