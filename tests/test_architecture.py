@@ -176,10 +176,6 @@ KNOWN_UPWARD: set[str] = {
     # the config checks consult the registries of the floors they check; they move into one check pipeline
     "hybridflow.config.validate (config) imports hybridflow.algorithms (algorithms)",
     "hybridflow.config.validate_rollout (config) imports hybridflow.rollout.vllm.config (rollout engines)",
-    # the code sandbox and its SandboxFusion client move into their own package below rewards and tools
-    "hybridflow.rewards.code (rewards) imports hybridflow.tools.sandbox (tools and interactions)",
-    "hybridflow.rewards.code (rewards) imports hybridflow.tools.sandbox_fusion_client (tools and interactions)",
-    "hybridflow.rewards.manager_factory (rewards) imports hybridflow.tools.sandbox_fusion_client (tools and interactions)",
 }
 
 
@@ -209,3 +205,15 @@ def test_the_floor_check_catches_an_upward_import():
     graph = {"hybridflow.engine.forward": {"hybridflow.trainer.stages"}, "hybridflow.trainer.stages": set()}
     assert _upward_imports(graph) == ["hybridflow.engine.forward (model engine) imports hybridflow.trainer.stages "
                                       "(single controller)"]
+
+
+def test_the_sandbox_sits_below_rewards_and_tools():
+    """hybridflow.sandbox imports nothing else from hybridflow; rewards and tools reach it, never the reverse
+    (issue 22: the sandbox used to live in tools, and rewards -> tools -> data -> rewards was a cycle)."""
+    graph = import_graph()
+    upward = sorted((m, t) for m, targets in graph.items() if m.startswith("hybridflow.sandbox")
+                    for t in targets if t.startswith("hybridflow") and not t.startswith("hybridflow.sandbox"))
+    assert not upward, f"the sandbox imports upwards: {upward}"
+    to_tools = sorted(m for m, targets in graph.items() if m.startswith("hybridflow.rewards")
+                      for t in targets if t.startswith("hybridflow.tools"))
+    assert not to_tools, f"rewards import tools: {to_tools}"

@@ -521,6 +521,7 @@ class TrainerConfig:
     esi_redundant_time: float
     resume_mode: str
     resume_from_path: Optional[str]
+    overwrite_checkpoints: bool
     val_before_train: bool
     val_only: bool
     test_freq: int

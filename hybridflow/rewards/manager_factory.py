@@ -20,7 +20,7 @@ def sandbox_fusion_kwargs(rm, custom: bool) -> dict[str, Any]:
     sf = rm.sandbox_fusion
     if not sf.url:
         return {}
-    from hybridflow.tools.sandbox_fusion_client import ConcurrencyLimit, run_code_url
+    from hybridflow.sandbox.fusion_client import ConcurrencyLimit, run_code_url
 
     if custom:
         raise ValueError("reward_model.sandbox_fusion.url is used by the built-in code scorers only (as in verl), and "

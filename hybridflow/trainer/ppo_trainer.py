@@ -463,6 +463,8 @@ class PPOTrainer:
         tcfg = self.config.trainer
         ckpt.clean_stale_temp_dirs(tcfg.default_local_dir)
         folder = ckpt.find_resume_dir(tcfg.default_local_dir, tcfg.resume_mode, tcfg.resume_from_path)
+        ckpt.check_overwrite(tcfg.default_local_dir, folder, saves=tcfg.save_freq > 0,
+                             allowed=tcfg.overwrite_checkpoints)
         if folder is None:
             return False
         manifest = ckpt.read_manifest(folder)

@@ -73,3 +73,8 @@ def hangs_forever(data_source, solution_str, ground_truth, extra_info=None, **kw
             f.write(f"{time.time()}\n")
     time.sleep(3600)
     return 1.0
+
+
+def returns_huge(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """Issue 24: a reward of 1e300 crashed the run (float32 overflow in the advantage computation)."""
+    return 1e300 if len(solution_str) % 2 else -1e300

@@ -26,7 +26,8 @@ def test_naive_places_score_on_last_valid_token(char_tokenizer, make_batch):
     expected[0, 2] = 1.0  # "5", "2", EOS -> 3 valid tokens, score at index 2; sample 1 is wrong (0.0)
     assert torch.equal(out["reward_tensor"], expected)
     assert out["reward_extra_info"] == {}
-    assert out["reward_metrics"] == {"reward/error_count": 0.0, "reward/timeout_count": 0.0, "reward/error_rate": 0.0}
+    assert out["reward_metrics"] == {"reward/error_count": 0.0, "reward/timeout_count": 0.0, "reward/error_rate": 0.0,
+                                     "reward/clipped_count": 0.0}
     assert torch.equal(mgr(data), expected)  # return_dict=False gives the tensor
 
 

@@ -57,10 +57,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def http_json(url: str, payload: dict | None = None, timeout: float = 60.0, method: str | None = None) -> Any:
+def http_json(url: str, payload: dict | None = None, timeout: float = 60.0, method: str | None = None,
+              headers: dict[str, str] | None = None) -> Any:
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         body = resp.read()
     return json.loads(body) if body.strip() else None
@@ -80,6 +81,7 @@ class ServerProcess:
         self.port = port
         self.log_dir = log_dir
         self.extra_env = dict(env or {})
+        self.auth_headers: dict[str, str] = {}  # sent with every post() (a replica's per-run key)
         self.start_timeout_s = float(start_timeout_s)
         self.proc: subprocess.Popen | None = None
         self.log_path: Path | None = None
@@ -186,7 +188,8 @@ class ServerProcess:
     def post(self, path: str, payload: dict | None = None, timeout: float = 300.0) -> Any:
         self.check_alive()
         try:
-            return http_json(f"{self.url}{path}", payload if payload is not None else {}, timeout=timeout)
+            return http_json(f"{self.url}{path}", payload if payload is not None else {}, timeout=timeout,
+                             headers=self.auth_headers)
         except urllib.error.HTTPError as e:
             raise self.error_type(f"{self.kind} '{self.name}' answered {e.code} to {path}: "
                                   f"{e.read()[:2000].decode(errors='replace')}") from None

@@ -91,7 +91,7 @@ class VLLMServerFleet(RolloutFleet):
         self._start_all()
         self.watch.start()
         self.replicas = [VLLMServerClient(s.url, s.name, LORA_NAME if self.lora_rank > 0 else s.served_model_name,
-                                          seed=self.seed + i) for i, s in enumerate(self.servers)]
+                                          seed=self.seed + i, api_key=s.api_key) for i, s in enumerate(self.servers)]
         self._asleep = False
         if self.lora_rank > 0 and weights_source is not None:  # the clients name the adapter from the start
             try:

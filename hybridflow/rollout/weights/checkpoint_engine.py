@@ -30,13 +30,15 @@ from __future__ import annotations
 
 import datetime
 import pickle
-import socket
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
+
+from hybridflow.utils.rendezvous import free_port as _free_port
+from hybridflow.utils.rendezvous import rendezvous_host, tcp_store
 
 __all__ = ["WeightSyncSpec", "SyncStats", "CheckpointEngine", "BroadcastCheckpointEngine", "resolve_backend",
            "free_port", "node_address", "full_tensors"]
@@ -84,21 +86,12 @@ def resolve_backend(name: str, device_type: str) -> str:
 
 
 def node_address() -> str:
-    """This host's address as other nodes reach it (Ray's node IP when under Ray, else the loopback)."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:
-        pass
-    return "127.0.0.1"
+    """Where this group's rank 0 listens: the loopback on one machine, the node IP in a multi-node Ray cluster."""
+    return rendezvous_host()
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+    return _free_port(rendezvous_host())
 
 
 def full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -163,8 +156,8 @@ class BroadcastCheckpointEngine(CheckpointEngine):
         import torch.distributed as dist
 
         timeout = datetime.timedelta(seconds=float(self.spec.timeout_s))
-        self._store = dist.TCPStore(self.spec.master_addr, int(self.spec.master_port), self.spec.world_size,
-                                    is_master=self.rank == 0, timeout=timeout)
+        self._store = tcp_store(self.spec.master_addr, int(self.spec.master_port), self.spec.world_size,
+                                is_master=self.rank == 0, timeout=timeout)  # listens on master_addr only
         if self.spec.backend == "gloo":
             self._group = dist.ProcessGroupGloo(self._store, self.rank, self.spec.world_size, timeout)
         elif self.spec.backend == "nccl":
