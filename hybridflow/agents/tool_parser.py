@@ -34,6 +34,8 @@ from typing import ClassVar, Union
 
 from pydantic import BaseModel
 
+from hybridflow.utils.registry import Registry
+
 
 class FunctionCall(BaseModel):
     """One call as the model wrote it: ``name`` and ``arguments`` (JSON text)."""
@@ -95,10 +97,13 @@ def make_call(obj: object, raw: str) -> ParsedItem:
     return FunctionCall(name=name.strip(), arguments=json.dumps(arguments, ensure_ascii=False))
 
 
+# rollout.multi_turn.format -> parser class (hermes, gpt-oss, ...; user modules may add their own)
+TOOL_PARSERS: Registry[type["ToolParser"]] = Registry("tool-call format")
+
+
 class ToolParser(ABC):
     """Base of the parsers; subclasses implement :meth:`parse_text` and register with :meth:`register`."""
 
-    _registry: ClassVar[dict[str, type["ToolParser"]]] = {}
     skip_special_tokens: ClassVar[bool] = False
 
     def __init__(self, tokenizer) -> None:
@@ -106,22 +111,18 @@ class ToolParser(ABC):
 
     @classmethod
     def register(cls, name: str):
-        def decorator(subclass: type["ToolParser"]) -> type["ToolParser"]:
-            cls._registry[name] = subclass
-            return subclass
-
-        return decorator
+        """Class decorator: make a parser selectable as ``rollout.multi_turn.format=name``."""
+        return TOOL_PARSERS.register(name, override=True)
 
     @classmethod
     def get_tool_parser(cls, name: str, tokenizer) -> "ToolParser":
-        if name not in cls._registry:
-            raise ValueError(f"Unknown tool parser: {name!r} (rollout.multi_turn.format); known: "
-                             f"{', '.join(sorted(cls._registry))}")
-        return cls._registry[name](tokenizer)
+        if name not in TOOL_PARSERS:
+            raise ValueError(f"actor_rollout_ref.rollout.multi_turn.format: {TOOL_PARSERS.unknown_message(name)}")
+        return TOOL_PARSERS.get(name)(tokenizer)
 
     @classmethod
     def names(cls) -> list[str]:
-        return sorted(cls._registry)
+        return TOOL_PARSERS.names()
 
     def decode(self, response_ids: list[int]) -> str:
         return self.tokenizer.decode(response_ids, skip_special_tokens=self.skip_special_tokens)
@@ -251,6 +252,7 @@ class GptOssToolParser(ToolParser):
 
 __all__ = [
     "FunctionCall",
+    "TOOL_PARSERS",
     "GptOssToolParser",
     "HermesToolParser",
     "ToolCallExtraction",

@@ -128,9 +128,9 @@ class CriticWorker(Worker):
             self.init_distributed()
         mc = self.config.model
         if mc.external_lib:
-            import importlib
+            from hybridflow.utils.load_object import import_source
 
-            importlib.import_module(mc.external_lib)
+            import_source(mc.external_lib, key="critic.model.external_lib")
         self.tokenizer = load_tokenizer(
             mc.tokenizer_path or mc.path, mc.trust_remote_code, require_chat_template=False,
             field="critic.model.tokenizer_path",

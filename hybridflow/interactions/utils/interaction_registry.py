@@ -13,7 +13,6 @@ with ``extra_info.interaction_kwargs.name``.
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any
 
@@ -25,23 +24,19 @@ _ENTRY_KEYS = {"name", "class_name", "config"}
 
 
 def resolve_interaction_class(class_name: str, where: str) -> type[BaseInteraction]:
-    module_name, _, attr = str(class_name).rpartition(".")
-    if not module_name:
+    """``package.module.Class`` (verl's form), ``module:Class`` or ``file.py:Class``; errors name ``where``."""
+    from hybridflow.utils.load_object import load_object
+
+    if "." not in str(class_name) and ":" not in str(class_name):
         raise ValueError(f"{where}: class_name {class_name!r} must be a 'package.module.Class' path")
-    if module_name.split(".")[0] == "verl":
-        module_name = "hybridflow" + module_name[len("verl"):]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ImportError(f"{where}: class_name {class_name!r}: cannot import module {module_name!r} ({e}); the "
-                          "module must be importable (on PYTHONPATH / in the working directory)") from e
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"{where}: class_name {class_name!r}: module {module_name!r} has no attribute {attr!r}")
-    if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
-        raise TypeError(f"{where}: class_name {class_name!r} must be a subclass of "
-                        "hybridflow.interactions.base.BaseInteraction")
-    return cls
+    return load_object(str(class_name), key=f"{where}: class_name", kind="interaction class",
+                       expect=_interaction_class)
+
+
+def _interaction_class(obj: Any) -> str | None:
+    if isinstance(obj, type) and issubclass(obj, BaseInteraction):
+        return None
+    return "must be a subclass of hybridflow.interactions.base.BaseInteraction"
 
 
 def default_name(class_name: str) -> str:

@@ -18,7 +18,6 @@ import path, as for agent-loop YAMLs (``rollout.agent.agent_loop_config_path``).
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from typing import Any
@@ -31,29 +30,23 @@ _ENTRY_KEYS = {"class_name", "config", "tool_schema", "mcp"}
 _MCP_KEYS = {"mcp_servers_config_path", "tool_selected_list"}
 
 
-def resolve_tool_class(class_name: str) -> type[BaseTool]:
-    """A registered name, a verl built-in class path, or an importable ``module.Class`` path."""
+def resolve_tool_class(class_name: str, base_dir: str | None = None) -> type[BaseTool]:
+    """A registered name, a verl built-in class path, or an importable ``module.Class`` / ``file.py:Class``."""
+    from hybridflow.utils.load_object import load_object
+
     if class_name in TOOL_REGISTRY:
         return TOOL_REGISTRY.get(class_name)
-    module_name, _, attr = class_name.rpartition(".")
-    if not module_name:
+    if "." not in class_name and ":" not in class_name:
         raise ValueError(f"tool class_name {class_name!r} is neither a registered tool "
                          f"({', '.join(TOOL_REGISTRY.names())}) nor a 'package.module.Class' path")
-    if module_name.split(".")[0] == "verl":
-        module_name = "hybridflow" + module_name[len("verl"):]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ImportError(f"tool class_name {class_name!r}: cannot import module {module_name!r} ({e}); the "
-                          "module must be importable (beside the tool YAML, on PYTHONPATH or in the working "
-                          "directory)") from e
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"tool class_name {class_name!r}: module {module_name!r} has no attribute {attr!r}")
-    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-        raise TypeError(f"tool class_name {class_name!r} must be a subclass of hybridflow.tools.base_tool.BaseTool "
-                        "(or a function decorated with @hybridflow.tools.function_tool)")
-    return cls
+    return load_object(class_name, key="tool class_name", kind="tool class", expect=_tool_class, base_dir=base_dir)
+
+
+def _tool_class(obj: Any) -> str | None:
+    if isinstance(obj, type) and issubclass(obj, BaseTool):
+        return None
+    return ("must be a subclass of hybridflow.tools.base_tool.BaseTool (or a function decorated with "
+            "@hybridflow.tools.function_tool)")
 
 
 def _check_entry(entry: Any, where: str) -> dict:
@@ -89,7 +82,7 @@ def _mcp_tools(entry: dict, config: dict, where: str, base_dir: str) -> list[Bas
         raise ValueError(f"{where}: unknown key(s) {unknown} under 'mcp'; known: {sorted(_MCP_KEYS)}")
     if entry.get("tool_schema") is not None:
         raise ValueError(f"{where}: an MCP tool's schema comes from its server; remove 'tool_schema'")
-    cls = resolve_tool_class(str(entry["class_name"]))
+    cls = resolve_tool_class(str(entry["class_name"]), base_dir)
     if not issubclass(cls, MCPBaseTool):
         raise TypeError(f"{where}: config.type=mcp needs an MCPBaseTool subclass, got {entry['class_name']}")
     path = str(mcp["mcp_servers_config_path"])
@@ -121,7 +114,7 @@ def tools_from_entry(entry: Any, where: str, base_dir: str = ".") -> list[BaseTo
         raise ValueError(f"{where}: config.type={tool_type!r} must be 'native' or 'mcp'")
     if entry.get("mcp") is not None:
         raise ValueError(f"{where}: an 'mcp:' section needs config.type: mcp")
-    cls = resolve_tool_class(str(entry["class_name"]))
+    cls = resolve_tool_class(str(entry["class_name"]), base_dir)
     try:
         return [cls(config=config, tool_schema=entry.get("tool_schema"))]
     except Exception as e:  # the schema or config is wrong: say which entry
