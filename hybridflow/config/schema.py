@@ -44,7 +44,7 @@ class DataConfig:
     max_prompt_length: int
     max_response_length: int
     train_batch_size: int
-    gen_batch_size: int
+    gen_batch_size: Optional[int]  # null (verl 0.9's default) = train_batch_size, filled by the check pipeline
     val_batch_size: Optional[int]
     return_raw_input_ids: bool
     return_raw_chat: bool
@@ -58,6 +58,9 @@ class DataConfig:
     truncation: str
     image_key: str
     video_key: str
+    audio_key: str
+    image_patch_size: int
+    mm_processor_kwargs: dict
     trust_remote_code: bool
     return_multi_modal_inputs: bool
     custom_cls: PathName
@@ -65,6 +68,7 @@ class DataConfig:
     datagen: PathName
     apply_chat_template_kwargs: dict
     tool_config_path: Optional[str]
+    function_tool_path: Optional[str]
 
 
 # ----------------------------------------------------------------------------- model / engine
@@ -106,6 +110,18 @@ class FSDPConfig:
     # here. Defaulted so code building an FSDP config by hand (the SFT trainer) need not spell it out.
     entropy_checkpointing: bool = False
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+    # verl 0.9's engine node repeats role settings here (key_policy says which act); defaulted for nodes verl 0.9
+    # does not give them (the reward model's) and for code building an FSDP config by hand
+    ulysses_sequence_parallel_size: int = 1
+    entropy_from_logits_with_chunking: bool = False
+    entropy_from_logits_chunk_size: int = 2048
+    use_torch_compile: bool = True
+    pad_to_length: bool = False
+    pad_to_length_bucket: int = 1024
+    forward_only: bool = False
+    strategy: str = "fsdp"
+    qat: dict = field(default_factory=dict)
+    turbo_config: dict = field(default_factory=dict)
 
 
 @dataclass(**KW)
@@ -124,6 +140,7 @@ class OptimConfig:
     lr_scheduler_type: str
     warmup_style: Optional[str]
     override_optimizer_config: Optional[dict]
+    zero_indexed_step: bool = True  # the cosine schedule counts optimizer steps from 0 (False: from 1, as torchtitan)
 
 
 @dataclass(**KW)
@@ -131,6 +148,7 @@ class CheckpointContents:
     save_contents: list
     load_contents: list
     async_save: bool
+    strict: bool = True  # verl 0.9 has it on the actor only; checkpoints always load strictly here
 
 
 @dataclass(**KW)
@@ -159,6 +177,9 @@ class ModelConfig:
     target_modules: Any  # "all-linear" or a list of module names
     exclude_modules: Any
     lora_adapter_path: Optional[str]
+    tiled_mlp: dict
+    mtp: dict
+    lora: dict
 
 
 @dataclass(**KW)
@@ -169,11 +190,13 @@ class PolicyLossConfig:
     clip_cov_ub: float
     kl_cov_ratio: float
     ppo_kl_coef: float
+    dro_beta: Optional[float]
 
 
 @dataclass(**KW)
 class ActorConfig:
     strategy: str
+    rollout_n: int
     ppo_mini_batch_size: int
     ppo_micro_batch_size: Optional[int]
     ppo_micro_batch_size_per_gpu: Optional[int]
@@ -194,6 +217,7 @@ class ActorConfig:
     calculate_entropy: bool
     calculate_sum_pi_squared: bool  # Σ_v π² per token from the log-prob pass (OTB's energy)
     use_kl_loss: bool
+    use_prefix_grouper: bool
     kl_loss_coef: float
     kl_loss_type: str
     ppo_epochs: int
@@ -205,8 +229,12 @@ class ActorConfig:
     grad_clip: float
     ulysses_sequence_parallel_size: int
     entropy_from_logits_with_chunking: bool
+    entropy_from_logits_chunk_size: int
     entropy_checkpointing: bool
+    pad_to_length: bool
     max_consecutive_skipped_steps: int
+    router_replay: dict
+    qat: dict
     checkpoint: CheckpointContents
     optim: OptimConfig
     fsdp_config: FSDPConfig
@@ -216,6 +244,7 @@ class ActorConfig:
 @dataclass(**KW)
 class RefConfig:
     strategy: str
+    rollout_n: int
     use_torch_compile: bool
     log_prob_micro_batch_size: Optional[int]
     log_prob_micro_batch_size_per_gpu: Optional[int]
@@ -223,7 +252,10 @@ class RefConfig:
     log_prob_max_token_len_per_gpu: int
     ulysses_sequence_parallel_size: int
     entropy_from_logits_with_chunking: bool
+    entropy_from_logits_chunk_size: int
     entropy_checkpointing: bool
+    pad_to_length: bool
+    router_replay: dict
     model: Optional[dict]
     fsdp_config: FSDPConfig
     profiler: dict
@@ -248,6 +280,7 @@ class MultiTurnConfig:
     max_tool_response_length: int
     tool_response_truncate_side: str
     tool_config_path: Optional[str]
+    function_tool_path: Optional[str]
     interaction_config_path: Optional[str]
     use_inference_chat_template: bool
     tokenization_sanity_check_mode: str
@@ -268,10 +301,13 @@ class CheckpointEngineConfig:
     backend: str
     update_weights_bucket_megabytes: int
     engine_kwargs: dict
+    custom_backend_module: Optional[str]
 
 
 @dataclass(**KW)
 class TraceConfig:
+    project_name: Optional[str]
+    experiment_name: Optional[str]
     backend: Optional[str]
     token2text: bool
     max_samples_per_step_per_worker: Optional[int]
@@ -281,6 +317,9 @@ class TraceConfig:
 class RolloutConfig:
     name: str
     mode: str
+    nnodes: int
+    n_gpus_per_node: int
+    full_determinism: bool
     n: int
     temperature: float
     top_k: int
@@ -304,6 +343,8 @@ class RolloutConfig:
     max_batch_size: Optional[int]
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
+    logprobs_mode: str
+    scheduling_policy: str
     load_format: str
     layered_summon: bool
     multi_stage_wake_up: bool
@@ -326,7 +367,13 @@ class RolloutConfig:
     skip_dump_dir: str
     skip_tokenizer_init: bool
     enable_rollout_routing_replay: bool
+    moe_load_balance_metrics_interval: int
     quantization: Optional[str]
+    quantization_config_file: Optional[str]
+    mtp: Any
+    qat: Any
+    prometheus: dict
+    disaggregation: dict
     profiler: dict
 
 
@@ -344,7 +391,9 @@ class ActorRolloutRefConfig:
 @dataclass(**KW)
 class CriticModelConfig:
     path: str
+    hf_config_path: Optional[str]
     tokenizer_path: Optional[str]
+    custom_chat_template: Optional[str]
     override_config: dict
     external_lib: Optional[str]
     trust_remote_code: bool
@@ -355,6 +404,14 @@ class CriticModelConfig:
     lora_rank: int
     lora_alpha: float
     target_modules: Any
+    exclude_modules: Any
+    lora_adapter_path: Optional[str]
+    use_liger: bool
+    use_fused_kernels: bool
+    fused_kernel_options: FusedKernelOptions
+    tiled_mlp: dict
+    mtp: dict
+    lora: dict
     fsdp_config: FSDPConfig
 
 
@@ -376,6 +433,7 @@ class CriticConfig:
     data_loader_seed: int
     cliprange_value: float
     loss_agg_mode: str
+    loss_scale_factor: Optional[float]
     ulysses_sequence_parallel_size: int
     grad_clip: float
     checkpoint: CheckpointContents
@@ -405,22 +463,6 @@ class SandboxFusionConfig:
 
 
 @dataclass(**KW)
-class RewardModelRolloutConfig:
-    """verl's reward-loop option of serving a generative or discriminative reward model from an inference
-    engine. hybridflow scores with the FSDP reward model (or rule functions), so these are accepted only."""
-
-    name: Optional[str]
-    dtype: str
-    gpu_memory_utilization: float
-    enforce_eager: bool
-    tensor_model_parallel_size: int
-    max_num_seqs: int
-    load_format: str
-    prompt_length: int
-    response_length: int
-
-
-@dataclass(**KW)
 class RewardModelConfig:
     enable: bool
     enable_resource_pool: bool
@@ -434,6 +476,9 @@ class RewardModelConfig:
     use_dynamic_bsz: bool
     forward_max_token_len_per_gpu: int
     reward_manager: str
+    reward_loop_source: str           # register (reward_manager is a registered name) | importlib (a class from a file)
+    reward_loop_module_path: Optional[str]
+    reward_loop_class_name: str
     reward_kwargs: dict
     launch_reward_fn_async: bool
     num_workers: int
@@ -442,7 +487,7 @@ class RewardModelConfig:
     use_reward_loop: bool
     sandbox_fusion: SandboxFusionConfig
     ulysses_sequence_parallel_size: int
-    rollout: RewardModelRolloutConfig
+    rollout: dict  # a generative reward model served by an engine (verl 0.9: reward.reward_model.rollout): refused
     profiler: dict
 
 
@@ -472,6 +517,7 @@ class FilterGroupsConfig:
     enable: bool
     metric: Optional[str]
     max_num_gen_batches: int
+    max_inflight_gen_batches: int
 
 
 @dataclass(**KW)
@@ -533,6 +579,9 @@ class TrainerConfig:
     use_legacy_worker_impl: Any  # "auto" | "enable" | "disable" (verl scripts also write False); inert here
     seed: int
     report: bool
+    import_modules: list  # user modules (dotted or .py) imported in every process: they register extensions
+    use_v1: bool  # verl 0.9's V1 trainer: refused when true (issue 28); false = today's trainer
+    v1: dict
 
 
 @dataclass(**KW)
@@ -588,6 +637,25 @@ class PPOConfig:
     ray_kwargs: RayKwargsConfig
     rollout: RolloutPoolConfig
     async_training: AsyncTrainingConfig
+    model_engine: str  # verl 0.9's engine selector: dp (FSDP, what hybridflow trains with)
+    distillation: dict  # verl 0.9's on-policy distillation: refused when enabled (issue 27)
+    transfer_queue: dict  # verl 0.9's V1 data plane: refused when enabled
+    skip: dict  # verl 0.9's rollout dump/replay: refused when enabled
+
+    @property
+    def plan(self):
+        """The step plan (:class:`hybridflow.config.plan.StepPlan`): decided by the check pipeline's ``plan`` stage,
+        or computed on first use for a config built without it."""
+        plan = self.__dict__.get("_plan")
+        if plan is None:
+            from hybridflow.config.plan import plan_step
+
+            plan = self.__dict__["_plan"] = plan_step(self)
+        return plan
+
+    @plan.setter
+    def plan(self, value) -> None:
+        self.__dict__["_plan"] = value
 
     @property
     def use_critic(self) -> bool:

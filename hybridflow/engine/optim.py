@@ -103,5 +103,6 @@ def build_lr_scheduler(optimizer, optim_config: Any, total_steps: int | None = N
                 "fills it from trainer.total_training_steps or the dataset size"
             )
         m, c = float(optim_config.min_lr_ratio), float(optim_config.num_cycles)
-        return LambdaLR(optimizer, lambda s: cosine_factor(s, warm, total, m, c))
+        first = 0 if getattr(optim_config, "zero_indexed_step", True) else 1  # verl's optim.zero_indexed_step
+        return LambdaLR(optimizer, lambda s: cosine_factor(s + first, warm, total, m, c))
     return LambdaLR(optimizer, lambda s: constant_factor(s, warm))

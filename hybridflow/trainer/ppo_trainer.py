@@ -124,7 +124,7 @@ class PPOTrainer:
         self.logger = logger
         self.n_devices = n_devices
         self.dp_size = dp_size
-        self.plan = StepPlan.from_config(config)
+        self.plan = StepPlan.from_config(config)  # the plan the config's check pipeline decided
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl) if self.plan.use_kl_in_reward else None
         self.total_training_steps = resolve_total_training_steps(config, len(train_dataloader))
         self.global_steps = 0

@@ -88,6 +88,8 @@ class PPOCritic:
         seqs = sum(count_loss_normalizers(mb.batch["response_mask"])["global_batch_size"] for mb in micro_batches)
         tokens, seqs = self.engine.all_reduce_sum([float(tokens), float(seqs)])
         norm = {"global_token_num": int(tokens), "global_batch_size": int(seqs), "dp_size": self.engine.dp_size}
+        if cfg.loss_scale_factor is not None:  # seq-mean-token-sum-norm's constant (verl: follows the actor's)
+            norm["loss_scale_factor"] = float(cfg.loss_scale_factor)
         self.engine.zero_grad()
         vf_loss_sum, clipfracs, vpred_means = 0.0, [], []
         for mb in micro_batches:
