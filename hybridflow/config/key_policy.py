@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["KeyRule", "REFUSED", "INERT", "expand", "default_of", "refusal_errors", "inert_note",
+__all__ = ["ACTS", "KeyRule", "REFUSED", "INERT", "expand", "policy_of", "default_of", "refusal_errors", "inert_note",
            "inert_keys_markdown", "refused_keys_markdown"]
 
 _FSDP = "{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model,reward_model.model}.fsdp_config"
@@ -109,7 +109,9 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.model,critic.model}.mtp",
             "multi-token prediction (MTP layers, speculative decoding in the rollout) is not implemented; drop the "
             "key"),
-    KeyRule("{actor_rollout_ref.model,critic.model}.lora",
+    KeyRule("{actor_rollout_ref.model,critic.model}.lora.{type,rank,alpha,dropout,target_modules,exclude_modules,"
+            "dropout_position,lora_A_init_method,lora_B_init_method,a2a_experimental,dtype,adapter_path,"
+            "freeze_vision_model,freeze_vision_projection,freeze_language_model}",
             "the model.lora node configures Megatron's LoRA; with FSDP set actor_rollout_ref.model.lora_rank, "
             "lora_alpha, target_modules, exclude_modules and lora_adapter_path instead"),
     KeyRule("critic.model.lora_adapter_path",
@@ -220,10 +222,34 @@ INERT: tuple[KeyRule, ...] = (
             "read by verl's dro policy loss only, which hybridflow does not register (loss_mode=dro is refused)"),
     KeyRule("actor_rollout_ref.rollout.moe_load_balance_metrics_interval",
             "MoE expert-load metrics of the rollout engine are not computed"),
+    KeyRule("{actor_rollout_ref.model,critic.model}.lora.merge",
+            "how LoRA weights reach the rollout (merged into the base weights, or as adapters): the hf engine runs "
+            "the actor's adapters in place and vLLM receives the adapters, which gives the same numbers as merging"),
+    KeyRule("actor_rollout_ref.rollout.engine_kwargs.trtllm",
+            "engine arguments of TensorRT-LLM, which has no adapter here (rollout.name=trtllm is refused)"),
     KeyRule("actor_rollout_ref.rollout.{mtp,qat}",
             "verl 0.9's rollout copies of model.mtp and actor.fsdp_config.qat, which are refused when switched on"),
     KeyRule("critic.model.{hf_config_path,custom_chat_template}",
             "the critic reads its config from critic.model.path and renders no chat (it scores the actor's tokens)"),
+)
+
+
+# Keys verl 0.9 added (beside its early-2026 tree) that act here, and where; with REFUSED, INERT and the aliases of
+# ``loader.PATH_ALIASES`` they account for every key of verl 0.9's _generated_ppo_trainer.yaml
+# (tests/config/test_verl09.py keeps it so).
+ACTS: tuple[KeyRule, ...] = (
+    KeyRule("{actor_rollout_ref.actor,critic}.optim.zero_indexed_step",
+            "the cosine schedule counts optimizer steps from 0, or from 1 when false (engine/optim.py)"),
+    KeyRule("critic.loss_scale_factor",
+            "the constant of the critic's seq-mean-token-sum-norm value loss (follows the actor's, as in verl)"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref}.rollout_n",
+            "verl's copies of actor_rollout_ref.rollout.n; a different value is refused (config/checks/normalise.py)"),
+    KeyRule("ray_kwargs.ray_init.runtime_env.py_executable",
+            "passed to ray.init's runtime_env when set (dropped when null, as verl's scripts write it)"),
+    KeyRule("reward_model.{reward_loop_source,reward_loop_module_path,reward_loop_class_name}",
+            "verl's reward-manager source: a registered name, or a class loaded from a file "
+            "(reward.reward_manager.{source,module.path,module.name} in verl 0.9)"),
+    KeyRule("trainer.import_modules", "user modules imported in every process of the run before names are checked"),
 )
 
 
@@ -334,3 +360,17 @@ def refused_keys_markdown() -> str:
         rows.append(f"| {', '.join(f'`{k}`' for k in keys)} | {accepted} | {rule.reason} |")
     return "\n".join(rows)
 
+
+
+def policy_of(key: str) -> str | None:
+    """``alias`` (verl 0.9's spelling of a key read here), ``refused``, ``inert`` or ``acts`` (a key verl 0.9 added
+    that acts here); ``None`` for the keys of the early-2026 tree, which act unless listed."""
+    from hybridflow.config.loader import canonical_key
+
+    if canonical_key(key) != key:
+        return "alias"
+    for kind, rules in (("refused", REFUSED), ("inert", INERT), ("acts", ACTS)):
+        for rule in rules:
+            if any(key == k or key.startswith(k + ".") for k in expand(rule.key)):
+                return kind
+    return None

@@ -155,6 +155,10 @@ KEY_ALIASES = {
     "reward_model.sandbox_fusion_url": "reward_model.sandbox_fusion.url",
     # the OTB example script spells the switch with "compute"; verl's actor config calls it "calculate"
     "actor.compute_sum_pi_squared": "actor.calculate_sum_pi_squared",
+    # SAPO's temperatures live on the actor node (verl reads actor.tau_pos); verl 0.9's SAPO scripts add them
+    # under policy_loss
+    "actor.policy_loss.tau_pos": "actor.tau_pos",
+    "actor.policy_loss.tau_neg": "actor.tau_neg",
 }
 
 # verl 0.9 (Aug 2026) moved the reward settings under one ``reward`` node and the critic's engine settings to

@@ -525,7 +525,7 @@ class RolloutCorrectionConfig:
     rollout_is: Optional[str]
     rollout_is_threshold: float
     rollout_rs: Optional[str]
-    rollout_rs_threshold: Optional[float]
+    rollout_rs_threshold: Any  # a number; verl 0.9's 'lo_hi' / multi-level strings are refused by the checks
     rollout_is_batch_normalize: bool
     bypass_mode: bool
     loss_type: str

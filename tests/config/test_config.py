@@ -93,11 +93,14 @@ def test_batch_size_vocabulary_uses_users_numbers():
     assert "ppo_micro_batch_size_per_gpu is not set" in msg
 
 
-def test_micro_batch_must_divide_per_device_share():
-    msg = errors_of(["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
-                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.n_gpus_per_node=2",
-                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
-    assert "4 prompts x rollout.n=4 / 2 devices = 8 trajectories per device" in msg
+def test_micro_batch_need_not_divide_the_per_device_share_but_must_be_positive():
+    """As in verl 0.9 a size that does not divide the share leaves a shorter last micro-batch (the update does not
+    depend on the split: tests/workers/test_actor.py); zero is refused with the user's numbers."""
+    base = ["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.n_gpus_per_node=2"]
+    load_config(base + ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
+    msg = errors_of(base + ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"])
+    assert "4 prompts x rollout.n=4 / 2 devices = 8" in msg and "must be >= 1" in msg
 
 
 def test_deprecated_global_micro_batch_is_converted():

@@ -102,9 +102,11 @@ def _check_micro(cfg, role, mini, micro_global, micro_per_gpu, dynamic, name, er
                       f"processed in micro-batches of this many trajectories. Set it (e.g. "
                       f"{role}.{name}_per_gpu={_largest_divisor(per_dev, 8)}) or use {role}.use_dynamic_bsz=true")
         return
-    if micro_per_gpu < 1 or per_dev % micro_per_gpu:
-        errors.append(f"{role}.{name}_per_gpu={micro_per_gpu} must divide the per-device mini-batch: "
-                      f"{mini} prompts x rollout.n={n} / {n_dev} devices = {per_dev} trajectories per device")
+    if micro_per_gpu < 1:
+        errors.append(f"{role}.{name}_per_gpu={micro_per_gpu} must be >= 1 (trajectories per micro-batch); each "
+                      f"device's share of a mini-batch is {mini} prompts x rollout.n={n} / {n_dev} devices = {per_dev}")
+    # A size that does not divide the share leaves a shorter last micro-batch (as in verl 0.9): every loss is
+    # normalised by the whole mini-batch's counts, so the update does not depend on the split.
 
 
 def _largest_divisor(n: int, cap: int) -> int:

@@ -1,6 +1,11 @@
-"""Record the trainer command lines of verl 0.9's example scripts (a maintainer's tool, not a test).
+"""Record verl 0.9's trainer command lines and key tree (a maintainer's tool, not a test).
 
     python tests/config/verl09/extract.py /path/to/verl-bare-git > tests/config/data/verl09_command_lines.txt
+    python tests/config/verl09/extract.py /path/to/verl-bare-git keys EARLY_2026_YAML > tests/config/data/verl09_keys.txt
+
+``keys``: every leaf of verl's ``_generated_ppo_trainer.yaml`` (``_target_`` lines dropped), one per line as
+``key<TAB>default<TAB>new`` where ``new`` says whether hybridflow's early-2026 ``ppo_trainer.yaml`` (the file given,
+e.g. ``git show 668fa6d:hybridflow/config/ppo_trainer.yaml``) lacked it.
 
 Each ``examples/**/*.sh`` of the given verl checkout (a bare git directory; read with ``git show``) runs under
 ``bash`` with a PATH holding only stubs: ``python3``/``python``/``torchrun``/``uv`` record their arguments and every
@@ -12,6 +17,7 @@ really runs. Defaults as the scripts ship them (GPU branch: ``import torch_npu``
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -54,8 +60,8 @@ def launches(repo: str, path: str, stubs: Path, home: Path) -> list[list[str]]:
         record = Path(work) / "record"
         record.write_bytes(b"")
         env = {"PATH": str(stubs), "HOME": str(home), "HF_RECORD": str(record), **REQUIRED_ENV}
-        # the SFT scripts take `nproc_per_node save_path` as positional arguments
-        args = ["8", f"{home}/sft_out"] if "$1" in text else []
+        # the SFT scripts take `nproc_per_node save_path` as positional arguments (and `shift 2` them away)
+        args = ["8", f"{home}/sft_out"] if re.search(r"^\s*shift 2\b", text, re.M) else []
         subprocess.run(["/bin/bash", str(script), *args], cwd=work, env=env, capture_output=True, timeout=60)
         parts = record.read_bytes().split(b"\0")
     runs, cur = [], []
@@ -95,5 +101,32 @@ def main(repo: str) -> None:
                     print(a if "\n" not in a else shlex.quote(a))
 
 
+def _flat(node, prefix=""):
+    out = {}
+    for k, v in node.items():
+        path = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, path))
+        elif k != "_target_":
+            out[path] = v
+    return out
+
+
+def keys(repo: str, early_yaml: str) -> None:
+    import yaml
+
+    text = subprocess.run(["git", "-C", repo, "show", "HEAD:verl/trainer/config/_generated_ppo_trainer.yaml"],
+                          capture_output=True, text=True, check=True).stdout
+    verl = _flat(yaml.safe_load(text))
+    early = _flat(yaml.safe_load(Path(early_yaml).read_text()))
+    print("# verl 0.9 _generated_ppo_trainer.yaml leaves: key<TAB>default<TAB>new (not in hybridflow's early-2026 tree)")
+    for key, value in verl.items():
+        new = "new" if key not in early and not any(k.startswith(key + ".") for k in early) else "old"
+        print(f"{key}\t{value!r}\t{new}")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if len(sys.argv) > 2 and sys.argv[2] == "keys":
+        keys(sys.argv[1], sys.argv[3])
+    else:
+        main(sys.argv[1])
