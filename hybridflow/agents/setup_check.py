@@ -46,5 +46,5 @@ def check_agent_config(config) -> None:
 def _check(load, key: str) -> None:
     try:
         load()
-    except (OSError, ImportError, ValueError, TypeError, KeyError) as e:
+    except (OSError, ImportError, ValueError, TypeError, KeyError, AttributeError) as e:  # load_object's errors too
         raise AgentConfigError(f"{key}: {e}") from None

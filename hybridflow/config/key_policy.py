@@ -365,7 +365,7 @@ def refused_keys_markdown() -> str:
 def policy_of(key: str) -> str | None:
     """``alias`` (verl 0.9's spelling of a key read here), ``refused``, ``inert`` or ``acts`` (a key verl 0.9 added
     that acts here); ``None`` for the keys of the early-2026 tree, which act unless listed."""
-    from hybridflow.config.loader import canonical_key
+    from hybridflow.config.aliases import canonical_key
 
     if canonical_key(key) != key:
         return "alias"

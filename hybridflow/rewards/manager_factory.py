@@ -44,7 +44,7 @@ def sandbox_fusion_kwargs(rm, custom: bool) -> dict[str, Any]:
 def reward_manager_class(rm) -> type[RewardManager]:
     """The class of ``reward_model.reward_manager`` (a registered name), or with verl's
     ``reward.reward_manager.source=importlib`` the class ``module.name`` of the file/module ``module.path``."""
-    if rm.reward_loop_source == "importlib":
+    if getattr(rm, "reward_loop_source", "register") == "importlib":
         from hybridflow.utils.load_object import load_object
 
         return load_object(str(rm.reward_loop_module_path or ""), name=rm.reward_loop_class_name,

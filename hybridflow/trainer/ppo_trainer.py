@@ -48,8 +48,10 @@ def resolve_total_training_steps(config, steps_per_epoch: int) -> int:
     """
     if steps_per_epoch <= 0:
         raise ValueError(
-            f"the training dataloader yields no batch: the dataset is smaller than data.train_batch_size="
-            f"{config.data.train_batch_size} (or data.gen_batch_size); lower the batch size or add data"
+            f"the training dataloader yields no batch: fewer prompts than data.train_batch_size="
+            f"{config.data.train_batch_size} (or data.gen_batch_size) are left after data.filter_overlong_prompts "
+            "dropped the over-long ones (the configuration check counted the files' rows); lower the batch size, "
+            "raise data.max_prompt_length or add data"
         )
     tcfg = config.trainer
     if config.async_training.mode == "fully_async":  # the rollouter's horizon, in trainer steps

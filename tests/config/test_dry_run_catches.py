@@ -47,6 +47,7 @@ def bad_files(tmp_path):
     (tmp_path / "reward_bad_signature.py").write_text("def compute_score(text, answer):\n    return 0.0\n")
     (tmp_path / "tools_bad.yaml").write_text("tools:\n  - class_name: no_such_pkg.mod.Tool\n")
     (tmp_path / "loops_bad.yaml").write_text("- name: mine\n  _target_: no_such_pkg.loops.MyLoop\n")
+    (tmp_path / "loops_no_class.yaml").write_text("- name: mine\n  _target_: json.NoSuchLoop\n")
     (tmp_path / "a_file").write_text("x")
     return tmp_path
 
@@ -119,6 +120,8 @@ RUN_STAGE = [
      [f"{A}.rollout.multi_turn.tool_config_path", "no_such_pkg.mod"]),
     ("agent_loop_file", [f"{A}.rollout.agent.agent_loop_config_path={{tmp}}/loops_bad.yaml"],
      [f"{A}.rollout.agent.agent_loop_config_path", "no_such_pkg.loops"]),
+    ("agent_loop_class", [f"{A}.rollout.agent.agent_loop_config_path={{tmp}}/loops_no_class.yaml"],
+     [f"{A}.rollout.agent.agent_loop_config_path", "has no attribute 'NoSuchLoop'"]),
     ("default_agent_loop", [f"{A}.rollout.agent.default_agent_loop=my_loop"],
      [f"{A}.rollout.agent.default_agent_loop='my_loop'"]),
     ("tool_format", [f"{A}.rollout.multi_turn.format=qwen"], [f"{A}.rollout.multi_turn.format='qwen'"]),

@@ -19,7 +19,7 @@ from typing import Any
 from hybridflow.config.checks import CONFIG_CHECKS, Check, RunContext, run_checks
 from hybridflow.config.checks.machine import check_rollout_hardware, check_rollout_precision
 from hybridflow.config.checks.outputs import check_output_dirs
-from hybridflow.utils.load_object import LoadObjectError, load_object
+from hybridflow.utils.load_object import LoadObjectError, UserObjectNotFoundError, load_object
 
 __all__ = ["PIPELINE", "RUN_CHECKS", "check_for_run", "checked_for_run"]
 
@@ -66,7 +66,11 @@ def check_data_files(cfg, errors: list[str]) -> None:
             paths = as_file_list(files, key)
             counts = [count_rows(p) for p in paths]
         except DataFileError as e:
-            errors.append(str(e))
+            errors.append(f"{key}: {e}")
+            continue
+        empty = [p for p, c in zip(paths, counts) if c == 0]
+        if empty:
+            errors.append(f"{key}: data file '{empty[0]}' contains no rows; check the preprocessing output")
             continue
         if any(c is None for c in counts):  # a hub dataset: its size is known once it downloads
             continue
@@ -78,8 +82,6 @@ def check_data_files(cfg, errors: list[str]) -> None:
             capped = f" (data.train_max_samples={limit})" if usable < rows else ""
             errors.append(f"{key}: {usable} training prompts{capped} is fewer than one step's {which}={need}, so the "
                           f"dataloader (drop_last) would yield no batch; lower {which} or add data")
-        elif usable == 0:
-            errors.append(f"{key}: the files hold no rows; check the preprocessing output")
 
 
 def _reward_signature(fn) -> str | None:
@@ -132,9 +134,13 @@ def check_user_code(cfg, errors: list[str]) -> None:
     for key, lib in libs:
         if lib:
             jobs.append((key, lambda lib=lib, key=key: import_source(lib, key=key)))
-    for _, job in jobs:
+    for what, job in jobs:
         try:
             job()
+        except UserObjectNotFoundError as e:
+            fix = (f" (custom_reward_function.name={crf.name!r}: set it to one of them)" if what == "reward function"
+                   else "")
+            errors.append(f"{e}{fix}")
         except LoadObjectError as e:
             errors.append(str(e))
 

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from hybridflow.config.schema import PPOConfig
+
+__all__ = ["CHOICES", "DTYPE_NAMES", "KL_ESTIMATORS", "LOSS_AGG_MODES", "SUPPORTED_ROLLOUTS", "SUPPORTED_STRATEGIES",
+           "check_choices", "check_dtypes", "check_sampling", "check_schedules", "check_strategies"]
+
+# verl's loss aggregation modes (algorithms/aggregation.py implements each; config cannot import algorithms)
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 # dtype spellings the engine understands (engine/device.py maps them; tests/config keeps the two in step)
 DTYPE_NAMES = ("fp32", "float32", "float", "bf16", "bfloat16", "fp16", "float16", "half")
