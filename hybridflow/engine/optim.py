@@ -27,13 +27,13 @@ _SCHEDULES = ("constant", "cosine")
 def optimizer_class(optim_config: Any, field: str = "actor.optim"):
     """verl's ``optim.optimizer_impl`` (a module) + ``optim.optimizer`` (a class in it), e.g. ``torch.optim`` +
     ``AdamW`` (the default) or ``bitsandbytes.optim`` + ``AdamW8bit``."""
-    import importlib
+    from hybridflow.utils.load_object import LoadObjectError, import_source
 
     impl, name = str(optim_config.optimizer_impl), str(optim_config.optimizer)
     try:
-        module = importlib.import_module(impl)
-    except ImportError as e:
-        raise ValueError(f"{field}.optimizer_impl={impl!r} cannot be imported ({e}); install it or use torch.optim") from None
+        module = import_source(impl, key=f"{field}.optimizer_impl")
+    except LoadObjectError as e:
+        raise ValueError(f"{e}; install it or use torch.optim") from None
     cls = getattr(module, name, None)
     if cls is None and impl == "torch.optim":  # verl configs spell AdamW in any case
         cls = {k.lower(): v for k, v in vars(module).items() if isinstance(v, type)}.get(name.lower())

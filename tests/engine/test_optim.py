@@ -52,7 +52,7 @@ def test_bad_optimizer_settings_name_the_field():
     param = torch.nn.Parameter(torch.zeros(2))
     with pytest.raises(ValueError, match="actor.optim.optimizer='AdamX' is not an optimizer class of torch.optim"):
         build_optimizer([param], _optim(optimizer="AdamX"))
-    with pytest.raises(ValueError, match="actor.optim.optimizer_impl='no_such_pkg.optim' cannot be imported"):
+    with pytest.raises(ValueError, match="actor.optim.optimizer_impl='no_such_pkg.optim': cannot import module 'no_such_pkg.optim'"):
         build_optimizer([param], _optim(optimizer_impl="no_such_pkg.optim"))
     with pytest.raises(ValueError, match="no trainable parameters"):
         build_optimizer([torch.nn.Parameter(torch.zeros(1), requires_grad=False)], _optim())

@@ -145,6 +145,21 @@ def check_user_code(cfg, errors: list[str]) -> None:
             errors.append(str(e))
 
 
+def check_optimizers(cfg, errors: list[str]) -> None:
+    """``optim.optimizer_impl`` imports and ``optim.optimizer`` names an optimizer class in it (actor; critic when
+    there is one) -- the engine's own rule (``engine/optim.py``), asked before any worker builds one."""
+    from hybridflow.engine.optim import optimizer_class
+
+    roles = [("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim)]
+    if cfg.use_critic:
+        roles.append(("critic.optim", cfg.critic.optim))
+    for field, optim in roles:
+        try:
+            optimizer_class(optim, field)
+        except ValueError as e:
+            errors.append(str(e))
+
+
 def check_agent_files(cfg, errors: list[str]) -> None:
     """Agent-loop YAML, tool and interaction files, the tool-call format and the default agent loop (loaded, so
     every class they name is imported and built once here)."""
@@ -163,6 +178,7 @@ RUN_CHECKS: tuple[Check, ...] = (
     Check("model_files", check_model_files),              # config.json: a causal LM the engine can serve
     Check("data_files", check_data_files),                # files exist, a step's prompts are there
     Check("user_code", check_user_code),                  # reward function + signature, classes, external_lib
+    Check("optimizers", check_optimizers),                # optim.optimizer_impl / optimizer name a class
     Check("agent_files", check_agent_files),              # agent-loop / tool / interaction files
     Check("output_dirs", check_output_dirs),              # writable, room for the checkpoints kept
 )
