@@ -41,6 +41,19 @@ def sandbox_fusion_kwargs(rm, custom: bool) -> dict[str, Any]:
             "concurrent_semaphore": ConcurrencyLimit(sf.max_concurrent // processes)}
 
 
+def reward_manager_class(rm) -> type[RewardManager]:
+    """The class of ``reward_model.reward_manager`` (a registered name), or with verl's
+    ``reward.reward_manager.source=importlib`` the class ``module.name`` of the file/module ``module.path``."""
+    if getattr(rm, "reward_loop_source", "register") == "importlib":
+        from hybridflow.utils.load_object import load_object
+
+        return load_object(str(rm.reward_loop_module_path or ""), name=rm.reward_loop_class_name,
+                           key="reward.reward_manager.module.path", kind="reward manager class", expect=RewardManager)
+    if rm.reward_manager not in REWARD_MANAGERS:
+        raise ValueError(f"reward_model.reward_manager: {REWARD_MANAGERS.unknown_message(rm.reward_manager)}")
+    return REWARD_MANAGERS.get(rm.reward_manager)
+
+
 def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs: Any) -> RewardManager:
     """Reward manager named by ``config.reward_model.reward_manager``.
 
@@ -52,8 +65,7 @@ def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs
     """
     rm = config.reward_model
     name = rm.reward_manager
-    if name not in REWARD_MANAGERS:
-        raise ValueError(f"reward_model.reward_manager: {REWARD_MANAGERS.unknown_message(name)}")
+    cls = reward_manager_class(rm)
     kwargs = {**dict(rm.reward_kwargs or {}), **reward_kwargs}
     ctor = {k: kwargs.pop(k) for k in _DAPO_CTOR_KEYS if k in kwargs}
     if ctor and name != "dapo":
@@ -62,6 +74,5 @@ def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs
     spec = ScoreFnSpec(path=crf.path, name=crf.name) if crf.path else ScoreFnSpec()
     scoring = ScoringConfig(num_workers=rm.num_workers, timeout_s=rm.timeout_s, error_score=rm.error_score)
     kwargs.update(sandbox_fusion_kwargs(rm, custom=bool(crf.path)))
-    cls = REWARD_MANAGERS.get(name)
     return cls(tokenizer, num_examine=num_examine, compute_score=spec, reward_fn_key=config.data.reward_fn_key,
                reward_kwargs=kwargs, scoring=scoring, **ctor)

@@ -16,7 +16,6 @@ which splits a batch over the dp groups only and gives the sp ranks of a group t
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any
 
@@ -39,6 +38,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.workers.actor import PPOActor, compute_token_outputs
 from hybridflow.workers.micro_batching import MicroBatchSpec
 from hybridflow.workers.rollout_host import RolloutHost
+from hybridflow.utils.load_object import import_source
 
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
 
@@ -48,7 +48,7 @@ ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 def _import_external_lib(name: str | None) -> None:
     """``model.external_lib``: a module whose import registers custom HF architectures."""
     if name:
-        importlib.import_module(name)
+        import_source(name, key="actor_rollout_ref.model.external_lib")
 
 
 class ActorRolloutRefWorker(Worker):

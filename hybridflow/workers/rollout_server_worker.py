@@ -13,7 +13,6 @@ The worker group is driven by :class:`~hybridflow.rollout.service.standalone_fle
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any
 
@@ -24,6 +23,7 @@ from hybridflow.engine.model_loader import load_causal_lm, load_processor, load_
 from hybridflow.rollout.weights.checkpoint_engine import BroadcastCheckpointEngine, WeightSyncSpec
 from hybridflow.rollout.service.interruptible_server import InterruptibleRolloutServer
 from hybridflow.rollout.service.replica import RolloutReplica, replica_for_server
+from hybridflow.utils.load_object import import_source
 
 __all__ = ["RolloutServerWorker", "hf_engine_kwargs"]
 
@@ -62,7 +62,7 @@ class RolloutServerWorker(Worker):
 
         mc, rc = self.config.model, self.config.rollout
         if mc.external_lib:
-            importlib.import_module(mc.external_lib)
+            import_source(mc.external_lib, key="actor_rollout_ref.model.external_lib")
         tokenizer = load_tokenizer(mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
                                    field="actor_rollout_ref.model.tokenizer_path")
         processor = load_processor(mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,

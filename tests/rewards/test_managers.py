@@ -143,3 +143,30 @@ def test_load_reward_manager_from_config(char_tokenizer, tmp_path):
     cfg.reward_model.reward_manager = "naive"
     with pytest.raises(ValueError, match="only apply to reward_manager=dapo"):
         load_reward_manager(cfg, char_tokenizer)
+
+
+def test_reward_manager_class_from_a_file_verl09_importlib_source(char_tokenizer, tmp_path):
+    """verl 0.9's reward.reward_manager.source=importlib: the class is loaded from module.path / module.name."""
+    from types import SimpleNamespace as NS
+
+    from hybridflow.utils.load_object import LoadObjectError
+
+    (tmp_path / "my_manager.py").write_text(
+        "from hybridflow.rewards import NaiveRewardManager\n"
+        "class HalfManager(NaiveRewardManager):\n"
+        "    pass\n"
+        "class NotAManager:\n"
+        "    pass\n")
+    cfg = NS(
+        reward_model=NS(reward_manager="naive", reward_loop_source="importlib",
+                        reward_loop_module_path=str(tmp_path / "my_manager.py"), reward_loop_class_name="HalfManager",
+                        num_workers=0, timeout_s=5.0, error_score=0.0, reward_kwargs={},
+                        sandbox_fusion=NS(url=None, max_concurrent=64, memory_limit_mb=1024)),
+        custom_reward_function=NS(path=None, name="compute_score"),
+        data=NS(reward_fn_key="data_source"),
+    )
+    assert type(load_reward_manager(cfg, char_tokenizer)).__name__ == "HalfManager"
+    cfg.reward_model.reward_loop_class_name = "NotAManager"
+    with pytest.raises(LoadObjectError, match=r"reward.reward_manager.module.path: .*NotAManager' must be a subclass of "
+                                              r"hybridflow.rewards.managers.RewardManager"):
+        load_reward_manager(cfg, char_tokenizer)

@@ -8,7 +8,7 @@ Each verl key acts (see docs/rollout_engines.md for the table):
 * ``max_model_len`` -- as given, else ``prompt_length + response_length`` (what one trajectory needs);
 * ``enable_chunked_prefill`` -- on GPU as given; on CPU off (see :func:`cpu_safe_chunking`), with a config note;
 * ``tensor_model_parallel_size, data_parallel_size`` -> ``tensor_parallel_size, data_parallel_size`` (on CPU only
-  1 is accepted: the config check refuses more, see ``hybridflow.config.validate_rollout``);
+  1 is accepted: the config check refuses more, see ``hybridflow.config.checks.machine``);
 * ``gpu_memory_utilization`` -- on GPU vLLM's own fraction of device memory; on CPU vLLM reads it as the
   fraction of host RAM it may reserve, so the KV cache is sized explicitly: what ``max_num_seqs`` sequences of
   ``max_model_len`` tokens need, capped by ``gpu_memory_utilization`` x RAM (``VLLM_CPU_KVCACHE_SPACE``, vLLM's
@@ -240,7 +240,7 @@ def cpu_safe_chunking(kwargs: dict[str, Any]) -> None:
 
     vLLM 0.32's CPU worker fails (``CPU Generator does not use offset``) when a request with its own seed -- every
     hybridflow request has one -- is prefilled in chunks: it rewinds the request's generator, which only CUDA
-    generators support.  Without chunking no prefill is split.  ``validate_rollout`` notes it for
+    generators support.  Without chunking no prefill is split.  ``hybridflow.config.checks.machine`` notes it for
     ``enable_chunked_prefill=true`` on CPU.
     """
     kwargs["enable_chunked_prefill"] = False
