@@ -46,6 +46,12 @@ PATH_ALIASES = {
     "reward.num_workers": "reward_model.num_workers",
     "sandbox_fusion": "reward_model.sandbox_fusion",  # verl 0.9's deprecated top-level spelling
     "critic.fsdp": "critic.model.fsdp_config",
+    # verl 0.9's engine-level spelling of a role's Ulysses size (the same setting)
+    "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size":
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size":
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+    "critic.model.fsdp_config.ulysses_sequence_parallel_size": "critic.ulysses_sequence_parallel_size",
 }
 _PATH_ALIASES_LONGEST_FIRST = sorted(PATH_ALIASES.items(), key=lambda kv: -len(kv[0]))
 

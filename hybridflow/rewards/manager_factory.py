@@ -54,15 +54,8 @@ def reward_manager_class(rm) -> type[RewardManager]:
     return REWARD_MANAGERS.get(rm.reward_manager)
 
 
-def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs: Any) -> RewardManager:
-    """Reward manager named by ``config.reward_model.reward_manager``.
-
-    Reads ``config.custom_reward_function.{path,name}`` (null path = built-in scorers by data_source),
-    ``config.data.reward_fn_key``, ``config.reward_model.{reward_kwargs,num_workers,timeout_s,error_score}``,
-    ``config.reward_model.sandbox_fusion.{url,max_concurrent,memory_limit_mb}`` (see :func:`sandbox_fusion_kwargs`).
-    ``max_resp_len`` / ``overlong_buffer_cfg`` in the kwargs configure the ``dapo`` manager (verl passes them
-    the same way); all other kwargs are forwarded to every ``compute_score`` call.
-    """
+def _manager_parts(config, reward_kwargs: dict[str, Any]):
+    """(manager class, scoring function spec, keywords every scorer call gets, the manager's own keywords)."""
     rm = config.reward_model
     name = rm.reward_manager
     cls = reward_manager_class(rm)
@@ -72,7 +65,28 @@ def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs
         raise ValueError(f"reward_model.reward_kwargs {sorted(ctor)} only apply to reward_manager=dapo, not '{name}'")
     crf = config.custom_reward_function
     spec = ScoreFnSpec(path=crf.path, name=crf.name) if crf.path else ScoreFnSpec()
-    scoring = ScoringConfig(num_workers=rm.num_workers, timeout_s=rm.timeout_s, error_score=rm.error_score)
     kwargs.update(sandbox_fusion_kwargs(rm, custom=bool(crf.path)))
+    return cls, spec, kwargs, ctor
+
+
+def check_reward_function(config) -> None:
+    """Refuse, before anything loads, a reward function that cannot take the call its manager will make
+    (``RewardFunctionError`` naming the file, the function, its signature and the signature to write)."""
+    cls, spec, kwargs, _ = _manager_parts(config, {})
+    spec.check_call(cls.keywords_for(kwargs), cls.expected_signature)
+
+
+def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs: Any) -> RewardManager:
+    """Reward manager named by ``config.reward_model.reward_manager``.
+
+    Reads ``config.custom_reward_function.{path,name}`` (null path = built-in scorers by data_source),
+    ``config.data.reward_fn_key``, ``config.reward_model.{reward_kwargs,num_workers,timeout_s,error_score}``,
+    ``config.reward_model.sandbox_fusion.{url,max_concurrent,memory_limit_mb}`` (see :func:`sandbox_fusion_kwargs`).
+    ``max_resp_len`` / ``overlong_buffer_cfg`` in the kwargs configure the ``dapo`` manager (verl passes them
+    the same way); all other kwargs are forwarded to every ``compute_score`` call.
+    """
+    cls, spec, kwargs, ctor = _manager_parts(config, reward_kwargs)
+    rm = config.reward_model
+    scoring = ScoringConfig(num_workers=rm.num_workers, timeout_s=rm.timeout_s, error_score=rm.error_score)
     return cls(tokenizer, num_examine=num_examine, compute_score=spec, reward_fn_key=config.data.reward_fn_key,
                reward_kwargs=kwargs, scoring=scoring, **ctor)

@@ -141,8 +141,7 @@ class ToolParser(ABC):
     @classmethod
     def get_tool_parser(cls, name: str, tokenizer) -> "ToolParser":
         if name not in TOOL_PARSERS:
-            raise ValueError(f"Unknown tool parser: {name!r} (rollout.multi_turn.format); known: "
-                             f"{', '.join(TOOL_PARSERS.names())}")
+            raise ValueError(f"actor_rollout_ref.rollout.multi_turn.format: {TOOL_PARSERS.unknown_message(name)}")
         return TOOL_PARSERS.get(name)(tokenizer)
 
     @classmethod

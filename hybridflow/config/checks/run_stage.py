@@ -12,7 +12,6 @@ The whole pipeline, in order, is :data:`PIPELINE` (stage 1 from :mod:`hybridflow
 
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Any
 
@@ -84,28 +83,11 @@ def check_data_files(cfg, errors: list[str]) -> None:
                           f"dataloader (drop_last) would yield no batch; lower {which} or add data")
 
 
-def _reward_signature(fn) -> str | None:
-    """verl calls ``compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)`` with keywords."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin or C callable: nothing to inspect
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return None
-    missing = [n for n in ("data_source", "solution_str", "ground_truth") if n not in params]
-    if missing:
-        return (f"takes ({', '.join(params)}) but is called with the keywords data_source, solution_str, "
-                f"ground_truth, extra_info (and reward_kwargs): add {', '.join(missing)} (or **kwargs)")
-    required = [n for n, p in params.items() if p.default is p.empty and p.kind is not p.VAR_POSITIONAL
-                and n not in ("data_source", "solution_str", "ground_truth", "extra_info")]
-    if required:
-        return f"requires {', '.join(required)}, which the reward manager does not pass: give them defaults"
-    return None
-
-
 def check_user_code(cfg, errors: list[str]) -> None:
     """Every user object the run will load: the reward function (and its signature), a reward manager class from a
     file, the dataset and sampler classes, a model's ``external_lib``."""
+    from hybridflow.rewards.custom_function import RewardFunctionError
+    from hybridflow.rewards.manager_factory import check_reward_function
     from hybridflow.rewards.managers import RewardManager
 
     crf, rm, data = cfg.custom_reward_function, cfg.reward_model, cfg.data
@@ -113,8 +95,8 @@ def check_user_code(cfg, errors: list[str]) -> None:
     if crf.path:
         jobs.append(("reward function", lambda: load_object(
             crf.path, name=crf.name or "compute_score", key="custom_reward_function.path", kind="reward function",
-            expect=lambda fn: (None if callable(fn) else f"is a {type(fn).__name__}, not a function")
-            or _reward_signature(fn))))
+            expect=lambda fn: None if callable(fn) else f"is a {type(fn).__name__}, not a function")))
+        jobs.append(("reward function signature", lambda: check_reward_function(cfg)))
     if rm.reward_loop_source == "importlib" and rm.reward_loop_module_path:
         jobs.append(("reward manager", lambda: load_object(
             rm.reward_loop_module_path, name=rm.reward_loop_class_name, key="reward.reward_manager.module.path",
@@ -134,14 +116,19 @@ def check_user_code(cfg, errors: list[str]) -> None:
     for key, lib in libs:
         if lib:
             jobs.append((key, lambda lib=lib, key=key: import_source(lib, key=key)))
+    failed: set[str] = set()
     for what, job in jobs:
+        if what == "reward function signature" and "reward function" in failed:
+            continue  # the function did not load: that error is already listed
         try:
             job()
         except UserObjectNotFoundError as e:
+            failed.add(what)
             fix = (f" (custom_reward_function.name={crf.name!r}: set it to one of them)" if what == "reward function"
                    else "")
             errors.append(f"{e}{fix}")
-        except LoadObjectError as e:
+        except (LoadObjectError, RewardFunctionError) as e:
+            failed.add(what)
             errors.append(str(e))
 
 
