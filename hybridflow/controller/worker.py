@@ -18,7 +18,7 @@ from datetime import timedelta
 import torch
 
 from hybridflow.utils.quiet import quiet_libraries
-from hybridflow.utils.listen_address import free_port, pin_gloo_to_loopback, rendezvous_host, tcp_store
+from hybridflow.utils.rendezvous_bind import free_port, pin_gloo_to_loopback, rendezvous_host, tcp_store
 
 __all__ = ["Worker", "ENV_DEVICE", "ENV_NUM_THREADS", "ENV_ROLE", "find_free_port", "node_ip_address"]
 
@@ -33,7 +33,7 @@ def find_free_port() -> int:
 
 def node_ip_address() -> str:
     """Where rank 0's rendezvous listens: the loopback on one machine, this node's IP in a multi-node Ray cluster
-    (``hybridflow.utils.listen_address``)."""
+    (``hybridflow.utils.rendezvous_bind``)."""
     return rendezvous_host()
 
 

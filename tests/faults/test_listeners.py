@@ -11,7 +11,7 @@ import textwrap
 
 import psutil
 
-from hybridflow.utils.listen_address import LOOPBACK, free_port, rendezvous_host, tcp_store
+from hybridflow.utils.rendezvous_bind import LOOPBACK, free_port, rendezvous_host, tcp_store
 
 
 def listening(pid: int) -> list[tuple[str, int]]:

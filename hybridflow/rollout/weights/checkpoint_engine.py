@@ -37,8 +37,8 @@ from typing import Iterable, Iterator
 
 import torch
 
-from hybridflow.utils.listen_address import free_port as _free_port
-from hybridflow.utils.listen_address import rendezvous_host, tcp_store
+from hybridflow.utils.rendezvous_bind import free_port as _free_port
+from hybridflow.utils.rendezvous_bind import rendezvous_host, tcp_store
 
 __all__ = ["WeightSyncSpec", "SyncStats", "CheckpointEngine", "BroadcastCheckpointEngine", "resolve_backend",
            "free_port", "node_address", "full_tensors"]
