@@ -21,13 +21,20 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from hybridflow.engine.transformers_adapter import check_cache_object, forward_with_cache, text_config
+from hybridflow.engine.transformers_adapter import (
+    attention_mask_layout,
+    check_cache_object,
+    forward_with_cache,
+    text_config,
+)
+from hybridflow.rollout.attention_masks import EngineMasks
 from hybridflow.rollout.base import TokenOutput
 from hybridflow.rollout.fast_decode import fast_decoder_for
 from hybridflow.rollout.hf_prefill import PrefillJob, run_prefill
@@ -42,6 +49,18 @@ __all__ = ["BatcherLimits", "ContinuousBatcher", "GenerationRequest"]
 _COLUMN_QUANTUM = 64  # cache/output widths are rounded up so that growth is rare
 _ROW_QUANTUM = 8
 _MAX_MODEL_LEN_KEY = "actor_rollout_ref.rollout.max_model_len"
+logger = logging.getLogger(__name__)
+_REPORTED: set[tuple[str, str]] = set()  # (model type, reason) already reported in this process
+
+
+def _report_fallback(model: torch.nn.Module, reason: str) -> None:
+    """Say once per process and model type why decode steps run through ``model.forward``."""
+    key = (str(getattr(model.config, "model_type", type(model).__name__)), reason)
+    if key in _REPORTED:
+        return
+    _REPORTED.add(key)
+    logger.warning("hf rollout: the %s model decodes through model.forward (same results, slower per step) instead "
+                   "of the fast decode step: %s", key[0], reason)
 
 
 @dataclass
@@ -99,7 +118,10 @@ class ContinuousBatcher:
                  fast_decode: bool = True, suppress_ids: list[int] | None = None):
         self.model = model
         # Decode steps skip transformers' forward plumbing when the model has the supported structure.
+        self.masks = EngineMasks(attention_mask_layout(model.config))  # refuses layers it cannot mask
         self.fast, self.fast_reason = fast_decoder_for(model) if fast_decode else (None, "disabled")
+        if self.fast is None and fast_decode:
+            _report_fallback(model, self.fast_reason)
         self.pad_token_id = int(pad_token_id)
         self.limits = limits
         self.generator = generator
@@ -330,7 +352,7 @@ class ContinuousBatcher:
         self.counters["prefix_hits"] += len(takeovers)
         dev = self.device
         logits, forwards = run_prefill(self.model, self.cache, list(jobs.values()), self.pad_token_id,
-                                       self.limits.max_num_batched_tokens, self.param_dtype, dev)
+                                       self.limits.max_num_batched_tokens, self.param_dtype, dev, self.masks)
 
         lens = [len(r.prompt_ids) for r in reqs]
         m = len(reqs)
@@ -483,7 +505,7 @@ class ContinuousBatcher:
     # ------------------------------------------------------------------ decode
     def _decode(self) -> None:
         rows, cache = self.rows, self.cache
-        mask = cache.begin_decode(rows["write_col"], self.kv_len)
+        mask = self.masks.decode(cache.begin_decode(rows["write_col"], self.kv_len), rows["write_col"])
         positions = rows["write_col"] + rows["rope_delta"]
         try:
             if self.fast is not None and self.fast.usable():
