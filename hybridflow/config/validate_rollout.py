@@ -3,6 +3,7 @@
 vLLM's parallelism keys need devices to split over: on CPU one engine runs per worker process, so
 ``tensor_model_parallel_size``, ``data_parallel_size`` and ``pipeline_model_parallel_size`` above 1 (verl's
 default TP is 2) cannot act, and CUDA graphs (``cudagraph_capture_sizes``) do not exist.  SGLang has no CPU build.
+vLLM's CPU build lists some model types it does not serve correctly (DeepSeek-V3, ``vllm_config.VLLM_CPU_REFUSED``).
 
 When the device is known at config time (``trainer.device=cpu``) the check runs in ``validate_config``; with
 ``trainer.device=auto`` it runs again when ``hybridflow train`` starts, before any worker or model (the preflight),
@@ -44,6 +45,11 @@ def rollout_hardware_errors(cfg, device: str) -> list[str]:
         if rollout.cudagraph_capture_sizes:
             errors.append(f"{key}.cudagraph_capture_sizes={rollout.cudagraph_capture_sizes}: CUDA graphs need a GPU; "
                           f"remove the key (or set it to null) on CPU")
+        from hybridflow.rollout.vllm_config import vllm_cpu_model_error
+
+        model_error = vllm_cpu_model_error(str(cfg.actor_rollout_ref.model.path))
+        if model_error:
+            errors.append(model_error)
     return errors
 
 

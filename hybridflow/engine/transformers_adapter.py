@@ -11,7 +11,8 @@ tests (``tests/engine/test_transformers_adapter.py``) say which assumption no lo
   (extra positional or keyword arguments vary by release: ``cache_kwargs``, ``kwargs=``) and attends over the
   two tensors it returns; a 4-D additive mask given as ``attention_mask`` is used as is;
 * **the cache argument** of ``forward`` -- ``cache`` from 5.24, ``past_key_values`` before
-  (:func:`forward_with_cache` passes the one the model's class takes, so no deprecation warning fires);
+  (:func:`forward_with_cache` passes the one the model's class takes, so no deprecation warning fires; it also
+  turns a MoE config's ``output_router_logits`` off for the call, whose auxiliary loss cannot read a 4-D mask);
 * **the attention implementation** -- ``config._attn_implementation`` of the text config;
 * **the model classes** -- ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` says which ``model_type`` loads as a causal LM;
 * **M-RoPE state** -- Qwen2-VL-family models keep ``rope_deltas`` on their inner model between calls
@@ -90,8 +91,14 @@ def cache_argument(model: nn.Module) -> str:
 
 
 def forward_with_cache(model: nn.Module, cache: Any, **kwargs: Any) -> Any:
-    """``model(**kwargs)`` with ``cache`` passed under the argument name this transformers release uses."""
+    """``model(**kwargs)`` with ``cache`` passed under the argument name this transformers release uses.
+
+    A MoE model whose config switches ``output_router_logits`` on (to train with the router's auxiliary loss)
+    would also compute that loss here, from the caller's 4-D mask, which it cannot read: generation asks for no
+    router logits."""
     kwargs[cache_argument(model)] = cache
+    if getattr(text_config(getattr(model, "config", None)), "output_router_logits", False):
+        kwargs.setdefault("output_router_logits", False)
     return model(**kwargs)
 
 

@@ -136,6 +136,7 @@ class ContinuousBatcher:
         self.suppress = torch.tensor(suppress_ids, device=self.device) if suppress_ids else None
         self.lock = threading.Lock()
         self.pending: collections.deque[GenerationRequest] = collections.deque()
+        self._admitting: list[GenerationRequest] = []  # taken from pending by the step under way
         self.cache: SlotKVCache | None = None
         self.pool = PrefixPool() if limits.enable_prefix_caching else None
         self._pool_stamp: int | None = None
@@ -188,7 +189,9 @@ class ContinuousBatcher:
     def fail_all(self, exc: BaseException) -> None:
         """Hand ``exc`` to every request in flight or waiting, and start over with an empty batch."""
         victims = [r for r in self.reqs if r is not None] + list(self.pending)
+        victims += [r for r in self._admitting if all(r is not v for v in victims)]  # a failed prefill's requests
         self.pending.clear()
+        self._admitting = []
         self._reset_rows()
         self.drop_prefixes()  # a forward failed half-way: what the rows hold is not trusted
         for req in victims:
@@ -317,7 +320,9 @@ class ContinuousBatcher:
             chosen.append(self.pending.popleft())
             cols = need
         if chosen:
+            self._admitting = chosen  # out of the queue, not yet rows: if the prefill fails, fail_all reaches them
             self._start(chosen, cols, budget[0] if budget else None)
+            self._admitting = []
 
     def _start(self, reqs: list[GenerationRequest], cols: int, budget: int | None) -> None:
         """Give ``reqs`` rows, prefill them (reusing parked prefixes) and sample their first tokens.

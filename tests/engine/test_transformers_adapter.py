@@ -256,3 +256,19 @@ def test_router_modules_return_logits_weights_and_expert_ids(family, moe_layers)
         if family == "qwen3-moe":  # softmax top-k: the ids are the k largest logits
             assert torch.equal(chosen.sort(-1).values, logits.topk(k, -1).indices.sort(-1).values)
     assert tfa.router_modules(_family_model("qwen2")) == []
+
+
+def test_generation_forwards_skip_the_router_loss_of_a_moe_config_that_asks_for_it():
+    """``output_router_logits=true`` (training with the router's auxiliary loss) makes transformers compute that
+    loss from ``attention_mask``, which cannot read the engine's 4-D masks: forward_with_cache turns it off."""
+    on = _family_model("qwen3-moe", output_router_logits=True)
+    off = _family_model("qwen3-moe")
+    ids, positions, mask = _inputs(on, batch=2, length=5)
+    with torch.no_grad():
+        with pytest.raises(RuntimeError):  # what transformers does with the flag on and a 4-D mask
+            on(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, past_key_values=None)
+        got = tfa.forward_with_cache(on, RecordingCache(), input_ids=ids, attention_mask=mask, position_ids=positions,
+                                     use_cache=True).logits
+        want = tfa.forward_with_cache(off, RecordingCache(), input_ids=ids, attention_mask=mask,
+                                      position_ids=positions, use_cache=True).logits
+    torch.testing.assert_close(got, want)
