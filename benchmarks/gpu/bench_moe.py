@@ -17,6 +17,9 @@ twice its share) and, with ``--aux``, ``actor/moe_aux_loss`` (Qwen3-MoE only: De
     python benchmarks/gpu/bench_moe.py                         # both families, hf rollout, 6 steps
     python benchmarks/gpu/bench_moe.py --family qwen3-moe --engine vllm --aux
     python benchmarks/gpu/bench_moe.py --smoke                 # CPU, tiny shapes, 2 steps: the code path only
+
+``--engine hf`` generates with the actor's own module, which the hf engine runs with sdpa or eager attention
+only: on a machine with flash-attn installed (the actor then loads ``flash_attention_2``) use ``--engine vllm``.
 """
 
 from __future__ import annotations
