@@ -43,6 +43,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Ports:
+    """Free ports, each handed out once and never inside a reserved block (Ray refuses a node whose ports
+    collide, e.g. an agent port inside its own worker-port range)."""
+
+    def __init__(self):
+        self.used: set[int] = set()
+        self.blocks: list[range] = []
+
+    def block(self, size: int = 200) -> range:
+        while True:
+            first = random.randrange(20000, 60000, 500)
+            block = range(first, first + size)
+            if not any(set(block) & set(b) for b in self.blocks) and not self.used & set(block):
+                self.blocks.append(block)
+                return block
+
+    def port(self) -> int:
+        while True:
+            port = _free_port()
+            if port not in self.used and not any(port in b for b in self.blocks):
+                self.used.add(port)
+                return port
+
+
 class RayCliCluster:
     """Head + one worker node, each ``--num-cpus`` CPUs and one custom resource named after the node."""
 
@@ -52,7 +76,9 @@ class RayCliCluster:
         # Ray's socket paths live under the temp dir and must stay short (AF_UNIX: 107 bytes)
         self.root = Path(tempfile.mkdtemp(prefix="hfray_", dir="/tmp"))
         self.token_path = self.root / "auth_token"
-        self.gcs_port = _free_port()
+        self.ports = _Ports()
+        self.blocks = [self.ports.block(), self.ports.block()]  # worker ports of the head, of the worker node
+        self.gcs_port = self.ports.port()
         self.address = f"127.0.0.1:{self.gcs_port}"
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
@@ -67,13 +93,12 @@ class RayCliCluster:
             env["RAY_AUTH_MODE"] = "disabled"
         return env
 
-    def _node_ports(self) -> list[str]:
-        first = random.randrange(20000, 60000, 500)  # a block of worker ports nobody else on the machine asked for
+    def _node_ports(self, block: range) -> list[str]:
+        p = self.ports.port
         return [
-            f"--node-manager-port={_free_port()}", f"--object-manager-port={_free_port()}",
-            f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
-            f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
-            f"--min-worker-port={first}", f"--max-worker-port={first + 199}",
+            f"--node-manager-port={p()}", f"--object-manager-port={p()}", f"--dashboard-agent-listen-port={p()}",
+            f"--dashboard-agent-grpc-port={p()}", f"--metrics-export-port={p()}", f"--runtime-env-agent-port={p()}",
+            f"--min-worker-port={block.start}", f"--max-worker-port={block.stop - 1}",
         ]
 
     # ------------------------------------------------------------------ start / stop
@@ -90,24 +115,24 @@ class RayCliCluster:
         shutil.copy(generated, self.token_path)
         self.token_path.chmod(0o600)
 
-    def _start(self, name: str, args: list[str]) -> None:
+    def _start(self, name: str, args: list[str], block: range) -> None:
         log = self.root / f"{name}.log"
         self.logs[name] = log
         with open(log, "w") as f:
             self.procs[name] = subprocess.Popen(
                 [RAY, "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={self.num_cpus}",
                  "--num-gpus=0", f"--resources={json.dumps({f'hf_{name}': 1})}", "--disable-usage-stats",
-                 *self._node_ports(), *args],
+                 *self._node_ports(block), *args],
                 env=self.env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
     def start(self) -> None:
         self.generate_token()
         # --include-dashboard=false still starts a minimal dashboard process: on a port of its own, not 8265
         self._start("head", ["--head", f"--port={self.gcs_port}", "--include-dashboard=false",
-                             f"--dashboard-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
-                             f"--temp-dir={self.root / 'ray'}"])
+                             f"--dashboard-port={self.ports.port()}", f"--ray-client-server-port={self.ports.port()}",
+                             f"--temp-dir={self.root / 'ray'}"], self.blocks[0])
         self._wait(lambda nodes: len(nodes) >= 1, "the head node")
-        self._start("worker", [f"--address={self.address}"])
+        self._start("worker", [f"--address={self.address}"], self.blocks[1])
         self._wait(lambda nodes: len(nodes) == 2, "the worker node")
 
     def _wait(self, ready, what: str) -> None:

@@ -57,8 +57,9 @@ def build_model(family: str, folder: Path, smoke: bool) -> str:
     if smoke:
         return str(make_tiny_checkpoint(folder, size="nano", tokenizer="bpe", family=family, initializer_range=0.2))
     tok = build_bpe_tokenizer()
-    fields = {**FAMILIES[family].overrides, **GPU_SHAPES[family], "vocab_size": len(tok), "max_position_embeddings": 4096,
-              "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, "bos_token_id": None}
+    fields = {**FAMILIES[family].overrides, **GPU_SHAPES[family], "vocab_size": len(tok),
+              "max_position_embeddings": 4096, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id,
+              "bos_token_id": None}
     cfg = AutoConfig.for_model(FAMILIES[family].model_type, **fields)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -75,7 +76,8 @@ def overrides(family: str, model_dir: str, data_dir: Path, out_dir: Path, args) 
         f"{a}.actor.fsdp_config.model_dtype=bf16", f"{a}.rollout.dtype=bfloat16",
         f"{a}.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
     ]
-    vllm = [f"{a}.rollout.tensor_model_parallel_size=1", f"{a}.rollout.load_format=dummy"] if args.engine == "vllm" else []
+    vllm = [f"{a}.rollout.tensor_model_parallel_size=1", f"{a}.rollout.load_format=dummy"] \
+        if args.engine == "vllm" else []
     aux = [f"+{a}.model.override_config.output_router_logits=true"] if args.aux and family == "qwen3-moe" else []
     return [
         "algorithm.adv_estimator=grpo", f"{a}.model.path={model_dir}", f"data.train_files={data_dir}/train.parquet",

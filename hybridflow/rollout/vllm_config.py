@@ -29,7 +29,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["VLLM_CPU_REFUSED", "vllm_cpu_model_error", "cpu_safe_chunking", "vllm_engine_kwargs", "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket",
+__all__ = ["VLLM_CPU_REFUSED", "vllm_cpu_model_error", "cpu_safe_chunking", "vllm_engine_kwargs",
+           "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket",
            "VLLM_EXTRA_HINT", "text_only_engine_error", "vision_model_type", "vllm_vision_settings",
            "VLLM_VISION_MODEL_TYPES"]
 
