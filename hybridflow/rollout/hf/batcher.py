@@ -28,8 +28,14 @@ from typing import Callable
 
 import torch
 
-from hybridflow.engine.transformers_adapter import check_cache_object, forward_with_cache, text_config
+from hybridflow.engine.transformers_adapter import (
+    attention_mask_layout,
+    check_cache_object,
+    forward_with_cache,
+    text_config,
+)
 from hybridflow.rollout.base import TokenOutput, engine_failure
+from hybridflow.rollout.hf.attention_masks import EngineMasks
 from hybridflow.rollout.hf.fast_decode import fast_decoder_for
 from hybridflow.rollout.hf.prefill import PrefillJob, run_prefill
 from hybridflow.rollout.hf.vision import VisionRequest
@@ -45,6 +51,18 @@ logger = logging.getLogger(__name__)
 _COLUMN_QUANTUM = 64  # cache/output widths are rounded up so that growth is rare
 _ROW_QUANTUM = 8
 _MAX_MODEL_LEN_KEY = "actor_rollout_ref.rollout.max_model_len"
+logger = logging.getLogger(__name__)
+_REPORTED: set[tuple[str, str]] = set()  # (model type, reason) already reported in this process
+
+
+def _report_fallback(model: torch.nn.Module, reason: str) -> None:
+    """Say once per process and model type why decode steps run through ``model.forward``."""
+    key = (str(getattr(model.config, "model_type", type(model).__name__)), reason)
+    if key in _REPORTED:
+        return
+    _REPORTED.add(key)
+    logger.warning("hf rollout: the %s model decodes through model.forward (same results, slower per step) instead "
+                   "of the fast decode step: %s", key[0], reason)
 
 
 @dataclass
@@ -104,7 +122,10 @@ class ContinuousBatcher:
         self.name = name
         self.doing = "idle"  # what the step under way does: read by the stall watchdog (engine.progress)
         # Decode steps skip transformers' forward plumbing when the model has the supported structure.
+        self.masks = EngineMasks(attention_mask_layout(model.config))  # refuses layers it cannot mask
         self.fast, self.fast_reason = fast_decoder_for(model) if fast_decode else (None, "disabled")
+        if self.fast is None and fast_decode:
+            _report_fallback(model, self.fast_reason)
         self.pad_token_id = int(pad_token_id)
         self.limits = limits
         self.generator = generator
@@ -362,7 +383,7 @@ class ContinuousBatcher:
         dev = self.device
         self.doing = f"prefill of {len(reqs)} request(s)"
         logits, forwards = run_prefill(self.model, self.cache, list(jobs.values()), self.pad_token_id,
-                                       self.limits.max_num_batched_tokens, self.param_dtype, dev)
+                                       self.limits.max_num_batched_tokens, self.param_dtype, dev, self.masks)
 
         lens = [len(r.prompt_ids) for r in reqs]
         m = len(reqs)
@@ -515,7 +536,7 @@ class ContinuousBatcher:
     # ------------------------------------------------------------------ decode
     def _decode(self) -> None:
         rows, cache = self.rows, self.cache
-        mask = cache.begin_decode(rows["write_col"], self.kv_len)
+        mask = self.masks.decode(cache.begin_decode(rows["write_col"], self.kv_len), rows["write_col"])
         positions = rows["write_col"] + rows["rope_delta"]
         try:
             if self.fast is not None and self.fast.usable():

@@ -29,7 +29,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cpu_safe_chunking", "vllm_engine_kwargs", "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket",
+__all__ = ["VLLM_CPU_REFUSED", "vllm_cpu_model_error", "cpu_safe_chunking", "vllm_engine_kwargs",
+           "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket",
            "VLLM_EXTRA_HINT", "text_only_engine_error", "vision_model_type", "vllm_vision_settings",
            "VLLM_VISION_MODEL_TYPES"]
 
@@ -162,6 +163,27 @@ def vllm_vision_settings(model_path: str, model_impl: str | None = None, trust_r
     if trust_remote_code:
         kwargs["trust_remote_code"] = True
     return kwargs, note
+
+
+# Model types vLLM's CPU build lists but does not serve correctly (tests/rollout_vllm/test_vllm_families.py keeps
+# a canary that fails once it does).
+VLLM_CPU_REFUSED = {
+    "deepseek_v3": "vllm-cpu 0.32 runs DeepSeek-V3's MLA attention only for the released latent size (kv_lora_rank "
+                   "512 + rope 64) and only on bf16/fp16 weights, and there its outputs disagree with transformers' "
+                   "(log-probs several nats apart on the same weights)",
+}
+
+
+def vllm_cpu_model_error(model_path: str) -> str | None:
+    """Why the vLLM CPU build cannot serve the checkpoint at ``model_path`` (None: it can, or the folder does not
+    say).  Read from its ``config.json``; nothing loads."""
+    model_type = _read_model_config(model_path).get("model_type")
+    reason = VLLM_CPU_REFUSED.get(str(model_type))
+    if reason is None:
+        return None
+    return (f"actor_rollout_ref.rollout.name=vllm on CPU cannot serve the {model_type} model at "
+            f"actor_rollout_ref.model.path={model_path}: {reason}. Use actor_rollout_ref.rollout.name=hf on CPU "
+            "(it runs every transformers causal LM), or vLLM on a GPU")
 
 
 def _read_model_config(model_path: str) -> dict:
