@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+
 import torch
 
 from hybridflow.engine.shard_merge import ShardMergeError, load_pieces, merge_state_dicts

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from hybridflow.engine.fsdp import unwrap_peft
 from hybridflow.engine.shard_merge import load_pieces
 from hybridflow.engine.train_engine import TrainEngine
+from hybridflow.utils.safe_load import load_torch_file
 
 __all__ = ["save_engine_checkpoint", "load_engine_checkpoint", "export_hf_model", "rng_state", "set_rng_state"]
 
@@ -165,8 +166,9 @@ def load_engine_checkpoint(
     if "model" in contents and not os.path.exists(files["model"]):
         found = sorted(f for f in os.listdir(path) if f.startswith("model_")) if os.path.isdir(path) else []
         raise FileNotFoundError(
-            f"no shard {os.path.basename(files['model'])} in {path} (found {found or 'nothing'}) and no "
-            "fsdp_config.json saying which layout wrote it: point the resume at a complete checkpoint folder"
+            f"no shard {os.path.basename(files['model'])} in {path} (found {found or 'nothing'}; this run has "
+            f"world size {world}) and no fsdp_config.json saying which layout wrote them, so they cannot be "
+            "resharded: point the resume at a complete checkpoint folder"
         )
     with engine.on_device(with_optimizer=True):
         if "model" in contents:
@@ -186,7 +188,7 @@ def load_engine_checkpoint(
             else:
                 engine.optimizer.load_state_dict(state)
         if "extra" in contents:
-            extra = torch.load(files["extra_state"], weights_only=False)
+            extra = load_torch_file(files["extra_state"])
             if engine.lr_scheduler is not None and extra["lr_scheduler"] is not None:
                 engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
             set_rng_state(extra["rng"])
@@ -275,7 +277,7 @@ def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: t
             extra_files = _rank_files(path, "extra_state")
             own = extra_files.get(engine.rank, extra_files.get(0))
             if own is not None:
-                extra = torch.load(own, weights_only=False)
+                extra = load_torch_file(own)
                 if engine.lr_scheduler is not None and extra["lr_scheduler"] is not None:
                     engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
                 set_rng_state(extra["rng"])

@@ -28,16 +28,19 @@ class ShardMergeError(ValueError):
 
 
 def load_pieces(path, map_location="cpu"):
-    """``torch.load`` of a rank's checkpoint file.  Unpickling a ``DeviceMesh`` outside the process group that made
-    it makes torch warn once per mesh and tensor that it found no process group (the mesh is only read here, never
-    used for a collective): that warning is silenced for the duration of the load."""
+    """A rank's checkpoint file, loaded safely (``utils/safe_load.py``: tensors, DTensors and their meshes and
+    placements only).  Unpickling a ``DeviceMesh`` outside the process group that made it makes torch warn once
+    per mesh and tensor that it found no process group (the mesh is only read here, never used for a
+    collective): that warning is silenced for the duration of the load."""
     import logging
+
+    from hybridflow.utils.safe_load import load_torch_file
 
     log = logging.getLogger("torch.distributed.device_mesh")
     level = log.level
     log.setLevel(logging.ERROR)
     try:
-        return torch.load(path, map_location=map_location, weights_only=False)
+        return load_torch_file(path, map_location=map_location)
     finally:
         log.setLevel(level)
 
