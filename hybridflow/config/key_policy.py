@@ -83,18 +83,32 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("transfer_queue",
             "verl 0.9's TransferQueue data plane (the V1 trainer's) is not used: hybridflow's controller moves "
             "batches as DataProto through its worker groups. Drop the key"),
-    KeyRule("model_engine",
-            "hybridflow trains with FSDP2, which is verl's dp engine; Megatron, TorchTitan, VeOmni and Automodel "
-            "engines are not available. Use model_engine=dp (or drop the key) with *.fsdp_config.* and the batch "
-            "sizes"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{use_dist_checkpointing,dist_checkpointing_path}",
+            "Megatron's distributed checkpoint format is neither read nor written: checkpoints here are per-rank "
+            "DTensor pieces that resume on any layout, and `hybridflow merge` turns them into a Hugging Face folder; "
+            "start from a Hugging Face model folder (actor_rollout_ref.model.path)"),
+    KeyRule("{actor_rollout_ref.actor,critic}.optim.{lr_warmup_init,lr_decay_steps,weight_decay_incr_style}",
+            "Megatron's schedule options: warmup here starts from 0, the decay spans the steps after warmup and the "
+            "weight decay is constant; drop the key (lr_decay_style and min_lr act)"),
+    KeyRule("{actor_rollout_ref.actor,critic}.optim.{use_precision_aware_optimizer,main_grads_dtype,exp_avg_dtype,exp_avg_sq_dtype,"
+            "use_layer_wise_distributed_optimizer}",
+            "Megatron's optimizer precision / layout options: gradients and Adam moments are kept in the parameters' "
+            "dtype, sharded by FSDP2; drop the key"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.dynamic_context_parallel",
+            "dynamic context-parallel scheduling is not built: context_parallel_size runs as a fixed Ulysses group"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.override_mcore_model_config",
+            "overrides of Megatron-core's model config: the model is the Hugging Face one; change it with "
+            "actor_rollout_ref.model.override_config"),
     KeyRule("actor_rollout_ref.actor.use_prefix_grouper",
             "shared-prefix grouping of a prompt's samples in the forward pass is not implemented: each sample is "
             "computed whole (the same numbers, more compute). Drop the key"),
-    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref}.router_replay",
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.megatron,actor_rollout_ref.actor.megatron,"
+            "actor_rollout_ref.ref.megatron}.router_replay",
             "MoE router replay (recording the rollout's expert choices for the update) is not implemented; drop the "
             "key"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.actor.fsdp_config,actor_rollout_ref.ref.fsdp_config,"
-            "critic.model.fsdp_config}.qat",
+            "critic.model.fsdp_config,actor_rollout_ref.actor.megatron,actor_rollout_ref.ref.megatron,critic.megatron}"
+            ".qat",
             "quantization-aware training (fake-quantized weights in the forward) is not implemented; drop the key"),
     KeyRule("{actor_rollout_ref.model,critic.model}.tiled_mlp",
             "tiled MLP (computing the MLP in sequence chunks to save activation memory) is not implemented: lower "
@@ -149,6 +163,40 @@ REFUSED: tuple[KeyRule, ...] = (
 )
 
 INERT: tuple[KeyRule, ...] = (
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.sequence_parallel",
+            "Megatron's sequence parallelism keeps norm and dropout activations split along the sequence inside a "
+            "tensor-parallel group; here they stay whole on each tensor-parallel rank (the same numbers; that "
+            "activation memory is not saved)"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.grad_offload",
+            "gradients are freed after every optimizer step (zero_grad(set_to_none)), so between phases there is no "
+            "gradient buffer to offload; param_offload and optimizer_offload act"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.virtual_pipeline_model_parallel_size",
+            "interleaved pipeline stages; pipeline_model_parallel_size > 1 is refused"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{use_mbridge,vanilla_mbridge}",
+            "the bridge between Hugging Face and Megatron-core weights; the engine loads and saves Hugging Face "
+            "models directly"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{override_transformer_config,override_ddp_config}",
+            "Megatron-LM's TransformerConfig and DDP options (kernel fusions, recompute, attention backend, gradient "
+            "buckets); recompute here is actor_rollout_ref.model.enable_gradient_checkpointing and gradients reduce "
+            "through FSDP2"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{dist_checkpointing_prefix,dist_ckpt_optim_fully_reshardable,"
+            "distrib_optim_fully_reshardable_mem_efficient}",
+            "options of Megatron's distributed checkpoints (refused); checkpoints here always resume on another "
+            "layout (engine/engine_checkpoint.py)"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{max_seqlen_per_dp_cp_rank,use_remove_padding,pad_bshd_to_minibatch_max,pad_to_length,"
+            "pad_to_length_bucket,entropy_from_logits_with_chunking,entropy_from_logits_chunk_size,forward_only}",
+            "the Megatron engine's copies of role settings: <role>.use_remove_padding (model.use_remove_padding), "
+            "the role's micro-batch padding and entropy chunking are the keys read, and whether a model trains "
+            "follows from its role"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{seed,dtype}",
+            "Megatron's RNG-tracker seed and parameter dtype: the engine's seed is <role>.fsdp_config.seed and its "
+            "compute dtype <role>.fsdp_config.mixed_precision.param_dtype"),
+    KeyRule("{actor_rollout_ref.actor,critic}.optim.{lr_wsd_decay_style,lr_wsd_decay_steps}",
+            "options of Megatron's warmup-stable-decay schedule, which is not offered (lr_decay_style=WSD is refused)"),
+    KeyRule("{actor_rollout_ref.actor,critic}.optim.use_checkpoint_opt_param_scheduler",
+            "the schedule's state is always saved with a checkpoint and restored on resume"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.use_megatron_fsdp",
+            "Megatron-FSDP (ZeRO-3) is what FSDP2 does here on every layout"),
     KeyRule("actor_rollout_ref.rollout.trace.{token2text,max_samples_per_step_per_worker,project_name,"
             "experiment_name}",
             "options of verl's rollout tracing, which is refused (rollout.trace.backend)"),
@@ -242,6 +290,18 @@ ACTS: tuple[KeyRule, ...] = (
     KeyRule("reward_model.{reward_loop_source,reward_loop_module_path,reward_loop_class_name}",
             "verl's reward-manager source: a registered name, or a class loaded from a file "
             "(reward.reward_manager.{source,module.path,module.name} in verl 0.9)"),
+    KeyRule("model_engine",
+            "dp trains with FSDP2; megatron puts the actor, reference and critic on strategy=megatron (the "
+            "torch-native N-D engine); other engines are refused (config/checks/megatron.py)"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{tensor_model_parallel_size,expert_model_parallel_size,expert_tensor_parallel_size,"
+            "pipeline_model_parallel_size,context_parallel_size,param_offload,optimizer_offload,"
+            "use_distributed_optimizer}",
+            "with <role>.strategy=megatron: the tp / ep dimensions of the role's mesh, context parallelism as "
+            "Ulysses, offload through the role's fsdp_config; pipeline > 1, expert tensor parallelism > 1 and a "
+            "replicated optimizer are refused with the reason (config/checks/megatron.py, docs/parallelism.md)"),
+    KeyRule("{actor_rollout_ref.actor,critic}.optim.{lr_decay_style,min_lr}",
+            "Megatron's spelling of the schedule: lr_decay_style constant | cosine sets lr_scheduler_type, min_lr sets "
+            "min_lr_ratio = min_lr / lr; other decay styles are refused (config/checks/megatron.py)"),
     KeyRule("trainer.import_modules", "user modules imported in every process of the run before names are checked"),
 )
 

@@ -26,6 +26,11 @@ from hybridflow.utils.registry import closest
 
 CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG_NAME = "ppo_trainer"
+# verl's Megatron trainer configs -> the config here they equal once every role has strategy=megatron
+MEGATRON_CONFIG_NAMES = {"ppo_megatron_trainer": "ppo_trainer",
+                         "one_step_off_ppo_megatron_trainer": "one_step_off_ppo_trainer",
+                         "fully_async_ppo_megatron_trainer": "fully_async_ppo_trainer"}
+MEGATRON_ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
 
 
 @dataclasses.dataclass
@@ -95,11 +100,12 @@ def compose_with_provenance(overrides: list[str], config_path: str | None = None
     from hydra.errors import HydraException
 
     name = config_name or DEFAULT_CONFIG_NAME
-    if name in ("ppo_megatron_trainer", "ppo_megatron_trainer.yaml"):
-        raise ConfigError([
-            f"--config-name={name}: Megatron-LM training is not supported. hybridflow trains with FSDP2; "
-            "use the default config (drop --config-name) with actor_rollout_ref.actor.strategy=fsdp2."
-        ])
+    if name.removesuffix(".yaml") in MEGATRON_CONFIG_NAMES:
+        # verl's Megatron trainer configs are its other ones with every role on the Megatron engine: here that
+        # config with strategy=megatron (the torch-native N-D engine), the command line's overrides after
+        name = MEGATRON_CONFIG_NAMES[name.removesuffix(".yaml")]
+        config_path = None
+        overrides = [f"{role}.strategy=megatron" for role in MEGATRON_ROLES] + list(overrides)
     if config_path is not None:
         cfg_dir = Path(os.path.expanduser(config_path))
         if not cfg_dir.is_absolute():
@@ -280,12 +286,9 @@ def _check_override_keys(overrides: list[str], cfg_dir: Path, name: str) -> list
         return list(overrides)  # the named config does not compose on its own: Hydra reports why
     user_config = not (cfg_dir == CONFIG_DIR and name.removesuffix(".yaml") == DEFAULT_CONFIG_NAME)
     known = _all_key_paths(base)
-    errors, out, megatron = [], [], []
+    errors, out = [], []
     for raw, ov in zip(overrides, parsed):
         key = ov.key_or_group
-        if "megatron" in key.split("."):
-            megatron.append(key)
-            continue
         if ov.is_add() or ov.is_force_add() or ov.is_delete() or key.startswith("hydra") or key in known:
             out.append(raw)
             continue
@@ -301,11 +304,6 @@ def _check_override_keys(overrides: list[str], cfg_dir: Path, name: str) -> list
             msg += f"; did you mean '{hint}'?"
         msg += f" (to add a new key on purpose write '+{key}=...')"
         errors.append(msg)
-    if megatron:
-        errors.insert(0, f"{', '.join(megatron[:3])}{' ...' if len(megatron) > 3 else ''}: Megatron-LM parallelism "
-                         "is not supported: hybridflow trains with FSDP2. Drop the *.megatron.* overrides and size "
-                         "the run with actor_rollout_ref.actor.strategy=fsdp2, *.fsdp_config.* and "
-                         "*.ulysses_sequence_parallel_size.")
     if errors:
         raise ConfigError(errors)
     return out

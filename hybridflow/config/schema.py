@@ -22,6 +22,7 @@ from hybridflow.config.schema_roles import (  # noqa: F401 - re-exported: the ro
     CustomRewardFunctionConfig,
     FSDPConfig,
     FusedKernelOptions,
+    MegatronConfig,
     MixedPrecisionConfig,
     ModelConfig,
     MultiTurnConfig,

@@ -74,6 +74,49 @@ class FSDPConfig:
 
 
 @dataclass(**KW)
+class MegatronConfig:
+    """verl's ``<role>.megatron`` node.  With ``<role>.strategy=megatron`` the parallel sizes lay out the torch-native
+    N-D engine (tp, ep; context parallelism as Ulysses) and the offload keys act through the role's FSDP settings;
+    the rest are Megatron-LM internals, inert or refused (``config/checks/megatron.py``, ``key_policy``)."""
+
+    tensor_model_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: Optional[int] = None
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: Optional[int] = None
+    context_parallel_size: int = 1
+    sequence_parallel: bool = True
+    use_distributed_optimizer: bool = True
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: Optional[str] = None
+    dist_checkpointing_prefix: str = ""
+    dist_ckpt_optim_fully_reshardable: bool = False
+    distrib_optim_fully_reshardable_mem_efficient: bool = False
+    dynamic_context_parallel: bool = False
+    max_seqlen_per_dp_cp_rank: Optional[int] = None
+    entropy_from_logits_with_chunking: bool = False
+    entropy_from_logits_chunk_size: int = 2048
+    seed: int = 42
+    override_ddp_config: dict = field(default_factory=dict)
+    override_transformer_config: dict = field(default_factory=dict)
+    override_mcore_model_config: dict = field(default_factory=dict)
+    use_mbridge: bool = True
+    vanilla_mbridge: bool = False
+    use_remove_padding: bool = True
+    pad_bshd_to_minibatch_max: bool = True
+    pad_to_length: bool = False
+    pad_to_length_bucket: int = 512
+    use_megatron_fsdp: bool = False
+    forward_only: bool = False
+    dtype: str = "bfloat16"
+    router_replay: dict = field(default_factory=dict)
+    qat: dict = field(default_factory=dict)
+
+
+@dataclass(**KW)
 class OptimConfig:
     optimizer: str
     optimizer_impl: str
@@ -90,6 +133,20 @@ class OptimConfig:
     warmup_style: Optional[str]
     override_optimizer_config: Optional[dict]
     zero_indexed_step: bool = True  # the cosine schedule counts optimizer steps from 0 (False: from 1, as torchtitan)
+    # Megatron's optimizer keys (verl's optim/megatron.yaml): lr_decay_style / min_lr act (config/checks/megatron.py)
+    lr_decay_style: Optional[str] = None
+    min_lr: Optional[float] = None
+    lr_warmup_init: float = 0.0
+    lr_decay_steps: Optional[int] = None
+    weight_decay_incr_style: str = "constant"
+    lr_wsd_decay_style: str = "exponential"
+    lr_wsd_decay_steps: Optional[int] = None
+    use_checkpoint_opt_param_scheduler: bool = False
+    use_precision_aware_optimizer: bool = False
+    main_grads_dtype: str = "fp32"
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
+    use_layer_wise_distributed_optimizer: bool = False
 
 
 @dataclass(**KW)
@@ -187,6 +244,7 @@ class ActorConfig:
     checkpoint: CheckpointContents
     optim: OptimConfig
     fsdp_config: FSDPConfig
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
     profiler: dict
 
 
@@ -207,6 +265,7 @@ class RefConfig:
     router_replay: dict
     model: Optional[dict]
     fsdp_config: FSDPConfig
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
     profiler: dict
 
 
@@ -393,6 +452,7 @@ class CriticConfig:
     checkpoint: CheckpointContents
     optim: OptimConfig
     model: CriticModelConfig
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
     profiler: dict
 
 

@@ -93,7 +93,8 @@ class ParallelDims:
             raise ParallelDimsError(
                 f"{self.ep_key}={self.ep} must divide the data-parallel size dp = world / (sp x tp) = "
                 f"{self.world} / ({self.sp} x {self.tp}) = {self.dp}: expert-parallel ranks hold different rows "
-                "(ep is carved out of dp, as in Megatron); lower it or add ranks")
+                "(ep is carved out of dp here; Megatron can also fold the tensor-parallel ranks into the experts' groups, "
+                "which is not built); lower it or add ranks")
 
     # ------------------------------------------------------------------ sizes and coordinates (no process group)
     @property

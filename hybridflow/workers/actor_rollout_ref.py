@@ -65,13 +65,12 @@ class ActorRolloutRefWorker(Worker):
         self._is_ref = role in ("ref", "actor_rollout_ref")
         # verl: a saved adapter (lora_adapter_path) makes the run LoRA even with lora_rank=0
         self._lora = int(config.model.lora_rank) > 0 or config.model.lora_adapter_path is not None
-        self._actor_dims = ParallelDims(self.world_size, sp=config.actor.ulysses_sequence_parallel_size,
-                                        key="actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+        # dp x sp x tp (ep inside dp): Ulysses sp and, with strategy=megatron, the megatron node's tp / ep
+        self._actor_dims = ParallelDims.for_role(self.world_size, config.actor, "actor_rollout_ref.actor")
         if self._lora and self._is_actor:  # the reference is the actor without its adapters: same layout
             self._ref_dims = self._actor_dims
         else:
-            self._ref_dims = ParallelDims(self.world_size, sp=config.ref.ulysses_sequence_parallel_size,
-                                          key="actor_rollout_ref.ref.ulysses_sequence_parallel_size")
+            self._ref_dims = ParallelDims.for_role(self.world_size, config.ref, "actor_rollout_ref.ref")
         for mesh, dims in (("actor", self._actor_dims), ("ref", self._ref_dims)):
             self._register_dispatch_collect_info(mesh, dp_rank=dims.dp_rank(self.rank), is_collect=dims.is_collect(self.rank))
         self._register_dispatch_collect_info("rollout", dp_rank=self.rank, is_collect=True)
@@ -145,9 +144,16 @@ class ActorRolloutRefWorker(Worker):
             module = self._load_policy_module(self.config.actor.fsdp_config, trainable=False)
             self.actor_engine = TrainEngine(module, self.config.actor.fsdp_config, None, role="rollout")
         name = f"{self.role}/rank{self.rank}"
+        # an actor split by tensor / expert parallelism cannot generate with its own module (its layers run over
+        # several ranks): the hf engine gets a module of its own, filled bucket by bucket after every update
+        own_copy = rc.name == "hf" and self.actor_engine.parallel_dims.nd
+        bucket_bytes = int(rc.checkpoint_engine.update_weights_bucket_megabytes) << 20 if own_copy else None
         if rc.name == "hf":
+            model = self.actor_engine.module
+            if own_copy:
+                model = self._load_policy_module(self.config.actor.fsdp_config, trainable=False).to(self.device).eval()
             engine = create_rollout_engine(
-                "hf", model=self.actor_engine.module, tokenizer=self.tokenizer, processor=self.processor,
+                "hf", model=model, tokenizer=self.tokenizer, processor=self.processor,
                 max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank, name=name,
             )
         else:
@@ -157,9 +163,9 @@ class ActorRolloutRefWorker(Worker):
                 kwargs.update(lora_rank=int(mc.lora_rank), lora_alpha=float(mc.lora_alpha),
                               trust_remote_code=bool(mc.trust_remote_code))
             engine = ROLLOUT_ENGINES.get(rc.name)(**kwargs)
-        shares_weights = rc.name == "hf"
+        shares_weights = rc.name == "hf" and not own_copy
         self.rollout = RolloutHost(engine, self.actor_engine, name=name, shares_weights=shares_weights,
-                                   stall_timeout_s=float(rc.stall_timeout_s))
+                                   stall_timeout_s=float(rc.stall_timeout_s), bucket_bytes=bucket_bytes)
         if not shares_weights:
             self.rollout.sync_weights()
 
@@ -200,9 +206,14 @@ class ActorRolloutRefWorker(Worker):
         self._rollout_host().sleep()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def sync_rollout_weights(self) -> float | None:
-        """Actor -> rollout weights; ``None`` when the engine generates with the actor's own module."""
-        return self._rollout_host().sync_weights()
+    def sync_rollout_weights(self) -> float | dict[str, float] | None:
+        """Actor -> rollout weights: the seconds spent (with the transition's ``update_weights/*`` stats when they
+        were streamed in buckets); ``None`` when the engine generates with the actor's own module."""
+        host = self._rollout_host()
+        seconds = host.sync_weights()
+        if seconds is None or not host.last_sync:
+            return seconds
+        return {"seconds": seconds, **host.last_sync}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def abort_rollout(self) -> None:

@@ -124,8 +124,7 @@ class CriticWorker(Worker):
     def __init__(self, config: Any):
         super().__init__()
         self.config = config
-        self._dims = ParallelDims(self.world_size, sp=config.ulysses_sequence_parallel_size,
-                                  key="critic.ulysses_sequence_parallel_size")
+        self._dims = ParallelDims.for_role(self.world_size, config, "critic")
         self._register_dispatch_collect_info("critic", dp_rank=self._dims.dp_rank(self.rank),
                                              is_collect=self._dims.is_collect(self.rank))
         self.engine: TrainEngine | None = None

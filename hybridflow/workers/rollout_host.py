@@ -8,7 +8,10 @@ FSDP shards of the shared module resharded); for a generation the controller wak
 ``shares_weights``: the ``hf`` engine built on the actor's own module generates with whatever the last
 update left in it, so :meth:`sync_weights` moves nothing and returns ``None``.  An engine with its own
 copy of the weights (vLLM) gets the full, unsharded actor weights pushed into it, and the seconds spent
-are returned for ``timing_s/update_weights``.
+are returned for ``timing_s/update_weights``.  ``bucket_bytes`` (an ``hf`` engine with its own module, next to an
+actor split by tensor / expert parallelism) streams them instead: each rank gathers the actor's pieces a bucket
+at a time and copies each bucket into the engine (``engine/reshard.py``), never holding a second full copy; the
+transition's stats (bytes, buckets, peak memory rise) are kept in :attr:`RolloutHost.last_sync`.
 """
 
 from __future__ import annotations
@@ -30,11 +33,14 @@ class RolloutHost:
     """Serves ``engine`` from this process; ``train_engine`` holds the module the weights come from."""
 
     def __init__(self, engine: RolloutEngine, train_engine: TrainEngine, name: str, shares_weights: bool,
-                 stream_method: str = "rollout_stream", stall_timeout_s: float = 300.0):
+                 stream_method: str = "rollout_stream", stall_timeout_s: float = 300.0,
+                 bucket_bytes: int | None = None):
         self.engine = engine
         self.train_engine = train_engine
         self.shares_weights = shares_weights
         self.stream_method = stream_method
+        self.bucket_bytes = bucket_bytes
+        self.last_sync: dict[str, float] = {}
         self.server = RolloutServer(engine, name=name, stall_timeout_s=stall_timeout_s)
         self._awake: contextlib.ExitStack | None = None
 
@@ -80,6 +86,16 @@ class RolloutHost:
         """Push the actor's latest weights into an engine with its own copy; ``None`` when shared."""
         if self.shares_weights:
             return None
+        if self.bucket_bytes is not None:
+            from hybridflow.engine.reshard import reshard_in_buckets
+
+            def load(bucket):
+                self.server.call(lambda: self.engine.update_weights(bucket), what="weights")
+
+            with self.train_engine.on_device():
+                stats = reshard_in_buckets(self.train_engine.module, load, self.bucket_bytes)
+            self.last_sync = stats.as_metrics()
+            return stats.seconds
         start = time.perf_counter()
         with self.train_engine.full_params() as module:
             tensors = list(module.state_dict().items())

@@ -70,13 +70,6 @@ def test_wrong_type_names_field():
     assert "'actor_rollout_ref.rollout.temperature' expects a number, got 'hot'" in msg
 
 
-def test_megatron_refused_with_supported_options():
-    msg = errors_of(MICRO + ["actor_rollout_ref.actor.strategy=megatron"])
-    assert "megatron is not supported" in msg and "fsdp2" in msg
-    with pytest.raises(ConfigError, match="Megatron-LM training is not supported"):
-        load_config(MICRO, config_name="ppo_megatron_trainer")
-
-
 def test_unsupported_choices_list_alternatives():
     msg = errors_of(MICRO + ["actor_rollout_ref.rollout.name=lmdeploy", "data.truncation=sideways",
                              "actor_rollout_ref.actor.loss_agg_mode=mean"])

@@ -56,7 +56,8 @@ def bad_files(tmp_path):
 CONFIG_STAGE = [
     ("typo", [f"{A}.actor.ppo_mini_batch_sz=3"], [f"{A}.actor.ppo_mini_batch_size"]),
     ("type", [f"{A}.rollout.temperature=hot"], [f"{A}.rollout.temperature"]),
-    ("megatron", [f"{A}.actor.strategy=megatron"], [f"{A}.actor.strategy=megatron"]),
+    ("megatron_pp", [f"{A}.actor.strategy=megatron", f"{A}.actor.megatron.pipeline_model_parallel_size=2"],
+     [f"{A}.actor.megatron.pipeline_model_parallel_size=2", "pipeline parallelism is not built"]),
     ("choice", ["data.truncation=sideways"], ["data.truncation"]),
     ("batch_split", ["data.train_batch_size=3", f"{A}.actor.ppo_mini_batch_size=3", "trainer.n_gpus_per_node=2",
                      f"{A}.rollout.n=1"], ["data.train_batch_size=3"]),
@@ -92,7 +93,7 @@ CONFIG_STAGE = [
     ("alias_conflict", ["reward.num_workers=2", "reward_model.num_workers=3"],
      ["reward.num_workers=2 and reward_model.num_workers=3"]),
     ("mirror", [f"{A}.actor.rollout_n=5"], [f"{A}.actor.rollout_n=5"]),
-    ("model_engine", ["model_engine=megatron"], ["model_engine='megatron'"]),
+    ("model_engine", ["model_engine=torchtitan"], ["model_engine=torchtitan"]),
     ("veomni", [f"+{A}.actor.veomni.param_offload=true"], [f"{A}.actor.veomni.param_offload"]),
     ("over_sample", [f"{A}.rollout.over_sample_rate=0.1"], [f"{A}.rollout.over_sample_rate=0.1"]),
 ]

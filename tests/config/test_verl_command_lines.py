@@ -1,4 +1,5 @@
-"""verl's own FSDP launch command lines must load unchanged; Megatron ones must be refused clearly."""
+"""verl's own launch command lines must load unchanged (Megatron ones on the torch-native N-D engine); those asking
+for pipeline parallelism or a missing feature are refused clearly."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from vllm_helpers import verl_sections as sections  # the recorded scripts, pars
 ACCEPT = [s for s in sections() if not s[0].startswith("refuse")]
 REFUSE = [s for s in sections() if s[0].startswith("refuse:")]
 REFUSE_FEATURE = [s for s in sections() if s[0].startswith("refuse-feature:")]
+REFUSE_STRAY = [s for s in sections() if s[0].startswith("refuse-stray:")]
 
 
 def _resolved(cfg, key: str):
@@ -68,11 +70,20 @@ def test_command_lines_asking_for_missing_features_are_refused(name, args):
 
 
 @pytest.mark.parametrize("name,args", REFUSE, ids=[s[0] for s in REFUSE])
-def test_megatron_command_lines_are_refused(name, args):
+def test_megatron_command_lines_with_pipeline_stages_are_refused(name, args):
     cl = parse_command_line(args)
     with pytest.raises(ConfigError) as e:
         load_config(cl.overrides, cl.config_path, cl.config_name)
-    assert "not supported" in str(e.value) and ("FSDP2" in str(e.value) or "fsdp2" in str(e.value))
+    assert "pipeline_model_parallel_size=2: pipeline parallelism is not built" in str(e.value)
+
+
+@pytest.mark.parametrize("name,args", REFUSE_STRAY, ids=[s[0] for s in REFUSE_STRAY])
+def test_megatron_keys_without_the_megatron_strategy_are_refused(name, args):
+    """The node would silently do nothing on the fsdp strategy: the error names the keys and the strategy."""
+    cl = parse_command_line(args)
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.megatron\.pipeline_model_parallel_size, .*the "
+                                          r"megatron node is read only with actor_rollout_ref\.actor\.strategy=megatron"):
+        load_config(cl.overrides, cl.config_path, cl.config_name)
 
 
 def test_one_script_through_the_console_script(dry_run_assets):

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from hybridflow.config.checks.algorithms import check_algorithms, check_group_size, check_rollout_correction
 from hybridflow.config.checks.batch import check_batch_sizes, check_legacy_micro, n_devices
 from hybridflow.config.checks.extensions import check_import_modules
+from hybridflow.config.checks.megatron import check_megatron
 from hybridflow.config.checks.normalise import check_mirrors, normalise_deprecated
 from hybridflow.config.checks.parallel import check_sequence_parallel
 from hybridflow.config.checks.placement import check_async_config
@@ -95,10 +96,11 @@ def check_plan(cfg, errors: list[str]) -> None:
 CONFIG_CHECKS: tuple[Check, ...] = (
     Check("import_modules", check_import_modules),      # trainer.import_modules / VERL_USE_EXTERNAL_MODULES
     Check("normalise", normalise_deprecated),           # deprecated spellings -> the keys the code reads
+    Check("megatron", check_megatron),                  # strategy=megatron: tp / ep / cp sizes, offload, refusals
     Check("mirrors", check_mirrors),                    # verl's copies of a key (actor.rollout_n, ...) agree
     Check("choices", check_choices),                    # enumerated values
     Check("value_ranges", check_value_ranges),          # numbers in their meaningful range (clip_ratio >= 0, ...)
-    Check("strategies", check_strategies),              # fsdp / fsdp2
+    Check("strategies", check_strategies),              # fsdp / fsdp2 / megatron
     Check("dtypes", check_dtypes),
     Check("schedules", check_schedules),                # lr schedules
     Check("sampling", check_sampling),                  # training temperature

@@ -40,10 +40,13 @@ def sp_roles(cfg: Any) -> list[tuple[str, int, bool, str]]:
 
 
 def data_parallel_size(cfg: Any, role: str) -> int:
-    """Data-parallel groups of ``role`` (``actor_rollout_ref.actor``, ``critic``, ...): devices / sp."""
+    """Data-parallel groups of ``role`` (``actor_rollout_ref.actor``, ``critic``, ...): devices / (sp x tp)."""
+    from hybridflow.config.checks.megatron import role_model_parallel
+
     sp = {prefix: size for prefix, size, _, _ in sp_roles(cfg)}.get(role, 1)
+    sp = max(1, sp) * role_model_parallel(cfg, role)  # tensor-parallel peers share their rows too
     n_dev = _n_devices(cfg)
-    return n_dev // sp if sp >= 1 and n_dev % sp == 0 else n_dev
+    return n_dev // sp if n_dev % sp == 0 else n_dev
 
 
 def _head_counts(path: str | None) -> tuple[int, int] | None:

@@ -99,9 +99,13 @@ def _check_placement(cfg, errors: list[str]) -> None:
                       "broadcast checkpoint engine takes no extra arguments; remove the key")
     bucket_key, backend_key = _CKPT_ENGINE_KEYS[1], _CKPT_ENGINE_KEYS[0]
     if not cfg.split_placement:
-        # the colocated vLLM engine reloads the actor's weights in buckets of update_weights_bucket_megabytes;
-        # the colocated hf engine generates with the actor's own module and no weights move
-        acting = () if rc.name == "vllm" else (bucket_key,)
+        # the colocated vLLM engine reloads the actor's weights in buckets of update_weights_bucket_megabytes, and
+        # so does the hf engine next to an actor split by tensor / expert parallelism (it keeps its own copy);
+        # otherwise the colocated hf engine generates with the actor's own module and no weights move
+        actor = cfg.actor_rollout_ref.actor
+        split = actor.strategy == "megatron" and (int(actor.megatron.tensor_model_parallel_size) > 1
+                                                  or int(actor.megatron.expert_model_parallel_size) > 1)
+        acting = () if rc.name == "vllm" or split else (bucket_key,)
         for key in (*_POOL_KEYS, backend_key, *acting):
             if _changed(cfg, key):
                 errors.append(f"{key}={_get(cfg, key)!r} acts only when the rollout has its own pool: with "

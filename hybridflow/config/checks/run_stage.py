@@ -17,6 +17,7 @@ from typing import Any
 
 from hybridflow.config.checks import CONFIG_CHECKS, Check, RunContext, run_checks
 from hybridflow.config.checks.machine import check_rollout_hardware, check_rollout_precision
+from hybridflow.config.checks.megatron import check_megatron_model
 from hybridflow.config.checks.outputs import check_output_dirs
 from hybridflow.utils.load_object import LoadObjectError, UserObjectNotFoundError, load_object
 
@@ -163,6 +164,7 @@ RUN_CHECKS: tuple[Check, ...] = (
     Check("rollout_hardware", check_rollout_hardware),    # engine keys that cannot act on this device
     Check("rollout_precision", check_rollout_precision),  # pi_old from the rollout needs the training precision
     Check("model_files", check_model_files),              # config.json: a causal LM the engine can serve
+    Check("megatron_model", check_megatron_model),        # strategy=megatron: tp / ep divide heads, MLP, experts
     Check("data_files", check_data_files),                # files exist, a step's prompts are there
     Check("user_code", check_user_code),                  # reward function + signature, classes, external_lib
     Check("optimizers", check_optimizers),                # optim.optimizer_impl / optimizer name a class

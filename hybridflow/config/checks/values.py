@@ -11,7 +11,7 @@ __all__ = ["CHOICES", "DTYPE_NAMES", "KL_ESTIMATORS", "LOSS_AGG_MODES", "SUPPORT
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 # dtype spellings the engine understands (engine/device.py maps them; tests/config keeps the two in step)
 DTYPE_NAMES = ("fp32", "float32", "float", "bf16", "bfloat16", "fp16", "float16", "half")
-SUPPORTED_STRATEGIES = ("fsdp", "fsdp2")
+SUPPORTED_STRATEGIES = ("fsdp", "fsdp2", "megatron")
 SUPPORTED_ROLLOUTS = ("hf", "vllm", "sglang")
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 CHOICES = {
@@ -104,12 +104,10 @@ def check_strategies(cfg: PPOConfig, errors: list[str]) -> None:
         ("critic.strategy", cfg.critic.strategy),
         ("reward_model.strategy", cfg.reward_model.strategy),
     ]
-    if pairs[0][1] == "megatron":  # ref and critic follow the actor's strategy: report it once
-        pairs = pairs[:1]
     for key, val in pairs:
-        if val == "megatron":
-            errors.append(f"{key}=megatron is not supported: hybridflow trains with FSDP2. "
-                          f"Use {key}=fsdp2 (or fsdp, which means the same here).")
+        if key == "reward_model.strategy" and val == "megatron":
+            errors.append(f"{key}=megatron: the reward model runs on FSDP2 without tensor / expert parallelism; use "
+                          f"{key}=fsdp2 (or fsdp)")
         elif val not in SUPPORTED_STRATEGIES:
             errors.append(f"{key}={val!r} is not supported; choose one of: {', '.join(SUPPORTED_STRATEGIES)}")
 

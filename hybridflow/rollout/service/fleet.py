@@ -57,6 +57,7 @@ class HybridFleet(RolloutFleet):
     """
 
     def __init__(self, group: Any):
+        self.last_metrics: dict[str, float] = {}
         self.group = group
         self.replicas = list(group.rollout_replica(group.host_role))
 
@@ -67,7 +68,17 @@ class HybridFleet(RolloutFleet):
         self.group.sleep_rollout()
 
     def update_weights(self) -> float | None:
-        seconds = [s for s in self.group.sync_rollout_weights() if s is not None]
+        """Seconds of the slowest rank; a rank that streamed its weights in buckets also reports the transition's
+        stats (``update_weights/*``: bytes, buckets, peak memory rise), kept as the max over ranks in
+        :attr:`last_metrics`."""
+        results = [r for r in self.group.sync_rollout_weights() if r is not None]
+        self.last_metrics = {}
+        for r in results:
+            if isinstance(r, dict):
+                for k, v in r.items():
+                    if k != "seconds":
+                        self.last_metrics[k] = max(self.last_metrics.get(k, v), v)
+        seconds = [r["seconds"] if isinstance(r, dict) else r for r in results]
         return max(seconds) if seconds else None
 
     def abort_all(self) -> None:

@@ -1,0 +1,203 @@
+"""verl's Megatron keys on the torch-native N-D engine (``<role>.strategy=megatron``).
+
+verl selects its Megatron-LM backend three ways -- ``--config-name=ppo_megatron_trainer`` (the loader turns it into
+``strategy=megatron`` on the actor, reference and critic), ``<role>.strategy=megatron``, and verl 0.9's
+``model_engine=megatron`` (written into the three strategies here).  A role on that strategy trains with the same
+FSDP2 engine as ``fsdp2``, laid out by its ``megatron`` node:
+
+* ``tensor_model_parallel_size`` / ``expert_model_parallel_size``: the tp / ep dimensions of the role's mesh
+  (``engine/parallel_dims.py``; tp splits heads, MLP columns and the vocabulary, ep the MoE experts);
+* ``context_parallel_size``: runs as Ulysses sequence parallelism over that many ranks (written into
+  ``<role>.ulysses_sequence_parallel_size``; an explicit, different Ulysses size is a conflict);
+* ``param_offload`` / ``optimizer_offload``: written into the role's ``fsdp_config`` (the engine moves parameters /
+  Adam moments to the CPU between phases);
+* ``expert_tensor_parallel_size``: experts stay whole inside a tensor-parallel group, so only 1 (or null) is
+  accepted; ``pipeline_model_parallel_size`` > 1 is refused (pipelining is not built);
+  ``use_distributed_optimizer=false`` is refused (FSDP2 always shards the optimizer state over the data ranks).
+
+The remaining keys of the node are Megatron-LM internals: ``key_policy`` lists them as inert or refused.
+The keys of a role on another strategy must stay at their defaults (they would silently do nothing).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["check_megatron", "check_megatron_model", "megatron_roles", "role_model_parallel"]
+
+_ENGINES = ("dp", "fsdp", "megatron")
+_DEFAULTS = {"tensor_model_parallel_size": 1, "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
+             "pipeline_model_parallel_size": 1, "context_parallel_size": 1, "param_offload": False,
+             "optimizer_offload": False, "use_distributed_optimizer": True}
+
+
+def megatron_roles(cfg: Any) -> list[tuple[str, Any, Any]]:
+    """``(key prefix, role node, its fsdp_config)`` of the roles that have a ``megatron`` node."""
+    arr = cfg.actor_rollout_ref
+    return [("actor_rollout_ref.actor", arr.actor, arr.actor.fsdp_config),
+            ("actor_rollout_ref.ref", arr.ref, arr.ref.fsdp_config),
+            ("critic", cfg.critic, cfg.critic.model.fsdp_config)]
+
+
+def role_model_parallel(cfg: Any, prefix: str) -> int:
+    """The tensor-parallel size of a role (1 unless its strategy is megatron)."""
+    for key, node, _ in megatron_roles(cfg):
+        if key == prefix and node.strategy == "megatron":
+            return max(1, int(node.megatron.tensor_model_parallel_size or 1))
+    return 1
+
+
+def _engine_choice(cfg: Any, errors: list[str], notes: list[str]) -> None:
+    engine = str(cfg.model_engine)
+    if engine not in _ENGINES:
+        errors.append(f"model_engine={engine}: verl's {engine} training engine is not available here. Use "
+                      "model_engine=dp (FSDP2) or model_engine=megatron (FSDP2 laid out by the *.megatron.* keys: "
+                      "tensor, expert and context parallelism)")
+    elif engine == "megatron":
+        for prefix, node, _ in megatron_roles(cfg):
+            node.strategy = "megatron"
+        notes.append("model_engine=megatron: the actor, reference and critic use strategy=megatron (the torch-native "
+                     "N-D engine laid out by their megatron nodes)")
+
+
+def _stray_keys(prefix: str, node: Any, errors: list[str]) -> None:
+    changed = [k for k, v in _DEFAULTS.items() if getattr(node.megatron, k) != v]
+    if changed:
+        errors.append(f"{', '.join(f'{prefix}.megatron.{k}' for k in changed)}: the megatron node is read only with "
+                      f"{prefix}.strategy=megatron (this role has strategy={node.strategy}); set the strategy (or "
+                      "model_engine=megatron) or drop the keys")
+
+
+def _layout(prefix: str, node: Any, fsdp: Any, lora: bool, errors: list[str], notes: list[str]) -> None:
+    m = node.megatron
+    key = f"{prefix}.megatron"
+    if int(m.pipeline_model_parallel_size or 1) > 1:
+        errors.append(f"{key}.pipeline_model_parallel_size={m.pipeline_model_parallel_size}: pipeline parallelism is "
+                      "not built in hybridflow's torch-native engine. Set it to 1: the layers are split by "
+                      f"{key}.tensor_model_parallel_size (heads, MLP, vocabulary) and "
+                      f"{key}.expert_model_parallel_size (MoE experts), and FSDP2 shards everything over the data "
+                      "ranks, which fits what pipeline stages would")
+    etp = m.expert_tensor_parallel_size
+    if etp is not None and int(etp) != 1:
+        errors.append(f"{key}.expert_tensor_parallel_size={etp}: experts are split over "
+                      f"{key}.expert_model_parallel_size only and each tensor-parallel rank keeps its experts whole; "
+                      "set it to 1 (or null)")
+    if not m.use_distributed_optimizer:
+        errors.append(f"{key}.use_distributed_optimizer=false: a replicated optimizer is not offered; FSDP2 shards "
+                      "parameters, gradients and the optimizer state over the data-parallel ranks (what verl's "
+                      "default true means). Drop the key")
+    cp = int(m.context_parallel_size or 1)
+    if cp < 1:
+        errors.append(f"{key}.context_parallel_size={cp}: must be >= 1")
+    elif cp > 1:
+        sp = int(node.ulysses_sequence_parallel_size or 1)
+        if sp not in (1, cp):
+            errors.append(f"{key}.context_parallel_size={cp} and {prefix}.ulysses_sequence_parallel_size={sp} both "
+                          "split the sequence: context parallelism runs as Ulysses here, so set only one of them")
+        else:
+            node.ulysses_sequence_parallel_size = cp
+            notes.append(f"{key}.context_parallel_size={cp} runs as Ulysses sequence parallelism over {cp} ranks "
+                         f"({prefix}.ulysses_sequence_parallel_size={cp})")
+    for name in ("param_offload", "optimizer_offload"):
+        if getattr(m, name) and not getattr(fsdp, name):
+            setattr(fsdp, name, True)
+    if int(m.tensor_model_parallel_size) > 1 and lora:
+        errors.append(f"{key}.tensor_model_parallel_size={m.tensor_model_parallel_size} with LoRA "
+                      "(actor_rollout_ref.model.lora_rank > 0): the adapters' low-rank layers have no tensor-parallel "
+                      "split; train LoRA with tensor_model_parallel_size=1 (FSDP2 and expert parallelism work)")
+
+
+def _layout_errors(cfg: Any, errors: list[str]) -> None:
+    """The sizes against the devices of the role: world = dp x sp x tp, ep divides dp (ParallelDims' own rules)."""
+    from hybridflow.config.checks.batch import n_devices
+    from hybridflow.engine.parallel_dims import ParallelDims, ParallelDimsError
+
+    world = n_devices(cfg)
+    for prefix, node, _ in megatron_roles(cfg):
+        if node.strategy != "megatron" or (prefix == "critic" and not cfg.use_critic):
+            continue
+        try:
+            ParallelDims.for_role(world, node, prefix)
+        except ParallelDimsError as e:
+            where = ("the local backend runs one process" if cfg.trainer.backend == "local"
+                     else f"trainer.nnodes x trainer.n_gpus_per_node = {world} devices")
+            errors.append(f"{e} ({where})")
+
+
+_DECAY_STYLES = {"constant": "constant", "cosine": "cosine"}
+
+
+def _optimizer_keys(cfg: Any, errors: list[str], notes: list[str]) -> None:
+    """Megatron's spelling of the schedule (verl's optim/megatron.yaml) into the keys the engine reads."""
+    for key, optim in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim),
+                       ("critic.optim", cfg.critic.optim)):
+        style = optim.lr_decay_style
+        if style is not None:
+            if str(style) not in _DECAY_STYLES:
+                errors.append(f"{key}.lr_decay_style={style}: only constant and cosine schedules are built "
+                              f"({key}.lr_scheduler_type); choose one of them")
+            else:
+                optim.lr_scheduler_type = _DECAY_STYLES[str(style)]
+                notes.append(f"{key}.lr_decay_style={style} is used as {key}.lr_scheduler_type={style}")
+        if optim.min_lr is not None:
+            if float(optim.lr) <= 0:
+                errors.append(f"{key}.min_lr={optim.min_lr} needs {key}.lr > 0 (the floor is min_lr / lr of it)")
+            else:
+                optim.min_lr_ratio = float(optim.min_lr) / float(optim.lr)
+                notes.append(f"{key}.min_lr={optim.min_lr} is used as {key}.min_lr_ratio={optim.min_lr_ratio:.6g}")
+
+
+def check_megatron(cfg: Any, errors: list[str], notes: list[str]) -> None:
+    """Stage-1 check (runs before the strategies, Ulysses and batch-size checks, which read what it writes)."""
+    _engine_choice(cfg, errors, notes)
+    _optimizer_keys(cfg, errors, notes)
+    lora = int(cfg.actor_rollout_ref.model.lora_rank) > 0 or cfg.actor_rollout_ref.model.lora_adapter_path is not None
+    found: list[str] = []
+    for prefix, node, fsdp in megatron_roles(cfg):
+        if node.strategy != "megatron":
+            _stray_keys(prefix, node, found)
+            continue
+        _layout(prefix, node, fsdp, lora and prefix == "actor_rollout_ref.actor", found, notes)
+    if not found:
+        _layout_errors(cfg, found)
+    errors.extend(_without_echoes(found))
+
+
+def _without_echoes(found: list[str]) -> list[str]:
+    """The reference's megatron sizes follow the actor's (as in verl): a problem it only inherits is said once, for
+    the actor."""
+    actor, ref = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
+    return [e for e in found if not (ref in e and e.replace(ref, actor) in found)]
+
+
+_EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
+
+
+def check_megatron_model(cfg: Any, errors: list[str]) -> None:
+    """Run stage: the model can be split as asked -- tp divides its attention and key/value heads and the MLP's
+    intermediate size, ep its experts (the engine's own rules; reads ``config.json`` only)."""
+    from hybridflow.engine.expert_parallel import expert_parallel_problem
+    from hybridflow.engine.model_loader import ModelLoadError, load_hf_config
+    from hybridflow.engine.tensor_parallel import tensor_parallel_problem
+    from hybridflow.engine.transformers_adapter import text_config
+
+    found: list[str] = []
+    for prefix, node, _ in megatron_roles(cfg):
+        if node.strategy != "megatron" or (prefix == "critic" and not cfg.use_critic):
+            continue
+        tp, ep = int(node.megatron.tensor_model_parallel_size), int(node.megatron.expert_model_parallel_size)
+        if tp <= 1 and ep <= 1:
+            continue
+        model = cfg.critic.model if prefix == "critic" else cfg.actor_rollout_ref.model
+        field = "critic.model.path" if prefix == "critic" else "actor_rollout_ref.model.path"
+        try:
+            config = load_hf_config(model.path, model.trust_remote_code, None, field)
+        except ModelLoadError:
+            continue  # check_model_files reports it
+        problem = tensor_parallel_problem(config, tp, f"{prefix}.megatron.tensor_model_parallel_size")
+        text = text_config(config)
+        experts = next((int(getattr(text, k)) for k in _EXPERT_COUNT_KEYS if getattr(text, k, None)), None)
+        problem = problem or expert_parallel_problem(experts, ep, f"{prefix}.megatron.expert_model_parallel_size")
+        if problem:
+            found.append(f"{problem} ({model.path})")
+    errors.extend(_without_echoes(found))

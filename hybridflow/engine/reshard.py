@@ -1,0 +1,127 @@
+"""Training layout -> rollout layout, one bucket at a time (the 3D-HybridEngine transition).
+
+The actor trains on a dp x sp x tp mesh (experts on ep x edp): every parameter is a ``DTensor`` whose pieces lie
+on several ranks.  A rollout engine with its own copy of the weights (the ``hf`` engine next to an N-D actor,
+whose module cannot generate while its layers are split over ranks) needs them whole.  Gathering the full state
+dict first (``get_model_state_dict(full_state_dict=True)``) holds a second full copy of the model on every rank
+until the engine has copied it.  :func:`reshard_in_buckets` instead walks the state dict in a fixed order (every
+rank the same: each gather is a collective over the parameter's own mesh), gathers parameters until a bucket of
+``bucket_bytes`` is full, hands the bucket to ``load`` (which copies it into the engine's weights), drops it and
+goes on: beyond the engine's own weights a rank holds at most one bucket (plus the one parameter that overflows
+it).
+
+:class:`ReshardStats` says what moved: tensors, bytes gathered, buckets, the largest bucket, seconds, and the
+rise of the process's peak resident memory during the transition (Linux ``VmHWM``, reset before it starts).
+``benchmarks/bench_reshard.py`` measures it against the full gather.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["ReshardStats", "gathered_buckets", "peak_rss_bytes", "reset_peak_rss", "reshard_in_buckets"]
+
+Bucket = list[tuple[str, torch.Tensor]]
+
+
+@dataclass
+class ReshardStats:
+    tensors: int = 0
+    bytes: int = 0
+    buckets: int = 0
+    max_bucket_bytes: int = 0
+    seconds: float = 0.0
+    peak_rss_rise_bytes: int | None = None
+
+    def as_metrics(self, prefix: str = "update_weights") -> dict[str, float]:
+        """``update_weights/{tensors,bytes,buckets,max_bucket_bytes,peak_rss_rise_bytes}`` (the seconds are the
+        trainer's ``timing_s/update_weights``)."""
+        return {f"{prefix}/{k}": float(v) for k, v in asdict(self).items() if v is not None and k != "seconds"}
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident memory (``VmHWM``) to its current size; False where not supported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int | None:
+    """Peak resident memory of this process since start or the last :func:`reset_peak_rss` (Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def gathered_buckets(module: nn.Module, bucket_bytes: int, device: torch.device | str = "cpu",
+                     stats: ReshardStats | None = None) -> Iterator[Bucket]:
+    """The module's full tensors, gathered one parameter at a time and yielded in buckets of ``bucket_bytes``
+    (a tensor larger than that forms its own bucket).  Every rank of the module's meshes must iterate to the end.
+    A tensor stored under two names (tied embeddings) comes once, under its first name."""
+    seen: set[int] = set()
+    bucket: Bucket = []
+    size = 0
+    for name, tensor in module.state_dict().items():
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        key = local.data_ptr()
+        if key and key in seen:
+            continue
+        seen.add(key)
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        full = full.detach().to(device)
+        nbytes = full.numel() * full.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, full))
+        size += nbytes
+        if stats is not None:
+            stats.tensors += 1
+            stats.bytes += nbytes
+            stats.max_bucket_bytes = max(stats.max_bucket_bytes, size)
+    if bucket:
+        yield bucket
+
+
+def reshard_in_buckets(module: nn.Module, load: Callable[[Bucket], object], bucket_bytes: int,
+                       device: torch.device | str = "cpu") -> ReshardStats:
+    """Gather ``module`` bucket by bucket and ``load`` each (copy it into the rollout engine's weights); returns the
+    stats of the transition.  Collective: every rank calls it with the same module layout."""
+    stats = ReshardStats()
+    measured = reset_peak_rss()
+    before = _rss_bytes() if measured else None
+    start = time.perf_counter()
+    with torch.no_grad():
+        for bucket in gathered_buckets(module, bucket_bytes, device, stats):
+            load(bucket)
+            stats.buckets += 1
+            del bucket
+    stats.seconds = time.perf_counter() - start
+    peak = peak_rss_bytes() if measured else None
+    if peak is not None and before is not None:
+        stats.peak_rss_rise_bytes = max(0, peak - before)
+    return stats
