@@ -23,7 +23,7 @@ DENSE_REWARD = f"custom_reward_function.path={Path(__file__).with_name('reward_f
 COMPARED = ("critic/score/", "critic/advantages/", "response_length/", "actor/pg_loss", "actor/entropy",
             "actor/grad_norm", "actor/kl_loss")
 COMMON = [DENSE_REWARD, "custom_reward_function.name=compute_score_spread", "reward_model.num_workers=0",
-          "algorithm.adv_estimator=grpo", f"{A}.rollout.n=2", f"{A}.rollout.do_sample=false",
+          "algorithm.adv_estimator=grpo", f"{A}.rollout.n=1", f"{A}.rollout.do_sample=false",
           "trainer.balance_batch=false", f"{A}.actor.ppo_mini_batch_size=8", f"{A}.actor.ppo_micro_batch_size_per_gpu=4",
           f"{A}.actor.use_kl_loss=true", f"{A}.actor.kl_loss_coef=0.1", "trainer.save_freq=1"]
 BUCKETS = f"{A}.rollout.checkpoint_engine.update_weights_bucket_megabytes=1"  # acts for a split actor only

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_megatron", "check_megatron_model", "megatron_roles", "role_model_parallel"]
+__all__ = ["check_megatron", "check_megatron_model", "megatron_roles"]
 
 _ENGINES = ("dp", "fsdp", "megatron")
 _DEFAULTS = {"tensor_model_parallel_size": 1, "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
@@ -37,14 +37,6 @@ def megatron_roles(cfg: Any) -> list[tuple[str, Any, Any]]:
     return [("actor_rollout_ref.actor", arr.actor, arr.actor.fsdp_config),
             ("actor_rollout_ref.ref", arr.ref, arr.ref.fsdp_config),
             ("critic", cfg.critic, cfg.critic.model.fsdp_config)]
-
-
-def role_model_parallel(cfg: Any, prefix: str) -> int:
-    """The tensor-parallel size of a role (1 unless its strategy is megatron)."""
-    for key, node, _ in megatron_roles(cfg):
-        if key == prefix and node.strategy == "megatron":
-            return max(1, int(node.megatron.tensor_model_parallel_size or 1))
-    return 1
 
 
 def _engine_choice(cfg: Any, errors: list[str], notes: list[str]) -> None:
@@ -109,10 +101,10 @@ def _layout(prefix: str, node: Any, fsdp: Any, lora: bool, errors: list[str], no
 
 def _layout_errors(cfg: Any, errors: list[str]) -> None:
     """The sizes against the devices of the role: world = dp x sp x tp, ep divides dp (ParallelDims' own rules)."""
-    from hybridflow.config.checks.batch import n_devices
+    from hybridflow.config.checks.parallel import _n_devices
     from hybridflow.engine.parallel_dims import ParallelDims, ParallelDimsError
 
-    world = n_devices(cfg)
+    world = _n_devices(cfg)
     for prefix, node, _ in megatron_roles(cfg):
         if node.strategy != "megatron" or (prefix == "critic" and not cfg.use_critic):
             continue

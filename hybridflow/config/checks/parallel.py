@@ -39,10 +39,17 @@ def sp_roles(cfg: Any) -> list[tuple[str, int, bool, str]]:
     return roles
 
 
+def role_model_parallel(cfg: Any, role: str) -> int:
+    """The tensor-parallel size of ``role`` (1 unless its strategy is megatron: config/checks/megatron.py)."""
+    node = {"actor_rollout_ref.actor": cfg.actor_rollout_ref.actor, "actor_rollout_ref.ref": cfg.actor_rollout_ref.ref,
+            "critic": cfg.critic}.get(role)
+    if node is None or node.strategy != "megatron":
+        return 1
+    return max(1, int(node.megatron.tensor_model_parallel_size or 1))
+
+
 def data_parallel_size(cfg: Any, role: str) -> int:
     """Data-parallel groups of ``role`` (``actor_rollout_ref.actor``, ``critic``, ...): devices / (sp x tp)."""
-    from hybridflow.config.checks.megatron import role_model_parallel
-
     sp = {prefix: size for prefix, size, _, _ in sp_roles(cfg)}.get(role, 1)
     sp = max(1, sp) * role_model_parallel(cfg, role)  # tensor-parallel peers share their rows too
     n_dev = _n_devices(cfg)
