@@ -128,6 +128,9 @@ def test_scaled_qwen3_megatron_grpo_runs_a_step_on_ray(nano_model_dir, tmp_path)
         "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.logger=[file]",
         "trainer.report=false", f"trainer.default_local_dir={tmp_path}/ckpt", "reward_model.num_workers=0",
         f"{A}.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
+        # a score that changes with every character, so an untrained model's answers get advantages
+        f"custom_reward_function.path={HERE.parent / 'integration' / 'reward_fns.py'}",
+        "custom_reward_function.name=compute_score_spread",
     ]
     cl = parse_command_line(run)
     with warnings.catch_warnings():
@@ -140,4 +143,5 @@ def test_scaled_qwen3_megatron_grpo_runs_a_step_on_ray(nano_model_dir, tmp_path)
     finally:
         ray.shutdown()
     (step,) = [m for m in history.metrics if "timing_s/step" in m]
-    assert step["actor/grad_norm"] > 0 and step["update_weights/bytes"] > 0 and step["update_weights/buckets"] >= 1
+    assert step["actor/grad_norm"] > 0, step
+    assert step["update_weights/bytes"] > 0 and step["update_weights/buckets"] >= 1, step

@@ -81,7 +81,7 @@ def test_megatron_command_lines_with_pipeline_stages_are_refused(name, args):
 def test_megatron_keys_without_the_megatron_strategy_are_refused(name, args):
     """The node would silently do nothing on the fsdp strategy: the error names the keys and the strategy."""
     cl = parse_command_line(args)
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.megatron\.pipeline_model_parallel_size, .*the "
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.megatron\.pipeline_model_parallel_size: the "
                                           r"megatron node is read only with actor_rollout_ref\.actor\.strategy=megatron"):
         load_config(cl.overrides, cl.config_path, cl.config_name)
 

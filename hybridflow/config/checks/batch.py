@@ -80,9 +80,10 @@ def check_legacy_micro(cfg: PPOConfig, errors: list[str], notes: list[str]) -> N
 
 
 def _check_micro(cfg, role, mini, micro_global, micro_per_gpu, dynamic, name, errors, notes) -> None:
-    # with sequence parallelism a mini-batch is split over the dp = devices / sp groups
+    # with sequence / tensor parallelism a mini-batch is split over the dp = devices / (sp x tp) groups
     n, n_dev = cfg.actor_rollout_ref.rollout.n, data_parallel_size(cfg, role)
-    devices = "devices" if n_dev == n_devices(cfg) else "data-parallel groups (devices / ulysses_sequence_parallel_size)"
+    devices = "devices" if n_dev == n_devices(cfg) else \
+        "data-parallel groups (devices / (ulysses_sequence_parallel_size x megatron.tensor_model_parallel_size))"
     node = _get(cfg, role)
     if micro_global is not None and micro_per_gpu is not None:
         errors.append(f"set only one of {role}.{name} (deprecated, global) and {role}.{name}_per_gpu")
