@@ -40,7 +40,8 @@ def _model(path: Path, seed: int) -> str:
 
 def _warm_up(base: str, out_dir: Path, seed: int) -> str:
     """SFT on 50/50 exit()/correct answers: the sampled policy then writes exit() about half the time."""
-    from hybridflow.trainer.sft_trainer import load_sft_config, run_sft
+    from hybridflow.sft.config import load_sft_config
+    from hybridflow.sft.trainer import run_sft
 
     rows = [{"prompt": [{"role": "user", "content": "f"}],
              "response": FENCE_OPEN + (EXIT_PROGRAM if i % 2 else SOLVE_PROGRAM) + FENCE_CLOSE} for i in range(64)]

@@ -36,7 +36,7 @@ MESSAGES = {
     "decode": "injected decode fault",
     "nan_prefill": "non-finite logits",
     "nan_decode": "non-finite logits",
-    "cache_signature": "TypeError",
+    "cache_signature": "cannot take the call transformers",
     "stall_decode": "made no progress",
 }
 _phase = threading.local()
@@ -68,7 +68,7 @@ def install(fault: str) -> None:
     elif fault in ("nan_prefill", "nan_decode"):
         _install_nan("prefill" if fault == "nan_prefill" else "decode")
     elif fault == "cache_signature":
-        def update(self, key_states, value_states, *, kwargs=None):  # not what transformers passes: a TypeError
+        def update(self, key_states, value_states, *, kwargs=None):  # not what transformers passes: refused by the adapter
             raise AssertionError("never reached: the call itself does not bind")
 
         SlotKVCache.update = update

@@ -26,7 +26,7 @@ CAUSES = {  # what the message must say, besides the engine traceback
     "decode": "injected decode fault",
     "nan_prefill": "non-finite logits",
     "nan_decode": "non-finite logits",
-    "cache_signature": "TypeError",
+    "cache_signature": "cannot take the call transformers",
     "stall_decode": "made no progress",
 }
 

@@ -68,13 +68,13 @@ def _inject(monkeypatch, fault: str, engine: HFRolloutEngine) -> str:
             raise AssertionError("never reached")
 
         monkeypatch.setattr(SlotKVCache, "update", update)
-        return "TypeError"
+        return "cannot take the call transformers"
     raise ValueError(fault)
 
 
 FAULTS = ["admission", "prefill", "decode", "nan_prefill", "nan_decode", "cache_signature"]
 PHASE = {"admission": "admission", "prefill": "prefill", "decode": "decode", "nan_prefill": "prefill",
-         "nan_decode": "decode", "cache_signature": "prefill"}
+         "nan_decode": "decode", "cache_signature": "admission"}  # the adapter checks the cache before the prefill
 
 
 @pytest.fixture()

@@ -464,9 +464,10 @@ class ContinuousBatcher:
         width = max([self.kv_len] + [len(e.tokens) for e in entries] + [len(e.tokens) for e, _ in takeovers])
         src = torch.tensor([s for s, _ in moves], dtype=torch.long, device=self.device)
         dst = torch.tensor([d for _, d in moves], dtype=torch.long, device=self.device)
-        if cache is None:
-            self.cache = SlotKVCache(new_rows, new_cols, self.compute_dtype, self.param_dtype, self.device)
-            check_cache_object(self.cache)
+        if cache is None:  # checked before it is kept: a refused cache leaves the batcher as it was
+            fresh = SlotKVCache(new_rows, new_cols, self.compute_dtype, self.param_dtype, self.device)
+            check_cache_object(fresh)
+            self.cache = fresh
         elif realloc:
             self.cache = cache.resized(new_rows, new_cols, src, dst, width)
         elif moves:
