@@ -51,10 +51,11 @@ REFUSED: tuple[KeyRule, ...] = (
             "sizes verl's separate reward-model pool (reward_model.enable_resource_pool), which is not supported; "
             "drop the key (the reward model runs on the training devices)"),
     KeyRule("reward_model.rollout",
-            "serving the reward model from an inference engine (verl 0.9: reward.reward_model.rollout.*, generative "
-            f"reward models / LLM judges) {_NOT_BUILT}. Drop the rollout keys: a sequence-classification reward "
-            "model is scored by the FSDP reward-model worker (reward_model.enable=true with reward_model.model.path); "
-            "a judge model can be called from a reward function of your own (custom_reward_function.path)"),
+            "serving the reward model from an inference engine (verl 0.9: reward.reward_model.rollout.*) "
+            f"{_NOT_BUILT}. With a sequence-classification reward model (reward_model.model.path), drop every "
+            "reward_model.rollout.* / reward.reward_model.rollout.* key and keep the rest of the command line: the "
+            "FSDP reward-model worker scores the same checkpoint (its score head at each response's last token). A "
+            "generative judge can be called from a reward function of your own (custom_reward_function.path)"),
     KeyRule("actor_rollout_ref.ref.model",
             "a reference model other than the actor's starting point is not supported: the reference is "
             "actor_rollout_ref.model.path (or the LoRA actor with its adapter disabled)"),
@@ -67,11 +68,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("actor_rollout_ref.rollout.trace.backend",
             "rollout tracing to Weave or MLflow is not implemented; trainer.rollout_data_dir and "
             "trainer.validation_data_dir write every trajectory, and the run report shows samples"),
-    KeyRule("actor_rollout_ref.rollout.over_sample_rate",
-            "cutting the slowest tail of a generation (over-sampling) is not implemented: every trajectory of a step "
-            "runs to its end. Drop the key (to keep long trajectories from stalling steps, use async_training.mode="
-            "fully_async with actor_rollout_ref.hybrid_engine=false and rollout.name=hf: partial rollouts continue "
-            "them across weight syncs)"),
     KeyRule("data.return_raw_chat",
             "the rollout renders prompts from the chat messages, so hybridflow always keeps them (verl's async "
             "rollout needs return_raw_chat=true as well)"),
@@ -210,6 +206,10 @@ INERT: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.actor,critic}.optim.total_training_steps",
             "filled by the trainer from trainer.total_training_steps or the epochs (verl overwrites it too)"),
     KeyRule("trainer.use_legacy_worker_impl", "hybridflow has one worker implementation"),
+    KeyRule("actor_rollout_ref.rollout.over_sample_rate",
+            "no effect in verl either: its only reader, the SGLang SPMD rollout (aborting a step's last requests once "
+            "(1 - over_sample_rate) of them finished), was removed from verl; every trajectory of a step runs to its "
+            "end, as in verl"),
     KeyRule("actor_rollout_ref.rollout.skip_dump_dir", "only read with rollout.skip_rollout, which is refused"),
     KeyRule("actor_rollout_ref.actor.policy_loss.dro_beta",
             "read by verl's dro policy loss only, which hybridflow does not register (loss_mode=dro is refused)"),
