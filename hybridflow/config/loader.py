@@ -22,6 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from hybridflow.config.aliases import KEY_ALIASES, PATH_ALIASES, canonical_key  # noqa: F401 - re-exported
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.schema import PPOConfig
+from hybridflow.config.targets import drop_config_targets
 from hybridflow.utils.registry import closest
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -95,7 +96,7 @@ def compose_with_provenance(overrides: list[str], config_path: str | None = None
     from hydra.errors import HydraException
 
     name = config_name or DEFAULT_CONFIG_NAME
-    if name in ("ppo_megatron_trainer", "ppo_megatron_trainer.yaml"):
+    if "megatron" in Path(name).name:  # ppo_megatron_trainer, the recipes' dapo_megatron_trainer, ...
         raise ConfigError([
             f"--config-name={name}: Megatron-LM training is not supported. hybridflow trains with FSDP2; "
             "use the default config (drop --config-name) with actor_rollout_ref.actor.strategy=fsdp2."
@@ -132,7 +133,8 @@ def compose_with_provenance(overrides: list[str], config_path: str | None = None
         GlobalHydra.instance().clear()
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # drop the 'hydra' node
     cfg.pop("hydra", None)
-    _migrate_alias_nodes(cfg)
+    drop_config_targets(cfg)
+    _migrate_alias_nodes(cfg, {ov.partition("=")[0].lstrip("+~") for ov in overrides if "=" in ov})
     untouched = _untouched_interpolations(cfg)
     try:
         OmegaConf.resolve(cfg)
@@ -207,13 +209,15 @@ def _leaves(node: Any, prefix: str) -> list[tuple[str, Any]]:
     return [(prefix, node)]
 
 
-def _migrate_alias_nodes(cfg: DictConfig) -> None:
-    """A config file that uses verl 0.9's nodes (``reward:``, top-level ``sandbox_fusion:``, ``critic.fsdp:``): each
-    value that is set (not null) lands on the key read here; a conflicting value already there is an error."""
+def _migrate_alias_nodes(cfg: DictConfig, given: set[str] = frozenset()) -> None:
+    """A config file that uses verl 0.9's nodes (``reward:``, top-level ``sandbox_fusion:``, ``critic.fsdp:``) or the
+    first DAPO recipe's ``reward_model.overlong_buffer:``: each value that is set (not null) lands on the key read
+    here; a conflicting value already there is an error, unless the command line set it (``given``: the override
+    keys, in the spelling read here), which wins over the file as any override does."""
     raw = OmegaConf.to_container(cfg, resolve=False)
     defaults = _defaults_raw()
     errors = []
-    for old in ("reward", "sandbox_fusion", "critic.fsdp"):
+    for old in ("reward", "sandbox_fusion", "critic.fsdp", "reward_model.overlong_buffer"):
         node = OmegaConf.select(cfg, old, default=None)
         if node is None:
             continue
@@ -221,6 +225,8 @@ def _migrate_alias_nodes(cfg: DictConfig) -> None:
             if value is None or value == {}:
                 continue
             target = canonical_key(path)
+            if any(target == key or target.startswith(key + ".") for key in given):
+                continue
             current = _select(raw, target)
             if current is not _MISSING and current != value and current != _select(defaults, target):
                 errors.append(f"{path}={value!r} and {target}={current!r} set the same setting to different values; "
