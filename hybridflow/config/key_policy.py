@@ -83,9 +83,6 @@ REFUSED: tuple[KeyRule, ...] = (
             "hybridflow trains with FSDP2, which is verl's dp engine; Megatron, TorchTitan, VeOmni and Automodel "
             "engines are not available. Use model_engine=dp (or drop the key) with *.fsdp_config.* and the batch "
             "sizes"),
-    KeyRule("actor_rollout_ref.actor.use_prefix_grouper",
-            "shared-prefix grouping of a prompt's samples in the forward pass is not implemented: each sample is "
-            "computed whole (the same numbers, more compute). Drop the key"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref}.router_replay",
             "MoE router replay (recording the rollout's expert choices for the update) is not implemented; drop the "
             "key"),
@@ -243,6 +240,9 @@ ACTS: tuple[KeyRule, ...] = (
             "verl's reward-manager source: a registered name, or a class loaded from a file "
             "(reward.reward_manager.{source,module.path,module.name} in verl 0.9)"),
     KeyRule("trainer.import_modules", "user modules imported in every process of the run before names are checked"),
+    KeyRule("actor_rollout_ref.actor.use_prefix_grouper",
+            "the samples of a prompt share one forward of the prompt in the actor's log-prob and update passes "
+            "(engine/prefix_grouping.py)"),
 )
 
 

@@ -86,6 +86,8 @@ CONFIG_STAGE = [
     ("import_modules", ["trainer.import_modules=[no_such_user_module_xyz]"], ["trainer.import_modules[0]"]),
     ("trtllm", [f"{A}.rollout.name=trtllm"], [f"{A}.rollout.name=trtllm"]),
     ("ulysses", [f"{A}.actor.ulysses_sequence_parallel_size=2"], [f"{A}.actor.ulysses_sequence_parallel_size=2"]),
+    ("prefix_grouper_sp", [f"{A}.actor.use_prefix_grouper=true", f"{A}.actor.ulysses_sequence_parallel_size=2"],
+     [f"{A}.actor.use_prefix_grouper=true with {A}.actor.ulysses_sequence_parallel_size=2"]),
     ("use_v1", ["trainer.use_v1=true"], ["trainer.use_v1=True", "not built yet"]),
     ("distillation", ["distillation.enabled=true"], ["distillation.enabled=True", "not built yet"]),
     ("genrm", ["reward.reward_model.rollout.name=vllm"],
@@ -165,6 +167,11 @@ def test_a_refusal_for_a_seq_cls_reward_model_names_a_fix_that_runs(dry_run_asse
     rc, err = dry_run([*dry_run_assets, *GOOD, *rm, *served], tmp_path)
     assert rc == 2 and "drop every reward_model.rollout.*" in err, err
     rc, err = dry_run([*dry_run_assets, *GOOD, *rm], tmp_path)
+    assert rc == 0, err
+
+
+def test_prefix_grouper_passes_the_checks(dry_run_assets, tmp_path):
+    rc, err = dry_run([*dry_run_assets, *GOOD, f"{A}.actor.use_prefix_grouper=true"], tmp_path)
     assert rc == 0, err
 
 

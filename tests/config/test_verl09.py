@@ -211,7 +211,6 @@ REFUSED_SCRIPTS = {
     "on_policy_distillation_trainer/run_qwen3_8b_mopd_veomni.sh": r"VeOmni",
     "on_policy_distillation_trainer/run_qwen3_vl_8b_fsdp.sh": r"on-policy distillation .* is not built yet",
     "ppo_trainer/run_qwen3_8b_megatron.sh": _MEGATRON,
-    "prefix_grouper/run_qwen3_8b_fsdp.sh": r"use_prefix_grouper=True is not supported",
     "rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": r"rollout_rs_threshold='0.6_1.6,2.5'",
     "router_replay/run_qwen3_30b_a3b_megatron.sh": _MEGATRON,
     "router_replay/run_qwen3_5_35b_a3b_veomni.sh": r"VeOmni",
