@@ -124,7 +124,7 @@ def test_module_names_say_their_layer():
 # it; the pipeline's run stage (files: model config.json, data rows, agent/tool YAMLs) reads through agents,
 # engine and data, so it sits above them.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("entry points", ("cli", "__main__", "experimental", "trainer.main_ppo", "trainer.fsdp_sft_trainer", "trainer.sft_trainer",
+    ("entry points", ("cli", "__main__", "experimental", "recipe", "trainer.main_ppo", "trainer.fsdp_sft_trainer", "trainer.sft_trainer",
                       "trainer.runtime", "quickstart", "data.preprocess")),
     ("async controllers", ("trainer.asynchronous",)),
     ("single controller", ("trainer", "sft")),

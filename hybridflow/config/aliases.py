@@ -45,6 +45,9 @@ PATH_ALIASES = {
     "reward.reward_kwargs": "reward_model.reward_kwargs",
     "reward.num_workers": "reward_model.num_workers",
     "sandbox_fusion": "reward_model.sandbox_fusion",  # verl 0.9's deprecated top-level spelling
+    # verl's first DAPO recipe (recipe/dapo/config/dapo_trainer.yaml before its 2026 move to verl-recipe) kept the
+    # overlong-buffer settings on the reward_model node; the dapo reward manager reads them from its kwargs
+    "reward_model.overlong_buffer": "reward_model.reward_kwargs.overlong_buffer_cfg",
     "critic.fsdp": "critic.model.fsdp_config",
     # verl 0.9's engine-level spelling of a role's Ulysses size (the same setting)
     "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size":

@@ -51,10 +51,11 @@ REFUSED: tuple[KeyRule, ...] = (
             "sizes verl's separate reward-model pool (reward_model.enable_resource_pool), which is not supported; "
             "drop the key (the reward model runs on the training devices)"),
     KeyRule("reward_model.rollout",
-            "serving the reward model from an inference engine (verl 0.9: reward.reward_model.rollout.*, generative "
-            f"reward models / LLM judges) {_NOT_BUILT}. Drop the rollout keys: a sequence-classification reward "
-            "model is scored by the FSDP reward-model worker (reward_model.enable=true with reward_model.model.path); "
-            "a judge model can be called from a reward function of your own (custom_reward_function.path)"),
+            "serving the reward model from an inference engine (verl 0.9: reward.reward_model.rollout.*) "
+            f"{_NOT_BUILT}. With a sequence-classification reward model (reward_model.model.path), drop every "
+            "reward_model.rollout.* / reward.reward_model.rollout.* key and keep the rest of the command line: the "
+            "FSDP reward-model worker scores the same checkpoint (its score head at each response's last token). A "
+            "generative judge can be called from a reward function of your own (custom_reward_function.path)"),
     KeyRule("actor_rollout_ref.ref.model",
             "a reference model other than the actor's starting point is not supported: the reference is "
             "actor_rollout_ref.model.path (or the LoRA actor with its adapter disabled)"),
@@ -67,11 +68,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("actor_rollout_ref.rollout.trace.backend",
             "rollout tracing to Weave or MLflow is not implemented; trainer.rollout_data_dir and "
             "trainer.validation_data_dir write every trajectory, and the run report shows samples"),
-    KeyRule("actor_rollout_ref.rollout.over_sample_rate",
-            "cutting the slowest tail of a generation (over-sampling) is not implemented: every trajectory of a step "
-            "runs to its end. Drop the key (to keep long trajectories from stalling steps, use async_training.mode="
-            "fully_async with actor_rollout_ref.hybrid_engine=false and rollout.name=hf: partial rollouts continue "
-            "them across weight syncs)"),
     KeyRule("data.return_raw_chat",
             "the rollout renders prompts from the chat messages, so hybridflow always keeps them (verl's async "
             "rollout needs return_raw_chat=true as well)"),
@@ -99,9 +95,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.override_mcore_model_config",
             "overrides of Megatron-core's model config: the model is the Hugging Face one; change it with "
             "actor_rollout_ref.model.override_config"),
-    KeyRule("actor_rollout_ref.actor.use_prefix_grouper",
-            "shared-prefix grouping of a prompt's samples in the forward pass is not implemented: each sample is "
-            "computed whole (the same numbers, more compute). Drop the key"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.megatron,actor_rollout_ref.actor.megatron,"
             "actor_rollout_ref.ref.megatron}.router_replay",
             "MoE router replay (recording the rollout's expert choices for the update) is not implemented; drop the "
@@ -258,6 +251,10 @@ INERT: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.actor,critic}.optim.total_training_steps",
             "filled by the trainer from trainer.total_training_steps or the epochs (verl overwrites it too)"),
     KeyRule("trainer.use_legacy_worker_impl", "hybridflow has one worker implementation"),
+    KeyRule("actor_rollout_ref.rollout.over_sample_rate",
+            "no effect in verl either: its only reader, the SGLang SPMD rollout (aborting a step's last requests once "
+            "(1 - over_sample_rate) of them finished), was removed from verl; every trajectory of a step runs to its "
+            "end, as in verl"),
     KeyRule("actor_rollout_ref.rollout.skip_dump_dir", "only read with rollout.skip_rollout, which is refused"),
     KeyRule("actor_rollout_ref.actor.policy_loss.dro_beta",
             "read by verl's dro policy loss only, which hybridflow does not register (loss_mode=dro is refused)"),
@@ -303,6 +300,9 @@ ACTS: tuple[KeyRule, ...] = (
             "Megatron's spelling of the schedule: lr_decay_style constant | cosine sets lr_scheduler_type, min_lr sets "
             "min_lr_ratio = min_lr / lr; other decay styles are refused (config/checks/megatron.py)"),
     KeyRule("trainer.import_modules", "user modules imported in every process of the run before names are checked"),
+    KeyRule("actor_rollout_ref.actor.use_prefix_grouper",
+            "the samples of a prompt share one forward of the prompt in the actor's log-prob and update passes "
+            "(engine/prefix_grouping.py)"),
 )
 
 

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from hybridflow.config.aliases import KEY_ALIASES, PATH_ALIASES, canonical_key  # noqa: F401 - re-exported
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.schema import PPOConfig
+from hybridflow.config.targets import drop_config_targets
 from hybridflow.utils.registry import closest
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -138,7 +139,8 @@ def compose_with_provenance(overrides: list[str], config_path: str | None = None
         GlobalHydra.instance().clear()
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # drop the 'hydra' node
     cfg.pop("hydra", None)
-    _migrate_alias_nodes(cfg)
+    drop_config_targets(cfg)
+    _migrate_alias_nodes(cfg, {ov.partition("=")[0].lstrip("+~") for ov in overrides if "=" in ov})
     untouched = _untouched_interpolations(cfg)
     try:
         OmegaConf.resolve(cfg)
@@ -213,13 +215,15 @@ def _leaves(node: Any, prefix: str) -> list[tuple[str, Any]]:
     return [(prefix, node)]
 
 
-def _migrate_alias_nodes(cfg: DictConfig) -> None:
-    """A config file that uses verl 0.9's nodes (``reward:``, top-level ``sandbox_fusion:``, ``critic.fsdp:``): each
-    value that is set (not null) lands on the key read here; a conflicting value already there is an error."""
+def _migrate_alias_nodes(cfg: DictConfig, given: set[str] = frozenset()) -> None:
+    """A config file that uses verl 0.9's nodes (``reward:``, top-level ``sandbox_fusion:``, ``critic.fsdp:``) or the
+    first DAPO recipe's ``reward_model.overlong_buffer:``: each value that is set (not null) lands on the key read
+    here; a conflicting value already there is an error, unless the command line set it (``given``: the override
+    keys, in the spelling read here), which wins over the file as any override does."""
     raw = OmegaConf.to_container(cfg, resolve=False)
     defaults = _defaults_raw()
     errors = []
-    for old in ("reward", "sandbox_fusion", "critic.fsdp"):
+    for old in ("reward", "sandbox_fusion", "critic.fsdp", "reward_model.overlong_buffer"):
         node = OmegaConf.select(cfg, old, default=None)
         if node is None:
             continue
@@ -227,6 +231,8 @@ def _migrate_alias_nodes(cfg: DictConfig) -> None:
             if value is None or value == {}:
                 continue
             target = canonical_key(path)
+            if any(target == key or target.startswith(key + ".") for key in given):
+                continue
             current = _select(raw, target)
             if current is not _MISSING and current != value and current != _select(defaults, target):
                 errors.append(f"{path}={value!r} and {target}={current!r} set the same setting to different values; "

@@ -284,23 +284,34 @@ def response_token_outputs(
     entropy_checkpointing: bool = False,
     multi_modal_inputs=None,
     sequence_parallel: SequenceParallel | None = None,
+    prefix_grouping: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Per response token (B, R): ``log_probs`` = log π_T(response_t | context), and on request ``entropy``
     of π_T and ``sum_pi_squared`` = Σ_v π_T(v)², all from one forward pass (π_T: logits / temperature).
 
     ``entropy_grad=False``: the entropy is a metric only (no autograd graph through it).
     ``packed``, ``multi_modal_inputs``, ``sequence_parallel``: see :func:`per_position_outputs`.
+    ``prefix_grouping``: the rows with equal prompts share one forward of the prompt
+    (``engine/prefix_grouping.py``); text rows without sequence parallelism only.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to compute log-probs, got {temperature}")
     R = batch["responses"].shape[-1]
+    head = _lm_head(float(temperature), calculate_entropy, entropy_grad, calculate_sum_pi_squared, use_torch_compile,
+                    entropy_checkpointing)
+    if prefix_grouping:
+        if multi_modal_inputs is not None or (sequence_parallel is not None and sequence_parallel.size > 1):
+            raise ValueError("actor_rollout_ref.actor.use_prefix_grouper=true groups text rows without sequence "
+                             "parallelism only; set it to false for vision-language data or Ulysses sp > 1")
+        from hybridflow.engine.prefix_grouping import grouped_response_outputs
+
+        return grouped_response_outputs(module, batch, head)
     outs = per_position_outputs(
         module,
         batch["input_ids"],
         batch["attention_mask"],
         batch["position_ids"],
-        _lm_head(float(temperature), calculate_entropy, entropy_grad, calculate_sum_pi_squared, use_torch_compile,
-                 entropy_checkpointing),
+        head,
         use_remove_padding,
         packed,
         first_col=batch["input_ids"].shape[-1] - R - 1,  # the response's predictions start one column early
@@ -322,11 +333,13 @@ def response_log_probs(
     entropy_checkpointing: bool = False,
     multi_modal_inputs=None,
     sequence_parallel: SequenceParallel | None = None,
+    prefix_grouping: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(log_probs, entropy or None)`` of :func:`response_token_outputs`."""
     outs = response_token_outputs(module, batch, temperature, calculate_entropy, use_remove_padding, entropy_grad,
                                   packed, use_torch_compile=use_torch_compile, entropy_checkpointing=entropy_checkpointing,
-                                  multi_modal_inputs=multi_modal_inputs, sequence_parallel=sequence_parallel)
+                                  multi_modal_inputs=multi_modal_inputs, sequence_parallel=sequence_parallel,
+                                  prefix_grouping=prefix_grouping)
     return outs["log_probs"], outs.get("entropy")
 
 

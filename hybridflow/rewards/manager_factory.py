@@ -63,6 +63,9 @@ def _manager_parts(config, reward_kwargs: dict[str, Any]):
     ctor = {k: kwargs.pop(k) for k in _DAPO_CTOR_KEYS if k in kwargs}
     if ctor and name != "dapo":
         raise ValueError(f"reward_model.reward_kwargs {sorted(ctor)} only apply to reward_manager=dapo, not '{name}'")
+    if name == "dapo" and ctor.get("max_resp_len") is None:
+        # the response-length cap the penalty ramps up to: verl's DAPO recipe passed data.max_response_length
+        ctor["max_resp_len"] = config.data.max_response_length
     crf = config.custom_reward_function
     spec = ScoreFnSpec(path=crf.path, name=crf.name) if crf.path else ScoreFnSpec()
     kwargs.update(sandbox_fusion_kwargs(rm, custom=bool(crf.path)))

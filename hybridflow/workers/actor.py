@@ -82,9 +82,11 @@ def compute_token_outputs(
     packed: bool | None = None,
     calculate_sum_pi_squared: bool = False,
     use_torch_compile: bool = False,
+    prefix_grouping: bool = False,
 ) -> dict[str, torch.Tensor]:
     """No-grad per-response-token outputs (B, R) of ``engine``'s module, in ``data``'s row order:
     ``log_probs``, plus ``entropy`` and ``sum_pi_squared`` when asked (see ``response_token_outputs``).
+    ``prefix_grouping``: the actor's ``use_prefix_grouper`` (the rows of a prompt share its forward).
 
     Shared by the actor (``old_log_probs``) and the reference policy (``ref_log_prob``)."""
     module = engine.module
@@ -99,6 +101,7 @@ def compute_token_outputs(
                 module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding,
                 packed=packed, calculate_sum_pi_squared=calculate_sum_pi_squared, use_torch_compile=use_torch_compile,
                 multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY), sequence_parallel=engine.sequence_parallel,
+                prefix_grouping=prefix_grouping,
             )
             for key, value in outs.items():
                 pieces.setdefault(key, []).append(value.float().cpu())
@@ -151,6 +154,8 @@ class PPOActor:
         # None: ``engine.forward.use_packed_layout`` picks packed vs trimmed for the device; True/False
         # forces a layout (benchmarks compare the two side by side).
         self.packed: bool | None = None
+        # use_prefix_grouper: the samples of a prompt share one forward of it (engine/prefix_grouping.py)
+        self.prefix_grouping = bool(getattr(config, "use_prefix_grouper", False))
         check_loss_agg_mode(config.loss_agg_mode)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.mini_batch_size = normalize_mini_batch_size(
@@ -179,6 +184,7 @@ class PPOActor:
         return compute_token_outputs(
             self.engine, data, spec, temperature, calculate_entropy, self.use_remove_padding, self.packed,
             calculate_sum_pi_squared, use_torch_compile=bool(self.config.use_torch_compile),
+            prefix_grouping=self.prefix_grouping,
         )
 
     # ------------------------------------------------------------------ update
@@ -274,7 +280,7 @@ class PPOActor:
                     entropy_grad=entropy_in_loss, packed=self.packed, use_torch_compile=bool(cfg.use_torch_compile),
                     entropy_checkpointing=bool(cfg.entropy_checkpointing),
                     multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY),
-                    sequence_parallel=self.engine.sequence_parallel,
+                    sequence_parallel=self.engine.sequence_parallel, prefix_grouping=self.prefix_grouping,
                 )
             old_log_prob = log_prob.detach() if from_update else b["old_log_probs"]
             if at_pi_old and "rollout_log_probs" in b:

@@ -75,3 +75,34 @@ def test_every_module_at_a_verl_path_is_listed():
     assert not stale, f"{DOC.name} lists modules that do not exist: {stale}"
     not_verl = sorted(p for p in set(provided_rows()) | own_paths() if p not in verl_paths)
     assert not not_verl, f"{DOC.name} lists paths verl never had: {not_verl}"
+
+
+# ------------------------------------------------------------------ verl-recipe's entry points (recipe.<name>.*)
+RECIPE_PATHS = Path(__file__).with_name("verl_recipe_module_paths.txt")
+
+
+def recipe_rows() -> dict[str, list[str]]:
+    rows = {}
+    for line in _section("recipe-paths:provided").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].startswith("`recipe."):
+            rows[cells[0].strip("`")] = re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", cells[1])
+    return rows
+
+
+@pytest.mark.parametrize("recipe_path, names", sorted(recipe_rows().items()))
+def test_every_listed_recipe_path_imports_with_its_names(recipe_path, names):
+    module = importlib.import_module("hybridflow." + recipe_path)
+    missing = [n for n in names if not hasattr(module, n)]
+    assert names and not missing, f"hybridflow.{recipe_path} lacks {missing}"
+
+
+def test_every_module_at_a_recipe_path_is_listed():
+    recipe_paths = {line.strip() for line in RECIPE_PATHS.read_text().splitlines() if line and not line.startswith("#")}
+    ours = {m[len("hybridflow."):] for m in hybridflow_modules() if m.startswith("hybridflow.recipe.")}
+    rows = set(recipe_rows())
+    assert rows, "the recipe-paths table is empty"
+    undocumented = sorted((ours & recipe_paths) - rows)
+    assert not undocumented, f"hybridflow modules at verl-recipe paths missing from {DOC.name}: {undocumented}"
+    assert not rows - ours, f"{DOC.name} lists recipe modules that do not exist: {sorted(rows - ours)}"
+    assert not rows - recipe_paths, f"{DOC.name} lists paths verl's recipes never had: {sorted(rows - recipe_paths)}"

@@ -63,6 +63,13 @@ def test_verls_fully_async_command_line_loads_and_sizes_the_step():
     assert cfg.rollout.total_rollout_steps == 51200 and cfg.rollout.test_freq == 10
 
 
+def test_verls_fully_async_command_line_with_partial_rollouts_on_vllm_servers_loads():
+    """verl's fully-async DAPO scripts: partial rollouts on vLLM servers (abort + continue, rollout/vllm/server.py)."""
+    cfg = load_config([o for o in VERL_FULLY_ASYNC if "rollout.name=" not in o] +
+                      ["actor_rollout_ref.rollout.name=vllm"], config_name="fully_async_ppo_trainer")
+    assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.async_training.partial_rollout
+
+
 def test_the_main_entry_reaches_the_same_modes():
     cfg = load_config(BASE + FULLY)
     assert cfg.async_training.mode == "fully_async" and cfg.data.train_batch_size == 32
@@ -82,8 +89,6 @@ def test_the_main_entry_reaches_the_same_modes():
     (["rollout.test_freq=3"], "rollout.test_freq=3 acts in fully async training only"),
     (SPLIT + ["actor_rollout_ref.model.lora_rank=8"], "lora_rank>0 with actor_rollout_ref.hybrid_engine=false"),
     (SPLIT + ["actor_rollout_ref.rollout.name=sglang"], "standalone rollout replicas"),
-    (SPLIT + ["actor_rollout_ref.rollout.name=vllm", "async_training.mode=fully_async"],
-     "set async_training.partial_rollout=false"),
     (SPLIT + ["actor_rollout_ref.rollout.name=vllm",
               "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64"],
      "shared-memory safetensors copy"),

@@ -87,15 +87,17 @@ CONFIG_STAGE = [
     ("import_modules", ["trainer.import_modules=[no_such_user_module_xyz]"], ["trainer.import_modules[0]"]),
     ("trtllm", [f"{A}.rollout.name=trtllm"], [f"{A}.rollout.name=trtllm"]),
     ("ulysses", [f"{A}.actor.ulysses_sequence_parallel_size=2"], [f"{A}.actor.ulysses_sequence_parallel_size=2"]),
+    ("prefix_grouper_sp", [f"{A}.actor.use_prefix_grouper=true", f"{A}.actor.ulysses_sequence_parallel_size=2"],
+     [f"{A}.actor.use_prefix_grouper=true with {A}.actor.ulysses_sequence_parallel_size=2"]),
     ("use_v1", ["trainer.use_v1=true"], ["trainer.use_v1=True", "not built yet"]),
     ("distillation", ["distillation.enabled=true"], ["distillation.enabled=True", "not built yet"]),
-    ("genrm", ["reward.reward_model.rollout.name=vllm"], ["reward_model.rollout.name='vllm'", "not built yet"]),
+    ("genrm", ["reward.reward_model.rollout.name=vllm"],
+     ["reward_model.rollout.name='vllm'", "not built yet", "drop every reward_model.rollout.*"]),
     ("alias_conflict", ["reward.num_workers=2", "reward_model.num_workers=3"],
      ["reward.num_workers=2 and reward_model.num_workers=3"]),
     ("mirror", [f"{A}.actor.rollout_n=5"], [f"{A}.actor.rollout_n=5"]),
     ("model_engine", ["model_engine=torchtitan"], ["model_engine=torchtitan"]),
     ("veomni", [f"+{A}.actor.veomni.param_offload=true"], [f"{A}.actor.veomni.param_offload"]),
-    ("over_sample", [f"{A}.rollout.over_sample_rate=0.1"], [f"{A}.rollout.over_sample_rate=0.1"]),
 ]
 
 # stage 2: the machine and the files (these passed load_config and used to fail after Ray and the models started)
@@ -155,3 +157,28 @@ def test_all_problems_of_a_stage_are_reported_at_once(dry_run_assets, bad_files)
                        f"{A}.rollout.multi_turn.format=qwen"], bad_files)
     assert rc == 2
     assert "data.train_files" in err and "custom_reward_function.path=" in err and "multi_turn.format" in err
+
+
+def test_a_refusal_for_a_seq_cls_reward_model_names_a_fix_that_runs(dry_run_assets, tmp_path):
+    """verl 0.9 serves a sequence-classification reward model through its rollout keys; the refusal says to delete
+    them, and the same command line without them passes every check."""
+    rm = ["reward.reward_model.enable=true"]
+    served = ["reward.reward_model.rollout.name=vllm", "reward.reward_model.rollout.tensor_model_parallel_size=1",
+              "reward.reward_model.rollout.gpu_memory_utilization=0.5"]
+    rc, err = dry_run([*dry_run_assets, *GOOD, *rm, *served], tmp_path)
+    assert rc == 2 and "drop every reward_model.rollout.*" in err, err
+    rc, err = dry_run([*dry_run_assets, *GOOD, *rm], tmp_path)
+    assert rc == 0, err
+
+
+def test_prefix_grouper_passes_the_checks(dry_run_assets, tmp_path):
+    rc, err = dry_run([*dry_run_assets, *GOOD, f"{A}.actor.use_prefix_grouper=true"], tmp_path)
+    assert rc == 0, err
+
+
+def test_over_sample_rate_is_inert_as_in_verl(dry_run_assets, tmp_path):
+    """verl reads rollout.over_sample_rate nowhere (its SGLang SPMD reader is gone): a command line setting it runs,
+    with the key named in the note of keys without effect."""
+    rc, err = dry_run([*dry_run_assets, *GOOD, f"{A}.rollout.over_sample_rate=0.1"], tmp_path)
+    assert rc == 0, err
+    assert "have no effect" in err and f"{A}.rollout.over_sample_rate=0.1" in err

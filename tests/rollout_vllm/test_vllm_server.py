@@ -100,6 +100,52 @@ def test_abort_all_returns_partial_outputs(fleet, prompts):
     assert after[0].finish_reason == "length"
 
 
+def test_interrupted_requests_continue_with_the_new_weights(fleet, model, prompts, hf_reference):
+    """Partial rollout on a server: interrupt (abort + hold), new weights, resume.  Each greedy output is the old
+    weights' greedy continuation up to the cut and the new weights' greedy continuation of everything before it
+    after; every token keeps its log-prob, the budget is met, the finish reason is the final one."""
+    import copy
+
+    hf_greedy, _ = hf_reference
+    client = fleet.replicas[0]
+    fleet.update_weights()  # the servers hold `model` now, whatever an earlier test did
+    old = copy.deepcopy(model)
+    budget = 230
+    params = SamplingParams(do_sample=False, max_tokens=budget, ignore_eos=True, logprobs=True)
+    rows = prompts * 4
+    continued_before = client.continued
+
+    async def go():
+        tasks = [asyncio.ensure_future(client.generate(f"part{i}", p, params)) for i, p in enumerate(rows)]
+        await asyncio.sleep(0.4)
+        await asyncio.to_thread(fleet.interrupt)
+        pending = [t for t in tasks if not t.done()]
+        await asyncio.sleep(0.3)  # held: the interrupted requests wait, none returns
+        assert pending and not any(t.done() for t in pending)
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(5)
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+        await asyncio.to_thread(fleet.update_weights)
+        await asyncio.to_thread(fleet.resume)
+        try:
+            return await asyncio.gather(*tasks)
+        finally:
+            await client.aclose()
+
+    outs = run(go())
+    assert client.continued > continued_before  # 24 x 230 tokens cannot be done in 0.4 s
+    cut_short = 0
+    for prompt, out in zip(rows, outs):
+        assert out.finish_reason == "length" and len(out.token_ids) == budget and len(out.log_probs) == budget
+        before = hf_greedy(old, prompt, budget, -1)
+        k = next((i for i, (a, b) in enumerate(zip(out.token_ids, before)) if a != b), budget)
+        if k < budget:
+            cut_short += 1
+            assert out.token_ids[k:] == hf_greedy(model, prompt + out.token_ids[:k], budget - k, -1)
+    assert cut_short > 0
+
+
 def test_client_pickles_without_its_sessions(fleet):
     import pickle
 

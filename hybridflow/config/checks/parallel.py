@@ -103,6 +103,11 @@ def check_sequence_parallel(cfg: Any, errors: list[str]) -> None:
         problem = ulysses_head_error(heads[0], heads[1], sp, key) if heads is not None else None
         if problem:
             errors.append(problem)
+    if arr.actor.use_prefix_grouper and arr.actor.ulysses_sequence_parallel_size > 1:
+        errors.append("actor_rollout_ref.actor.use_prefix_grouper=true with actor_rollout_ref.actor."
+                      f"ulysses_sequence_parallel_size={arr.actor.ulysses_sequence_parallel_size}: the grouped forward "
+                      "keeps a group's prompt and samples in one sequence, which Ulysses would split over devices; "
+                      "set one of the two back (use_prefix_grouper=false or ulysses_sequence_parallel_size=1)")
     lora = int(arr.model.lora_rank) > 0 or arr.model.lora_adapter_path is not None
     if lora and arr.ref.ulysses_sequence_parallel_size != arr.actor.ulysses_sequence_parallel_size:
         errors.append(f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={arr.ref.ulysses_sequence_parallel_size} "

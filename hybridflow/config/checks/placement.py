@@ -122,11 +122,6 @@ def _check_placement(cfg, errors: list[str]) -> None:
                 errors.append(f"{key}={_get(cfg, key)!r}: standalone vLLM servers (hybrid_engine=false, "
                               "rollout.name=vllm) reload the actor's weights from a shared-memory safetensors copy, "
                               "not through the broadcast checkpoint engine; remove the key")
-        if cfg.async_training.mode == "fully_async" and cfg.async_training.partial_rollout:
-            errors.append("async_training.partial_rollout=true with actor_rollout_ref.rollout.name=vllm: continuing "
-                          "interrupted trajectories with the new weights is done by the standalone hf replicas in "
-                          "this version; set async_training.partial_rollout=false (in-flight trajectories then "
-                          "finish before each weight sync), or rollout.name=hf")
         return
     if rc.name != "hf":
         errors.append(f"actor_rollout_ref.rollout.name={rc.name}: standalone rollout replicas "

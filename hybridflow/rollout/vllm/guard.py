@@ -11,7 +11,9 @@ a command-line flag would show in ``ps``), and this middleware
   ``/health``, ``/ping``, ``/version`` and ``/metrics`` (liveness and statistics);
 * serves the few control calls the fleet needs, under ``/hybridflow/``, straight on the engine client:
   ``reload_weights`` (vLLM's ``reload_weights`` worker method with a safetensors folder, nothing else),
-  ``reset_prefix_cache``, ``sleep?level=N``, ``wake_up``, ``pause?mode=abort|wait|keep`` and ``resume``.
+  ``reset_prefix_cache``, ``sleep?level=N``, ``wake_up``, ``pause?mode=abort|wait|keep`` and ``resume``;
+  ``pause?...&hold=1`` marks the pause as a weight-sync hold until ``resume``, and ``held`` answers whether one is
+  on (a client whose request came back aborted during a hold continues it after the resume: partial rollout).
 
 A user who wants vLLM's dev endpoints sets ``VLLM_SERVER_DEV_MODE=1`` themselves; they then need the key too.
 """
@@ -55,6 +57,7 @@ class HybridflowGuard:
         if not key:
             raise RuntimeError(f"hybridflow's vLLM guard needs the key in ${KEY_ENV}")
         self.key = key.encode()
+        self.held = False  # a weight-sync hold (pause ... hold=1) until the next resume
 
     def _authorized(self, scope) -> bool:
         for name, value in scope.get("headers") or []:
@@ -105,9 +108,14 @@ class HybridflowGuard:
                 mode = query.get("mode", "abort")
                 if mode not in PAUSE_MODES:
                     return await _json_response(send, 400, {"error": f"mode must be one of {PAUSE_MODES}"})
+                if query.get("hold") == "1":
+                    self.held = True  # before the abort: an aborted request must see the hold
                 await engine.pause_generation(mode=mode)
             elif action == "resume":
                 await engine.resume_generation()
+                self.held = False
+            elif action == "held":
+                return await _json_response(send, 200, {"status": "ok", "action": action, "held": self.held})
             else:
                 return await _json_response(send, 404, {"error": f"unknown control call {action!r}"})
         except (ValueError, TypeError) as e:

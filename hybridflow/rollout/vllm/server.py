@@ -16,6 +16,13 @@ starts, health-checks, feeds new weights and stops -- and the client that sends 
   log-prob), the replica contract of the rollout service.  A server that stops answering raises
   :class:`VLLMServerError` naming the replica.  The client pickles (address and name only), so agent-loop
   workers in other processes can hold it.
+
+Partial rollout (``async_training.partial_rollout`` on vLLM servers): :meth:`VLLMServerProcess.interrupt` aborts
+every request in flight and holds the server for a weight sync (vLLM's pause, marked as a hold by the guard);
+a request that comes back aborted while its server holds waits for :meth:`VLLMServerProcess.resume` and is then
+continued -- re-submitted as prompt + tokens so far with the rest of its budget, sampled by the new weights -- and
+its caller gets one output (all tokens, each token's log-prob under the weights that generated it, the final
+finish reason).  An abort outside a hold (``abort_all``) returns ``"abort"`` as usual.
 """
 
 from __future__ import annotations
@@ -28,16 +35,19 @@ import secrets
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from hybridflow.rollout.base import TokenOutput
 from hybridflow.rollout.service.replica import RolloutReplica
 from hybridflow.rollout.sampling_params import SamplingParams
+from hybridflow.rollout.service.server_manager import derive_seed
 from hybridflow.rollout.service.server_process import ServerProcess, ServerProcessError, free_port
 from hybridflow.rollout.vllm.config import engine_kwargs_to_cli
 
 __all__ = ["VLLMServerError", "VLLMServerProcess", "VLLMServerClient", "free_port"]
 
+_HOLD_POLL_S = 0.05  # how often a request aborted by a weight-sync hold asks whether the hold is over
 _SERVER_ONLY_DROP = ("skip_tokenizer_init",)  # the server detokenizes log-prob entries: it needs its tokenizer
 
 
@@ -94,6 +104,15 @@ class VLLMServerProcess(ServerProcess):
         self.post("/hybridflow/pause?mode=abort")
         self.post("/hybridflow/resume")
 
+    def interrupt(self) -> None:
+        """Abort every request in flight and hold the server until :meth:`resume`: the clients continue the
+        aborted requests then (partial rollout, see the module docstring)."""
+        self.post("/hybridflow/pause?mode=abort&hold=1")
+
+    def resume(self) -> None:
+        """End the hold of :meth:`interrupt`: held requests continue with the server's current weights."""
+        self.post("/hybridflow/resume")
+
     def sleep(self, level: int = 1) -> None:
         self.post(f"/hybridflow/sleep?level={int(level)}")
 
@@ -119,6 +138,7 @@ class VLLMServerClient(RolloutReplica):
         self._init_runtime()
 
     def _init_runtime(self) -> None:
+        self.continued = 0  # requests continued after a weight-sync hold (this process; tests and metrics)
         self._rng = random.Random(self._seed)
         self._lock = threading.Lock()
         self._sessions: dict[int, tuple[asyncio.AbstractEventLoop, Any]] = {}
@@ -185,6 +205,23 @@ class VLLMServerClient(RolloutReplica):
                                       "vision-language models with the colocated vllm engine "
                                       "(actor_rollout_ref.hybrid_engine=true) or actor_rollout_ref.rollout.name=hf "
                                       "(docs/vision.md)")
+        done = await self._complete(request_id, prompt_ids, sampling_params)
+        while done.finish_reason == "abort" and await self._held_until_resumed(request_id):
+            left = int(sampling_params.max_tokens) - len(done.token_ids)
+            if left <= 0:
+                return replace(done, finish_reason="length")
+            seed = sampling_params.seed
+            params = replace(sampling_params, max_tokens=left,
+                             seed=None if seed is None else derive_seed(seed, "continue", len(done.token_ids)))
+            more = await self._complete(request_id, list(prompt_ids) + list(done.token_ids), params)
+            self.continued += 1
+            log_probs = None
+            if done.log_probs is not None and more.log_probs is not None:
+                log_probs = list(done.log_probs) + list(more.log_probs)
+            done = TokenOutput(request_id, list(done.token_ids) + list(more.token_ids), log_probs, more.finish_reason)
+        return done
+
+    async def _complete(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
         import aiohttp
 
         body = self.payload(prompt_ids, sampling_params)
@@ -199,6 +236,29 @@ class VLLMServerClient(RolloutReplica):
             raise VLLMServerError(f"vLLM server replica '{self.name}' ({self.url}) failed on request "
                                   f"'{request_id}': {type(e).__name__}: {e}") from None
         return parse_completion(request_id, data, bool(sampling_params.logprobs))
+
+    async def _held_until_resumed(self, request_id: str) -> bool:
+        """Whether the server holds for a weight sync (its abort was an interruption); if so, wait for the resume
+        (at most ``request_timeout_s``)."""
+        import aiohttp
+
+        session = await self._session()
+        deadline = time.monotonic() + self.request_timeout_s
+        waited = False
+        while True:
+            try:
+                async with session.post(f"{self.url}/hybridflow/held") as resp:
+                    held = bool((await resp.json(content_type=None)).get("held"))
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+                raise VLLMServerError(f"vLLM server replica '{self.name}' ({self.url}) failed while request "
+                                      f"'{request_id}' waited for a weight sync: {type(e).__name__}: {e}") from None
+            if not held:
+                return waited
+            if time.monotonic() > deadline:
+                raise VLLMServerError(f"vLLM server replica '{self.name}' held request '{request_id}' for a weight "
+                                      f"sync longer than {self.request_timeout_s:.0f} s (no resume came)")
+            waited = True
+            await asyncio.sleep(_HOLD_POLL_S)
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()

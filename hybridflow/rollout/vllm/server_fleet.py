@@ -12,6 +12,9 @@
   their memory (vLLM has no CPU sleep mode).  ``wake_up`` also checks every server is alive and restarts the
   clients' seed streams at a function of the step.
 * :meth:`abort_all`, :meth:`shutdown` (only the processes this fleet started).
+* :meth:`interrupt` / :meth:`resume` -- partial rollout: every server aborts what it generates and holds until
+  the resume; the clients then continue the interrupted requests with the new weights
+  (:mod:`~hybridflow.rollout.vllm.server`).
 
 A server that died is reported by :meth:`check`, naming the replica, its exit code and the first traceback of
 its log; :meth:`explain` gives that account for an error a client saw.  A server with requests whose token
@@ -194,6 +197,21 @@ class VLLMServerFleet(RolloutFleet):
     def abort_all(self) -> None:
         for server in self.servers:
             server.abort_all()
+
+    def interrupt(self) -> int:
+        """Abort every request in flight on every server and hold them for a weight sync; the clients continue
+        the aborted requests after :meth:`resume`.  Returns 0: the servers do not report how many they cut."""
+        self._each(lambda server: server.interrupt())
+        return 0
+
+    def resume(self) -> None:
+        """End the hold: the interrupted requests continue with the servers' current weights."""
+        self._each(lambda server: server.resume())
+
+    def _each(self, call) -> None:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(self.servers))) as pool:
+            for future in [pool.submit(call, server) for server in self.servers]:
+                future.result()
 
     def shutdown(self) -> None:
         """Stop every server this fleet started and remove its /dev/shm folder."""

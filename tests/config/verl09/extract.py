@@ -2,6 +2,7 @@
 
     python tests/config/verl09/extract.py /path/to/verl-bare-git > tests/config/data/verl09_command_lines.txt
     python tests/config/verl09/extract.py /path/to/verl-bare-git keys EARLY_2026_YAML > tests/config/data/verl09_keys.txt
+    python tests/config/verl09/extract.py /path/to/verl-recipe-bare-git recipe dapo > tests/config/data/verl_recipe_command_lines.txt
 
 ``keys``: every leaf of verl's ``_generated_ppo_trainer.yaml`` (``_target_`` lines dropped), one per line as
 ``key<TAB>default<TAB>new`` where ``new`` says whether hybridflow's early-2026 ``ppo_trainer.yaml`` (the file given,
@@ -12,6 +13,9 @@ Each ``examples/**/*.sh`` of the given verl checkout (a bare git directory; read
 other program the scripts call (``nvidia-smi``, ``ray``, ``hf``, ``pip``...) is a no-op, so nothing of the script
 really runs. Defaults as the scripts ship them (GPU branch: ``import torch_npu`` fails; ``VERL_USE_UV=0``;
 ``HOME=/root``). Output: one ``## <script> :: <entry module>`` section per launch, one override per line.
+
+``recipe FOLDER...``: the scripts of those folders of the verl-recipe repository instead (named ``recipe/FOLDER/...``,
+as they sit in a verl checkout).
 """
 
 from __future__ import annotations
@@ -45,10 +49,10 @@ REQUIRED_ENV = {"VERL_USE_UV": "0", "SLURM_JOB_NUM_NODES": "1", "INFER_BACKEND":
                 "LORA_ADAPTER_PATH": "/root/lora_adapter"}
 
 
-def scripts(repo: str) -> list[str]:
+def scripts(repo: str, folders: tuple[str, ...] = ("examples", "recipe")) -> list[str]:
     out = subprocess.run(["git", "-C", repo, "ls-tree", "-r", "--name-only", "HEAD"], capture_output=True, text=True,
                          check=True).stdout.split()
-    return sorted(p for p in out if p.endswith(".sh") and p.split("/")[0] in ("examples", "recipe"))
+    return sorted(p for p in out if p.endswith(".sh") and p.split("/")[0] in folders)
 
 
 def launches(repo: str, path: str, stubs: Path, home: Path) -> list[list[str]]:
@@ -75,28 +79,32 @@ def launches(repo: str, path: str, stubs: Path, home: Path) -> list[list[str]]:
     return [r for r in runs if "-m" in r]
 
 
-def main(repo: str) -> None:
+def main(repo: str, folders: tuple[str, ...] = ("examples", "recipe"), prefix: str = "") -> None:
     with tempfile.TemporaryDirectory() as tmp:
         stubs = Path(tmp) / "bin"
         stubs.mkdir()
-        for name in ("python3", "python", "torchrun", "uv"):
+        # the recipes launch through `ray job submit ... -- python3 -m recipe...`: record ray there too
+        recorded = ("python3", "python", "torchrun", "uv") + (("ray",) if prefix else ())
+        for name in recorded:
             (stubs / name).write_text(RECORDER)
         for name in STUBBED:
-            (stubs / name).write_text(NOOP)
+            if name not in recorded:
+                (stubs / name).write_text(NOOP)
         for p in stubs.iterdir():
             p.chmod(p.stat().st_mode | stat.S_IEXEC)
         for name in REAL:
             for d in ("/usr/bin", "/bin"):
                 if os.path.exists(f"{d}/{name}") and not (stubs / name).exists():
                     (stubs / name).symlink_to(f"{d}/{name}")
-        print("# verl 0.9 example launch command lines, recorded by tests/config/verl09/extract.py from verl")
+        print(f"# verl{'-recipe' if prefix else ' 0.9 example'} launch command lines, recorded by "
+              f"tests/config/verl09/extract.py from verl{'-recipe' if prefix else ''}")
         print("# commit " + subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True,
                                          text=True).stdout.strip() + " (HOME=/root, GPU defaults, VERL_USE_UV=0)")
-        for path in scripts(repo):
+        for path in scripts(repo, folders):
             for run in launches(repo, path, stubs, Path("/root")):
                 module = run[run.index("-m") + 1]
                 args = run[run.index("-m") + 2:]
-                print(f"\n## {path} :: {module}")
+                print(f"\n## {prefix}{path} :: {module}")
                 for a in args:
                     print(a if "\n" not in a else shlex.quote(a))
 
@@ -128,5 +136,7 @@ def keys(repo: str, early_yaml: str) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[2] == "keys":
         keys(sys.argv[1], sys.argv[3])
+    elif len(sys.argv) > 3 and sys.argv[2] == "recipe":
+        main(sys.argv[1], tuple(sys.argv[3:]), prefix="recipe/")
     else:
         main(sys.argv[1])
