@@ -30,7 +30,8 @@ DEFAULT_CONFIG_NAME = "ppo_trainer"
 # verl's Megatron trainer configs -> the config here they equal once every role has strategy=megatron
 MEGATRON_CONFIG_NAMES = {"ppo_megatron_trainer": "ppo_trainer",
                          "one_step_off_ppo_megatron_trainer": "one_step_off_ppo_trainer",
-                         "fully_async_ppo_megatron_trainer": "fully_async_ppo_trainer"}
+                         "fully_async_ppo_megatron_trainer": "fully_async_ppo_trainer",
+                         "dapo_megatron_trainer": "dapo_trainer"}
 MEGATRON_ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
 
 
