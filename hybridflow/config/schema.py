@@ -534,6 +534,8 @@ class TrainerConfig:
     seed: int
     report: bool
     tolerated_failure_fraction: float  # hybridflow-only: see hybridflow.trainer.step_failures
+    use_v1: bool  # verl 0.9's V1 trainer (hybridflow.config.v1); false = the same synchronous trainer as sync
+    v1: dict  # verl 0.9's trainer.v1 node, read and checked by hybridflow.config.v1
 
 
 @dataclass(**KW)

@@ -15,6 +15,7 @@ import warnings
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.key_policy import inert_note, refusal_errors
 from hybridflow.config.schema import PPOConfig
+from hybridflow.config.v1 import check_v1_config
 from hybridflow.config.validate_async import check_async_config
 from hybridflow.config.validate_parallel import check_sequence_parallel, data_parallel_size
 
@@ -61,6 +62,7 @@ def validate_config(cfg: PPOConfig) -> list[str]:
     _check_algorithms(cfg, errors)
     _normalise_deprecated(cfg, notes)
     check_async_config(cfg, errors, notes)
+    check_v1_config(cfg, errors, notes)
     _check_batch_sizes(cfg, errors, notes)
     check_sequence_parallel(cfg, errors)
     _check_legacy_micro(cfg, errors, notes)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridflow.config.v1 import generates_beside_training
 from hybridflow.rollout.weights.checkpoint_engine import resolve_backend
 from hybridflow.rollout.service.standalone_fleet import StandaloneFleet
 
@@ -85,5 +86,5 @@ def start_standalone_fleet(config, actor_group: Any, use_gpu: bool, closers: lis
         group, ActorWeightSource(actor_group),
         backend=resolve_backend(rc.checkpoint_engine.backend, "cuda" if use_gpu else "cpu"),
         bucket_bytes=bucket_bytes, overlap=overlap, timeout_s=float(config.actor_rollout_ref.nccl_timeout),
-        keep_awake=config.async_training.mode != "sync", seed=int(rc.seed),
+        keep_awake=generates_beside_training(config), seed=int(rc.seed),
     )

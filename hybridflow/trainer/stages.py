@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from hybridflow.config.v1 import v1_mode
 from hybridflow.protocol import DataProto
 from hybridflow.utils.profiler import simple_timer as timed  # noqa: F401 - the stages' timer
 from hybridflow.tracking.metrics import reduce_metrics
@@ -93,7 +94,7 @@ class StepPlan:
         one_mini_batch = actor.ppo_mini_batch_size >= config.data.train_batch_size and actor.ppo_epochs == 1
         rc = config.algorithm.rollout_correction
         at = config.async_training
-        on_policy = at.mode == "sync"
+        on_policy = at.mode == "sync" and v1_mode(config) in (None, "sync")  # V1 async modes: older versions
         # Fully async default (verl): pi_old = the rollout's log-probs, as bypass_mode asks explicitly.
         bypass = bool(rc.bypass_mode) or (
             at.mode == "fully_async" and at.use_rollout_log_probs and not at.compute_prox_log_prob)

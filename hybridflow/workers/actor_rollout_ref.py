@@ -35,6 +35,7 @@ from hybridflow.engine.model_loader import (
 from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.vision import freeze_vision_tower
 from hybridflow.engine.train_engine import TrainEngine
+from hybridflow.algorithms.batch_ops import PI_OLD_WEIGHTS
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor import PPOActor, compute_token_outputs
 from hybridflow.workers.micro_batching import MicroBatchSpec
@@ -43,6 +44,11 @@ from hybridflow.workers.rollout_host import RolloutHost
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """A parameter's local storage (an FSDP2 ``DTensor``'s shard)."""
+    return param.to_local() if hasattr(param, "to_local") else param
 
 
 def _import_external_lib(name: str | None) -> None:
@@ -208,6 +214,15 @@ class ActorRolloutRefWorker(Worker):
         """Interrupt this rank's in-flight requests (they return with finish_reason 'abort')."""
         self._rollout_host().abort()
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def interrupt_rollout(self) -> int:
+        """Stop generating for an update; in-flight requests continue after ``resume_rollout`` (V1 colocate)."""
+        return self._rollout_host().interrupt()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def resume_rollout(self) -> None:
+        self._rollout_host().resume()
+
     # ------------------------------------------------------------------ weight sync (split placement)
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_actor_weights(self) -> dict[str, torch.Tensor]:
@@ -300,6 +315,47 @@ class ActorRolloutRefWorker(Worker):
             field=f"{field}.log_prob_micro_batch_size_per_gpu",
         )
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_actor_weights(self, name: str) -> None:
+        """Keep a CPU copy of this rank's actor parameters (its shards) under ``name`` (V1 separate_async:
+        pi_old of a weight version, for the version's later mini-batches)."""
+        if self.actor is None:
+            raise RuntimeError(f"save_actor_weights needs a role with 'actor' (this worker is {self.role!r})")
+        with torch.no_grad():
+            self._saved_weights = getattr(self, "_saved_weights", {})
+            self._saved_weights[name] = [_local(p).detach().to("cpu", copy=True)
+                                         for p in self.actor_engine.module.parameters()]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def drop_actor_weights(self, name: str) -> None:
+        getattr(self, "_saved_weights", {}).pop(name, None)
+
+    def _weights_named(self, name: str | None):
+        """Context: the actor's parameters replaced by the copy saved under ``name`` (restored after)."""
+        import contextlib
+
+        if not name:
+            return contextlib.nullcontext()
+        saved = getattr(self, "_saved_weights", {}).get(name)
+        if saved is None:
+            raise RuntimeError(f"no actor weights saved under {name!r} (save_actor_weights must run first)")
+
+        @contextlib.contextmanager
+        def swapped():
+            params = [_local(p) for p in self.actor_engine.module.parameters()]
+            with torch.no_grad():
+                current = [p.detach().to("cpu", copy=True) for p in params]
+                for p, s in zip(params, saved):
+                    p.copy_(s)
+            try:
+                yield
+            finally:
+                with torch.no_grad():
+                    for p, c in zip(params, current):
+                        p.copy_(c)
+
+        return swapped()
+
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` of the responses under the current actor (temperature-scaled),
@@ -309,8 +365,9 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"compute_log_prob needs a role with 'actor' (this worker is {self.role!r})")
         temperature = self._temperature(data)
         spec = self._log_prob_spec(self.config.rollout, "actor_rollout_ref.rollout")
-        outs = self.actor.compute_log_prob(data, spec, temperature, calculate_entropy=True,
-                                           calculate_sum_pi_squared=bool(self.config.actor.calculate_sum_pi_squared))
+        with self._weights_named(data.meta_info.get(PI_OLD_WEIGHTS)):
+            outs = self.actor.compute_log_prob(data, spec, temperature, calculate_entropy=True,
+                                               calculate_sum_pi_squared=bool(self.config.actor.calculate_sum_pi_squared))
         # The trainer turns these into actor/entropy and training/rollout_probs_diff_* for the whole batch.
         tensors = {"old_log_probs": outs["log_probs"], "entropys": outs["entropy"]}
         if "sum_pi_squared" in outs:

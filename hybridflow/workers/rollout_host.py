@@ -6,7 +6,12 @@ FSDP shards of the shared module resharded); for a generation the controller wak
 (:meth:`stream`, called from Ray's rollout thread pool, or in-process), and ``sleep`` undoes the wake-up.
 
 ``shares_weights``: the ``hf`` engine built on the actor's own module generates with whatever the last
-update left in it, so :meth:`sync_weights` moves nothing and returns ``None``.  An engine with its own
+update left in it, so :meth:`sync_weights` moves nothing and returns ``None``.
+
+The server is interruptible (verl's V1 ``colocate_async``): :meth:`interrupt` closes its gate and cuts the
+requests in flight short before the engine goes to sleep for an update; they wait at the gate -- as do requests
+arriving meanwhile, which :meth:`stream` then accepts while asleep -- and continue on the new weights after
+:meth:`wake_up` and :meth:`resume`.  Never interrupted, the gate stays open and costs nothing.  An engine with its own
 copy of the weights (vLLM) gets the full, unsharded actor weights pushed into it, and the seconds spent
 are returned for ``timing_s/update_weights``.
 """
@@ -21,7 +26,8 @@ from hybridflow.engine.forward import eval_mode
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.rollout.base import RolloutEngine, TokenOutput
 from hybridflow.rollout.service.replica import RolloutReplica, replica_for_server
-from hybridflow.rollout.service.server import GenerateRequest, RolloutServer
+from hybridflow.rollout.service.interruptible_server import InterruptibleRolloutServer
+from hybridflow.rollout.service.server import GenerateRequest
 
 __all__ = ["RolloutHost"]
 
@@ -35,7 +41,7 @@ class RolloutHost:
         self.train_engine = train_engine
         self.shares_weights = shares_weights
         self.stream_method = stream_method
-        self.server = RolloutServer(engine, name=name)
+        self.server = InterruptibleRolloutServer(engine, name=name)
         self._awake: contextlib.ExitStack | None = None
 
     # ------------------------------------------------------------------ data plane
@@ -43,7 +49,7 @@ class RolloutHost:
         return replica_for_server(self.server, self.stream_method, host_role)
 
     def stream(self, requests: Sequence[GenerateRequest]) -> Iterator[list[tuple[int, TokenOutput | BaseException]]]:
-        if self._awake is None:
+        if self._awake is None and not self.server.interrupted:
             raise RuntimeError(f"rollout server '{self.server.name}' got requests while asleep; the fleet must "
                                "wake_up() every replica before generating")
         yield from self.server.stream(requests)
@@ -88,6 +94,13 @@ class RolloutHost:
 
     def abort(self) -> None:
         self.engine.abort_all()
+
+    def interrupt(self) -> int:
+        """Close the gate and cut in-flight requests short (they continue after :meth:`resume`)."""
+        return self.server.interrupt()
+
+    def resume(self) -> None:
+        self.server.resume()
 
     def close(self) -> None:
         self.sleep()

@@ -73,6 +73,13 @@ class HybridFleet(RolloutFleet):
     def abort_all(self) -> None:
         self.group.abort_rollout()
 
+    def interrupt(self) -> int:
+        """Cut every in-flight request short for an update; they continue after :meth:`resume` (V1 colocate)."""
+        return int(sum(n or 0 for n in self.group.interrupt_rollout()))
+
+    def resume(self) -> None:
+        self.group.resume_rollout()
+
 
 class ServerFleet(RolloutFleet):
     """Replicas served from :class:`RolloutServer` objects in this process (a standalone rollout with
