@@ -334,6 +334,7 @@ class PPOTrainer:
         moved = stages.sync_rollout_weights(self.groups)
         if moved is not None:
             timing["update_weights"] = moved
+            metrics.update(stages.weight_sync_metrics(self.groups))
 
     def finish_step_metrics(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
         """verl's data / timing / throughput metrics of the step just trained, the rollout dump, counters."""

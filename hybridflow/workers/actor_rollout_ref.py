@@ -164,7 +164,8 @@ class ActorRolloutRefWorker(Worker):
                               trust_remote_code=bool(mc.trust_remote_code))
             engine = ROLLOUT_ENGINES.get(rc.name)(**kwargs)
         shares_weights = rc.name == "hf"
-        self.rollout = RolloutHost(engine, self.actor_engine, name=name, shares_weights=shares_weights)
+        delta = bool((rc.checkpoint_engine.engine_kwargs or {}).get("delta", True))
+        self.rollout = RolloutHost(engine, self.actor_engine, name=name, shares_weights=shares_weights, delta=delta)
         if not shares_weights:
             self.rollout.sync_weights()
 
@@ -210,6 +211,11 @@ class ActorRolloutRefWorker(Worker):
         return self._rollout_host().sync_weights()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_sync_metrics(self) -> dict[str, float]:
+        """``weight_sync/*`` of this rank's last ``sync_rollout_weights`` (empty for the shared hf engine)."""
+        return dict(self._rollout_host().last_sync)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def abort_rollout(self) -> None:
         """Interrupt this rank's in-flight requests (they return with finish_reason 'abort')."""
         self._rollout_host().abort()
@@ -234,6 +240,31 @@ class ActorRolloutRefWorker(Worker):
         if self.actor is None:
             raise RuntimeError(f"get_actor_weights needs a role with 'actor' (this worker is {self.role!r})")
         return self.actor_engine.full_state_dict()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_actor_weights(self, full: bool = False) -> dict[str, Any]:
+        """Rank 0: ``{"tensors": {name: full CPU tensor}, "stats": DeltaStats}`` of the actor's tensors that changed
+        since the last committed export (all with ``full``), grouped as vLLM loads them (LoRA: the adapter only);
+        ``{}`` on the other ranks, which take part in the gathers.  Feeds standalone vLLM servers."""
+        if self.actor is None:
+            raise RuntimeError(f"export_actor_weights needs a role with 'actor' (this worker is {self.role!r})")
+        state = self.actor_engine.full_state_dict()
+        if self.rank != 0:
+            return {}
+        tracker = getattr(self, "_export_delta", None)
+        if tracker is None:
+            from hybridflow.rollout.weights.delta import DeltaTracker, lora_group, vllm_load_group
+
+            enabled = bool((self.config.rollout.checkpoint_engine.engine_kwargs or {}).get("delta", True))
+            tracker = self._export_delta = DeltaTracker(enabled, lora_group if self._lora else vllm_load_group)
+        tensors = dict(tracker.select(state.items(), full))
+        return {"tensors": tensors, "stats": tracker.stats}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def commit_actor_weights(self, verified: bool) -> None:
+        tracker = getattr(self, "_export_delta", None)
+        if tracker is not None:
+            tracker.commit() if verified else tracker.forget()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update_rollout_weights(self, state_dict: dict[str, torch.Tensor]) -> float:
@@ -271,13 +302,16 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"connect_weight_sync needs a role with 'actor' (this worker is {self.role!r})")
         if self.rank == 0:
             from hybridflow.rollout.weights.checkpoint_engine import BroadcastCheckpointEngine
+            from hybridflow.rollout.weights.delta import DeltaTracker
 
             self._weight_sync = BroadcastCheckpointEngine(spec, 0, self.device).connect()
+            self._weight_delta = DeltaTracker(enabled=getattr(spec, "delta", True))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def send_rollout_weights(self) -> dict[str, float]:
-        """Broadcast the actor's full weights to the replicas, bucket by bucket (every rank gathers its shards;
-        rank 0 sends).  Returns what was sent (``{}`` on the other ranks)."""
+    def send_rollout_weights(self, full: bool = False) -> dict[str, float]:
+        """Broadcast the actor's weights to the replicas, bucket by bucket (every rank gathers its shards; rank 0
+        sends): the tensors that changed since the last verified sync, or all of them with ``full``.  Returns
+        what was sent (``{}`` on the other ranks)."""
         from hybridflow.rollout.weights.checkpoint_engine import full_tensors
 
         if self.actor is None:
@@ -290,9 +324,17 @@ class ActorRolloutRefWorker(Worker):
         sync = self._weight_sync
         if sync is None:
             raise RuntimeError("send_rollout_weights: connect_weight_sync has not run on rank 0")
-        stats = sync.send_weights(tensors)
+        stats = sync.send_weights(tensors, delta=self._weight_delta, full=full)
         return {"tensors": float(stats.tensors), "bytes": float(stats.bytes), "buckets": float(stats.buckets),
-                "seconds": stats.seconds}
+                "seconds": stats.seconds, "skipped": float(stats.skipped), "skipped_bytes": float(stats.skipped_bytes)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def commit_rollout_weights(self, verified: bool) -> None:
+        """The replicas checked every bucket of the last sync (``verified``): it becomes the base of the next
+        delta; otherwise the next sync compares against nothing."""
+        delta = getattr(self, "_weight_delta", None)
+        if delta is not None:
+            delta.commit() if verified else delta.forget()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weights_checksum(self) -> float:

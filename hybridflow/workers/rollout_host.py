@@ -6,7 +6,10 @@ FSDP shards of the shared module resharded); for a generation the controller wak
 (:meth:`stream`, called from Ray's rollout thread pool, or in-process), and ``sleep`` undoes the wake-up.
 
 ``shares_weights``: the ``hf`` engine built on the actor's own module generates with whatever the last
-update left in it, so :meth:`sync_weights` moves nothing and returns ``None``.
+update left in it, so :meth:`sync_weights` moves nothing and returns ``None`` -- a "sync" there is only the
+invalidation of state computed from the old weights (parked prefix K/V, fast decode's packed copies), which the
+engine does on wake-up.  An engine with its own copy (vLLM) is sent only the tensors that changed
+(:mod:`hybridflow.rollout.weights.delta`).
 
 The server is interruptible (verl's V1 ``colocate_async``): :meth:`interrupt` closes its gate and cuts the
 requests in flight short before the engine goes to sleep for an update; they wait at the gate -- as do requests
@@ -36,10 +39,18 @@ class RolloutHost:
     """Serves ``engine`` from this process; ``train_engine`` holds the module the weights come from."""
 
     def __init__(self, engine: RolloutEngine, train_engine: TrainEngine, name: str, shares_weights: bool,
-                 stream_method: str = "rollout_stream"):
+                 stream_method: str = "rollout_stream", delta: bool = True):
+        from hybridflow.rollout.weights.delta import DeltaTracker, lora_group, vllm_load_group
+
         self.engine = engine
         self.train_engine = train_engine
         self.shares_weights = shares_weights
+        # an engine with its own copy: only what changed is loaded, grouped as the engine fuses it (LoRA: the
+        # adapter, whole, and never the frozen base)
+        lora = int(getattr(engine, "lora_rank", 0) or 0) > 0
+        self.delta = DeltaTracker(enabled=delta, group_of=lora_group if lora else vllm_load_group)
+        self.last_sync: dict[str, float] = {}
+        self.checksum_mismatches = 0
         self.stream_method = stream_method
         self.server = InterruptibleRolloutServer(engine, name=name)
         self._awake: contextlib.ExitStack | None = None
@@ -83,14 +94,31 @@ class RolloutHost:
             stack.close()
 
     def sync_weights(self) -> float | None:
-        """Push the actor's latest weights into an engine with its own copy; ``None`` when shared."""
+        """Push the actor's weights that changed since the last sync into an engine with its own copy (all of
+        them after a failed check); ``None`` when shared.  The ``weight_sync/*`` numbers go to :attr:`last_sync`."""
         if self.shares_weights:
             return None
+        from hybridflow.rollout.weights.delta import ChecksumMismatch
+
         start = time.perf_counter()
+        mismatch = False
         with self.train_engine.full_params() as module:
-            tensors = list(module.state_dict().items())
-            self.server.call(lambda: self.engine.update_weights(tensors))
+            try:
+                self._push(module, full=False)
+            except ChecksumMismatch:  # the engine's worker refused the files: nothing loaded; everything again
+                mismatch = True
+                self.delta.forget()
+                self._push(module, full=True)
+        self.delta.commit()
+        self.checksum_mismatches += int(mismatch)
+        self.last_sync = {**self.delta.stats.metrics(), "weight_sync/checksum_mismatch": float(mismatch),
+                          "weight_sync/checksum_mismatch_total": float(self.checksum_mismatches)}
         return time.perf_counter() - start
+
+    def _push(self, module, full: bool) -> None:
+        tensors = list(self.delta.select(module.state_dict().items(), full))
+        if tensors:  # nothing changed (e.g. a LoRA run whose adapter did not move): nothing to load
+            self.server.call(lambda: self.engine.update_weights(tensors))
 
     def abort(self) -> None:
         self.engine.abort_all()

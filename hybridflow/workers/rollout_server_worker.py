@@ -129,10 +129,11 @@ class RolloutServerWorker(Worker):
         start = time.perf_counter()
         server, engine = self._server(), self.engine
         copied = 0
-        for bucket in self._sync.receive_buckets():
+        for bucket in self._sync.receive_buckets():  # only buckets whose checksum matched
             copied += server.call(lambda b=bucket: engine.update_weights(b))
         self.weight_version = int(version)
-        return {"tensors": float(copied), "seconds": time.perf_counter() - start}
+        return {"tensors": float(copied), "seconds": time.perf_counter() - start,
+                "corrupt_buckets": float(self._sync.corrupt_buckets)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weights_checksum(self) -> float:

@@ -70,6 +70,10 @@ class HybridFleet(RolloutFleet):
         seconds = [s for s in self.group.sync_rollout_weights() if s is not None]
         return max(seconds) if seconds else None
 
+    def sync_metrics(self) -> dict[str, float]:
+        """``weight_sync/*`` of the last update (rank 0's engine; empty when the engine shares the module)."""
+        return dict(self.group.rollout_sync_metrics()[0])
+
     def abort_all(self) -> None:
         self.group.abort_rollout()
 

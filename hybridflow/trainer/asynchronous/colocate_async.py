@@ -105,6 +105,7 @@ class V1ColocateAsyncTrainer(V1AsyncTrainer):
             moved = stages.sync_rollout_weights(self.groups)
             if moved is not None:
                 timing["update_weights"] = moved
+                metrics.update(stages.weight_sync_metrics(self.groups))
             self._updated = False
         self.param_version += 1
 

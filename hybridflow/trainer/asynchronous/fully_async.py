@@ -181,6 +181,7 @@ class FullyAsyncTrainer(PPOTrainer):
                 self.rollouter.pause()
             if self._updated:
                 timing["update_weights"] = stages.sync_rollout_weights(self.groups)
+                metrics.update(stages.weight_sync_metrics(self.groups))
                 self._updated = False
             self.param_version += 1
             metrics["rollouter/idle_ratio"] = self.rollouter.resume(self.param_version)
