@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 # Heavy modules (torch, the trainer) are imported inside the functions that run a job, so that
@@ -360,14 +359,17 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
     """One training run; returns the metrics history (also sent to ``logger`` / ``trainer.logger``)."""
     import torch
 
-    from hybridflow.engine.model_loader import check_causal_lm
+    from hybridflow.config.checks.run_stage import check_for_run, checked_for_run
     from hybridflow.trainer.ppo_trainer import lr_horizon, resolve_total_training_steps
-    from hybridflow.trainer.preflight import run_preflight
+    from hybridflow.utils.user_modules import export_user_modules, import_user_modules
 
     tcfg = config.trainer
-    # Fail before any model loads: unwritable output folders, too little disk for checkpoints.
-    logger_dir = logger.output_dir if logger is not None else Path("outputs") / tcfg.project_name / tcfg.experiment_name
-    run_preflight(config, logger_dir=logger_dir)
+    # The check pipeline's run stage (files, device, output folders) before any process starts -- unless the
+    # command line already ran it.
+    if not checked_for_run(config):
+        check_for_run(config, logger_dir=logger.output_dir if logger is not None else None)
+    # trainer.import_modules: every process started from here imports them too (Ray workers included)
+    export_user_modules(import_user_modules(tcfg.import_modules), config.ray_kwargs.ray_init)
     # Workers start first (Ray: in the background) and the driver builds data and rewards meanwhile.
     start = RuntimeStart(config)
     runtime = None
@@ -375,8 +377,6 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
     try:
         torch.manual_seed(tcfg.seed)
         tokenizer = load_tokenizer_for(config)
-        model_cfg = config.actor_rollout_ref.model
-        check_causal_lm(model_cfg.path, model_cfg.trust_remote_code)
         processor = load_processor_for(config)
         train_loader, val_loader = build_data(config, tokenizer, processor)
         check_dataset_agent_names(train_loader, val_loader)
@@ -416,11 +416,19 @@ def dump_ray_timeline(config) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``hybridflow train`` / ``python -m hybridflow.trainer.main_ppo``: verl overrides, ``--config-path/--config-name``
     and ``--dry-run`` (print the resolved config and the batch sizes in words, load nothing)."""
-    from hybridflow.trainer.command_line import EXIT_CONFIG_ERROR, describe_batch_sizes, load_trainer_config
+    from hybridflow.trainer.command_line import (
+        EXIT_CONFIG_ERROR,
+        check_trainer_run,
+        describe_batch_sizes,
+        load_trainer_config,
+        user_error_types,
+    )
     from hybridflow.utils.quiet import quiet_libraries
 
     quiet_libraries()
     cfg, cl = load_trainer_config(list(sys.argv[1:] if argv is None else argv))
+    if not check_trainer_run(cfg):  # the pipeline's run stage: files, device, output folders
+        return EXIT_CONFIG_ERROR
     if cl.dry_run:
         from omegaconf import OmegaConf
 
@@ -428,9 +436,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(OmegaConf.to_yaml(OmegaConf.create(config_to_dict(cfg))), end="")
         print(describe_batch_sizes(cfg))
-        print("# dry run: configuration is valid; nothing was loaded or trained")
+        print("\n".join(f"# {line}" for line in cfg.plan.describe()))
+        print("# dry run: configuration is valid (every check of the pipeline passed); nothing was loaded or trained")
         return 0
-    from hybridflow.trainer.preflight import user_error_types
     from hybridflow.trainer.signals import GracefulInterrupt
     from hybridflow.trainer.step_failures import StepFailedError
 
@@ -440,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     except user_error_types() as e:  # bad input: one clear line, not a traceback
         print(f"hybridflow: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    except rollout_failure_types() as e:  # a rollout replica died: say which, and how to go on
+    except rollout_failure_types() as e:  # an engine failed or a replica died: say which, and how to go on
         print(f"hybridflow: {e}\nhybridflow: the run stopped; its last checkpoint (if any) under "
               f"{cfg.trainer.default_local_dir} is intact: fix the cause and run the same command again to resume "
               "from it (trainer.resume_mode=auto)", file=sys.stderr)
@@ -460,12 +468,15 @@ EXIT_ROLLOUT_FAILED = 3
 
 
 def rollout_failure_types() -> tuple[type[BaseException], ...]:
-    """Errors that mean the rollout side of the run died (a replica's process, an agent-loop worker)."""
-    from hybridflow.rollout.service.replica import ReplicaError
+    """Errors that mean the rollout side of the run failed: an engine raised, stalled or produced non-finite
+    logits, a replica's process or an agent-loop worker died (their messages carry the cause)."""
+    from hybridflow.rollout.base import EngineError
     from hybridflow.trainer.asynchronous.sample_queue import RolloutFailed
 
-    return ReplicaError, RolloutFailed
+    return EngineError, RolloutFailed
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hybridflow.utils.fast_exit import run_and_exit
+
+    run_and_exit(main)

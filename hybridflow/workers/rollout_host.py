@@ -39,7 +39,7 @@ class RolloutHost:
     """Serves ``engine`` from this process; ``train_engine`` holds the module the weights come from."""
 
     def __init__(self, engine: RolloutEngine, train_engine: TrainEngine, name: str, shares_weights: bool,
-                 stream_method: str = "rollout_stream", delta: bool = True):
+                 stream_method: str = "rollout_stream", delta: bool = True, stall_timeout_s: float = 300.0):
         from hybridflow.rollout.weights.delta import DeltaTracker, lora_group, vllm_load_group
 
         self.engine = engine
@@ -52,7 +52,7 @@ class RolloutHost:
         self.last_sync: dict[str, float] = {}
         self.checksum_mismatches = 0
         self.stream_method = stream_method
-        self.server = InterruptibleRolloutServer(engine, name=name)
+        self.server = InterruptibleRolloutServer(engine, name=name, stall_timeout_s=stall_timeout_s)
         self._awake: contextlib.ExitStack | None = None
 
     # ------------------------------------------------------------------ data plane
@@ -75,9 +75,9 @@ class RolloutHost:
             if self.shares_weights:
                 module = stack.enter_context(self.train_engine.full_params())
                 stack.enter_context(eval_mode(module))
-            self.server.call(self.engine.wake_up)
+            self.server.call(self.engine.wake_up, what="wake_up")
             if seed is not None:
-                self.server.call(lambda: self.engine.reseed(seed))
+                self.server.call(lambda: self.engine.reseed(seed), what="reseed")
         except BaseException:
             stack.close()
             raise
@@ -89,7 +89,7 @@ class RolloutHost:
             return
         stack, self._awake = self._awake, None
         try:
-            self.server.call(self.engine.sleep)
+            self.server.call(self.engine.sleep, what="sleep")
         finally:
             stack.close()
 
@@ -118,7 +118,7 @@ class RolloutHost:
     def _push(self, module, full: bool) -> None:
         tensors = list(self.delta.select(module.state_dict().items(), full))
         if tensors:  # nothing changed (e.g. a LoRA run whose adapter did not move): nothing to load
-            self.server.call(lambda: self.engine.update_weights(tensors))
+            self.server.call(lambda: self.engine.update_weights(tensors), what="weights")
 
     def abort(self) -> None:
         self.engine.abort_all()

@@ -59,6 +59,34 @@ class _Background:
         return self._result
 
 
+_PEER_ERROR_WAIT_S = 10.0  # after the sender failed: how long to wait for a receiver's own (root-cause) error
+
+
+def _together(send: Callable[[], Any], receivers: _Background, timeout_s: float) -> tuple[Any, Any]:
+    """Run the sender's side here while ``receivers`` run in the background; ``(sent, received)``.
+
+    A member that fails leaves the weight-sync group at once (the checkpoint engine's ``abort``), so the other
+    side fails within a second with a "connection closed by peer" error; the first side's error is the cause
+    and is the one raised (a receiver's failure would otherwise hide behind the sender's closed connection)."""
+    try:
+        sent = send()
+    except Exception as send_error:
+        try:
+            receivers.result(_PEER_ERROR_WAIT_S)
+        except TimeoutError:
+            pass
+        except Exception as receive_error:  # noqa: BLE001 - the receivers failed too: theirs may be the cause
+            if _is_peer_closed(send_error) and not _is_peer_closed(receive_error):
+                raise receive_error from send_error
+        raise
+    return sent, receivers.result(timeout_s)
+
+
+def _is_peer_closed(error: BaseException) -> bool:
+    text = str(error)
+    return "Connection closed by peer" in text or "Connection reset by peer" in text
+
+
 class StandaloneFleet(RolloutFleet):
     """Replicas of ``group`` (see the module docstring)."""
 
@@ -130,8 +158,7 @@ class StandaloneFleet(RolloutFleet):
     def _connect(self) -> None:
         spec = self._spec()
         receivers = _Background(lambda: self._guard("connect_weight_sync", self.group.connect_weight_sync, spec))
-        self.weight_source.connect(spec)
-        receivers.result(self.timeout_s)
+        _together(lambda: self.weight_source.connect(spec), receivers, self.timeout_s)
         self._connected = True
 
     def update_weights(self) -> float:
@@ -160,8 +187,7 @@ class StandaloneFleet(RolloutFleet):
 
     def _transfer(self, version: int, full: bool) -> tuple[dict, list]:
         receivers = _Background(lambda: self._guard("receive_weights", self.group.receive_weights, version))
-        sent = self.weight_source.send(full)
-        return sent, receivers.result(self.timeout_s)
+        return _together(lambda: self.weight_source.send(full), receivers, self.timeout_s)
 
     def sync_metrics(self) -> dict[str, float]:
         """``weight_sync/*`` of the last :meth:`update_weights` (see :mod:`hybridflow.rollout.weights.delta`)."""
