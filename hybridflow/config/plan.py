@@ -21,7 +21,9 @@ class StepPlan:
     Old log-probs (pi_old of the PPO ratio, Schulman et al. 2017, eq. 7) come from one of three places:
 
     * ``reuse_rollout_log_probs``: the rollout's own log-probs (``rollout.calculate_log_probs=true``) when the
-      update is exactly on-policy (one optimiser step on the batch, synchronous training, no IS/RS correction)
+      update is exactly on-policy (one optimiser step on the batch -- or any number with
+      ``rollout.exact_log_probs``, whose log-probs equal the recomputation bit for bit --, synchronous training,
+      no IS/RS correction)
       or ``rollout_correction.bypass_mode`` asks for them explicitly (fully async ``use_rollout_log_probs``
       without ``compute_prox_log_prob`` is verl's bypass default there) -- never for ``optimal_token_baseline`` /
       ``calculate_sum_pi_squared``, whose advantages need the actor pass's ``sum_pi_squared``;
@@ -94,7 +96,11 @@ def plan_step(config) -> StepPlan:
         at.mode == "fully_async" and at.use_rollout_log_probs and not at.compute_prox_log_prob)
     corrects = rc.rollout_is is not None or rc.rollout_rs is not None  # IS/RS compare the actor's pi_old with mu
     otb = config.algorithm.adv_estimator == "optimal_token_baseline" or bool(actor.calculate_sum_pi_squared)
-    reuse = bool(rollout.calculate_log_probs) and not otb and ((one_mini_batch and not corrects and on_policy) or bypass)
+    # rollout.exact_log_probs: the rollout's log-probs ARE the actor's recomputation (bit for bit), so on-policy they
+    # stand in for the old_log_prob pass whatever the number of mini-batches and epochs
+    exact = bool(getattr(rollout, "exact_log_probs", False))
+    reuse = bool(rollout.calculate_log_probs) and not otb and (
+        ((one_mini_batch or exact) and not corrects and on_policy) or bypass)
     in_update = (one_mini_batch and not reuse and not (corrects or bypass) and not otb
                  and not bool(config.algorithm.use_kl_in_reward))
     remax = config.algorithm.adv_estimator == "remax"

@@ -131,6 +131,10 @@ class ActorRolloutRefWorker(Worker):
                                             role="actor", parallel_dims=self._actor_dims,
                                             activation_offload=bool(mc.enable_activation_offload))
             self.actor = PPOActor(ac, self.actor_engine, ac.use_remove_padding, rollout_n=self.config.rollout.n)
+            if self.config.rollout.exact_log_probs:  # the layout the exact rollout's arithmetic matches
+                from hybridflow.engine.forward import ALIGNED
+
+                self.actor.packed = ALIGNED
         if self._is_ref and not (self._lora and self._is_actor):
             module = self._load_policy_module(self.config.ref.fsdp_config, trainable=False)
             self.ref_engine = TrainEngine(module, self.config.ref.fsdp_config, None, role="ref",
@@ -155,6 +159,7 @@ class ActorRolloutRefWorker(Worker):
             engine = create_rollout_engine(
                 "hf", model=self.actor_engine.module, tokenizer=self.tokenizer, processor=self.processor,
                 max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank, name=name,
+                exact_log_probs=bool(rc.exact_log_probs),
             )
         else:
             kwargs: dict[str, Any] = {"model_path": mc.path, "rollout_config": rc, "tokenizer": self.tokenizer,

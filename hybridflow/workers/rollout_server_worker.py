@@ -40,6 +40,7 @@ def hf_engine_kwargs(rollout_config: Any, seed: int) -> dict[str, Any]:
         "gpu_memory_utilization": float(rc.gpu_memory_utilization),
         "dtype": rc.dtype,
         "seed": int(seed),
+        "exact_log_probs": bool(rc.exact_log_probs),
     }
 
 

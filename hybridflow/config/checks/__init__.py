@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from hybridflow.config.checks.algorithms import check_algorithms, check_group_size, check_rollout_correction
 from hybridflow.config.checks.batch import check_batch_sizes, check_legacy_micro, n_devices
+from hybridflow.config.checks.exact import check_exact_log_probs
 from hybridflow.config.checks.extensions import check_import_modules
 from hybridflow.config.checks.normalise import check_mirrors, normalise_deprecated
 from hybridflow.config.checks.parallel import check_sequence_parallel
@@ -105,6 +106,7 @@ CONFIG_CHECKS: tuple[Check, ...] = (
     Check("sampling", check_sampling),                  # training temperature
     Check("algorithms", check_algorithms),              # estimator / policy-loss names (registries)
     Check("rollout_correction", check_rollout_correction),
+    Check("exact_log_probs", check_exact_log_probs),    # rollout.exact_log_probs: hf, calculate_log_probs, sp=1
     Check("reward_manager", check_reward_manager),      # manager name (registry) or importlib source
     Check("placement", check_async_config),             # split placement and async modes
     Check("v1_trainer", check_v1_config),               # trainer.use_v1 / trainer.v1.* (verl 0.9's V1 trainer)
