@@ -9,10 +9,10 @@ is not exactly 1.
 
 In exact mode every next-token distribution of the rollout is computed the way the actor computes it: a full
 forward of the row's tokens so far (no cache), ``logits / temperature`` with the same Python float, and the
-log-prob by :func:`hybridflow.algorithms.entropy.logprobs_from_logits`.  Shapes are made batch-invariant: rows
-of one length are batched together (a row's arithmetic does not depend on its neighbours), and every forward is
-right-padded to a multiple of :data:`LENGTH_QUANTUM` tokens, so no product has fewer rows than the
-small-matrix kernels take (padding *after* the row cannot change a causal row).  Measured on CPU fp32 (the
+log-prob by :func:`hybridflow.algorithms.entropy.logprobs_from_logits`.  Shapes are made batch-invariant: every
+row is right-padded to a multiple of :data:`LENGTH_QUANTUM` tokens (padding *after* a causal row cannot change
+it, and no product has fewer rows than the small-matrix kernels take), and rows of one padded width are batched
+together (a row's arithmetic does not depend on its neighbours).  Measured on CPU fp32 (the
 ``exact`` tests): the rollout's per-token log-probs equal the actor's trimmed and packed recomputation bit for
 bit.  The cost is a forward over the whole row per generated token (quadratic in the response length instead
 of linear); ``benchmarks/RESULTS.md`` has the numbers.
@@ -35,20 +35,23 @@ def exact_scaled_logits(model: torch.nn.Module, sequences: Sequence[Sequence[int
                         vocab_size: int) -> torch.Tensor:
     """``(B, V)`` float32: the logits of the token after each sequence, divided by its temperature.
 
-    ``None`` entries (rows that finished) get zeros.  Rows with the same length and temperature share one
-    forward; each forward is right-padded to a multiple of :data:`LENGTH_QUANTUM`.
+    ``None`` entries (rows that finished) get zeros.  Rows are right-padded to a multiple of
+    :data:`LENGTH_QUANTUM`; rows of one padded width and temperature share one forward (a causal row is not
+    changed by padding after it, nor by its neighbours).
     """
     out: torch.Tensor | None = None
     groups: dict[tuple[int, float], list[int]] = defaultdict(list)
     for i, seq in enumerate(sequences):
         if seq is not None:
-            groups[(len(seq), float(temperatures[i]))].append(i)
-    for (length, temperature), rows in groups.items():
-        padded = -(-length // LENGTH_QUANTUM) * LENGTH_QUANTUM
-        ids = torch.full((len(rows), padded), int(pad_token_id), dtype=torch.long, device=device)
-        ids[:, :length] = torch.tensor([list(sequences[r]) for r in rows], dtype=torch.long, device=device)
+            groups[(-(-len(seq) // LENGTH_QUANTUM) * LENGTH_QUANTUM, float(temperatures[i]))].append(i)
+    for (width, temperature), rows in groups.items():
+        ids = torch.full((len(rows), width), int(pad_token_id), dtype=torch.long, device=device)
+        lengths = torch.tensor([len(sequences[r]) for r in rows], device=device)
+        for j, r in enumerate(rows):
+            ids[j, :len(sequences[r])] = torch.tensor(list(sequences[r]), dtype=torch.long, device=device)
         # every position's logits (no logits_to_keep): the lm_head product then has as many rows as the actor's
-        logits = model(input_ids=ids, use_cache=False).logits[:, length - 1]
+        logits = model(input_ids=ids, use_cache=False).logits
+        logits = logits[torch.arange(len(rows), device=device), lengths - 1]
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
         if out is None:
