@@ -59,7 +59,7 @@ vs TRL 0.192 on 2026-11-23, then 0.227 vs 0.219): a ~1M-parameter Qwen2 (hidden 
 vocabulary), 16 prompts x 8 samples, 4-token answers, one torch thread, local backend, runs interleaved
 (ABC, CBA, ...). Rows: ``hybridflow`` (defaults), ``trl`` and ``hybridflow_exact``
 (``rollout.exact_log_probs=true`` with ``calculate_log_probs=true``: the cost of exact on-policy log-probs on
-this shape). Last lines: ``ratio_step_time_step=<hybridflow / TRL>`` (goal <= 0.8) and
+this shape); ``--baseline-root DIR`` adds the same job run by another checkout. Last lines: ``ratio_step_time_step=<hybridflow / TRL>`` (goal <= 0.8) and
 ``ratio_exact_vs_default=<hybridflow_exact / hybridflow>``.
 Run: ``.venv/bin/python benchmarks/bench_vs_trl.py --shape step [--quick]``.
 """
@@ -435,8 +435,9 @@ def step_model(workdir: Path) -> str:
 
 
 def main_step(args) -> int:
-    global IN_PROCESS
+    global IN_PROCESS, BASELINE_ROOT
     IN_PROCESS = args.smoke
+    BASELINE_ROOT = args.baseline_root.resolve() if args.baseline_root else None
     work = C.DEFAULT_WORKDIR
     state = C.print_state("per-step overhead shape (~1M Qwen2, 16 x 8, 4-token answers, 1 thread): hybridflow vs TRL")
     steps, reps, warmup = (3, 1, 1) if args.smoke else (12, 2, 2) if args.quick else (20, 3, 3)
@@ -444,7 +445,7 @@ def main_step(args) -> int:
     params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model).parameters())
     job = C.GRPOJob(model=model, data_dir=str(C.task_data(work)), prompts=16, group=8, response_length=4,
                     prompt_length=8, lr=5e-5, steps=steps)
-    frameworks = ["hybridflow", "trl", "hybridflow_exact"]
+    frameworks = ["hybridflow", "trl", "hybridflow_exact"] + (["hybridflow_baseline"] if BASELINE_ROOT else [])
     res = speed(job, reps, warmup, frameworks)
     base, cbase = res["trl"]["median_step_s"], res["trl"]["median_cpu_s"]
     rows = [[fw, r["median_step_s"], r["median_cpu_s"], r["tokens_per_s"], r["peak_rss_mb"],
@@ -453,6 +454,10 @@ def main_step(args) -> int:
           f"{warmup} warm-up steps, {reps} interleaved runs each; load {state['load']})")
     C.print_table(["framework", "median step s (wall)", "median CPU s", "tokens/s (wall)", "peak RSS MiB",
                    "vs TRL (wall)", "vs TRL (CPU)"], rows)
+    if BASELINE_ROOT:
+        b = res["hybridflow_baseline"]
+        print(f"step time vs baseline checkout: wall {res['hybridflow']['median_step_s'] / b['median_step_s']:.3f}, "
+              f"CPU {res['hybridflow']['median_cpu_s'] / b['median_cpu_s']:.3f}")
     print(f"ratio_exact_vs_default={res['hybridflow_exact']['median_step_s'] / res['hybridflow']['median_step_s']:.3f}")
     print(f"ratio_step_time_step={res['hybridflow']['median_step_s'] / base:.3f}")
     return 0
