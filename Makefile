@@ -79,8 +79,13 @@ lock: $(UV_STAMP)
 
 comma := ,
 
+# Two parts: most tests on two xdist workers (they mostly wait on Ray, process start-up and gloo, so two at a time
+# use the cores better), then the `serial` ones alone (wall-clock bounds, machine-wide state: tests/conftest.py).
+# Fails if either part fails.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PYTHON) -m pytest -q tests
+	@rc=0; $(PYTHON) -m pytest -q -n $(TEST_WORKERS) -m "not serial" tests || rc=$$?; \
+	$(PYTHON) -m pytest -q -m serial tests || rc=$$?; exit $$rc
 
 test-fast: $(STAMP)
 	$(PYTHON) -m pytest -q tests -m "not slow"

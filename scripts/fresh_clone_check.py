@@ -135,8 +135,10 @@ def installed_versions(clone: Path) -> dict[str, str]:
 
 
 def pytest_tally(output: str) -> str:
-    tails = [ln.strip("= \n") for ln in output.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
-    return tails[-1] if tails else "no pytest summary line"
+    """The summary lines of every pytest run in ``output`` (`make test` runs a parallel part, then a serial one)."""
+    tails = [ln.strip("= \n") for ln in output.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)
+             and re.search(r" in [\d.]+s", ln)]
+    return " + ".join(tails) if tails else "no pytest summary line"
 
 
 def main(argv: list[str] | None = None) -> int:

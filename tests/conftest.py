@@ -94,8 +94,25 @@ def varied_vlm_dir(tmp_path_factory):
                                         initializer_range=0.2))
 
 
+# Tests that assert on wall-clock bounds (a fault reported within seconds, a signal answered in time), need the
+# main thread (xdist runs tests in a worker thread), count the
+# machine's processes or threads, or start a `ray start` cluster of their own: `make test` runs them after the
+# parallel part, alone on the machine (`-m serial`), so a neighbour's load cannot make them fail.
+SERIAL = ("faults/", "benchmarks/", "controller/test_init_ray.py", "controller/test_ray_failures.py",
+          "controller/test_multinode.py", "controller/test_ray_cli_cluster.py", "integration/test_ray_footprint.py",
+          "rollout/test_engine_faults.py", "rollout/test_stall_watchdog.py", "rollout/test_checkpoint_engine_faults.py",
+          "tools/test_mcp_tool.py", "tools/test_executor.py", "test_quiet_console.py", "rollout_vllm/",
+          "integration/test_async_reward_run.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.gpu`` tests need CUDA; on a machine without it they are skipped, saying so."""
+    """``serial`` on the tests of SERIAL; ``@pytest.mark.gpu`` tests need CUDA: on a machine without it they are
+    skipped, saying so."""
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    for item in items:
+        rel = str(item.path).removeprefix(here)
+        if rel.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False here); run on a GPU machine")

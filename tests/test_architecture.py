@@ -11,6 +11,7 @@ import collections
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hybridflow"
+REPO = PACKAGE.parent
 
 
 def _module_name(path: Path) -> str:
@@ -218,3 +219,21 @@ def test_the_sandbox_sits_below_rewards_and_tools():
     to_tools = sorted(m for m, targets in graph.items() if m.startswith("hybridflow.rewards")
                       for t in targets if t.startswith("hybridflow.tools"))
     assert not to_tools, f"rewards import tools: {to_tools}"
+
+
+def test_docs_name_modules_that_exist():
+    """A module path written in docs/ (``hybridflow/x/y.py`` or ``trainer/x.py``) names a file of the package:
+    moving a room must move its description too."""
+    import re
+
+    floor_dirs = "|".join(sorted({p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("_")}))
+    missing = []
+    for doc in (REPO / "docs").glob("*.md"):
+        text = doc.read_text(encoding="utf-8")
+        for m in re.finditer(r"hybridflow/([A-Za-z0-9_/]+\.py)", text):
+            if not (PACKAGE / m.group(1)).exists():
+                missing.append(f"{doc.name}: hybridflow/{m.group(1)}")
+        for m in re.finditer(rf"`((?:{floor_dirs})/[A-Za-z0-9_/]+\.py)`", text):
+            if not (PACKAGE / m.group(1)).exists():
+                missing.append(f"{doc.name}: {m.group(1)}")
+    assert not missing, "docs name modules that do not exist: " + ", ".join(sorted(set(missing)))

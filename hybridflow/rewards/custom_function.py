@@ -68,7 +68,8 @@ class ScoreFnSpec:
         try:
             signature.bind(**{k: None for k in keywords})
         except TypeError as exc:
-            where = (f"custom_reward_function.name={self.name!r} in {self.path!r}" if self.fn is None and self.path
+            where = (f"custom_reward_function.path={self.path} (custom_reward_function.name={self.name!r})"
+                     if self.fn is None and self.path
                      else self.describe())
             raise RewardFunctionError(
                 f"{where} has the signature {getattr(fn, '__name__', 'fn')}{signature}, but the reward manager "

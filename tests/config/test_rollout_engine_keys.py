@@ -101,10 +101,10 @@ def test_vllm_on_cpu_refuses_deepseek_v3_and_serves_the_other_families(tmp_path)
     for family in ("deepseek-v3", "qwen3-moe", "gemma2"):
         make_tiny_checkpoint(tmp_path / family, size="nano", family=family)
     with pytest.raises(ConfigError) as e:
-        load_config(cpu + [f"actor_rollout_ref.model.path={tmp_path / 'deepseek-v3'}"])
+        hardware_check(cpu + [f"actor_rollout_ref.model.path={tmp_path / 'deepseek-v3'}"])
     assert "cannot serve the deepseek_v3 model" in str(e.value) and "rollout.name=hf" in str(e.value)
     for family in ("qwen3-moe", "gemma2"):
-        load_config(cpu + [f"actor_rollout_ref.model.path={tmp_path / family}"])
+        hardware_check(cpu + [f"actor_rollout_ref.model.path={tmp_path / family}"])
     gpu = load_config(BASE + ["trainer.device=auto", f"actor_rollout_ref.model.path={tmp_path / 'deepseek-v3'}"])
     assert rollout_hardware_errors(gpu, "cuda") == []
 

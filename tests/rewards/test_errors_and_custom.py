@@ -110,7 +110,7 @@ def test_a_signature_the_manager_cannot_call_is_refused_when_the_manager_is_buil
 
     with pytest.raises(RewardFunctionError) as err:  # a batch function under the per-sample manager
         NaiveRewardManager(char_tokenizer, compute_score=ScoreFnSpec(reward_file, "batch_score"))
-    assert f"custom_reward_function.name='batch_score' in {reward_file!r}" in str(err.value)
+    assert f"custom_reward_function.path={reward_file} (custom_reward_function.name='batch_score')" in str(err.value)
     assert "batch_score(data_sources, solution_strs, ground_truths, extra_infos)" in str(err.value)
     with pytest.raises(RewardFunctionError, match=r"def compute_score\(data_sources, solution_strs, ground_truths"):
         BatchRewardManager(char_tokenizer, compute_score=ScoreFnSpec(reward_file, "compute_score"))

@@ -1,0 +1,272 @@
+"""The PPO step's control flow with fake worker groups: no model, no process, no engine.
+
+The fakes answer each worker call the way the real roles do (the batch keys of docs/architecture.md) and record
+the calls, so the order of the stages, what each one adds to the batch, which stages a configuration skips and
+the golden values of the controller-side arithmetic are checked in milliseconds. The end-to-end runs
+(tests/integration/) keep checking that the real workers honour the same contract.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from hybridflow.config import load_config
+from hybridflow.protocol import DataProto
+from hybridflow.trainer.ppo_trainer import PPOTrainer
+from hybridflow.trainer.stages import WorkerGroups
+from hybridflow.trainer.step_failures import StepFailedError
+
+A = "actor_rollout_ref"
+P, R = 3, 2  # prompt and response lengths
+
+
+class Recorder:
+    def __init__(self):
+        self.calls: list[str] = []
+        self.seen: dict[str, DataProto] = {}
+
+    def note(self, name: str, batch: DataProto | None = None) -> None:
+        self.calls.append(name)
+        if batch is not None:
+            self.seen[name] = batch
+
+
+class FakeFleet:
+    def __init__(self, rec: Recorder, moves: bool):
+        self.rec, self.moves = rec, moves
+
+    def update_weights(self):
+        self.rec.note("update_weights")
+        return 0.25 if self.moves else None
+
+
+class FakeRollout:
+    """Answers every prompt ``n`` times (``val_kwargs.n`` = 1 when validating); sample ``j`` of a prompt starts its
+    response with token ``j`` (the fake reward pays 1 for token 0). ``rows_per_prompt`` overrides n to test the
+    row-count check; ``log_probs`` adds ``rollout_log_probs``."""
+
+    def __init__(self, rec: Recorder, n: int, moves: bool = False, log_probs: bool = False):
+        self.rec, self.n, self.log_probs = rec, n, log_probs
+        self.fleet = FakeFleet(rec, moves)
+        self.rows_per_prompt: int | None = None
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        validate = bool(prompts.meta_info.get("validate"))
+        self.rec.note("gen_max" if validate else "generate", prompts)
+        n = 1 if validate else (self.rows_per_prompt or self.n)
+        ids = prompts.batch["input_ids"].repeat_interleave(n, dim=0)
+        b = ids.shape[0]
+        first = torch.arange(b) % n if not validate else torch.zeros(b, dtype=torch.long)
+        responses = torch.stack([first, torch.full((b,), 7)], dim=1)
+        batch = {"input_ids": torch.cat([ids, responses], dim=1), "responses": responses,
+                 "attention_mask": torch.ones(b, P + R, dtype=torch.long),
+                 "position_ids": torch.arange(P + R).expand(b, -1).clone(),
+                 "response_mask": torch.ones(b, R, dtype=torch.long)}
+        if self.log_probs:
+            batch["rollout_log_probs"] = torch.full((b, R), -0.5)
+        return DataProto.from_dict(batch, meta_info={"metrics": {"agent_loop/num_turns/mean": 1.0}})
+
+
+class FakeActor:
+    def __init__(self, rec: Recorder, old_log_prob: float = -0.4):
+        self.rec, self.old = rec, old_log_prob
+
+    def compute_log_prob(self, batch: DataProto) -> DataProto:
+        self.rec.note("compute_log_prob", batch)
+        shape = batch.batch["responses"].shape
+        return DataProto.from_dict({"old_log_probs": torch.full(shape, self.old),
+                                    "entropys": torch.full(shape, 1.5)})
+
+    def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        self.rec.note("compute_ref_log_prob", batch)
+        return DataProto.from_dict({"ref_log_prob": torch.full(batch.batch["responses"].shape, -0.6)})
+
+    def update_actor(self, batch: DataProto) -> DataProto:
+        self.rec.note("update_actor", batch)
+        return DataProto(meta_info={"metrics": {"actor/pg_loss": [0.5, 0.25], "actor/grad_norm": 1.0}})
+
+
+class FakeCritic:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+
+    def compute_values(self, batch: DataProto) -> DataProto:
+        self.rec.note("compute_values", batch)
+        return DataProto.from_dict({"values": torch.zeros(batch.batch["responses"].shape)})
+
+    def update_critic(self, batch: DataProto) -> DataProto:
+        self.rec.note("update_critic", batch)
+        return DataProto(meta_info={"metrics": {"critic/vf_loss": 0.125}})
+
+
+def reward_first_token_zero(batch: DataProto, return_dict: bool = False):
+    """1 on the last response token when the response starts with token 0, else 0."""
+    scores = torch.zeros(batch.batch["responses"].shape)
+    scores[:, -1] = (batch.batch["responses"][:, 0] == 0).float()
+    return {"reward_tensor": scores, "reward_extra_info": {"acc": scores[:, -1].tolist()}}
+
+
+def prompts(b: int) -> dict:
+    return {"input_ids": torch.arange(b * P).view(b, P), "attention_mask": torch.ones(b, P, dtype=torch.long),
+            "position_ids": torch.arange(P).expand(b, -1).clone(),
+            "data_source": np.array(["fake"] * b, dtype=object)}
+
+
+def make_trainer(tmp_path, extra=(), n=2, b=2, steps=1, moves=False, log_probs=False, critic=False, mini=1):
+    """``mini`` < ``b``: two updates per step, so pi_old needs its own pass (``mini=b``: it comes from the update)."""
+    if not any(e.startswith("algorithm.adv_estimator=") for e in extra):
+        extra = ["algorithm.adv_estimator=grpo", *extra]
+    cfg = load_config([
+        f"{A}.model.path={tmp_path / 'no-model'}", f"critic.model.path={tmp_path / 'no-model'}",
+        f"data.train_files={tmp_path / 'train.parquet'}", f"data.train_batch_size={b}",
+        f"data.max_prompt_length={P}", f"data.max_response_length={R}", f"{A}.rollout.n={n}",
+        f"{A}.actor.ppo_mini_batch_size={mini}", f"{A}.actor.ppo_micro_batch_size_per_gpu={b * n}",
+        f"{A}.rollout.log_prob_micro_batch_size_per_gpu={b * n}", f"{A}.ref.log_prob_micro_batch_size_per_gpu={b * n}",
+        f"critic.ppo_micro_batch_size_per_gpu={b * n}", f"critic.forward_micro_batch_size_per_gpu={b * n}",
+        "trainer.backend=local", "trainer.device=cpu", "trainer.n_gpus_per_node=1",
+        f"trainer.total_training_steps={steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        "trainer.save_freq=-1", "trainer.report=false", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+        *extra,
+    ])
+    rec = Recorder()
+    actor = FakeActor(rec)
+    groups = WorkerGroups(actor_rollout=actor, ref=actor, critic=FakeCritic(rec) if critic else None,
+                          rollout=FakeRollout(rec, n, moves=moves, log_probs=log_probs))
+    loader = [prompts(b) for _ in range(steps + 2)]
+    trainer = PPOTrainer(cfg, SimpleNamespace(eos_token_id=99), groups, loader, None, reward_first_token_zero,
+                         reward_first_token_zero)
+    return trainer, rec
+
+
+def test_grpo_step_runs_the_stages_in_order_with_golden_advantages(tmp_path):
+    trainer, rec = make_trainer(tmp_path, moves=True)
+    history = trainer.fit()
+    assert rec.calls == ["generate", "compute_log_prob", "update_actor", "update_weights"]
+    trained = rec.seen["update_actor"]
+    # the prompt batch was repeated interleaved: rows 0,1 are prompt 0's two samples (one uid)
+    assert list(trained.non_tensor_batch["uid"][:2]) == [trained.non_tensor_batch["uid"][0]] * 2
+    assert trained.non_tensor_batch["uid"][0] != trained.non_tensor_batch["uid"][2]
+    # GRPO: each group scores (1, 0); (s - mean) / (std + eps) with the unbiased std 0.7071 -> +-0.70710
+    adv = trained.batch["advantages"]
+    assert adv[:, 0].tolist() == pytest.approx([0.70710, -0.70710] * 2, abs=1e-4)
+    assert torch.equal(adv[:, 0], adv[:, 1])  # an outcome advantage is the same on every token
+    assert torch.equal(trained.batch["old_log_probs"], torch.full((4, R), -0.4))
+    m = history.metrics[-1]
+    assert m["actor/pg_loss"] == pytest.approx(0.375) and m["actor/entropy"] == pytest.approx(1.5)
+    assert m["timing_s/update_weights"] == 0.25 and "timing_s/ref" not in m and "timing_s/values" not in m
+    assert m["critic/score/mean"] == pytest.approx(0.5) and m["reward_extra/acc/mean"] == pytest.approx(0.5)
+
+
+def test_a_single_on_policy_update_takes_pi_old_from_its_own_pass(tmp_path):
+    trainer, rec = make_trainer(tmp_path, mini=2)
+    m = trainer.fit().metrics[-1]
+    assert rec.calls == ["generate", "update_actor", "update_weights"] and "timing_s/old_log_prob" not in m
+    assert rec.seen["update_actor"].meta_info["old_log_probs_from_update"] is True
+
+
+def test_a_colocated_engine_that_moves_nothing_logs_no_weight_sync_time(tmp_path):
+    trainer, rec = make_trainer(tmp_path, moves=False)
+    m = trainer.fit().metrics[-1]
+    assert "update_weights" in rec.calls and "timing_s/update_weights" not in m
+
+
+def test_kl_loss_adds_the_reference_pass_and_kl_in_reward_subtracts_the_penalty(tmp_path):
+    trainer, rec = make_trainer(tmp_path, extra=[f"{A}.actor.use_kl_loss=true"])
+    trainer.fit()
+    assert rec.calls[:3] == ["generate", "compute_log_prob", "compute_ref_log_prob"]
+    assert "ref_log_prob" in rec.seen["update_actor"].batch
+
+    trainer, rec = make_trainer(tmp_path, extra=["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=kl",
+                                                 "algorithm.kl_ctrl.kl_coef=0.5", "algorithm.adv_estimator=reinforce_plus_plus"])
+    trainer.fit()
+    batch = rec.seen["update_actor"]
+    # token_level_rewards = scores - beta * (old - ref) = scores - 0.5 * (-0.4 + 0.6)
+    expected = batch.batch["token_level_scores"] - 0.1
+    assert torch.allclose(batch.batch["token_level_rewards"], expected, atol=1e-6)
+
+
+def test_gae_runs_the_critic_and_the_warmup_step_trains_it_alone(tmp_path):
+    trainer, rec = make_trainer(tmp_path, critic=True, steps=2, moves=True,
+                                extra=["algorithm.adv_estimator=gae", "trainer.critic_warmup=1"])
+    history = trainer.fit()
+    step1 = rec.calls[:rec.calls.index("generate", 1)]
+    assert step1 == ["generate", "compute_log_prob", "compute_values", "update_critic"]
+    assert rec.calls[len(step1):] == ["generate", "compute_log_prob", "compute_values", "update_critic",
+                                      "update_actor", "update_weights"]
+    assert "actor/pg_loss" not in history.metrics[0] and history.metrics[1]["actor/pg_loss"] == pytest.approx(0.375)
+    # gamma = lam = 1, values 0: the return of every token is the final score
+    batch = rec.seen["update_actor"]
+    assert torch.equal(batch.batch["returns"][:, 0], batch.batch["token_level_scores"][:, -1])
+
+
+def test_rollout_log_probs_replace_the_old_log_prob_pass_when_the_step_is_on_policy(tmp_path):
+    trainer, rec = make_trainer(tmp_path, log_probs=True, mini=2, extra=[f"{A}.rollout.calculate_log_probs=true"])
+    assert trainer.plan.reuse_rollout_log_probs
+    m = trainer.fit().metrics[-1]
+    assert "compute_log_prob" not in rec.calls and "timing_s/old_log_prob" not in m
+    assert torch.equal(rec.seen["update_actor"].batch["old_log_probs"], torch.full((4, R), -0.5))
+
+
+def test_remax_generates_a_greedy_baseline_per_prompt(tmp_path):
+    trainer, rec = make_trainer(tmp_path, extra=["algorithm.adv_estimator=remax", f"{A}.rollout.val_kwargs.do_sample=false"])
+    m = trainer.fit().metrics[-1]
+    assert rec.calls[:2] == ["generate", "gen_max"] and "timing_s/gen_max" in m
+    # the greedy answer starts with token 0 (score 1): baseline 1 for every row; advantages = score - 1
+    batch = rec.seen["update_actor"]
+    assert batch.batch["reward_baselines"].tolist() == [1.0] * 4
+    assert batch.batch["advantages"][:, 0].tolist() == pytest.approx([0.0, -1.0, 0.0, -1.0])
+
+
+def test_a_rollout_that_returns_a_wrong_row_count_stops_the_step(tmp_path):
+    trainer, rec = make_trainer(tmp_path)
+    trainer.groups.rollout.rows_per_prompt = 2
+    trainer.groups.rollout.n = 2
+    gen = trainer.groups.rollout.generate_sequences
+
+    def one_row_short(p):
+        out = gen(p)
+        return out[: len(out) - 1]
+
+    trainer.groups.rollout.generate_sequences = one_row_short
+    with pytest.raises(RuntimeError, match="not a multiple"):
+        trainer.fit()
+
+
+def test_dapo_filtering_generates_again_until_enough_groups_have_signal(tmp_path):
+    trainer, rec = make_trainer(tmp_path, extra=["algorithm.filter_groups.enable=true",
+                                                 "algorithm.filter_groups.metric=acc",
+                                                 "algorithm.filter_groups.max_num_gen_batches=3"])
+    # the first generation gives every sample token 0 (all groups score 1,1: no variance); then the normal one
+    gen = trainer.groups.rollout.generate_sequences
+    state = {"calls": 0}
+
+    def flat_then_normal(p):
+        state["calls"] += 1
+        out = gen(p)
+        if state["calls"] == 1:
+            out.batch["responses"][:, 0] = 0
+        return out
+
+    trainer.groups.rollout.generate_sequences = flat_then_normal
+    m = trainer.fit().metrics[-1]
+    assert rec.calls.count("generate") == 2
+    assert len(rec.seen["update_actor"]) == 4 and set(rec.seen["update_actor"].batch["advantages"][:, 0].sign().tolist()) == {1.0, -1.0}
+    assert m["train/num_gen_batches"] == 2
+
+
+def test_too_many_failed_rewards_stop_the_run_with_the_counts(tmp_path):
+    trainer, rec = make_trainer(tmp_path, extra=["trainer.tolerated_failure_fraction=0.25"])
+
+    def failing_reward(batch, return_dict=False):
+        out = reward_first_token_zero(batch)
+        out["reward_errors"] = ["ValueError: bad"] * len(batch)
+        return out
+
+    trainer.reward_fn = failing_reward
+    with pytest.raises(StepFailedError, match="reward"):
+        trainer.fit()
+    assert "update_actor" not in rec.calls
