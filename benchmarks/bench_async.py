@@ -15,7 +15,11 @@ wall-clock budget:
   k trains;
 * ``fully_async`` -- 1 training process + 1 rollout process, the rollouter streaming prompts
   (``staleness_threshold`` 0.5, partial rollout, a weight sync every 2 steps: a version is 16 prompts and the
-  rollouter may run 8 ahead -- one step's worth).
+  rollouter may run 8 ahead -- one step's worth);
+* ``v1_colocate`` -- verl 0.9's V1 ``colocate_async``: one process, 2 threads, one warm-up batch in flight, a step
+  trains the first groups to finish and generation is interrupted for the update (staleness bound 2);
+* ``v1_separate`` -- V1 ``separate_async``: 1 training + 1 rollout process, a weight push every
+  ``parameter_sync_step=2`` mini-batches of ``prompts/2`` (staleness bound 2).
 
 Throughput is trained trajectories per second in steady state: from the end of the first step to the end of
 the step that crosses the budget (start-up, the first step and the final validation left out).  Accuracy is
@@ -41,7 +45,7 @@ import _common as C  # noqa: E402
 SCRIPT = Path(__file__).resolve()
 RESPONSE_LENGTH = 64
 VAL_KEY = C.LONG_TAIL_VAL_KEY
-MODES = ("sync_local", "sync_ray", "one_step_off", "fully_async")
+MODES = ("sync_local", "sync_ray", "one_step_off", "fully_async", "v1_colocate", "v1_separate")
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
@@ -84,6 +88,14 @@ def overrides(mode: str, model: str, data: Path, prompts: int, group: int, lr: f
                         f"async_training.staleness_threshold={staleness}",
                         f"async_training.trigger_parameter_sync_step={sync_step}",
                         "async_training.partial_rollout=true", "async_training.use_rollout_log_probs=true", *split],
+        # verl 0.9's V1 trainer: colocated async (one process, generation interrupted for the update and resumed on
+        # the new weights, one warm-up batch in flight) and separate async (one trainer + one rollout process, a
+        # weight push every 2 mini-batches of prompts/2)
+        "v1_colocate": ["trainer.backend=local", "trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async",
+                        "trainer.v1.sampler.max_off_policy_threshold=2"],
+        "v1_separate": [ray, "trainer.use_v1=true", "trainer.v1.trainer_mode=separate_async",
+                        "trainer.v1.separate_async.parameter_sync_step=2", f"{a}.actor.ppo_mini_batch_size={prompts // 2}",
+                        "trainer.v1.sampler.max_off_policy_threshold=2", *split],
     }[mode]
 
 
@@ -115,7 +127,8 @@ def child(args) -> None:
         "accuracy_before": next((m[VAL_KEY] for m in history.metrics if VAL_KEY in m), None),
         "response_length_mean": sum(lengths) / max(len(lengths), 1),
         "response_clip_ratio": sum(m.get("response_length/clip_ratio", 0.0) for m in steps) / max(len(steps), 1),
-        "staleness_mean": sum(m.get("training/staleness/mean", 0.0) for m in steps) / max(len(steps), 1),
+        "staleness_mean": sum(m.get("training/staleness/mean", m.get("training/off_policy/trajectory_staleness/mean", 0.0))
+                              for m in steps) / max(len(steps), 1),
         "trainer_idle": sum(m.get("trainer/idle_ratio", 0.0) for m in steps) / max(len(steps), 1),
         "timing": {k: _mean(steps, f"timing_s/{k}") for k in ("step", "gen", "reward", "old_log_prob",
                                                              "update_actor", "update_weights", "param_sync")},
@@ -129,7 +142,7 @@ def _mean(steps: list[dict], key: str) -> float | None:
 
 
 def run_mode(mode: str, model: str, data: Path, args) -> dict:
-    threads = 2 if mode == "sync_local" else 1
+    threads = 2 if mode in ("sync_local", "v1_colocate") else 1  # one process: the whole machine
     cmd = [sys.executable, str(SCRIPT), "--run", mode, "--model", model, "--data", str(data), "--threads",
            str(threads), "--budget-s", str(args.budget_s), "--prompts", str(args.prompts), "--group",
            str(args.group), "--lr", str(args.lr), "--staleness", str(args.staleness), "--sync-step",
@@ -169,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.modes.split(",")
     if args.smoke:
         args.budget_s, args.prompts, args.group, args.sft_steps, args.local = 5.0, 4, 4, 20, True
-        modes = ["sync_local", "one_step_off", "fully_async"]
+        if args.modes == ",".join(MODES):
+            modes = ["sync_local", "one_step_off", "fully_async"]
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         parser.error(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")

@@ -53,6 +53,15 @@ SFT checkpoint; held-out greedy accuracy on the same 200 test prompts).  Last li
 ``ratio_step_time_generation=<best hybridflow / best TRL>`` (goal <= 0.6) and
 ``accuracy_delta_generation=<hybridflow - TRL>`` (goal >= 0).
 Run: ``.venv/bin/python benchmarks/bench_vs_trl.py --shape generation [--quick | --smoke] [--budget S]``.
+
+``--shape step`` -- the per-step overhead shape of issue 28 item 5 (an independent side by side measured 0.153 s
+vs TRL 0.192 on 2026-11-23, then 0.227 vs 0.219): a ~1M-parameter Qwen2 (hidden 192, 2 layers, random init, char
+vocabulary), 16 prompts x 8 samples, 4-token answers, one torch thread, local backend, runs interleaved
+(ABC, CBA, ...). Rows: ``hybridflow`` (defaults), ``trl`` and ``hybridflow_exact``
+(``rollout.exact_log_probs=true`` with ``calculate_log_probs=true``: the cost of exact on-policy log-probs on
+this shape); ``--baseline-root DIR`` adds the same job run by another checkout. Last lines: ``ratio_step_time_step=<hybridflow / TRL>`` (goal <= 0.8) and
+``ratio_exact_vs_default=<hybridflow_exact / hybridflow>``.
+Run: ``.venv/bin/python benchmarks/bench_vs_trl.py --shape step [--quick]``.
 """
 
 from __future__ import annotations
@@ -209,6 +218,8 @@ VARIANTS = {
     "hybridflow_tuned": lambda job: replace(job, extra=job.extra + TUNED),
     "hybridflow_ray": lambda job: replace(job, backend="ray"),
     "hybridflow_baseline": lambda job: job,
+    "hybridflow_exact": lambda job: replace(job, extra=job.extra + TUNED + (
+        "actor_rollout_ref.rollout.exact_log_probs=true",)),
 }
 IN_PROCESS = False  # --smoke: run in this process (no interpreter start-up per run; RSS is shared)
 BASELINE_ROOT: Path | None = None  # --baseline-root: another checkout that runs the hybridflow_baseline row
@@ -403,6 +414,55 @@ def main_generation(args) -> int:
     return 0
 
 
+
+# ------------------------------------------------------------------------------------------- step shape
+STEP_MODEL = {"hidden_size": 192, "intermediate_size": 640, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2}  # ~1M parameters with the char vocabulary
+
+
+def step_model(workdir: Path) -> str:
+    """The ~1M-parameter random-init Qwen2 of the step shape (cached on disk)."""
+    from hybridflow.utils.tiny_model import build_char_tokenizer, build_tiny_model
+
+    path = workdir / "models" / "qwen2_1m_s0"
+    if not (path / "config.json").exists():
+        tok = build_char_tokenizer(chat_template=C.BARE_TEMPLATE)
+        model = build_tiny_model(tok, size="tiny", seed=0, **STEP_MODEL)
+        path.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+    return str(path)
+
+
+def main_step(args) -> int:
+    global IN_PROCESS, BASELINE_ROOT
+    IN_PROCESS = args.smoke
+    BASELINE_ROOT = args.baseline_root.resolve() if args.baseline_root else None
+    work = C.DEFAULT_WORKDIR
+    state = C.print_state("per-step overhead shape (~1M Qwen2, 16 x 8, 4-token answers, 1 thread): hybridflow vs TRL")
+    steps, reps, warmup = (3, 1, 1) if args.smoke else (12, 2, 2) if args.quick else (20, 3, 3)
+    model = step_model(work)
+    params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model).parameters())
+    job = C.GRPOJob(model=model, data_dir=str(C.task_data(work)), prompts=16, group=8, response_length=4,
+                    prompt_length=8, lr=5e-5, steps=steps)
+    frameworks = ["hybridflow", "trl", "hybridflow_exact"] + (["hybridflow_baseline"] if BASELINE_ROOT else [])
+    res = speed(job, reps, warmup, frameworks)
+    base, cbase = res["trl"]["median_step_s"], res["trl"]["median_cpu_s"]
+    rows = [[fw, r["median_step_s"], r["median_cpu_s"], r["tokens_per_s"], r["peak_rss_mb"],
+             r["median_step_s"] / base, r["median_cpu_s"] / cbase] for fw, r in res.items()]
+    print(f"\nStep shape ({params / 1e6:.2f}M parameters, 16 prompts x 8, 4-token answers, 1 thread; median after "
+          f"{warmup} warm-up steps, {reps} interleaved runs each; load {state['load']})")
+    C.print_table(["framework", "median step s (wall)", "median CPU s", "tokens/s (wall)", "peak RSS MiB",
+                   "vs TRL (wall)", "vs TRL (CPU)"], rows)
+    if BASELINE_ROOT:
+        b = res["hybridflow_baseline"]
+        print(f"step time vs baseline checkout: wall {res['hybridflow']['median_step_s'] / b['median_step_s']:.3f}, "
+              f"CPU {res['hybridflow']['median_cpu_s'] / b['median_cpu_s']:.3f}")
+    print(f"ratio_exact_vs_default={res['hybridflow_exact']['median_step_s'] / res['hybridflow']['median_step_s']:.3f}")
+    print(f"ratio_step_time_step={res['hybridflow']['median_step_s'] / base:.3f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps and repetitions (~10 min)")
@@ -411,9 +471,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-root", type=Path, default=None,
                    help="another checkout of hybridflow to run as the hybridflow_baseline row (before/after)")
     p.add_argument("--no-accuracy", action="store_true", help="speed comparison only")
-    p.add_argument("--shape", choices=["update", "generation"], default="update",
+    p.add_argument("--shape", choices=["update", "generation", "step"], default="update",
                    help="update: the update-bound comparison above (default); generation: the generation-heavy "
-                        "GRPO step (medium model, 32x8, 128-token long-tail responses)")
+                        "GRPO step (medium model, 32x8, 128-token long-tail responses); step: issue 28's per-step "
+                        "overhead shape (~1M Qwen2, 16x8, 4-token answers)")
     p.add_argument("--long-share", type=float, default=0.25,
                    help="generation shape: share of SFT targets with a filler after the answer")
     p.add_argument("--answer-steps", type=int, default=None,
@@ -439,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.shape == "generation":
         return main_generation(args)
+    if args.shape == "step":
+        return main_step(args)
 
     global IN_PROCESS, BASELINE_ROOT
     IN_PROCESS = args.smoke

@@ -25,6 +25,7 @@ import numpy as np
 
 from hybridflow.agents.loop_worker import AgentLoopWorker, split_rows, stack_outputs
 from hybridflow.agents.reward_loop import ScorerClient, TrajectoryScorer, reward_loop_applies
+from hybridflow.config.v1 import v1_settings
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.base import EngineError
 from hybridflow.rollout.service.fleet import RolloutFleet
@@ -212,7 +213,10 @@ def concurrent_trajectories(config) -> int:
     """
     data, rollout, at = config.data, config.actor_rollout_ref.rollout, config.async_training
     prompts = int(data.gen_batch_size or data.train_batch_size)
-    if at.mode == "fully_async":
+    v1 = v1_settings(config)
+    if v1 is not None and v1.is_async:  # verl V1: warm-up batches in flight besides the step's own
+        prompts = int(data.train_batch_size) * (1 + v1.num_warmup_batches)
+    elif at.mode == "fully_async":
         per_version = int(data.train_batch_size) * int(at.trigger_parameter_sync_step)
         prompts = int(per_version * (1.0 + float(at.staleness_threshold)))
     demand = prompts * int(rollout.n)

@@ -149,16 +149,14 @@ class AgentLoopWorker:
 
     async def _score(self, output: AgentLoopOutput, row: dict[str, Any]) -> dict[str, float]:
         """Score the finished trajectory now (the reward loop); its score rides in ``reward_score``."""
-        one = stack_outputs(self.tokenizer, self.rollout_config, [output], self.processor)
-        for key, value in row.items():
-            column = np.empty(1, dtype=object)
-            column[0] = value
-            one.non_tensor_batch[key] = column
-        result = await self.scorer.score(one)
+        result = await self.scorer.score_output(output, row, self._stack)
         output.reward_score = result["score"]
         output.extra_fields["reward_extra_info"] = result["extra"]
         output.extra_fields["reward_error"] = result.get("error")  # None, or why it could not be scored
         return {f"reward_loop/{k}": float(v) for k, v in result.get("metrics", {}).items()}
+
+    def _stack(self, outputs: list[AgentLoopOutput]) -> DataProto:
+        return stack_outputs(self.tokenizer, self.rollout_config, outputs, self.processor)
 
     def _failed_output(self, row: dict[str, Any], error: str) -> AgentLoopOutput:
         """The untrained stand-in for a trajectory whose loop raised; ``agent_error`` carries the traceback (the

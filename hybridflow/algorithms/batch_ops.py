@@ -20,12 +20,15 @@ from .pf_ppo import compute_pf_ppo_reweight_data
 from .registries import AdvantageEstimator, get_adv_estimator_fn
 
 __all__ = [
-    "OLD_LOG_PROBS_FROM_UPDATE", "PI_OLD_DIAGNOSTICS_IN_UPDATE", "ROLLOUT_CORRECTION_BYPASS", "AdvantageSettings", "apply_kl_penalty", "compute_advantage", "compute_response_mask",
+    "OLD_LOG_PROBS_FROM_UPDATE", "PI_OLD_WEIGHTS", "PI_OLD_DIAGNOSTICS_IN_UPDATE", "ROLLOUT_CORRECTION_BYPASS", "AdvantageSettings", "apply_kl_penalty", "compute_advantage", "compute_response_mask",
 ]
 
 # ``meta_info`` flag on a training batch: pi_old is the detached log-prob of the update's own forward pass
 # (set by the trainer when the update is exactly on-policy, read by the actor).
 OLD_LOG_PROBS_FROM_UPDATE = "old_log_probs_from_update"
+# ``meta_info`` entry on a log-prob batch: compute it with the actor weights saved under this name (verl V1
+# separate_async's decoupled PPO: every mini-batch of a weight version gets pi_old from the version's weights).
+PI_OLD_WEIGHTS = "pi_old_weights"
 # ``meta_info`` flag: no actor log-prob pass ran before the update (pi_old came from the update itself or from the
 # rollout), so the actor reports ``actor/entropy`` and ``training/rollout_probs_diff_*`` from its first forward
 # pass -- the one that runs before any optimiser step, i.e. exactly at pi_old.

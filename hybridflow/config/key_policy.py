@@ -33,11 +33,6 @@ class KeyRule:
 
 
 _NOT_BUILT = "is not built yet in hybridflow"
-_V1 = ("verl 0.9's V1 trainer (trainer.use_v1, trainer.v1.*: a TransferQueue data plane, trainer_mode sync | "
-       f"colocate_async | separate_async) {_NOT_BUILT}. Drop the key: trainer.use_v1=false (what verl's scripts set) "
-       "runs hybridflow's trainer, synchronous by default; for asynchronous training set async_training.mode="
-       "one_step_off or fully_async with actor_rollout_ref.hybrid_engine=false (docs/async.md)")
-
 REFUSED: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.actor,critic}.checkpoint.async_save",
             "asynchronous checkpoint saving is a Megatron-only feature in verl; hybridflow writes checkpoints "
@@ -71,8 +66,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("data.return_raw_chat",
             "the rollout renders prompts from the chat messages, so hybridflow always keeps them (verl's async "
             "rollout needs return_raw_chat=true as well)"),
-    KeyRule("trainer.use_v1", _V1),
-    KeyRule("trainer.v1", _V1),
     KeyRule("distillation",
             f"on-policy distillation from teacher models (verl 0.9's distillation.*) {_NOT_BUILT}. Drop the "
             "distillation keys (the actor then trains on the task rewards alone)"),
@@ -303,6 +296,10 @@ ACTS: tuple[KeyRule, ...] = (
     KeyRule("actor_rollout_ref.actor.use_prefix_grouper",
             "the samples of a prompt share one forward of the prompt in the actor's log-prob and update passes "
             "(engine/prefix_grouping.py)"),
+    KeyRule("trainer.use_v1", "verl 0.9's V1 trainer: trainer.v1.trainer_mode picks sync (today's step, bit for bit), "
+            "colocate_async or separate_async (config/v1.py; rules in config/checks/v1.py; docs/async.md)"),
+    KeyRule("trainer.v1", "the V1 trainer's node: every key acts in the mode that reads it or is refused with the "
+            "reason (config/checks/v1.py)"),
 )
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow.config.v1 import v1_mode
+
 __all__ = ["StepPlan", "plan_step"]
 
 
@@ -19,7 +21,9 @@ class StepPlan:
     Old log-probs (pi_old of the PPO ratio, Schulman et al. 2017, eq. 7) come from one of three places:
 
     * ``reuse_rollout_log_probs``: the rollout's own log-probs (``rollout.calculate_log_probs=true``) when the
-      update is exactly on-policy (one optimiser step on the batch, synchronous training, no IS/RS correction)
+      update is exactly on-policy (one optimiser step on the batch -- or any number with
+      ``rollout.exact_log_probs``, whose log-probs equal the recomputation bit for bit --, synchronous training,
+      no IS/RS correction)
       or ``rollout_correction.bypass_mode`` asks for them explicitly (fully async ``use_rollout_log_probs``
       without ``compute_prox_log_prob`` is verl's bypass default there) -- never for ``optimal_token_baseline`` /
       ``calculate_sum_pi_squared``, whose advantages need the actor pass's ``sum_pi_squared``;
@@ -33,7 +37,7 @@ class StepPlan:
       ``num_iterations=1``), so the separate ``old_log_prob`` forward pass is skipped;
     * otherwise the actor's ``compute_log_prob`` forward pass (the ``old_log_prob`` stage).
 
-    Async training (one_step_off / fully_async) trains on batches sampled by older weights, so the rollout's
+    Async training (one_step_off / fully_async, V1's colocate_async / separate_async) trains on batches sampled by older weights, so the rollout's
     log-probs are pi_old only when asked for explicitly (bypass).  Taking pi_old from the update's own pass stays
     exact there: it *is* the recomputation with the current weights.
     """
@@ -87,12 +91,16 @@ def plan_step(config) -> StepPlan:
     one_mini_batch = actor.ppo_mini_batch_size >= config.data.train_batch_size and actor.ppo_epochs == 1
     rc = config.algorithm.rollout_correction
     at = config.async_training
-    on_policy = at.mode == "sync"
+    on_policy = at.mode == "sync" and v1_mode(config) in (None, "sync")  # V1 async modes: older versions
     bypass = bool(rc.bypass_mode) or (
         at.mode == "fully_async" and at.use_rollout_log_probs and not at.compute_prox_log_prob)
     corrects = rc.rollout_is is not None or rc.rollout_rs is not None  # IS/RS compare the actor's pi_old with mu
     otb = config.algorithm.adv_estimator == "optimal_token_baseline" or bool(actor.calculate_sum_pi_squared)
-    reuse = bool(rollout.calculate_log_probs) and not otb and ((one_mini_batch and not corrects and on_policy) or bypass)
+    # rollout.exact_log_probs: the rollout's log-probs ARE the actor's recomputation (bit for bit), so on-policy they
+    # stand in for the old_log_prob pass whatever the number of mini-batches and epochs
+    exact = bool(getattr(rollout, "exact_log_probs", False))
+    reuse = bool(rollout.calculate_log_probs) and not otb and (
+        ((one_mini_batch or exact) and not corrects and on_policy) or bypass)
     in_update = (one_mini_batch and not reuse and not (corrects or bypass) and not otb
                  and not bool(config.algorithm.use_kl_in_reward))
     remax = config.algorithm.adv_estimator == "remax"

@@ -183,8 +183,8 @@ class TrainerConfig:
     report: bool
     tolerated_failure_fraction: float  # hybridflow-only: see hybridflow.trainer.step_failures
     import_modules: list  # user modules (dotted or .py) imported in every process: they register extensions
-    use_v1: bool  # verl 0.9's V1 trainer: refused when true (issue 28); false = today's trainer
-    v1: dict
+    use_v1: bool  # verl 0.9's V1 trainer (hybridflow.config.v1); false = the same synchronous trainer as sync
+    v1: dict  # verl 0.9's trainer.v1 node, read and checked by hybridflow.config.v1
 
 
 @dataclass(**KW)

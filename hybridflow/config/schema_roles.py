@@ -365,6 +365,7 @@ class RolloutConfig:
     disable_log_stats: bool
     over_sample_rate: float
     calculate_log_probs: bool
+    exact_log_probs: bool  # hybridflow: rollout log-probs == the actor's bit for bit (rollout/hf/exact.py)
     seed: int
     engine_kwargs: dict
     val_kwargs: SamplingConfig

@@ -29,8 +29,24 @@ if TYPE_CHECKING:
     from hybridflow.trainer.ppo_trainer import RunHistory
 
 
+V1_TRAINERS = {  # verl 0.9's trainer.v1.trainer_mode -> controller (module, class)
+    "sync": ("hybridflow.trainer.asynchronous.v1_sync", "V1SyncTrainer"),
+    "colocate_async": ("hybridflow.trainer.asynchronous.colocate_async", "V1ColocateAsyncTrainer"),
+    "separate_async": ("hybridflow.trainer.asynchronous.separate_async", "V1SeparateAsyncTrainer"),
+}
+
+
 def trainer_class(config) -> type:
-    """The controller of ``async_training.mode``: the synchronous HybridFlow step, one-step-off or fully async."""
+    """The controller of ``trainer.v1.trainer_mode`` (with ``trainer.use_v1=true``) or of ``async_training.mode``:
+    the synchronous HybridFlow step, one-step-off or fully async."""
+    from hybridflow.config.v1 import v1_mode
+
+    v1 = v1_mode(config)
+    if v1 is not None:
+        import importlib
+
+        module, name = V1_TRAINERS[v1]
+        return getattr(importlib.import_module(module), name)
     mode = config.async_training.mode
     if mode == "one_step_off":
         from hybridflow.trainer.asynchronous.one_step_off import OneStepOffTrainer
@@ -55,7 +71,7 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
     import torch
 
     from hybridflow.config.checks.run_stage import check_for_run, checked_for_run
-    from hybridflow.trainer.ppo_trainer import resolve_total_training_steps
+    from hybridflow.trainer.ppo_trainer import lr_horizon, resolve_total_training_steps
     from hybridflow.utils.user_modules import export_user_modules, import_user_modules
 
     tcfg = config.trainer
@@ -80,7 +96,7 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
         reward_fns = [reward_fn, val_reward_fn]
         runtime = start.result()
-        init_models(runtime, total)
+        init_models(runtime, lr_horizon(config, total))
         start_rollout_service(runtime, config, tokenizer, reward_fn, processor)
         if logger is None:
             logger = build_logger(config, total)

@@ -74,9 +74,18 @@ def resolve_total_training_steps(config, steps_per_epoch: int) -> int:
             total = int(tcfg.total_training_steps)
     if total <= 0:
         raise ValueError(f"total training steps is {total}; set trainer.total_epochs or trainer.total_training_steps > 0")
-    config.actor_rollout_ref.actor.optim.total_training_steps = total
-    config.critic.optim.total_training_steps = total
+    config.actor_rollout_ref.actor.optim.total_training_steps = lr_horizon(config, total)
+    config.critic.optim.total_training_steps = lr_horizon(config, total)
     return total
+
+
+def lr_horizon(config, total: int) -> int:
+    """Scheduler steps of a run of ``total`` trainer steps: one per update call, and verl V1's ``separate_async``
+    calls the updates once per mini-batch, ``parameter_sync_step`` times a step."""
+    from hybridflow.config.v1 import v1_settings
+
+    v1 = v1_settings(config)
+    return int(total) * (v1.parameter_sync_step if v1 is not None and v1.mode == "separate_async" else 1)
 
 
 def build_flops_counters(config) -> dict:
@@ -115,6 +124,7 @@ class RunHistory:
     samples: list[dict[str, Any]] = field(default_factory=list)
     trained: list[dict[str, Any]] = field(default_factory=list)  # async training: one entry per trained sample
     abandoned: list[int] = field(default_factory=list)  # fully async: samples generated but not trained at the end
+    evicted: list[dict[str, Any]] = field(default_factory=list)  # V1: groups the replay buffer evicted (why, when)
 
 
 class PPOTrainer:
@@ -327,6 +337,7 @@ class PPOTrainer:
         if moved is not None:
             timing["update_weights"] = moved
             metrics.update(getattr(self.groups.rollout.fleet, "last_metrics", None) or {})
+            metrics.update(stages.weight_sync_metrics(self.groups))
 
     def finish_step_metrics(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
         """verl's data / timing / throughput metrics of the step just trained, the rollout dump, counters."""
@@ -496,4 +507,4 @@ class PPOTrainer:
             load_state_dict(state)
 
 
-__all__ = ["PPOTrainer", "RunHistory", "resolve_total_training_steps"]
+__all__ = ["PPOTrainer", "RunHistory", "lr_horizon", "resolve_total_training_steps"]

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridflow.config.v1 import generates_beside_training
 from hybridflow.rollout.weights.checkpoint_engine import resolve_backend
 from hybridflow.rollout.service.standalone_fleet import StandaloneFleet
 
-__all__ = ["ActorWeightSource", "start_standalone_fleet", "weight_sync_settings", "rollout_pool_devices"]
+__all__ = ["ActorWeightExport", "ActorWeightSource", "start_standalone_fleet", "weight_sync_settings", "rollout_pool_devices"]
 
 _MB = 1 << 20
 
@@ -32,8 +33,31 @@ class ActorWeightSource:
     def connect(self, spec) -> None:
         self.group.connect_weight_sync(spec)
 
-    def send(self) -> dict[str, float]:
-        return self.group.send_rollout_weights()[0]
+    def send(self, full: bool = False) -> dict[str, float]:
+        return self.group.send_rollout_weights(full)[0]
+
+    def commit(self, verified: bool) -> None:
+        self.group.commit_rollout_weights(verified)
+
+
+class ActorWeightExport:
+    """The actor's weights for standalone vLLM servers, as a delta taken on the actor's rank 0 (unchanged
+    tensors never leave it): ``fetch(full)`` -> named tensors, ``stats()``, ``commit(verified)``."""
+
+    def __init__(self, actor_group: Any):
+        self.group = actor_group
+        self._stats = None
+
+    def fetch(self, full: bool = False):
+        out = self.group.export_actor_weights(full)[0]
+        self._stats = out["stats"]
+        return out["tensors"].items()
+
+    def stats(self):
+        return self._stats
+
+    def commit(self, verified: bool) -> None:
+        self.group.commit_actor_weights(verified)
 
 
 def weight_sync_settings(config) -> tuple[int, bool]:
@@ -85,5 +109,6 @@ def start_standalone_fleet(config, actor_group: Any, use_gpu: bool, closers: lis
         group, ActorWeightSource(actor_group),
         backend=resolve_backend(rc.checkpoint_engine.backend, "cuda" if use_gpu else "cpu"),
         bucket_bytes=bucket_bytes, overlap=overlap, timeout_s=float(config.actor_rollout_ref.nccl_timeout),
-        keep_awake=config.async_training.mode != "sync", seed=int(rc.seed),
+        keep_awake=generates_beside_training(config), seed=int(rc.seed),
+        delta=bool((rc.checkpoint_engine.engine_kwargs or {}).get("delta", True)),
     )

@@ -157,10 +157,9 @@ def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None, p
         fleet = HybridFleet(runtime.groups.actor_rollout)
     elif arr.rollout.name == "vllm":  # standalone vLLM server processes, fed the actor's weights after every update
         from hybridflow.rollout.vllm.server_fleet import VLLMServerFleet
-        from hybridflow.trainer.rollout_pool import rollout_pool_devices
+        from hybridflow.trainer.rollout_pool import ActorWeightExport, rollout_pool_devices
 
-        actor = runtime.groups.actor_rollout
-        fleet = VLLMServerFleet.from_config(config, lambda: actor.get_actor_weights()[0].items(),
+        fleet = VLLMServerFleet.from_config(config, ActorWeightExport(runtime.groups.actor_rollout),
                                             resolve_device(config))
         runtime._closers.append(fleet.shutdown)
         runtime.n_devices += rollout_pool_devices(config)

@@ -249,6 +249,13 @@ def sync_rollout_weights(groups: WorkerGroups) -> float | None:
     return groups.rollout.fleet.update_weights()
 
 
+def weight_sync_metrics(groups: WorkerGroups) -> dict[str, float]:
+    """``weight_sync/*`` of the last weight sync (bytes sent, tensors skipped by the delta, checksum mismatches);
+    empty for fleets that move nothing."""
+    read = getattr(groups.rollout.fleet, "sync_metrics", None)
+    return read() if callable(read) else {}
+
+
 __all__ = [
     "StepPlan",
     "apply_reward_result",
@@ -265,6 +272,7 @@ __all__ = [
     "split_generation_input",
     "sync_rollout_weights",
     "timed",
+    "weight_sync_metrics",
     "update_actor",
     "update_critic",
 ]

@@ -34,6 +34,7 @@ from hybridflow.engine.model_loader import (
 from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.vision import freeze_vision_tower
 from hybridflow.engine.train_engine import TrainEngine
+from hybridflow.algorithms.batch_ops import PI_OLD_WEIGHTS
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor import PPOActor, compute_token_outputs
 from hybridflow.workers.micro_batching import MicroBatchSpec
@@ -43,6 +44,11 @@ from hybridflow.utils.load_object import import_source
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """A parameter's local storage (an FSDP2 ``DTensor``'s shard)."""
+    return param.to_local() if hasattr(param, "to_local") else param
 
 
 def _import_external_lib(name: str | None) -> None:
@@ -124,6 +130,10 @@ class ActorRolloutRefWorker(Worker):
                                             role="actor", parallel_dims=self._actor_dims,
                                             activation_offload=bool(mc.enable_activation_offload))
             self.actor = PPOActor(ac, self.actor_engine, ac.use_remove_padding, rollout_n=self.config.rollout.n)
+            if self.config.rollout.exact_log_probs:  # the layout the exact rollout's arithmetic matches
+                from hybridflow.engine.forward import ALIGNED
+
+                self.actor.packed = ALIGNED
         if self._is_ref and not (self._lora and self._is_actor):
             module = self._load_policy_module(self.config.ref.fsdp_config, trainable=False)
             self.ref_engine = TrainEngine(module, self.config.ref.fsdp_config, None, role="ref",
@@ -155,6 +165,7 @@ class ActorRolloutRefWorker(Worker):
             engine = create_rollout_engine(
                 "hf", model=model, tokenizer=self.tokenizer, processor=self.processor,
                 max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank, name=name,
+                exact_log_probs=bool(rc.exact_log_probs),
             )
         else:
             kwargs: dict[str, Any] = {"model_path": mc.path, "rollout_config": rc, "tokenizer": self.tokenizer,
@@ -164,7 +175,8 @@ class ActorRolloutRefWorker(Worker):
                               trust_remote_code=bool(mc.trust_remote_code))
             engine = ROLLOUT_ENGINES.get(rc.name)(**kwargs)
         shares_weights = rc.name == "hf" and not own_copy
-        self.rollout = RolloutHost(engine, self.actor_engine, name=name, shares_weights=shares_weights,
+        delta = bool((rc.checkpoint_engine.engine_kwargs or {}).get("delta", True))
+        self.rollout = RolloutHost(engine, self.actor_engine, name=name, shares_weights=shares_weights, delta=delta,
                                    stall_timeout_s=float(rc.stall_timeout_s), bucket_bytes=bucket_bytes)
         if not shares_weights:
             self.rollout.sync_weights()
@@ -216,9 +228,23 @@ class ActorRolloutRefWorker(Worker):
         return {"seconds": seconds, **host.last_sync}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_sync_metrics(self) -> dict[str, float]:
+        """``weight_sync/*`` of this rank's last ``sync_rollout_weights`` (empty for the shared hf engine)."""
+        return dict(self._rollout_host().last_sync)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def abort_rollout(self) -> None:
         """Interrupt this rank's in-flight requests (they return with finish_reason 'abort')."""
         self._rollout_host().abort()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def interrupt_rollout(self) -> int:
+        """Stop generating for an update; in-flight requests continue after ``resume_rollout`` (V1 colocate)."""
+        return self._rollout_host().interrupt()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def resume_rollout(self) -> None:
+        self._rollout_host().resume()
 
     # ------------------------------------------------------------------ weight sync (split placement)
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -231,6 +257,31 @@ class ActorRolloutRefWorker(Worker):
         if self.actor is None:
             raise RuntimeError(f"get_actor_weights needs a role with 'actor' (this worker is {self.role!r})")
         return self.actor_engine.full_state_dict()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_actor_weights(self, full: bool = False) -> dict[str, Any]:
+        """Rank 0: ``{"tensors": {name: full CPU tensor}, "stats": DeltaStats}`` of the actor's tensors that changed
+        since the last committed export (all with ``full``), grouped as vLLM loads them (LoRA: the adapter only);
+        ``{}`` on the other ranks, which take part in the gathers.  Feeds standalone vLLM servers."""
+        if self.actor is None:
+            raise RuntimeError(f"export_actor_weights needs a role with 'actor' (this worker is {self.role!r})")
+        state = self.actor_engine.full_state_dict()
+        if self.rank != 0:
+            return {}
+        tracker = getattr(self, "_export_delta", None)
+        if tracker is None:
+            from hybridflow.rollout.weights.delta import DeltaTracker, lora_group, vllm_load_group
+
+            enabled = bool((self.config.rollout.checkpoint_engine.engine_kwargs or {}).get("delta", True))
+            tracker = self._export_delta = DeltaTracker(enabled, lora_group if self._lora else vllm_load_group)
+        tensors = dict(tracker.select(state.items(), full))
+        return {"tensors": tensors, "stats": tracker.stats}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def commit_actor_weights(self, verified: bool) -> None:
+        tracker = getattr(self, "_export_delta", None)
+        if tracker is not None:
+            tracker.commit() if verified else tracker.forget()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update_rollout_weights(self, state_dict: dict[str, torch.Tensor]) -> float:
@@ -268,13 +319,16 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"connect_weight_sync needs a role with 'actor' (this worker is {self.role!r})")
         if self.rank == 0:
             from hybridflow.rollout.weights.checkpoint_engine import BroadcastCheckpointEngine
+            from hybridflow.rollout.weights.delta import DeltaTracker
 
             self._weight_sync = BroadcastCheckpointEngine(spec, 0, self.device).connect()
+            self._weight_delta = DeltaTracker(enabled=getattr(spec, "delta", True))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def send_rollout_weights(self) -> dict[str, float]:
-        """Broadcast the actor's full weights to the replicas, bucket by bucket (every rank gathers its shards;
-        rank 0 sends).  Returns what was sent (``{}`` on the other ranks)."""
+    def send_rollout_weights(self, full: bool = False) -> dict[str, float]:
+        """Broadcast the actor's weights to the replicas, bucket by bucket (every rank gathers its shards; rank 0
+        sends): the tensors that changed since the last verified sync, or all of them with ``full``.  Returns
+        what was sent (``{}`` on the other ranks)."""
         from hybridflow.rollout.weights.checkpoint_engine import full_tensors
 
         if self.actor is None:
@@ -287,9 +341,17 @@ class ActorRolloutRefWorker(Worker):
         sync = self._weight_sync
         if sync is None:
             raise RuntimeError("send_rollout_weights: connect_weight_sync has not run on rank 0")
-        stats = sync.send_weights(tensors)
+        stats = sync.send_weights(tensors, delta=self._weight_delta, full=full)
         return {"tensors": float(stats.tensors), "bytes": float(stats.bytes), "buckets": float(stats.buckets),
-                "seconds": stats.seconds}
+                "seconds": stats.seconds, "skipped": float(stats.skipped), "skipped_bytes": float(stats.skipped_bytes)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def commit_rollout_weights(self, verified: bool) -> None:
+        """The replicas checked every bucket of the last sync (``verified``): it becomes the base of the next
+        delta; otherwise the next sync compares against nothing."""
+        delta = getattr(self, "_weight_delta", None)
+        if delta is not None:
+            delta.commit() if verified else delta.forget()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weights_checksum(self) -> float:
@@ -312,6 +374,47 @@ class ActorRolloutRefWorker(Worker):
             field=f"{field}.log_prob_micro_batch_size_per_gpu",
         )
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_actor_weights(self, name: str) -> None:
+        """Keep a CPU copy of this rank's actor parameters (its shards) under ``name`` (V1 separate_async:
+        pi_old of a weight version, for the version's later mini-batches)."""
+        if self.actor is None:
+            raise RuntimeError(f"save_actor_weights needs a role with 'actor' (this worker is {self.role!r})")
+        with torch.no_grad():
+            self._saved_weights = getattr(self, "_saved_weights", {})
+            self._saved_weights[name] = [_local(p).detach().to("cpu", copy=True)
+                                         for p in self.actor_engine.module.parameters()]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def drop_actor_weights(self, name: str) -> None:
+        getattr(self, "_saved_weights", {}).pop(name, None)
+
+    def _weights_named(self, name: str | None):
+        """Context: the actor's parameters replaced by the copy saved under ``name`` (restored after)."""
+        import contextlib
+
+        if not name:
+            return contextlib.nullcontext()
+        saved = getattr(self, "_saved_weights", {}).get(name)
+        if saved is None:
+            raise RuntimeError(f"no actor weights saved under {name!r} (save_actor_weights must run first)")
+
+        @contextlib.contextmanager
+        def swapped():
+            params = [_local(p) for p in self.actor_engine.module.parameters()]
+            with torch.no_grad():
+                current = [p.detach().to("cpu", copy=True) for p in params]
+                for p, s in zip(params, saved):
+                    p.copy_(s)
+            try:
+                yield
+            finally:
+                with torch.no_grad():
+                    for p, c in zip(params, current):
+                        p.copy_(c)
+
+        return swapped()
+
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` of the responses under the current actor (temperature-scaled),
@@ -321,8 +424,9 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"compute_log_prob needs a role with 'actor' (this worker is {self.role!r})")
         temperature = self._temperature(data)
         spec = self._log_prob_spec(self.config.rollout, "actor_rollout_ref.rollout")
-        outs = self.actor.compute_log_prob(data, spec, temperature, calculate_entropy=True,
-                                           calculate_sum_pi_squared=bool(self.config.actor.calculate_sum_pi_squared))
+        with self._weights_named(data.meta_info.get(PI_OLD_WEIGHTS)):
+            outs = self.actor.compute_log_prob(data, spec, temperature, calculate_entropy=True,
+                                               calculate_sum_pi_squared=bool(self.config.actor.calculate_sum_pi_squared))
         # The trainer turns these into actor/entropy and training/rollout_probs_diff_* for the whole batch.
         tensors = {"old_log_probs": outs["log_probs"], "entropys": outs["entropy"]}
         if "sum_pi_squared" in outs:

@@ -6,7 +6,15 @@ FSDP shards of the shared module resharded); for a generation the controller wak
 (:meth:`stream`, called from Ray's rollout thread pool, or in-process), and ``sleep`` undoes the wake-up.
 
 ``shares_weights``: the ``hf`` engine built on the actor's own module generates with whatever the last
-update left in it, so :meth:`sync_weights` moves nothing and returns ``None``.  An engine with its own
+update left in it, so :meth:`sync_weights` moves nothing and returns ``None`` -- a "sync" there is only the
+invalidation of state computed from the old weights (parked prefix K/V, fast decode's packed copies), which the
+engine does on wake-up.  An engine with its own copy (vLLM) is sent only the tensors that changed
+(:mod:`hybridflow.rollout.weights.delta`).
+
+The server is interruptible (verl's V1 ``colocate_async``): :meth:`interrupt` closes its gate and cuts the
+requests in flight short before the engine goes to sleep for an update; they wait at the gate -- as do requests
+arriving meanwhile, which :meth:`stream` then accepts while asleep -- and continue on the new weights after
+:meth:`wake_up` and :meth:`resume`.  Never interrupted, the gate stays open and costs nothing.  An engine with its own
 copy of the weights (vLLM) gets the full, unsharded actor weights pushed into it, and the seconds spent
 are returned for ``timing_s/update_weights``.  ``bucket_bytes`` (an ``hf`` engine with its own module, next to an
 actor split by tensor / expert parallelism) streams them instead: each rank gathers the actor's pieces a bucket
@@ -24,7 +32,8 @@ from hybridflow.engine.forward import eval_mode
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.rollout.base import RolloutEngine, TokenOutput
 from hybridflow.rollout.service.replica import RolloutReplica, replica_for_server
-from hybridflow.rollout.service.server import GenerateRequest, RolloutServer
+from hybridflow.rollout.service.interruptible_server import InterruptibleRolloutServer
+from hybridflow.rollout.service.server import GenerateRequest
 
 __all__ = ["RolloutHost"]
 
@@ -33,15 +42,22 @@ class RolloutHost:
     """Serves ``engine`` from this process; ``train_engine`` holds the module the weights come from."""
 
     def __init__(self, engine: RolloutEngine, train_engine: TrainEngine, name: str, shares_weights: bool,
-                 stream_method: str = "rollout_stream", stall_timeout_s: float = 300.0,
+                 stream_method: str = "rollout_stream", delta: bool = True, stall_timeout_s: float = 300.0,
                  bucket_bytes: int | None = None):
+        from hybridflow.rollout.weights.delta import DeltaTracker, lora_group, vllm_load_group
+
         self.engine = engine
         self.train_engine = train_engine
         self.shares_weights = shares_weights
+        # an engine with its own copy: only what changed is loaded, grouped as the engine fuses it (LoRA: the
+        # adapter, whole, and never the frozen base)
+        lora = int(getattr(engine, "lora_rank", 0) or 0) > 0
+        self.delta = DeltaTracker(enabled=delta, group_of=lora_group if lora else vllm_load_group)
+        self.last_sync: dict[str, float] = {}
+        self.checksum_mismatches = 0
         self.stream_method = stream_method
         self.bucket_bytes = bucket_bytes
-        self.last_sync: dict[str, float] = {}
-        self.server = RolloutServer(engine, name=name, stall_timeout_s=stall_timeout_s)
+        self.server = InterruptibleRolloutServer(engine, name=name, stall_timeout_s=stall_timeout_s)
         self._awake: contextlib.ExitStack | None = None
 
     # ------------------------------------------------------------------ data plane
@@ -49,7 +65,7 @@ class RolloutHost:
         return replica_for_server(self.server, self.stream_method, host_role)
 
     def stream(self, requests: Sequence[GenerateRequest]) -> Iterator[list[tuple[int, TokenOutput | BaseException]]]:
-        if self._awake is None:
+        if self._awake is None and not self.server.interrupted:
             raise RuntimeError(f"rollout server '{self.server.name}' got requests while asleep; the fleet must "
                                "wake_up() every replica before generating")
         yield from self.server.stream(requests)
@@ -83,7 +99,8 @@ class RolloutHost:
             stack.close()
 
     def sync_weights(self) -> float | None:
-        """Push the actor's latest weights into an engine with its own copy; ``None`` when shared."""
+        """Push the actor's weights that changed since the last sync into an engine with its own copy (all of
+        them after a failed check); ``None`` when shared.  The ``weight_sync/*`` numbers go to :attr:`last_sync`."""
         if self.shares_weights:
             return None
         if self.bucket_bytes is not None:
@@ -96,14 +113,37 @@ class RolloutHost:
                 stats = reshard_in_buckets(self.train_engine.module, load, self.bucket_bytes)
             self.last_sync = stats.as_metrics()
             return stats.seconds
+        from hybridflow.rollout.weights.delta import ChecksumMismatch
+
         start = time.perf_counter()
+        mismatch = False
         with self.train_engine.full_params() as module:
-            tensors = list(module.state_dict().items())
-            self.server.call(lambda: self.engine.update_weights(tensors), what="weights")
+            try:
+                self._push(module, full=False)
+            except ChecksumMismatch:  # the engine's worker refused the files: nothing loaded; everything again
+                mismatch = True
+                self.delta.forget()
+                self._push(module, full=True)
+        self.delta.commit()
+        self.checksum_mismatches += int(mismatch)
+        self.last_sync = {**self.delta.stats.metrics(), "weight_sync/checksum_mismatch": float(mismatch),
+                          "weight_sync/checksum_mismatch_total": float(self.checksum_mismatches)}
         return time.perf_counter() - start
+
+    def _push(self, module, full: bool) -> None:
+        tensors = list(self.delta.select(module.state_dict().items(), full))
+        if tensors:  # nothing changed (e.g. a LoRA run whose adapter did not move): nothing to load
+            self.server.call(lambda: self.engine.update_weights(tensors), what="weights")
 
     def abort(self) -> None:
         self.engine.abort_all()
+
+    def interrupt(self) -> int:
+        """Close the gate and cut in-flight requests short (they continue after :meth:`resume`)."""
+        return self.server.interrupt()
+
+    def resume(self) -> None:
+        self.server.resume()
 
     def close(self) -> None:
         self.sleep()

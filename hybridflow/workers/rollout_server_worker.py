@@ -40,6 +40,7 @@ def hf_engine_kwargs(rollout_config: Any, seed: int) -> dict[str, Any]:
         "gpu_memory_utilization": float(rc.gpu_memory_utilization),
         "dtype": rc.dtype,
         "seed": int(seed),
+        "exact_log_probs": bool(rc.exact_log_probs),
     }
 
 
@@ -130,13 +131,14 @@ class RolloutServerWorker(Worker):
         server, engine = self._server(), self.engine
         copied = 0
         try:
-            for bucket in self._sync.receive_buckets():
+            for bucket in self._sync.receive_buckets():  # only buckets whose checksum matched
                 copied += server.call(lambda b=bucket: engine.update_weights(b), what="weights")
         except BaseException as exc:  # the sender must not wait for this replica until its timeout
             self._sync.abort(exc)
             raise
         self.weight_version = int(version)
-        return {"tensors": float(copied), "seconds": time.perf_counter() - start}
+        return {"tensors": float(copied), "seconds": time.perf_counter() - start,
+                "corrupt_buckets": float(self._sync.corrupt_buckets)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weights_checksum(self) -> float:

@@ -89,7 +89,7 @@ CONFIG_STAGE = [
     ("ulysses", [f"{A}.actor.ulysses_sequence_parallel_size=2"], [f"{A}.actor.ulysses_sequence_parallel_size=2"]),
     ("prefix_grouper_sp", [f"{A}.actor.use_prefix_grouper=true", f"{A}.actor.ulysses_sequence_parallel_size=2"],
      [f"{A}.actor.use_prefix_grouper=true with {A}.actor.ulysses_sequence_parallel_size=2"]),
-    ("use_v1", ["trainer.use_v1=true"], ["trainer.use_v1=True", "not built yet"]),
+    ("use_v1", ["trainer.use_v1=true", "trainer.v1.trainer_mode=overlap"], ["trainer.v1.trainer_mode='overlap'"]),
     ("distillation", ["distillation.enabled=true"], ["distillation.enabled=True", "not built yet"]),
     ("genrm", ["reward.reward_model.rollout.name=vllm"],
      ["reward_model.rollout.name='vllm'", "not built yet", "drop every reward_model.rollout.*"]),

@@ -97,8 +97,6 @@ def test_a_config_file_in_verl09s_tree_is_read_and_conflicts_are_named(tmp_path)
 
 
 @pytest.mark.parametrize("override,feature", [
-    ("trainer.use_v1=true", "V1 trainer"),
-    ("trainer.v1.trainer_mode=separate_async", "V1 trainer"),
     ("distillation.enabled=true", "on-policy distillation"),
     ("+distillation.teacher_models.gsm8k.model_path=/m", "on-policy distillation"),
     ("reward.reward_model.rollout.name=vllm", "generative"),
@@ -114,7 +112,22 @@ def test_features_not_built_yet_are_refused_naming_the_feature_and_a_fix(overrid
 
 def test_use_v1_false_as_verls_scripts_write_it_is_todays_trainer():
     assert load("trainer.use_v1=false").trainer.use_v1 is False
-    assert default_of("trainer.use_v1") is False  # verl 0.9 defaults to true: here that would be refused
+    assert default_of("trainer.use_v1") is False  # verl 0.9 defaults to true: here false is the same sync trainer
+
+
+def test_v1_keys_act_through_the_check_pipeline():
+    """trainer.use_v1 / trainer.v1.* are read by the V1 trainer (config/v1.py) and checked by the pipeline's
+    v1_trainer step: accepted when they act, refused with the reason when they cannot."""
+    from hybridflow.config.v1 import v1_settings
+
+    v1 = v1_settings(load("trainer.use_v1=true", "trainer.v1.sampler.sync_refill_failed_groups=true"))
+    assert v1.mode == "sync" and v1.sampler.sync_refill_failed_groups is True
+    with pytest.raises(ConfigError, match=r"trainer.v1.trainer_mode='separate_async' acts in verl's V1 trainer only: "
+                                          r"set trainer.use_v1=true"):
+        load("trainer.v1.trainer_mode=separate_async")
+    with pytest.raises(ConfigError, match=r"trainer.v1.sampler.max_off_policy_threshold=2 acts in "
+                                          r"trainer_mode=colocate_async / separate_async only"):
+        load("trainer.use_v1=true", "trainer.v1.sampler.max_off_policy_threshold=2")
 
 
 def test_verl09_defaults_and_interpolations_are_kept():

@@ -23,3 +23,19 @@ def compute_score_thread(data_source, solution_str, ground_truth, extra_info=Non
     out = compute_score(data_source, solution_str, ground_truth, extra_info)
     out["in_main_thread"] = float(threading.current_thread() is threading.main_thread())
     return out
+
+
+def compute_score_slow_trainer(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """``compute_score_spread`` that takes 20 ms a sample: scored on the trainer's side, it makes the trainer slow
+    against the rollout (async V1 tests)."""
+    import time
+
+    time.sleep(0.02)
+    return compute_score_spread(data_source, solution_str, ground_truth, extra_info)
+
+
+def compute_score_half_constant(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """Every sample of prompts whose answer is even scores 1.0 (a group DAPO filters out); others are spread."""
+    if int(str(ground_truth).strip() or 0) % 2 == 0:
+        return 1.0
+    return compute_score_spread(data_source, solution_str, ground_truth, extra_info)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 import torch
@@ -191,3 +192,47 @@ def test_ray_replica_coalesces_a_tick_of_requests_into_one_stream(tiny_model_dir
             asyncio.run(replica.generate("late", prompts[0], GREEDY))
     finally:
         ray.shutdown()
+
+
+def test_one_replica_serves_two_event_loops_at_once(engine):
+    """Async training's rollouter and validation run their agent loops on two event loops over the same replica.
+    A request made on loop B while loop A's batch is still being collected must travel in B's own batch and be
+    answered on B: completed from A's thread, B's loop would not wake up until its next timer."""
+    eng, tok = engine
+    server = RolloutServer(eng, name="t")
+    replica = InProcessReplica(server)
+    a_collecting, b_requested = threading.Event(), threading.Event()
+    results: dict[str, object] = {}
+
+    def loop_a():
+        async def main():
+            task = asyncio.ensure_future(replica.generate("a", _ids(tok, "1+2="), GREEDY))
+            await asyncio.sleep(0)  # the request is in A's batch, A's flush is scheduled but has not run
+            a_collecting.set()
+            b_requested.wait(timeout=30)  # hold A's loop until B has asked
+            results["a"] = await task
+
+        asyncio.run(main())
+
+    def loop_b():
+        async def main():
+            a_collecting.wait(timeout=30)
+            task = asyncio.ensure_future(replica.generate("b", _ids(tok, "33+4="), GREEDY))
+            await asyncio.sleep(0)
+            b_requested.set()
+            start = time.perf_counter()
+            results["b"] = await asyncio.wait_for(task, timeout=30)
+            results["b_seconds"] = time.perf_counter() - start
+
+        asyncio.run(main())
+
+    try:
+        threads = [threading.Thread(target=loop_a), threading.Thread(target=loop_b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert results["a"].request_id == "a" and results["b"].request_id == "b"
+        assert results["b_seconds"] < 10, results["b_seconds"]  # answered, not woken by the 30 s timeout
+    finally:
+        server.close()

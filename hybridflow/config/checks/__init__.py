@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from hybridflow.config.checks.algorithms import check_algorithms, check_group_size, check_rollout_correction
 from hybridflow.config.checks.batch import check_batch_sizes, check_legacy_micro, n_devices
+from hybridflow.config.checks.exact import check_exact_log_probs
 from hybridflow.config.checks.extensions import check_import_modules
 from hybridflow.config.checks.megatron import check_megatron
 from hybridflow.config.checks.normalise import check_mirrors, normalise_deprecated
@@ -34,6 +35,7 @@ from hybridflow.config.checks.placement import check_async_config
 from hybridflow.config.checks.policy import check_inert_keys, check_refused_keys
 from hybridflow.config.checks.ranges import check_value_ranges
 from hybridflow.config.checks.rewards import check_async_reward, check_reward_manager
+from hybridflow.config.checks.v1 import check_v1_config
 from hybridflow.config.checks.values import (
     check_choices,
     check_dtypes,
@@ -106,8 +108,10 @@ CONFIG_CHECKS: tuple[Check, ...] = (
     Check("sampling", check_sampling),                  # training temperature
     Check("algorithms", check_algorithms),              # estimator / policy-loss names (registries)
     Check("rollout_correction", check_rollout_correction),
+    Check("exact_log_probs", check_exact_log_probs),    # rollout.exact_log_probs: hf, calculate_log_probs, sp=1
     Check("reward_manager", check_reward_manager),      # manager name (registry) or importlib source
     Check("placement", check_async_config),             # split placement and async modes
+    Check("v1_trainer", check_v1_config),               # trainer.use_v1 / trainer.v1.* (verl 0.9's V1 trainer)
     Check("batch_sizes", check_batch_sizes),            # prompts, trajectories, micro-batches per device
     Check("sequence_parallel", check_sequence_parallel),  # Ulysses sp sizes, heads, use_remove_padding
     Check("legacy_micro", check_legacy_micro),          # deprecated global micro-batch sizes

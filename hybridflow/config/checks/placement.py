@@ -94,9 +94,13 @@ def _check_placement(cfg, errors: list[str]) -> None:
                       f"one of: {', '.join(CHECKPOINT_ENGINE_BACKENDS)} (naive: gloo on CPU, NCCL on GPU)")
     if ce.update_weights_bucket_megabytes < 1:
         errors.append("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes must be >= 1")
-    if ce.engine_kwargs:
+    extra = {k: v for k, v in (ce.engine_kwargs or {}).items() if k != "delta"}
+    if extra:
         errors.append(f"actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs={ce.engine_kwargs!r}: the "
-                      "broadcast checkpoint engine takes no extra arguments; remove the key")
+                      "broadcast checkpoint engine takes one argument, delta (true: send only the tensors that "
+                      "changed since the last sync; false: every tensor every time); remove the others")
+    if not isinstance((ce.engine_kwargs or {}).get("delta", True), bool):
+        errors.append("actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.delta must be true or false")
     bucket_key, backend_key = _CKPT_ENGINE_KEYS[1], _CKPT_ENGINE_KEYS[0]
     if not cfg.split_placement:
         # the colocated vLLM engine reloads the actor's weights in buckets of update_weights_bucket_megabytes, and
@@ -106,6 +110,9 @@ def _check_placement(cfg, errors: list[str]) -> None:
         split = actor.strategy == "megatron" and (int(actor.megatron.tensor_model_parallel_size) > 1
                                                   or int(actor.megatron.expert_model_parallel_size) > 1)
         acting = () if rc.name == "vllm" or split else (bucket_key,)
+        if rc.name != "vllm" and not split and (ce.engine_kwargs or {}).get("delta", True) is not True:
+            errors.append("actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.delta=false: the colocated hf "
+                          "engine generates with the actor's own module, no weights travel; remove the key")
         for key in (*_POOL_KEYS, backend_key, *acting):
             if _changed(cfg, key):
                 errors.append(f"{key}={_get(cfg, key)!r} acts only when the rollout has its own pool: with "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -117,9 +118,14 @@ class ContinuousBatcher:
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int, generator: torch.Generator,
                  limits: BatcherLimits = BatcherLimits(), compute_dtype: torch.dtype | None = None,
-                 fast_decode: bool = True, suppress_ids: list[int] | None = None, name: str = "hf"):
+                 fast_decode: bool = True, suppress_ids: list[int] | None = None, name: str = "hf",
+                 exact: bool = False):
         self.model = model
         self.name = name
+        # exact on-policy log-probs (rollout/hf/exact.py): every distribution from a full forward, as the actor's
+        self.exact = bool(exact)
+        if self.exact:
+            fast_decode = False
         self.doing = "idle"  # what the step under way does: read by the stall watchdog (engine.progress)
         # Decode steps skip transformers' forward plumbing when the model has the supported structure.
         self.masks = EngineMasks(attention_mask_layout(model.config))  # refuses layers it cannot mask
@@ -141,7 +147,8 @@ class ContinuousBatcher:
         self.lock = threading.Lock()
         self.pending: collections.deque[GenerationRequest] = collections.deque()
         self.cache: SlotKVCache | None = None
-        self.pool = PrefixPool() if limits.enable_prefix_caching else None
+        # exact mode never reads the cache for logits: nothing to gain from parking prefixes
+        self.pool = PrefixPool() if limits.enable_prefix_caching and not self.exact else None
         self._pool_stamp: int | None = None
         self._step_stamp: int | None = None
         self._stamp_params = _stamp_params(model)
@@ -159,6 +166,10 @@ class ContinuousBatcher:
         """Raise ``ValueError`` (naming the setting to change) for a request the engine cannot serve."""
         if not req.prompt_ids:
             raise ValueError(f"request {req.request_id}: prompt_ids is empty; a prompt needs at least one token")
+        if self.exact and req.vision is not None:
+            raise ValueError(f"request {req.request_id}: actor_rollout_ref.rollout.exact_log_probs=true computes every "
+                             "distribution from the token ids alone; image prompts are not supported in exact mode "
+                             "(set exact_log_probs=false for a vision-language model)")
         if req.params.n != 1:
             raise ValueError(
                 f"request {req.request_id}: engines take n=1 requests (got n={req.params.n}); "
@@ -395,7 +406,10 @@ class ContinuousBatcher:
         params = [r.params for r in reqs]
         sampling = RowSampling.build(params, row_logits.shape[-1], dev)
         zeros = torch.zeros(m, dtype=torch.long, device=dev)
-        tokens, log_probs = sample_next_tokens(row_logits, sampling, self.generator, zeros, self.suppress)
+        if self.exact:
+            tokens, log_probs = self._exact_step([list(r.prompt_ids) for r in reqs], params, sampling, zeros)
+        else:
+            tokens, log_probs = sample_next_tokens(row_logits, sampling, self.generator, zeros, self.suppress)
 
         c = self.counters
         c["requests"] += m
@@ -535,7 +549,36 @@ class ContinuousBatcher:
         self._ensure_output_width(max(r.params.max_tokens for r in reqs))
 
     # ------------------------------------------------------------------ decode
+    def _exact_step(self, sequences, params, sampling: RowSampling, steps: torch.Tensor):
+        """Sample from the actor's own arithmetic (see :mod:`hybridflow.rollout.hf.exact`): the scaled logits
+        of a full forward per row, drawn from with unit temperature, log-probs by the actor's function."""
+        from hybridflow.rollout.hf.exact import exact_log_probs, exact_scaled_logits
+
+        temps = [p.logprob_temperature if p is not None else 1.0 for p in params]
+        vocab = text_config(self.model.config).vocab_size
+        scaled = exact_scaled_logits(self.model, sequences, temps, self.pad_token_id, self.device, vocab)
+        unit = dataclasses.replace(sampling, inv_temperature=torch.ones_like(sampling.inv_temperature))
+        tokens, _ = sample_next_tokens(scaled, unit, self.generator, steps, self.suppress)
+        return tokens, exact_log_probs(scaled, tokens)
+
+    def _exact_decode(self) -> None:
+        rows = self.rows
+        alive, gen_len = rows["alive"].tolist(), rows["gen_len"].tolist()
+        sequences = [None if req is None or not alive[i]
+                     else list(req.prompt_ids) + self.out_tokens[i, :gen_len[i]].tolist()
+                     for i, req in enumerate(self.reqs)]
+        self.doing = f"exact decode of {sum(alive)} row(s)"
+        tokens, log_probs = self._exact_step(sequences, [r.params if r is not None else None for r in self.reqs],
+                                             self.sampling, rows["gen_len"])
+        rows["write_col"] += rows["alive"]
+        rows["next_token"] = tokens
+        self.kv_len = min(self.kv_len + 1, self.cache.capacity)
+        self.counters["decode_steps"] += 1
+        self._record(0, tokens, log_probs)
+
     def _decode(self) -> None:
+        if self.exact:
+            return self._exact_decode()
         rows, cache = self.rows, self.cache
         mask = self.masks.decode(cache.begin_decode(rows["write_col"], self.kv_len), rows["write_col"])
         positions = rows["write_col"] + rows["rope_delta"]

@@ -105,6 +105,9 @@ class HFRolloutEngine(RolloutEngine):
     The cache is sized by the requests in flight (rows and columns grow on demand), never preallocated.
     ``max_batch_size`` is the former name of ``max_num_seqs``.  ``fast_decode`` runs decode steps through
     :mod:`~hybridflow.rollout.hf.fast_decode` when the model's structure allows (same results, less overhead).
+    ``exact_log_probs`` (``actor_rollout_ref.rollout.exact_log_probs``): every next-token distribution comes from
+    a full forward of the row with the actor's arithmetic (:mod:`~hybridflow.rollout.hf.exact`), so the
+    log-probs equal the actor's recomputation bit for bit on CPU fp32; slower (no cached decode).
     """
 
     def __init__(
@@ -126,6 +129,7 @@ class HFRolloutEngine(RolloutEngine):
         fast_decode: bool = True,
         max_batch_size: int | None = None,
         name: str = "hf",
+        exact_log_probs: bool = False,
     ):
         attn = attention_implementation(model.config)
         if attn not in _SUPPORTED_ATTENTION:
@@ -161,7 +165,7 @@ class HFRolloutEngine(RolloutEngine):
         spec = self._vision.spec
         self._batcher = ContinuousBatcher(model, pad_token_id, self.generator, limits, self.compute_dtype, fast_decode,
                                           suppress_ids=[spec.image_token_id, spec.video_token_id] if spec else None,
-                                          name=name)
+                                          name=name, exact=exact_log_probs)
         # a daemon thread: a forward that never returns must not keep the process from exiting
         self._executor = DaemonExecutor(max_workers=1, name="hf-rollout")
         self._driver: asyncio.Task | None = None

@@ -81,8 +81,19 @@ class HybridFleet(RolloutFleet):
         seconds = [r["seconds"] if isinstance(r, dict) else r for r in results]
         return max(seconds) if seconds else None
 
+    def sync_metrics(self) -> dict[str, float]:
+        """``weight_sync/*`` of the last update (rank 0's engine; empty when the engine shares the module)."""
+        return dict(self.group.rollout_sync_metrics()[0])
+
     def abort_all(self) -> None:
         self.group.abort_rollout()
+
+    def interrupt(self) -> int:
+        """Cut every in-flight request short for an update; they continue after :meth:`resume` (V1 colocate)."""
+        return int(sum(n or 0 for n in self.group.interrupt_rollout()))
+
+    def resume(self) -> None:
+        self.group.resume_rollout()
 
 
 class ServerFleet(RolloutFleet):

@@ -56,21 +56,25 @@ class _TickBatching(RolloutReplica):
     subclasses implement :meth:`_send` for one such batch and resolve its futures."""
 
     def _reset_batching(self) -> None:
-        self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
-        self._flush_scheduled = False
+        # one pending batch per event loop: a replica is shared by every agent-loop manager of the process (the
+        # async rollouter's loop and validation's run at the same time), and a future may only be completed on
+        # its own loop
+        self._pending: dict[asyncio.AbstractEventLoop, list[tuple[GenerateRequest, asyncio.Future]]] = {}
 
     async def generate(self, request_id, prompt_ids, sampling_params, multi_modal_data=None) -> TokenOutput:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._pending.append((GenerateRequest(request_id, list(prompt_ids), sampling_params, multi_modal_data), future))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush)
+        batch = self._pending.get(loop)
+        if batch is None:
+            batch = self._pending[loop] = []
+            loop.call_soon(self._flush, loop)
+        batch.append((GenerateRequest(request_id, list(prompt_ids), sampling_params, multi_modal_data), future))
         return await future
 
-    def _flush(self) -> None:
-        batch, self._pending, self._flush_scheduled = self._pending, [], False
-        asyncio.get_running_loop().create_task(self._send(batch))
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch = self._pending.pop(loop, [])
+        if batch:
+            loop.create_task(self._send(batch))
 
     async def _send(self, batch: list[tuple[GenerateRequest, asyncio.Future]]) -> None:
         raise NotImplementedError

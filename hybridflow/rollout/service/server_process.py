@@ -64,7 +64,12 @@ def http_json(url: str, payload: dict | None = None, timeout: float = 60.0, meth
                                  headers={"Content-Type": "application/json", **(headers or {})})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         body = resp.read()
-    return json.loads(body) if body.strip() else None
+    if not body.strip():
+        return None
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError:  # a plain-text answer (vLLM's adapter endpoints: "Success: ...")
+        return body.decode(errors="replace")
 
 
 class ServerProcess:

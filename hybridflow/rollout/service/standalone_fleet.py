@@ -7,11 +7,14 @@ its methods run on every replica.  ``weight_source`` is the trainer's side of th
 
     weight_source.address() -> (host, port)   # where the group's store listens (the sender's host)
     weight_source.connect(spec)               # the sender joins (blocks until every replica has joined)
-    weight_source.send() -> dict              # broadcast the current weights (blocks until delivered)
+    weight_source.send(full) -> dict          # broadcast the weights that changed (all: full); blocks until delivered
+    weight_source.commit(verified)            # every replica checked every bucket: the next delta starts from here
 
 :meth:`update_weights` runs the replicas' receive and the sender's send together and returns the seconds it
 took (``timing_s/update_weights``); each sync is a new *weight version* (:attr:`version`), which async
-training uses to measure staleness.  :meth:`interrupt` / :meth:`resume` bracket a sync during which
+training uses to measure staleness.  Syncs are deltas (:mod:`hybridflow.rollout.weights.delta`): a replica that
+finds a bucket whose checksum does not match skips it and says so, and the sync is repeated in full
+(``weight_sync/checksum_mismatch``); :meth:`sync_metrics` has the ``weight_sync/*`` numbers of the last one.  :meth:`interrupt` / :meth:`resume` bracket a sync during which
 in-flight requests are cut short and later continued (partial rollout).
 
 ``keep_awake`` (async training): the replicas generate continuously, so :meth:`sleep` must not free their
@@ -88,7 +91,7 @@ class StandaloneFleet(RolloutFleet):
     """Replicas of ``group`` (see the module docstring)."""
 
     def __init__(self, group: Any, weight_source: Any, *, backend: str, bucket_bytes: int, overlap: bool = False,
-                 timeout_s: float = 600.0, keep_awake: bool = False, seed: int = 0):
+                 timeout_s: float = 600.0, keep_awake: bool = False, seed: int = 0, delta: bool = True):
         self.group = group
         self.weight_source = weight_source
         self.backend = backend
@@ -97,6 +100,8 @@ class StandaloneFleet(RolloutFleet):
         self.timeout_s = float(timeout_s)
         self.keep_awake = bool(keep_awake)
         self.seed = int(seed)
+        self.delta = bool(delta)
+        self.checksum_mismatches = 0
         self.replicas = list(self._guard("rollout_replica", group.rollout_replica))
         self.names = [r.name for r in self.replicas]
         self.version = 0
@@ -148,7 +153,7 @@ class StandaloneFleet(RolloutFleet):
     def _spec(self) -> WeightSyncSpec:
         host, port = self.weight_source.address()
         return WeightSyncSpec(self.backend, host, int(port), 1 + len(self.replicas), self.bucket_bytes,
-                              self.overlap, self.timeout_s)
+                              self.overlap, self.timeout_s, self.delta)
 
     def _connect(self) -> None:
         spec = self._spec()
@@ -163,13 +168,38 @@ class StandaloneFleet(RolloutFleet):
         if not self._connected:
             self._connect()
         version = self.version + 1
-        receivers = _Background(lambda: self._guard("receive_weights", self.group.receive_weights, version))
-        sent, received = _together(self.weight_source.send, receivers, self.timeout_s)
+        sent, received = self._transfer(version, full=False)
+        mismatch = sum(int(r.get("corrupt_buckets", 0)) for r in received)
+        if mismatch:  # a replica refused a bucket: it holds old bytes there now; send everything again
+            self.checksum_mismatches += 1
+            self.weight_source.commit(False)
+            sent, received = self._transfer(version, full=True)
+            if sum(int(r.get("corrupt_buckets", 0)) for r in received):
+                raise ReplicaError(f"rollout replicas {self.names} received corrupted weights twice in a row (checksum "
+                                   "mismatch after a full resend): the weight-sync transport is unreliable")
+        self.weight_source.commit(True)
         self.version = version
         seconds = time.perf_counter() - start
         self.last_sync = {"seconds": seconds, **{f"sent_{k}": float(v) for k, v in (sent or {}).items()},
-                          "receive_seconds_max": max((r.get("seconds", 0.0) for r in received), default=0.0)}
+                          "receive_seconds_max": max((r.get("seconds", 0.0) for r in received), default=0.0),
+                          "checksum_mismatch": float(bool(mismatch))}
         return seconds
+
+    def _transfer(self, version: int, full: bool) -> tuple[dict, list]:
+        receivers = _Background(lambda: self._guard("receive_weights", self.group.receive_weights, version))
+        return _together(lambda: self.weight_source.send(full), receivers, self.timeout_s)
+
+    def sync_metrics(self) -> dict[str, float]:
+        """``weight_sync/*`` of the last :meth:`update_weights` (see :mod:`hybridflow.rollout.weights.delta`)."""
+        s = self.last_sync
+        if not s:
+            return {}
+        sent_bytes = s.get("sent_bytes", 0.0)
+        return {"weight_sync/bytes_sent": sent_bytes, "weight_sync/bytes_total": sent_bytes + s.get("sent_skipped_bytes", 0.0),
+                "weight_sync/tensors_sent": s.get("sent_tensors", 0.0), "weight_sync/skipped": s.get("sent_skipped", 0.0),
+                "weight_sync/skipped_bytes": s.get("sent_skipped_bytes", 0.0),
+                "weight_sync/checksum_mismatch": s.get("checksum_mismatch", 0.0),
+                "weight_sync/checksum_mismatch_total": float(self.checksum_mismatches)}
 
     def shutdown(self) -> None:
         """Nothing of its own to stop: the worker group (shut down by the trainer's runtime) owns the replicas."""

@@ -44,13 +44,15 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
 from hybridflow.rollout.sampling_params import SamplingParams, engine_request_settings
 from hybridflow.rollout.vllm.config import VLLM_EXTRA_HINT, cpu_safe_chunking, lora_rank_bucket, vllm_engine_kwargs
+from hybridflow.rollout.vllm.weight_check import EXTENSION as CHECK_EXTENSION
+from hybridflow.rollout.weights.delta import ChecksumMismatch
 from hybridflow.rollout.vllm.driver import (  # noqa: F401 - the errors are part of this module's API
     RolloutEngineDeadError,
     RolloutEngineStartError,
@@ -151,6 +153,7 @@ class VLLMRolloutEngine(RolloutEngine):
             kwargs.setdefault("max_loras", 1)
         if self.device == "cpu":
             cpu_safe_chunking(kwargs)
+        kwargs.setdefault("worker_extension_cls", CHECK_EXTENSION)  # workers verify the weight files they read
         self.engine_args = kwargs
         self.model_path = str(kwargs["model"])
         self.free_cache_engine = bool(free_cache_engine) if free_cache_engine is not None else True
@@ -315,17 +318,25 @@ class VLLMRolloutEngine(RolloutEngine):
                 tensors = with_tied_head(tensors)
             yield from materialise_in_buckets(tensors, self.bucket_bytes, self._target_device())
 
-        if self.multiprocess:
-            folder = self._write_shm(counted())
+        method = "reload_weights"
+        if self.multiprocess:  # the engine core's worker reads a folder: it verifies every tensor first
+            checksums: dict[str, str] = {}
+            folder = self._write_shm(counted(), checksums)
             rpc_kwargs = {"weights_path": folder, "is_checkpoint_format": True}
-        else:
+            if self.engine_args.get("worker_extension_cls") == CHECK_EXTENSION:
+                method, rpc_kwargs = "reload_checked", {"weights_path": folder, "checksums": json.dumps(checksums)}
+        else:  # handed over in this process's memory: nothing in transit to check
             rpc_kwargs = {"weights_iterator": counted(), "is_checkpoint_format": True}
 
         def reload(driver: _Driver) -> None:
             if self._weights_asleep:  # sleep level 2 discarded the weights: bring their memory back first
                 driver.engine.wake_up(["weights"])
                 self._weights_asleep = False
-            driver.engine.collective_rpc("reload_weights", kwargs=rpc_kwargs)
+            results = driver.engine.collective_rpc(method, kwargs=rpc_kwargs)
+            bad = sorted({n for r in (results or []) if isinstance(r, dict) for n in r.get("mismatch", [])})
+            if bad:
+                raise ChecksumMismatch(f"vLLM engine '{self.name}' refused weight files whose digests did not match: "
+                                       f"{bad[:3]}")
             driver.engine.reset_prefix_cache()
             if self.image_token_id is not None:  # image embeddings of the old vision tower (keyed by the image's
                 driver.engine.reset_encoder_cache()  # hash: the same image would reuse them, or miss and kill vLLM)
@@ -337,11 +348,11 @@ class VLLMRolloutEngine(RolloutEngine):
     def _target_device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
 
-    def _write_shm(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    def _write_shm(self, tensors: Iterable[tuple[str, torch.Tensor]], checksums: dict[str, str] | None = None) -> str:
         if self._shm_dir is None:
             self._shm_dir = shm_folder(self.name)
         folder = str(Path(self._shm_dir) / "weights")
-        write_safetensors_folder(tensors, folder)
+        write_safetensors_folder(tensors, folder, checksums)
         return folder
 
     def _update_lora(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -352,11 +363,19 @@ class VLLMRolloutEngine(RolloutEngine):
             self._shm_dir = shm_folder(self.name)
         version = self._lora_version + 1
         folder = Path(self._shm_dir) / f"lora_v{version}"
-        count = write_lora_adapter(named_tensors, folder, self.lora_rank, self.lora_alpha, self.model_path)
+        checksums: dict[str, str] = {}
+        count = write_lora_adapter(named_tensors, folder, self.lora_rank, self.lora_alpha, self.model_path, checksums)
         request = LoRARequest(f"actor_v{version}", version, str(folder))
         previous = self._lora_request
+        check = self.multiprocess and self.engine_args.get("worker_extension_cls") == CHECK_EXTENSION
 
         def swap(driver: _Driver) -> None:
+            if check:  # the engine core's worker reads the adapter: it verifies the files first
+                results = driver.engine.collective_rpc("check_folder", kwargs={
+                    "folder": str(folder), "checksums": json.dumps(checksums)})
+                bad = sorted({n for r in (results or []) if isinstance(r, dict) for n in r.get("mismatch", [])})
+                if bad:
+                    raise ChecksumMismatch(f"vLLM engine '{self.name}' refused adapter files: {bad[:3]}")
             driver.engine.add_lora(request)
             if previous is not None:
                 driver.engine.remove_lora(previous.lora_int_id)

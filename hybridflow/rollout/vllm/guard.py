@@ -11,6 +11,8 @@ a command-line flag would show in ``ps``), and this middleware
   ``/health``, ``/ping``, ``/version`` and ``/metrics`` (liveness and statistics);
 * serves the few control calls the fleet needs, under ``/hybridflow/``, straight on the engine client:
   ``reload_weights`` (vLLM's ``reload_weights`` worker method with a safetensors folder, nothing else),
+  ``reload_checked`` / ``check_folder`` (the same folder verified first against the trainer's per-tensor
+  digests by :mod:`hybridflow.rollout.vllm.weight_check`'s worker extension; answer ``{"mismatch": [names]}``),
   ``reset_prefix_cache``, ``sleep?level=N``, ``wake_up``, ``pause?mode=abort|wait|keep`` and ``resume``;
   ``pause?...&hold=1`` marks the pause as a weight-sync hold until ``resume``, and ``held`` answers whether one is
   on (a client whose request came back aborted during a hold continues it after the resume: partial rollout).
@@ -95,6 +97,15 @@ class HybridflowGuard:
                     return await _json_response(send, 400, {"error": "weights_path must be an existing folder"})
                 await engine.collective_rpc("reload_weights",
                                             kwargs={"weights_path": path, "is_checkpoint_format": True})
+            elif action in ("reload_checked", "check_folder"):
+                key = "weights_path" if action == "reload_checked" else "folder"
+                path, sums = payload.get(key), payload.get("checksums")
+                if not isinstance(path, str) or not os.path.isdir(path) or not isinstance(sums, str):
+                    return await _json_response(send, 400, {"error": f"{key} must be an existing folder and "
+                                                                     "checksums a JSON string"})
+                results = await engine.collective_rpc(action, kwargs={key: path, "checksums": sums})
+                bad = sorted({n for r in (results or []) if isinstance(r, dict) for n in r.get("mismatch", [])})
+                return await _json_response(send, 200, {"status": "ok", "action": action, "mismatch": bad})
             elif action == "reset_prefix_cache":
                 await engine.reset_prefix_cache()
             elif action == "sleep":

@@ -86,12 +86,25 @@ class VLLMServerProcess(ServerProcess):
         return {**os.environ, "VLLM_API_KEY": self.api_key, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                 **self.extra_env}
 
-    def reload_weights(self, folder: str) -> float:
-        """Load the safetensors in ``folder`` into the running server (vLLM ``reload_weights``); seconds."""
-        start = time.perf_counter()
-        self.post("/hybridflow/reload_weights", {"weights_path": str(folder)})
-        self.post("/hybridflow/reset_prefix_cache")
-        return time.perf_counter() - start
+    def reload_weights(self, folder: str, checksums: dict[str, str] | None = None) -> list[str]:
+        """Load the safetensors in ``folder`` into the running server (vLLM ``reload_weights``).  With
+        ``checksums`` the server's worker verifies every tensor first (``weight_check``) and loads nothing if one
+        differs; returns the names that did not match (empty: loaded)."""
+        if checksums is None:
+            self.post("/hybridflow/reload_weights", {"weights_path": str(folder)})
+            bad: list[str] = []
+        else:
+            answer = self.post("/hybridflow/reload_checked", {"weights_path": str(folder),
+                                                              "checksums": json.dumps(checksums)})
+            bad = sorted((answer or {}).get("mismatch", []))
+        if not bad:
+            self.post("/hybridflow/reset_prefix_cache")
+        return bad
+
+    def check_folder(self, folder: str, checksums: dict[str, str]) -> list[str]:
+        """The server's worker reads ``folder`` and names the tensors whose digest is not in ``checksums``."""
+        answer = self.post("/hybridflow/check_folder", {"folder": str(folder), "checksums": json.dumps(checksums)})
+        return sorted((answer or {}).get("mismatch", []))
 
     def load_lora(self, name: str, folder: str) -> None:
         self.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})

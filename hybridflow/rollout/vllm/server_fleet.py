@@ -4,10 +4,16 @@
 :class:`~hybridflow.rollout.vllm.server.VLLMServerProcess` es (in parallel) and exposes one
 :class:`~hybridflow.rollout.vllm.server.VLLMServerClient` per server as :attr:`replicas`.  Lifecycle:
 
-* :meth:`update_weights` -- ``weights_source()`` yields the actor's full weights (HF names); they are written
-  once as safetensors under /dev/shm and every server reloads them (vLLM ``reload_weights`` through
-  ``/collective_rpc``); with ``lora_rank > 0`` only the adapter is written and loaded as a new LoRA, which the
-  clients then name in their requests.  Returns the seconds spent (``timing_s/update_weights``).
+* :meth:`update_weights` -- the actor's weights (HF names) that changed since the last sync are written as
+  safetensors under /dev/shm with every tensor's digest, and every server's worker verifies the digests and
+  reloads them in place (vLLM ``reload_weights`` through ``/collective_rpc``; tensors vLLM fuses into one
+  parameter travel together, :func:`~hybridflow.rollout.weights.delta.vllm_load_group`).  A mismatch loads
+  nothing there and the whole model is written again (``weight_sync/checksum_mismatch``).  With
+  ``lora_rank > 0`` only the adapter is written (when it changed) and loaded as a new LoRA, which the clients
+  then name in their requests.  Returns the seconds spent (``timing_s/update_weights``); :meth:`sync_metrics`
+  has the ``weight_sync/*`` numbers.  ``weights_source`` is a callable yielding the full weights (the delta is
+  then taken here) or an object with ``fetch(full) -> named tensors`` and ``commit(verified)`` that takes the
+  delta on the actor's side, so unchanged tensors do not even leave it.
 * :meth:`wake_up` / :meth:`sleep` -- on GPU vLLM's sleep mode (``free_cache_engine``); on CPU the servers keep
   their memory (vLLM has no CPU sleep mode).  ``wake_up`` also checks every server is alive and restarts the
   clients' seed streams at a function of the step.
@@ -36,6 +42,8 @@ import torch
 from hybridflow.rollout.service.fleet import RolloutFleet
 from hybridflow.rollout.service.server_watch import ServerWatch
 from hybridflow.rollout.vllm.server import VLLMServerClient, VLLMServerError, VLLMServerProcess
+from hybridflow.rollout.vllm.weight_check import EXTENSION
+from hybridflow.rollout.weights.delta import DeltaTracker, lora_group, vllm_load_group
 from hybridflow.rollout.weights.transfer import (
     model_config,
     shm_folder,
@@ -58,7 +66,7 @@ class VLLMServerFleet(RolloutFleet):
                  weights_source: WeightsSource | None = None, *, device: str = "cpu", free_cache_engine: bool = True,
                  lora_rank: int = 0, lora_alpha: float = 16.0, seed: int = 0, log_dir: str | None = None,
                  start_timeout_s: float = 600.0, python: str | None = None, name: str = "vllm-server",
-                 keep_awake: bool = False, stall_timeout_s: float = 300.0):
+                 keep_awake: bool = False, delta: bool = True, stall_timeout_s: float = 300.0):
         from hybridflow.rollout.vllm.config import vllm_vision_settings
 
         # a vision-language model is refused before any server process starts (the replicas take no images)
@@ -78,8 +86,13 @@ class VLLMServerFleet(RolloutFleet):
             kwargs.setdefault("enable_lora", True)
             kwargs.setdefault("max_lora_rank", lora_rank_bucket(lora_rank))
             kwargs.setdefault("max_loras", 1)
+        kwargs.setdefault("worker_extension_cls", EXTENSION)  # the servers verify what they load
+        self.checked = kwargs["worker_extension_cls"] == EXTENSION
         self.model_path = str(model_path)
         self.weights_source = weights_source
+        self.tracker = DeltaTracker(enabled=delta, group_of=lora_group if lora_rank > 0 else vllm_load_group)
+        self.checksum_mismatches = 0
+        self.last_sync: dict[str, float] = {}
         self.device = device
         self.free_cache_engine = bool(free_cache_engine)
         self.keep_awake = bool(keep_awake)  # async training: the servers generate while the actor trains
@@ -157,35 +170,83 @@ class VLLMServerFleet(RolloutFleet):
         self._asleep = True
 
     def update_weights(self) -> float | None:
-        """Push ``weights_source()`` into every server; seconds spent (``None`` without a source)."""
+        """Push the weights that changed into every server (see the module docstring); seconds spent (``None``
+        without a source)."""
         if self.weights_source is None:
             return None
         self.check()
         start = time.perf_counter()
         if self._shm_dir is None:
             self._shm_dir = shm_folder("vllm-fleet")
-        tensors = self.weights_source()
-        if self.lora_rank > 0:
-            self._update_lora(tensors)
-        else:
-            if self._tied:
-                tensors = with_tied_head(tensors)
-            folder = str(Path(self._shm_dir) / "weights")
-            write_safetensors_folder(tensors, folder)
-            if self.device == "cuda" and self._asleep:  # weights were discarded by sleep(level=2)
-                for server in self.servers:
-                    server.wake_up()
-                self._asleep = False
-            with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
-                list(pool.map(lambda s: s.reload_weights(folder), self.servers))
-        return time.perf_counter() - start
+        if self.device == "cuda" and self._asleep and self.lora_rank == 0:  # weights discarded by sleep(level=2):
+            for server in self.servers:  # their memory comes back first, and the reload must be complete
+                server.wake_up()
+            self._asleep = False
+            self.tracker.forget()
+        bad = self._push(full=False)
+        mismatch = bool(bad)
+        if mismatch:  # a server refused the files: nothing was loaded there; everything again
+            self.checksum_mismatches += 1
+            self._commit(False)
+            bad = self._push(full=True)
+            if bad:
+                raise VLLMServerError(f"vLLM servers refused the weight files twice (digests of {bad[:3]} did not "
+                                      f"match what was written to {self._shm_dir}): /dev/shm is unreliable")
+        self._commit(True)
+        seconds = time.perf_counter() - start
+        self.last_sync = {**self._stats.metrics(), "weight_sync/checksum_mismatch": float(mismatch),
+                          "weight_sync/checksum_mismatch_total": float(self.checksum_mismatches)}
+        return seconds
 
-    def _update_lora(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def _fetch(self, full: bool):
+        source = self.weights_source
+        if hasattr(source, "fetch"):  # the delta is taken on the actor's side
+            tensors = list(source.fetch(full))
+            self._stats = source.stats()
+            return tensors
+        tensors = list(self.tracker.select(source(), full))
+        self._stats = self.tracker.stats
+        return tensors
+
+    def _commit(self, verified: bool) -> None:
+        source = self.weights_source
+        if hasattr(source, "commit"):
+            source.commit(verified)
+        elif verified:
+            self.tracker.commit()
+        else:
+            self.tracker.forget()
+
+    def _push(self, full: bool) -> list[str]:
+        """Write the selected tensors and have every server verify and load them; names that did not verify."""
+        tensors = self._fetch(full)
+        if self.lora_rank > 0:
+            return self._update_lora(tensors) if tensors else []
+        if not tensors:
+            return []  # nothing changed: nothing to write or reload
+        if self._tied:
+            tensors = with_tied_head(tensors)
+        folder = str(Path(self._shm_dir) / "weights")
+        checksums: dict[str, str] = {}
+        write_safetensors_folder(tensors, folder, checksums if self.checked else None)
+        sums = checksums if self.checked else None
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
+            results = list(pool.map(lambda s: s.reload_weights(folder, sums), self.servers))
+        return sorted({n for r in results for n in r})
+
+    def _update_lora(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
         """The adapter is served under one fixed name, so clients held by other processes stay valid: the
-        old one is unloaded and the new one loaded between generations (no request is in flight then)."""
+        old one is unloaded and the new one loaded between generations (no request is in flight then).  The
+        servers verify the adapter's files first; returns the tensors that did not verify (nothing loaded)."""
         version = self._lora_version + 1
         folder = Path(self._shm_dir) / f"lora_v{version}"
-        write_lora_adapter(tensors, folder, self.lora_rank, self.lora_alpha, self.model_path)
+        checksums: dict[str, str] = {}
+        write_lora_adapter(tensors, folder, self.lora_rank, self.lora_alpha, self.model_path, checksums)
+        if self.checked:
+            bad = sorted({n for s in self.servers for n in s.check_folder(str(folder), checksums)})
+            if bad:
+                shutil.rmtree(folder, ignore_errors=True)
+                return bad
         for server in self.servers:
             if self._lora_version:
                 server.unload_lora(LORA_NAME)
@@ -193,6 +254,11 @@ class VLLMServerFleet(RolloutFleet):
         if self._lora_version:
             shutil.rmtree(Path(self._shm_dir) / f"lora_v{self._lora_version}", ignore_errors=True)
         self._lora_version = version
+        return []
+
+    def sync_metrics(self) -> dict[str, float]:
+        """``weight_sync/*`` of the last :meth:`update_weights`."""
+        return dict(self.last_sync)
 
     def abort_all(self) -> None:
         for server in self.servers:
@@ -245,7 +311,9 @@ class VLLMServerFleet(RolloutFleet):
         fleet = cls(mc.path, kwargs, n_servers, weights_source, device=device,
                     free_cache_engine=bool(rc.free_cache_engine), lora_rank=int(mc.lora_rank),
                     lora_alpha=float(mc.lora_alpha), seed=int(rc.seed),
-                    keep_awake=config.async_training.mode != "sync", stall_timeout_s=float(rc.stall_timeout_s))
+                    keep_awake=config.async_training.mode != "sync",
+                    delta=bool((rc.checkpoint_engine.engine_kwargs or {}).get("delta", True)),
+                    stall_timeout_s=float(rc.stall_timeout_s))
         if int(mc.lora_rank) == 0:  # LoRA fleets synced in __init__ already
             try:
                 fleet.update_weights()

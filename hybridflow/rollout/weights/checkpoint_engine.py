@@ -24,6 +24,11 @@ members' transfers fail within a fraction of a second ("Connection closed by pee
 
 Engines that load weights from files instead (a vLLM server replica reloads a safetensors folder) are fed by
 a receiver that writes the received buckets to that folder; the sender side does not change.
+
+Delta sync (:mod:`hybridflow.rollout.weights.delta`): given a :class:`DeltaTracker`, :meth:`send_weights` sends
+only the tensors whose bytes changed since the last verified sync, and every bucket carries a checksum of its
+bytes.  A receiver recomputes it, never yields a bucket that does not match, and counts it in
+:attr:`BroadcastCheckpointEngine.corrupt_buckets`; the fleet then has everything sent again.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from hybridflow.rollout.weights.delta import DeltaTracker, digest
 from hybridflow.utils.rendezvous_bind import free_port as _free_port
 from hybridflow.utils.rendezvous_bind import rendezvous_host, tcp_store
 
@@ -63,6 +69,7 @@ class WeightSyncSpec:
     bucket_bytes: int
     overlap: bool = False
     timeout_s: float = 600.0
+    delta: bool = True  # send only the tensors that changed since the last verified sync
 
 
 @dataclass
@@ -71,6 +78,8 @@ class SyncStats:
     bytes: int = 0
     buckets: int = 0
     seconds: float = 0.0
+    skipped: int = 0  # tensors a delta sync left out (unchanged since the last verified sync)
+    skipped_bytes: int = 0
 
 
 def resolve_backend(name: str, device_type: str) -> str:
@@ -111,8 +120,10 @@ class CheckpointEngine(ABC):
     """One sender, many receivers, the same sequence of buckets."""
 
     @abstractmethod
-    def send_weights(self, named_tensors: NamedTensors) -> SyncStats:
-        """Deliver every tensor to every receiver (rank 0 only); returns what was sent."""
+    def send_weights(self, named_tensors: NamedTensors, delta: DeltaTracker | None = None,
+                     full: bool = False) -> SyncStats:
+        """Deliver every tensor to every receiver (rank 0 only) -- with ``delta``, every tensor that changed since
+        the last verified sync (``full``: every tensor regardless); returns what was sent."""
 
     @abstractmethod
     def receive_buckets(self) -> Iterator[Bucket]:
@@ -143,6 +154,7 @@ class BroadcastCheckpointEngine(CheckpointEngine):
         self._store = None
         self._group = None
         self._buffers: list[torch.Tensor | None] = [None, None]
+        self.corrupt_buckets = 0  # receiver: buckets of the last receive whose checksum did not match
         self._aborted: str | None = None
 
     # ------------------------------------------------------------------ group
@@ -195,14 +207,14 @@ class BroadcastCheckpointEngine(CheckpointEngine):
         return buf
 
     # ------------------------------------------------------------------ headers: [meta bytes, data bytes, more]
-    def _send_meta(self, meta: list | None, nbytes: int) -> None:
+    def _send_meta(self, meta: dict | None, nbytes: int) -> None:
         payload = pickle.dumps(meta) if meta is not None else b""
         header = torch.tensor([len(payload), nbytes, int(meta is not None)], dtype=torch.int64, device=self.device)
         self._broadcast(header)
         if payload:
             self._broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device))
 
-    def _recv_meta(self) -> tuple[list, int] | None:
+    def _recv_meta(self) -> tuple[dict, int] | None:
         header = torch.zeros(3, dtype=torch.int64, device=self.device)
         self._broadcast(header)
         meta_len, nbytes, more = (int(v) for v in header.tolist())
@@ -230,18 +242,21 @@ class BroadcastCheckpointEngine(CheckpointEngine):
         if bucket:
             yield bucket
 
-    def send_weights(self, named_tensors: NamedTensors) -> SyncStats:
+    def send_weights(self, named_tensors: NamedTensors, delta: DeltaTracker | None = None,
+                     full: bool = False) -> SyncStats:
         if self.rank != 0:
             raise RuntimeError("only rank 0 of a weight-sync group sends")
         try:
-            return self._send(named_tensors)
+            return self._send(named_tensors, delta, full)
         except BaseException as exc:  # the receivers must not wait for buckets that will never come
             self.abort(exc)
             raise
 
-    def _send(self, named_tensors: NamedTensors) -> SyncStats:
+    def _send(self, named_tensors: NamedTensors, delta: DeltaTracker | None, full: bool) -> SyncStats:
         start_time = time.perf_counter()
         stats = SyncStats()
+        if delta is not None:
+            named_tensors = delta.select(named_tensors, full)
         pending: list = [None, None]
         slot = 0
         for bucket in self._plan(named_tensors):
@@ -251,14 +266,14 @@ class BroadcastCheckpointEngine(CheckpointEngine):
                 pending[slot].wait()
                 pending[slot] = None
             buf = self._buffer(slot, nbytes)
-            meta = []
+            entries = []
             for name, tensor, offset in bucket:
                 size = tensor.numel() * tensor.element_size()
                 buf[offset:offset + size].copy_(tensor.reshape(-1).view(torch.uint8), non_blocking=True)
-                meta.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, size))
+                entries.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, size))
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()
-            self._send_meta(meta, nbytes)
+            self._send_meta({"tensors": entries, "checksum": digest(buf[:nbytes])}, nbytes)
             work = self._broadcast(buf[:nbytes], wait=not self.spec.overlap)
             if work is not None:
                 pending[slot] = work
@@ -271,6 +286,8 @@ class BroadcastCheckpointEngine(CheckpointEngine):
                 work.wait()
         self._send_meta(None, 0)
         stats.seconds = time.perf_counter() - start_time
+        if delta is not None:
+            stats.skipped, stats.skipped_bytes = delta.stats.skipped, delta.stats.skipped_bytes
         return stats
 
     # ------------------------------------------------------------------ receivers
@@ -279,15 +296,24 @@ class BroadcastCheckpointEngine(CheckpointEngine):
         return buf, self._broadcast(buf, wait=False)
 
     @staticmethod
-    def _unpack(meta: list, buf: torch.Tensor) -> Bucket:
+    def _unpack(meta: dict, buf: torch.Tensor) -> Bucket:
         out = []
-        for name, dtype, shape, offset, size in meta:
+        for name, dtype, shape, offset, size in meta["tensors"]:
             out.append((name, buf[offset:offset + size].view(getattr(torch, dtype)).view(shape)))
         return out
 
+    def _verified(self, meta: dict, buf: torch.Tensor) -> Bucket | None:
+        """The bucket's tensors, or ``None`` (counted) when its bytes are not the ones the sender checksummed."""
+        if digest(buf) != meta["checksum"]:
+            self.corrupt_buckets += 1
+            return None
+        return self._unpack(meta, buf)
+
     def receive_buckets(self) -> Iterator[Bucket]:
+        """The buckets whose checksum matched (:attr:`corrupt_buckets` counts the others, which are skipped)."""
         if self.rank == 0:
             raise RuntimeError("rank 0 of a weight-sync group is the sender")
+        self.corrupt_buckets = 0
         try:
             yield from self._receive()
         except BaseException as exc:  # a transfer error, or the consumer gave up (GeneratorExit): leave now
@@ -305,18 +331,20 @@ class BroadcastCheckpointEngine(CheckpointEngine):
             work.wait()
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()
-            current = self._unpack(meta, buf)
+            current = self._verified(meta, buf)
             if self.spec.overlap:  # start the next bucket's transfer before the caller copies this one
                 head = self._recv_meta()
                 if head is not None:
                     slot ^= 1
                     meta, nbytes = head
                     buf, work = self._post(nbytes, slot)
-                yield current
+                if current is not None:
+                    yield current
                 if head is None:
                     return
             else:
-                yield current
+                if current is not None:
+                    yield current
                 head = self._recv_meta()
                 if head is None:
                     return

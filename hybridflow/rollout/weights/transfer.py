@@ -76,8 +76,10 @@ def shm_folder(prefix: str) -> str:
     return tempfile.mkdtemp(prefix=f"hybridflow-{safe}-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 
 
-def write_safetensors_folder(named_tensors: NamedTensors, folder: str | os.PathLike) -> int:
-    """Write the tensors as ``model.safetensors`` in ``folder`` (replacing it); returns how many."""
+def write_safetensors_folder(named_tensors: NamedTensors, folder: str | os.PathLike,
+                             checksums: dict[str, str] | None = None) -> int:
+    """Write the tensors as ``model.safetensors`` in ``folder`` (replacing it); returns how many.
+    ``checksums``: filled with each written tensor's digest (hex), for the reader to verify."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -95,6 +97,10 @@ def write_safetensors_folder(named_tensors: NamedTensors, folder: str | os.PathL
             tensors[name] = tensor.clone()
         seen.add(tensors[name].data_ptr())
     save_file(tensors, str(folder / "model.safetensors"))
+    if checksums is not None:
+        from hybridflow.rollout.weights.delta import hex_digests
+
+        checksums.update(hex_digests(tensors.items()))
     return len(tensors)
 
 
@@ -113,7 +119,7 @@ def peft_adapter_key(name: str) -> str:
 
 
 def write_lora_adapter(named_tensors: NamedTensors, folder: str | os.PathLike, rank: int, alpha: float,
-                       base_model: str) -> int:
+                       base_model: str, checksums: dict[str, str] | None = None) -> int:
     """Write the LoRA tensors among ``named_tensors`` as a PEFT adapter folder; returns how many tensors.
 
     Everything else (the frozen base) is skipped: LoRA training only ever changes the adapter.
@@ -136,6 +142,10 @@ def write_lora_adapter(named_tensors: NamedTensors, folder: str | os.PathLike, r
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(adapter, str(folder / "adapter_model.safetensors"))
+    if checksums is not None:
+        from hybridflow.rollout.weights.delta import hex_digests
+
+        checksums.update(hex_digests(adapter.items()))
     (folder / "adapter_config.json").write_text(json.dumps({
         "peft_type": "LORA", "r": int(rank), "lora_alpha": float(alpha), "target_modules": sorted(modules),
         "bias": "none", "base_model_name_or_path": base_model, "task_type": "CAUSAL_LM", "lora_dropout": 0.0,

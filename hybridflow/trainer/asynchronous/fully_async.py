@@ -51,6 +51,7 @@ class FullyAsyncTrainer(PPOTrainer):
         super().__init__(*args, **kwargs)
         at = self.config.async_training
         self.batch_prompts = int(self.config.data.train_batch_size)  # require_batches x ppo_mini_batch_size
+        self.stream_batch = self.batch_prompts  # prompts per loader batch: ordinal = batch index x this + row
         self.sync_every = int(at.trigger_parameter_sync_step)
         per_version = self.batch_prompts * self.sync_every
         self.max_samples = int(per_version * (1.0 + float(at.staleness_threshold)))
@@ -69,19 +70,21 @@ class FullyAsyncTrainer(PPOTrainer):
     # ------------------------------------------------------------------ the rollouter
     def start_rollout(self, resumed: bool) -> None:
         stages.sync_rollout_weights(self.groups)  # the replicas hold the trainer's weights: this version
-        loader = self.train_dataloader
-        first_batch = self.trained_frontier // self.batch_prompts
-        loader.load_state_dict({**loader.state_dict(), "epoch": first_batch // len(loader),
-                                "consumed": first_batch % len(loader)})
         total = self.total_training_steps * self.batch_prompts
         remaining = total - self.trained_frontier - len(self.trained_beyond)
-        samples = sample_stream(loader, self.batch_prompts, self.trained_frontier, set(self.trained_beyond),
-                                max(0, remaining))
-        self.rollouter = Rollouter(self.groups.rollout, self.groups.rollout.fleet, samples, self.queue,
-                                   batch_prompts=self.batch_prompts, max_samples=self.max_samples,
+        self.rollouter = Rollouter(self.groups.rollout, self.groups.rollout.fleet, self._stream(max(0, remaining)),
+                                   self.queue, batch_prompts=self.stream_batch, max_samples=self.max_samples,
                                    partial_rollout=self.config.async_training.partial_rollout,
                                    version=self.param_version)
         self.rollouter.start()
+
+    def _stream(self, limit: int):
+        """The prompt stream from the first ordinal not yet trained on, skipping the ones trained beyond it."""
+        loader = self.train_dataloader
+        first_batch = self.trained_frontier // self.stream_batch
+        loader.load_state_dict({**loader.state_dict(), "epoch": first_batch // len(loader),
+                                "consumed": first_batch % len(loader)})
+        return sample_stream(loader, self.stream_batch, self.trained_frontier, set(self.trained_beyond), limit)
 
     def stop_rollout(self) -> None:
         if self.rollouter is not None:
@@ -107,8 +110,10 @@ class FullyAsyncTrainer(PPOTrainer):
         self.check_rewards(batch, metrics)
         return batch
 
-    def _assemble(self, samples: list[Sample], timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
-        """The rollout batch of ``samples``, laid out as the synchronous generation lays out one batch."""
+    def _assemble(self, samples: list[Sample], timing: dict[str, float], metrics: dict[str, float],
+                  check: bool = True) -> DataProto:
+        """The rollout batch of ``samples``, laid out as the synchronous generation lays out one batch
+        (``check``: count its failed trajectories against the tolerated fraction)."""
         n = self.plan.n
         prompts = DataProto.concat([s.prompt for s in samples])
         stages.split_generation_input(prompts)  # the rollout's prompt+response tensors replace the prompt ones
@@ -120,7 +125,8 @@ class FullyAsyncTrainer(PPOTrainer):
         batch = stages.merge_generation_output(prompts.repeat(n, interleave=True), output)
         gen_metrics = batch.meta_info.pop("gen_metrics", {})
         metrics.update(gen_metrics)
-        self.check_generation(batch, gen_metrics, metrics)
+        if check:
+            self.check_generation(batch, gen_metrics, metrics)
         timing.update(batch.meta_info.pop("gen_timing", {}))
         tag_versions(batch, [s.version_start for s in samples for _ in range(n)],
                      [s.version_end for s in samples for _ in range(n)])
@@ -135,12 +141,10 @@ class FullyAsyncTrainer(PPOTrainer):
             self.stale_samples += int(stale >= 1)
             self.stale_trajectories += len(s.outputs) if stale >= 1 else 0
             self.history.trained.append({"step": step, "ordinal": s.ordinal, "staleness": stale,
-                                         "version_start": s.version_start, "version_end": s.version_end})
-            self.trained_beyond.add(s.ordinal)
-        while self.trained_frontier in self.trained_beyond:
-            self.trained_beyond.discard(self.trained_frontier)
-            self.trained_frontier += 1
-        self.epoch = samples[-1].ordinal // (self.batch_prompts * len(self.train_dataloader))
+                                         "version_start": s.version_start, "version_end": s.version_end,
+                                         "submit_step": s.submit_step})
+        self._mark_done(s.ordinal for s in samples)
+        self.epoch = samples[-1].ordinal // (self.stream_batch * len(self.train_dataloader))
         metrics.update({
             "fully_async/count/stale_samples_processed": float(self.stale_samples),
             "fully_async/count/stale_trajectory_processed": float(self.stale_trajectories),
@@ -149,6 +153,13 @@ class FullyAsyncTrainer(PPOTrainer):
             "monitor/queue/mq_queue_size": float(self.queue.size()),
             "monitor/active_tasks_size": float(self.rollouter.active if self.rollouter is not None else 0),
         })
+
+    def _mark_done(self, ordinals) -> None:
+        """Ordinals the stream must never generate again (trained; V1 also evicted): the checkpoint's ledger."""
+        self.trained_beyond.update(int(o) for o in ordinals)
+        while self.trained_frontier in self.trained_beyond:
+            self.trained_beyond.discard(self.trained_frontier)
+            self.trained_frontier += 1
 
     def train_on_batch(self, batch, timing, metrics) -> DataProto:
         batch = super().train_on_batch(batch, timing, metrics)
@@ -170,6 +181,7 @@ class FullyAsyncTrainer(PPOTrainer):
                 self.rollouter.pause()
             if self._updated:
                 timing["update_weights"] = stages.sync_rollout_weights(self.groups)
+                metrics.update(stages.weight_sync_metrics(self.groups))
                 self._updated = False
             self.param_version += 1
             metrics["rollouter/idle_ratio"] = self.rollouter.resume(self.param_version)

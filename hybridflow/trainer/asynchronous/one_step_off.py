@@ -95,6 +95,7 @@ class OneStepOffTrainer(PPOTrainer):
         if self.actor_version != self._updates:  # push the weights of the last update before generating with them
             with timed("update_weights", timing):
                 stages.sync_rollout_weights(self.groups)
+            metrics.update(stages.weight_sync_metrics(self.groups))
             self.actor_version = self._updates
         if step < self.total_training_steps:
             self._generate_ahead(prompts, step + 1)

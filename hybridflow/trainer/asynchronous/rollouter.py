@@ -15,16 +15,20 @@ soon as the *budget* allows, so short trajectories keep the replicas busy while 
 
 Seeds and request ids derive from the sample's ordinal exactly as the synchronous trainer derives them from
 (step, row), so with ``staleness_threshold=0`` a fully async run samples the synchronous run's tokens.
+
+verl's V1 modes drive it by *grants* instead (``max_samples=None``): the trainer submits prompts -- warm-up
+batches, one batch per step, one prompt per evicted group -- with :meth:`grant`, each tagged with the step that
+submitted it (the sample's ``submit_step``), and the rollouter starts exactly that many.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import time
 from typing import Any, Iterator
 
-from hybridflow.protocol import DataProto
 from hybridflow.trainer.asynchronous.sample_queue import Sample, SampleQueue
 from hybridflow.trainer.stages import split_generation_input
 from hybridflow.utils.threads import DaemonExecutor, call_with_timeout
@@ -38,17 +42,19 @@ class Rollouter:
     """Feeds ``queue`` from ``samples`` (an iterator of un-started :class:`Sample`) on ``manager``'s workers."""
 
     def __init__(self, manager: Any, fleet: Any, samples: Iterator[Sample], queue: SampleQueue, *,
-                 batch_prompts: int, max_samples: int, partial_rollout: bool, version: int = 0):
+                 batch_prompts: int, max_samples: int | None, partial_rollout: bool, version: int = 0,
+                 paused: bool = False):
         self.manager = manager
         self.fleet = fleet
         self.samples = samples
         self.queue = queue
         self.batch_prompts = int(batch_prompts)
-        self.max_samples = int(max_samples)
+        self.max_samples = None if max_samples is None else int(max_samples)  # None: driven by grant()
         self.partial_rollout = bool(partial_rollout)
         self.version = int(version)
-        self._budget = self.max_samples
-        self._pausing = False
+        self._budget = 0 if self.max_samples is None else self.max_samples
+        self._grants: collections.deque[list[int]] = collections.deque()  # [count left, submitting step]
+        self._pausing = bool(paused)
         self._stopping = False
         self._active: dict[int, asyncio.Task] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -111,7 +117,8 @@ class Rollouter:
             self.queue.fail(e)
             raise
         finally:
-            tasks = list(self._active.values())
+            # the samples' tasks and whatever they left waiting on the replicas (request relays): all of them
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in tasks:
                 task.cancel()
             if tasks:
@@ -119,6 +126,11 @@ class Rollouter:
 
     def _begin(self, sample: Sample) -> None:
         sample.version_start = self.version
+        if self._grants:
+            sample.submit_step = self._grants[0][1]
+            self._grants[0][0] -= 1
+            if self._grants[0][0] <= 0:
+                self._grants.popleft()
         self.queue.started(sample)
         self.started_samples += 1
         if self._idle_since is not None:
@@ -173,30 +185,52 @@ class Rollouter:
         if self._idle_since is not None:
             self._idle_since = now
         self.version = int(version)
-        self._budget = self.max_samples - self.queue.outstanding()
+        if self.max_samples is not None:
+            self._budget = self.max_samples - self.queue.outstanding()
         self._pausing = False
         if self.partial_rollout:
             await asyncio.get_running_loop().run_in_executor(None, self.fleet.resume)
         self._wake.set()
         return min(1.0, max(0.0, ratio))
 
-    def stop(self) -> None:
-        """End the stream now (the run finished or failed): in-flight requests are aborted, tasks cancelled."""
+    def grant(self, count: int, step: int) -> None:
+        """V1: start ``count`` more prompts of the stream, submitted by trainer step ``step`` (thread-safe)."""
+        if count <= 0:
+            return
+
+        def add() -> None:
+            self._grants.append([int(count), int(step)])
+            self._budget += int(count)
+            if self._wake is not None:
+                self._wake.set()
+
+        if self._loop is None or self._thread is None or not self._thread.is_alive():
+            raise RuntimeError("the rollouter is not running: start() it before granting prompts")
+        self._loop.call_soon_threadsafe(add)
+
+    @property
+    def granted_not_started(self) -> int:
+        """V1: prompts granted that have not started yet (their groups are not in the buffer yet)."""
+        return max(0, self._budget) if self.max_samples is None else 0
+
+    def stop(self, reopen: bool = True) -> None:
+        """End the stream now (the run finished or failed): in-flight requests are aborted, tasks cancelled.
+        ``reopen=False`` leaves interrupted replicas' gates closed (V1 colocate: the engine is asleep)."""
         if self._thread is None:
             return
         self._stopping = True
         if self._loop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._wake.set)
             try:  # bounded: an engine stuck in a step would hold the abort forever (its watchdog reports it)
-                call_with_timeout(self._abort_in_flight, _STOP_ABORT_S, name="rollouter-stop")
+                call_with_timeout(lambda: self._abort_in_flight(reopen), _STOP_ABORT_S, name="rollouter-stop")
             except Exception:  # noqa: BLE001 - stopping: a dead or stuck replica is reported elsewhere
                 pass
         self._thread.join(timeout=60)
         self._thread = None
 
-    def _abort_in_flight(self) -> None:
+    def _abort_in_flight(self, reopen: bool = True) -> None:
         self.fleet.abort_all()
-        if self.partial_rollout:
+        if self.partial_rollout and reopen:
             self.fleet.resume()
 
     @property

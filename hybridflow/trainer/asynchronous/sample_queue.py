@@ -41,6 +41,17 @@ class Sample:
     version_end: int = -1
     outputs: list[Any] = field(default_factory=list)  # AgentLoopOutput per trajectory
     trajectory_metrics: list[dict[str, float]] = field(default_factory=list)
+    submit_step: int = 0  # V1: the trainer step that submitted the prompt (verl's prompt ``global_steps`` tag)
+    filtered: bool | None = None  # V1 with DAPO filtering: classified once, when first seen finished
+    rows: DataProto | None = None  # V1 sync: the group's generated and scored rows
+
+    @property
+    def failed(self) -> bool:
+        """A trajectory of the group failed (its agent loop raised): verl's ``failure`` status."""
+        if self.rows is not None:
+            errors = self.rows.non_tensor_batch.get("agent_error")
+            return errors is not None and any(e is not None for e in errors)
+        return any((getattr(o, "extra_fields", None) or {}).get("agent_error") is not None for o in self.outputs)
 
 
 class SampleQueue:
