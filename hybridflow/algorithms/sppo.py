@@ -94,7 +94,10 @@ def compute_policy_loss_sppo(
     ``actor.sppo_eta``.  The mean runs over the mini-batch's non-empty responses whatever ``loss_agg_mode`` says
     (the loss is per sequence), with the global sequence count when the config carries one.
     """
-    eta = float(loss_setting(config, "sppo_eta"))
+    try:  # verl-recipe reads it with a default (``config.get("sppo_eta", 1.0)``): an actor config without it gets 1
+        eta = float(loss_setting(config, "sppo_eta"))
+    except AttributeError:
+        eta = 1.0
     mask = response_mask.bool()
     log_ratio = masked_sum(log_prob - old_log_prob, mask, axis=-1)
     centred = masked_mean(advantages, mask, axis=-1)
