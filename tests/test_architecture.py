@@ -119,7 +119,8 @@ def test_module_names_say_their_layer():
 # The floors of docs/architecture.md, top to bottom.  A module may import modules of its own floor and of the
 # floors below it, never above.  Entry modules (verl's public paths and the commands) sit on top.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("entry points", ("cli", "__main__", "experimental", "trainer.main_ppo", "trainer.fsdp_sft_trainer", "trainer.sft_trainer",
+    ("entry points", ("cli", "__main__", "experimental", "recipe", "trainer.main_ppo", "trainer.fsdp_sft_trainer",
+                      "trainer.sft_trainer",
                       "trainer.runtime", "quickstart", "data.preprocess")),
     ("async controllers", ("trainer.asynchronous",)),
     ("single controller", ("trainer", "sft")),

@@ -44,9 +44,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("reward_model.rollout.name",
             "serving a generative reward model from vLLM/SGLang is not supported; use reward_model.enable=true with a "
             "sequence-classification reward model, or a reward function"),
-    KeyRule("actor_rollout_ref.ref.model",
-            "a reference model other than the actor's starting point is not supported: the reference is "
-            "actor_rollout_ref.model.path (or the LoRA actor with its adapter disabled)"),
     KeyRule("actor_rollout_ref.rollout.skip_rollout",
             "verl's rollout dump-and-replay debugging aid (skip_rollout, skip_dump_dir) is not implemented; "
             "trainer.rollout_data_dir writes every step's generations"),

@@ -11,6 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
+from hybridflow.config.recipes import (
+    ActorRecipeKeys,
+    AlgoRecipeKeys,
+    DataRecipeKeys,
+    DistillationConfig,
+    JudgeConfig,
+    PrimeRewardModelKeys,
+    PrimeRewardModelModelKeys,
+    TrainerRecipeKeys,
+)
+
 KW = dict(kw_only=True)
 
 
@@ -28,7 +39,7 @@ class SamplerConfig:
 
 
 @dataclass(**KW)
-class DataConfig:
+class DataConfig(DataRecipeKeys):
     # verl keeps ``data`` schemaless because a custom dataset (data.custom_cls) receives this node and may
     # read keys of its own; such keys arrive as ``+data.<key>=v`` and are kept as attributes here.
     ACCEPTS_ADDED_KEYS: ClassVar[bool] = True
@@ -172,7 +183,7 @@ class PolicyLossConfig:
 
 
 @dataclass(**KW)
-class ActorConfig:
+class ActorConfig(ActorRecipeKeys):
     strategy: str
     ppo_mini_batch_size: int
     ppo_micro_batch_size: Optional[int]
@@ -385,7 +396,7 @@ class CriticConfig:
 
 
 @dataclass(**KW)
-class RewardModelModelConfig:
+class RewardModelModelConfig(PrimeRewardModelModelKeys):
     input_tokenizer: Optional[str]
     path: str
     external_lib: Optional[str]
@@ -406,8 +417,10 @@ class SandboxFusionConfig:
 
 @dataclass(**KW)
 class RewardModelRolloutConfig:
-    """verl's reward-loop option of serving a generative or discriminative reward model from an inference
-    engine. hybridflow scores with the FSDP reward model (or rule functions), so these are accepted only."""
+    """verl's reward loop serving a generative reward model (a judge) from an inference engine: ``name`` (hf |
+    vllm) starts ``reward_model.model.path`` on the rollout service; reward functions reach it through the judge
+    router (``hybridflow/rewards/judge.py``).  ``prompt_length`` / ``response_length`` bound a judge request,
+    ``temperature`` / ``top_p`` / ``top_k`` are the defaults of requests that set none."""
 
     name: Optional[str]
     dtype: str
@@ -418,10 +431,15 @@ class RewardModelRolloutConfig:
     load_format: str
     prompt_length: int
     response_length: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    engine_kwargs: dict
 
 
 @dataclass(**KW)
-class RewardModelConfig:
+class RewardModelConfig(PrimeRewardModelKeys):
     enable: bool
     enable_resource_pool: bool
     n_gpus_per_node: int
@@ -443,6 +461,7 @@ class RewardModelConfig:
     sandbox_fusion: SandboxFusionConfig
     ulysses_sequence_parallel_size: int
     rollout: RewardModelRolloutConfig
+    judge: JudgeConfig
     profiler: dict
 
 
@@ -486,7 +505,7 @@ class RolloutCorrectionConfig:
 
 
 @dataclass(**KW)
-class AlgoConfig:
+class AlgoConfig(AlgoRecipeKeys):
     gamma: float
     lam: float
     adv_estimator: str
@@ -502,7 +521,7 @@ class AlgoConfig:
 
 # ----------------------------------------------------------------------------- trainer
 @dataclass(**KW)
-class TrainerConfig:
+class TrainerConfig(TrainerRecipeKeys):
     backend: str
     device: str
     balance_batch: bool
@@ -589,12 +608,15 @@ class PPOConfig:
     ray_kwargs: RayKwargsConfig
     rollout: RolloutPoolConfig
     async_training: AsyncTrainingConfig
+    distillation: DistillationConfig
 
     @property
     def use_critic(self) -> bool:
         """verl's rule: an explicit ``critic.enable`` wins, otherwise a critic iff GAE."""
         if self.critic.enable is not None:
             return bool(self.critic.enable)
+        if self.trainer.recipe in ("spin", "prime"):  # DPO pairs / PRIME's RLOO: no value function
+            return False
         return self.algorithm.adv_estimator == "gae"
 
     @property
@@ -604,5 +626,6 @@ class PPOConfig:
 
     @property
     def use_reference_policy(self) -> bool:
-        """A reference model is needed only when KL is used (as a loss or in the reward)."""
-        return self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+        """A reference model is needed when KL is used (as a loss or in the reward) and by SPIN's DPO loss."""
+        return (self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+                or self.trainer.recipe == "spin")

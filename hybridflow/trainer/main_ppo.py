@@ -321,7 +321,16 @@ def load_processor_for(config):
 
 
 def trainer_class(config) -> type:
-    """The controller of ``async_training.mode``: the synchronous HybridFlow step, one-step-off or fully async."""
+    """The controller of ``async_training.mode``: the synchronous HybridFlow step, one-step-off or fully async;
+    ``trainer.recipe`` spin / prime swap the synchronous step's stages (SPPO needs only its estimator and loss)."""
+    if config.trainer.recipe == "spin":
+        from hybridflow.trainer.spin import SpinTrainer
+
+        return SpinTrainer
+    if config.trainer.recipe == "prime":
+        from hybridflow.trainer.prime import PrimeTrainer
+
+        return PrimeTrainer
     mode = config.async_training.mode
     if mode == "one_step_off":
         from hybridflow.trainer.asynchronous.one_step_off import OneStepOffTrainer

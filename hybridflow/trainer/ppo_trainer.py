@@ -289,6 +289,7 @@ class PPOTrainer:
                 metrics.update(stages.compute_old_log_prob(groups, batch, plan,
                                                            cfg.actor_rollout_ref.actor.loss_agg_mode))
         if plan.use_ref:
+            self.refresh_reference_if_due(timing)
             with timed("ref", timing):
                 stages.compute_ref_log_prob(groups, batch)
         if plan.use_critic:
@@ -316,6 +317,13 @@ class PPOTrainer:
                 metrics.update(stages.update_actor(groups, batch, cfg.actor_rollout_ref.rollout.temperature))
             self.push_weights(timing, metrics)
         return batch
+
+    def refresh_reference_if_due(self, timing: dict[str, float]) -> None:
+        """``trainer.ref_update_freq``: before this step's reference log-probs, the reference becomes the actor
+        that sampled the batch (``timing_s/update_ref``)."""
+        if self.plan.refresh_reference_at(self.global_steps + 1):
+            with timed("update_ref", timing):
+                stages.refresh_reference(self.groups)
 
     def push_weights(self, timing: dict[str, float], metrics: dict[str, float]) -> None:
         """After an actor update: bring the new weights to the rollout (``timing_s/update_weights`` when

@@ -85,6 +85,7 @@ class StepPlan:
     remax_baseline: bool
     filter_groups: bool
     critic_warmup: int
+    ref_update_freq: int = -1  # > 0: the reference takes the actor's weights at steps k, 2k, ... (1-based)
 
     @classmethod
     def from_config(cls, config) -> "StepPlan":
@@ -130,7 +131,13 @@ class StepPlan:
             remax_baseline=remax,
             filter_groups=bool(config.algorithm.filter_groups.enable),
             critic_warmup=int(config.trainer.critic_warmup),
+            ref_update_freq=int(config.trainer.ref_update_freq),
         )
+
+    def refresh_reference_at(self, step: int) -> bool:
+        """Whether the reference takes the actor's weights before step ``step`` (1-based) is scored: every
+        ``trainer.ref_update_freq`` steps, at the start of the step (verl-recipe's SPIN)."""
+        return self.use_ref and self.ref_update_freq > 0 and step % self.ref_update_freq == 0
 
 
 # ---------------------------------------------------------------------------------------------- prepare
@@ -280,6 +287,11 @@ def compute_old_log_prob(groups: WorkerGroups, batch: DataProto, plan: StepPlan,
     return metrics
 
 
+def refresh_reference(groups: WorkerGroups) -> float:
+    """The reference model takes the actor's current weights (every rank copies its own shards); seconds."""
+    return max(groups.ref.refresh_reference())
+
+
 def compute_ref_log_prob(groups: WorkerGroups, batch: DataProto) -> None:
     out = groups.ref.compute_ref_log_prob(batch)
     batch.union(DataProto.from_dict({"ref_log_prob": out.batch["ref_log_prob"]}))
@@ -348,6 +360,7 @@ __all__ = [
     "generate_remax_baseline",
     "merge_generation_output",
     "prompts_from_loader",
+    "refresh_reference",
     "split_generation_input",
     "sync_rollout_weights",
     "timed",
