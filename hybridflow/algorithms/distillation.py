@@ -38,11 +38,13 @@ from .masked import masked_mean
 from .policy_losses import compute_policy_loss_vanilla
 
 __all__ = ["DISTILLATION_LOSS_MODES", "DistillationSettings", "distillation_token_losses", "compute_distillation_loss",
-           "TEACHER_LOG_PROBS"]
+           "TEACHER_LOG_PROBS", "DISTILLATION_SETTINGS"]
 
 DISTILLATION_LOSS_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 # batch key of the teacher's log-probs of the student's response tokens (B, R)
 TEACHER_LOG_PROBS = "teacher_log_probs"
+# ``meta_info`` entry of a training batch (a :class:`DistillationSettings`): the actor adds the distillation term
+DISTILLATION_SETTINGS = "distillation_settings"
 
 
 @dataclass(frozen=True)

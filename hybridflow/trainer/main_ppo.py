@@ -122,24 +122,53 @@ def create_workers(config) -> Runtime:
 
             class_dict["critic"] = ClassWithInitArgs(CriticWorker, config.critic)
         if config.reward_model.enable:
-            from hybridflow.workers.reward_model import RewardModelWorker
+            class_dict["reward_model"] = reward_model_class(config)
+        from hybridflow.trainer.teachers import colocated_teacher_roles
 
-            class_dict["reward_model"] = ClassWithInitArgs(RewardModelWorker, config.reward_model)
+        colocated_teachers = colocated_teacher_roles(config)  # distillation teachers in the actor's processes
+        for role, (teacher_cfg, _) in colocated_teachers.items():
+            class_dict[role] = ClassWithInitArgs(ActorRolloutRefWorker, teacher_cfg, "ref")
         host_cls = create_colocated_worker_cls(class_dict)
         # Rollout requests from the agent loops run in their own thread pool beside the dispatched calls.
         host_cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: rollout_stream_threads(config)}
         host = create_worker_group(backend, pool, host_cls, role="colocated")
         runtime._closers.append(host.shutdown)
         views = host.spawn(class_dict)
+        teachers = teacher_groups(config, views, colocated_teachers, use_gpu, runtime._closers)
     except BaseException:
         runtime.close()
         raise
     runtime.views = views
     runtime.groups = WorkerGroups(actor_rollout=views["actor_rollout"],
                                   ref=views["actor_rollout"] if config.use_reference_policy else None,
-                                  critic=views.get("critic"), reward_model=views.get("reward_model"))
+                                  critic=views.get("critic"), reward_model=views.get("reward_model"),
+                                  teachers=teachers)
     runtime.n_devices = runtime.dp_size = pool.world_size
     return runtime
+
+
+def reward_model_class(config):
+    """The reward-model role: a sequence-classification RM, or PRIME's implicit PRM (``trainer.recipe=prime``)."""
+    from hybridflow.controller import ClassWithInitArgs
+
+    if config.trainer.recipe == "prime":
+        from hybridflow.workers.prime_rm import PrimeRewardModelWorker
+
+        return ClassWithInitArgs(PrimeRewardModelWorker, config.reward_model, config.actor_rollout_ref.model.path)
+    from hybridflow.workers.reward_model import RewardModelWorker
+
+    return ClassWithInitArgs(RewardModelWorker, config.reward_model)
+
+
+def teacher_groups(config, views: dict, colocated: dict, use_gpu: bool, closers: list):
+    """The distillation teachers' router (``None`` without distillation): colocated roles or pools of their own."""
+    if not config.distillation.enabled:
+        return None
+    from hybridflow.trainer.teachers import Teacher, TeacherRouter, start_teacher_pools
+
+    teachers = [Teacher(entry, views[role]) for role, (_, entry) in colocated.items()]
+    teachers += start_teacher_pools(config, use_gpu, closers, pool_options(config))
+    return TeacherRouter(teachers, config.distillation.teacher_key)
 
 
 def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None, processor=None) -> None:
@@ -180,13 +209,12 @@ def init_models(runtime: Runtime, total_training_steps: int | None = None) -> No
     """``init_model`` on every role, actor last; the trained roles get the LR horizon as an argument
     because their processes were started (and their config sent) before the dataset length was known."""
     for role in _INIT_ORDER:
+        if role == "actor_rollout" and runtime.groups.teachers is not None:  # distillation teachers: frozen models
+            runtime.groups.teachers.init_models()
         view = runtime.views.get(role)
         if view is None:
             continue
-        if role == "reward_model":
-            view.init_model()
-        else:
-            view.init_model(total_training_steps=total_training_steps)
+        view.init_model(total_training_steps=total_training_steps)
 
 
 def build_runtime(config, tokenizer=None, total_training_steps: int | None = None) -> Runtime:

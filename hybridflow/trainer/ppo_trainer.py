@@ -21,6 +21,7 @@ import torch
 
 from hybridflow.algorithms.batch_ops import ROLLOUT_CORRECTION_BYPASS
 from hybridflow.algorithms.bypass_loss import BypassSettings
+from hybridflow.algorithms.distillation import DISTILLATION_SETTINGS
 from hybridflow.protocol import DataProto
 from hybridflow.tracking.metrics import (
     compute_data_metrics,
@@ -134,6 +135,11 @@ class PPOTrainer:
         self.dp_size = dp_size
         self.plan = StepPlan.from_config(config)
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl) if self.plan.use_kl_in_reward else None
+        self.distillation = None
+        if self.plan.distillation:
+            from hybridflow.trainer.teachers import distillation_settings
+
+            self.distillation = distillation_settings(config)
         self.total_training_steps = resolve_total_training_steps(config, len(train_dataloader))
         self.global_steps = 0
         self.epoch = 0
@@ -292,6 +298,10 @@ class PPOTrainer:
             self.refresh_reference_if_due(timing)
             with timed("ref", timing):
                 stages.compute_ref_log_prob(groups, batch)
+        if plan.distillation:
+            with timed("teacher", timing):
+                metrics.update(stages.compute_teacher_log_probs(groups, batch))
+            batch.meta_info[DISTILLATION_SETTINGS] = self.distillation
         if plan.use_critic:
             with timed("values", timing):
                 stages.compute_values(groups, batch)

@@ -44,6 +44,7 @@ class WorkerGroups:
     critic: Any = None
     reward_model: Any = None
     rollout: Any = None
+    teachers: Any = None  # on-policy distillation: the TeacherRouter (trainer/teachers.py)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class StepPlan:
     filter_groups: bool
     critic_warmup: int
     ref_update_freq: int = -1  # > 0: the reference takes the actor's weights at steps k, 2k, ... (1-based)
+    distillation: bool = False  # teachers score the samples; the actor adds the distillation term
 
     @classmethod
     def from_config(cls, config) -> "StepPlan":
@@ -132,6 +134,7 @@ class StepPlan:
             filter_groups=bool(config.algorithm.filter_groups.enable),
             critic_warmup=int(config.trainer.critic_warmup),
             ref_update_freq=int(config.trainer.ref_update_freq),
+            distillation=bool(config.distillation.enabled),
         )
 
     def refresh_reference_at(self, step: int) -> bool:
@@ -297,6 +300,11 @@ def compute_ref_log_prob(groups: WorkerGroups, batch: DataProto) -> None:
     batch.union(DataProto.from_dict({"ref_log_prob": out.batch["ref_log_prob"]}))
 
 
+def compute_teacher_log_probs(groups: WorkerGroups, batch: DataProto) -> dict[str, float]:
+    """On-policy distillation: each row's teacher scores the student's sample (``teacher_log_probs``)."""
+    return groups.teachers.log_probs(batch)
+
+
 def compute_values(groups: WorkerGroups, batch: DataProto) -> None:
     out = groups.critic.compute_values(batch)
     batch.union(DataProto.from_dict({"values": out.batch["values"]}))
@@ -354,6 +362,7 @@ __all__ = [
     "compute_advantages",
     "compute_old_log_prob",
     "compute_ref_log_prob",
+    "compute_teacher_log_probs",
     "compute_reward",
     "compute_values",
     "generate",
