@@ -36,14 +36,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.actor,critic}.checkpoint.async_save",
             "asynchronous checkpoint saving is a Megatron-only feature in verl; hybridflow writes checkpoints "
             "synchronously and atomically"),
-    KeyRule("reward_model.enable_resource_pool",
-            "a separate device pool for the reward model is not supported: it runs colocated on the training "
-            "devices (trainer.n_gpus_per_node x trainer.nnodes)"),
-    KeyRule("reward_model.{n_gpus_per_node,nnodes}",
-            "sizes verl's separate reward-model pool (reward_model.enable_resource_pool), which is not supported"),
-    KeyRule("reward_model.rollout.name",
-            "serving a generative reward model from vLLM/SGLang is not supported; use reward_model.enable=true with a "
-            "sequence-classification reward model, or a reward function"),
     KeyRule("actor_rollout_ref.rollout.skip_rollout",
             "verl's rollout dump-and-replay debugging aid (skip_rollout, skip_dump_dir) is not implemented; "
             "trainer.rollout_data_dir writes every step's generations"),
@@ -100,9 +92,6 @@ INERT: tuple[KeyRule, ...] = (
             "filled by the trainer from trainer.total_training_steps or the epochs (verl overwrites it too)"),
     KeyRule("trainer.use_legacy_worker_impl", "hybridflow has one worker implementation"),
     KeyRule("actor_rollout_ref.rollout.skip_dump_dir", "only read with rollout.skip_rollout, which is refused"),
-    KeyRule("reward_model.rollout.{dtype,gpu_memory_utilization,enforce_eager,tensor_model_parallel_size,"
-            "max_num_seqs,load_format,prompt_length,response_length}",
-            "only read with reward_model.rollout.name, which is refused"),
 )
 
 

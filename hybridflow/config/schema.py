@@ -620,6 +620,14 @@ class PPOConfig:
         return self.algorithm.adv_estimator == "gae"
 
     @property
+    def uses_judge(self) -> bool:
+        """A generative reward model served on the rollout service and asked by the reward function (verl's rule:
+        ``reward_model.rollout.name`` set and a ``custom_reward_function``; without one the served model is a
+        discriminative RM, scored by the reward-model worker)."""
+        rm = self.reward_model
+        return bool(rm.enable) and rm.rollout.name is not None and bool(self.custom_reward_function.path)
+
+    @property
     def split_placement(self) -> bool:
         """Rollout replicas on their own pool (verl's ``actor_rollout_ref.hybrid_engine=false``)."""
         return not self.actor_rollout_ref.hybrid_engine

@@ -17,6 +17,7 @@ from hybridflow.config.key_policy import inert_note, refusal_errors
 from hybridflow.config.schema import PPOConfig
 from hybridflow.config.validate_async import check_async_config
 from hybridflow.config.validate_parallel import check_sequence_parallel, data_parallel_size
+from hybridflow.config.validate_judge import check_judge
 from hybridflow.config.validate_recipes import check_recipes
 
 # verl's loss aggregation modes (algorithms/aggregation.py implements each; config cannot import algorithms)
@@ -61,6 +62,7 @@ def validate_config(cfg: PPOConfig) -> list[str]:
     _check_strategies(cfg, errors)
     _check_algorithms(cfg, errors)
     check_recipes(cfg, errors, notes)
+    check_judge(cfg, errors, notes)
     _normalise_deprecated(cfg, notes)
     check_async_config(cfg, errors, notes)
     _check_batch_sizes(cfg, errors, notes)

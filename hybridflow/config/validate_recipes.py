@@ -201,6 +201,18 @@ def _check_prime(cfg: Any, errors: list[str]) -> None:
         errors.append("critic.enable=true with trainer.recipe=prime: PRIME's advantage needs no critic")
     if rm.mini_batch_size <= 0:
         errors.append(f"reward_model.mini_batch_size={rm.mini_batch_size} must be a positive number of prompts")
+    drawn = int(round(data.train_batch_size * data.oversample_factor))
+    if data.gen_batch_size in (data.train_batch_size, drawn):  # the loader draws the over-sampled batch
+        data.gen_batch_size = drawn
+    else:
+        errors.append(f"data.gen_batch_size={data.gen_batch_size} with trainer.recipe=prime: PRIME draws "
+                      f"data.train_batch_size x data.oversample_factor = {drawn} prompts per step; drop gen_batch_size")
+    if rm.launch_reward_fn_async:
+        errors.append("reward_model.launch_reward_fn_async=true with trainer.recipe=prime: PRIME filters the prompts by "
+                      "their scores right after generation, so scoring cannot run in the background")
+    if cfg.algorithm.filter_groups.enable:
+        errors.append("algorithm.filter_groups.enable=true with trainer.recipe=prime: PRIME filters prompts by accuracy "
+                      "itself (data.filter_accuracy); use one or the other")
 
 
 class TeacherEntry:

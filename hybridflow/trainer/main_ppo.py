@@ -121,7 +121,15 @@ def create_workers(config) -> Runtime:
             from hybridflow.workers.critic import CriticWorker
 
             class_dict["critic"] = ClassWithInitArgs(CriticWorker, config.critic)
-        if config.reward_model.enable:
+        from hybridflow.trainer.judge_service import JUDGE_ROLE, judge_enabled, judge_worker_config
+
+        rm = config.reward_model
+        if judge_enabled(config):  # a generative RM on the rollout service; colocated: a role of this host
+            if rm.rollout.name == "hf" and not rm.enable_resource_pool:
+                from hybridflow.workers.rollout_server_worker import RolloutServerWorker
+
+                class_dict[JUDGE_ROLE] = ClassWithInitArgs(RolloutServerWorker, judge_worker_config(config))
+        elif rm.enable and not rm.enable_resource_pool:
             class_dict["reward_model"] = reward_model_class(config)
         from hybridflow.trainer.teachers import colocated_teacher_roles
 
@@ -135,6 +143,8 @@ def create_workers(config) -> Runtime:
         runtime._closers.append(host.shutdown)
         views = host.spawn(class_dict)
         teachers = teacher_groups(config, views, colocated_teachers, use_gpu, runtime._closers)
+        if rm.enable and rm.enable_resource_pool and not judge_enabled(config):  # the RM on a pool of its own
+            views["reward_model"] = reward_model_pool(config, use_gpu, runtime._closers)
     except BaseException:
         runtime.close()
         raise
@@ -158,6 +168,25 @@ def reward_model_class(config):
     from hybridflow.workers.reward_model import RewardModelWorker
 
     return ClassWithInitArgs(RewardModelWorker, config.reward_model)
+
+
+def reward_model_pool(config, use_gpu: bool, closers: list):
+    """``reward_model.enable_resource_pool``: the reward model's worker group on ``reward_model.nnodes x
+    n_gpus_per_node`` processes of its own (one in this process with the local backend)."""
+    from hybridflow.controller import create_resource_pool, create_worker_group
+
+    rm, backend = config.reward_model, config.trainer.backend
+    nodes = [1] if backend == "local" else [int(rm.n_gpus_per_node)] * int(rm.nnodes)
+    kwargs = pool_options(config)
+    if backend == "ray":
+        kwargs["name_prefix"] = "hybridflow_reward_model_pool"
+    pool = create_resource_pool(backend, nodes, use_gpu=use_gpu, **kwargs)
+    release = getattr(pool, "release", None)
+    if callable(release):
+        closers.append(release)
+    group = create_worker_group(backend, pool, reward_model_class(config), role="reward_model")
+    closers.append(group.shutdown)
+    return group
 
 
 def teacher_groups(config, views: dict, colocated: dict, use_gpu: bool, closers: list):
@@ -312,13 +341,28 @@ def check_dataset_agent_names(*loaders) -> None:
             check_agent_names(loader.dataset)
 
 
-def build_reward_fns(config, tokenizer):
-    """Training manager (``num_examine=0``) and validation manager (``num_examine=1``), as verl."""
+def build_reward_fns(config, tokenizer, judge=None):
+    """Training manager (``num_examine=0``) and validation manager (``num_examine=1``), as verl; with a judge
+    (``trainer/judge_service.py``) their functions are offered its client and wrapped to count its requests."""
     from hybridflow.rewards import load_reward_manager
 
-    train_fn = load_reward_manager(config, tokenizer, num_examine=0)
-    val_fn = load_reward_manager(config, tokenizer, num_examine=1)
-    return train_fn, val_fn
+    if judge is None:
+        return load_reward_manager(config, tokenizer, num_examine=0), load_reward_manager(config, tokenizer, num_examine=1)
+    from hybridflow.trainer.judge_service import JudgedRewardFn
+
+    offered = judge.reward_kwargs()
+    return tuple(JudgedRewardFn(load_reward_manager(config, tokenizer, num_examine=k, judge_kwargs=offered), judge)
+                 for k in (0, 1))
+
+
+def start_judge_service(config, runtime: Runtime):
+    """The judge of ``reward_model.rollout.name`` (``None`` without one); stopped with the runtime."""
+    from hybridflow.trainer.judge_service import JUDGE_ROLE, judge_enabled, start_judge
+
+    if not judge_enabled(config):
+        return None
+    return start_judge(config, runtime.views.get(JUDGE_ROLE), resolve_device(config) == "cuda", runtime._closers,
+                       pool_options(config))
 
 
 def build_logger(config, total_steps: int):
@@ -404,10 +448,15 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         check_dataset_agent_names(train_loader, val_loader)
         # The workers' LR schedules need the horizon; it is passed to init_model below.
         total = resolve_total_training_steps(config, len(train_loader))
-        reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
-        reward_fns = [reward_fn, val_reward_fn]
+        judged = config.uses_judge
+        if not judged:  # (scorers that ask a judge need its router, started with the workers)
+            reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
+            reward_fns = [reward_fn, val_reward_fn]
         runtime = start.result()
         init_models(runtime, total)
+        if judged:
+            reward_fn, val_reward_fn = build_reward_fns(config, tokenizer, start_judge_service(config, runtime))
+            reward_fns = [reward_fn, val_reward_fn]
         start_rollout_service(runtime, config, tokenizer, reward_fn, processor)
         if logger is None:
             logger = build_logger(config, total)

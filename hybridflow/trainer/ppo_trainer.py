@@ -117,7 +117,14 @@ class RunHistory:
 
 
 class PPOTrainer:
-    """Drives one training run; holds no model state itself (that lives in the worker groups)."""
+    """Drives one training run; holds no model state itself (that lives in the worker groups).
+
+    Recipes change stages, not the loop: ``before_advantage`` runs a stage of theirs right before the advantage
+    (PRIME trains and queries its PRM there), ``advantage_estimator`` replaces ``algorithm.adv_estimator``, and
+    ``trained_roles`` names worker groups besides actor and critic that checkpoints must hold.
+    """
+
+    advantage_estimator: str | None = None
 
     def __init__(self, config, tokenizer, groups: WorkerGroups, train_dataloader, val_dataloader,
                  reward_fn: Callable, val_reward_fn: Callable, logger=None, n_devices: int = 1, dp_size: int = 1):
@@ -312,8 +319,10 @@ class PPOTrainer:
         if not plan.filter_groups:  # (with filtering, the accumulator reports it over every generated group)
             # groups whose n scores are all equal give GRPO-style estimators no signal (DAPO, Yu et al. 2025)
             metrics["train/zero_variance_group_fraction"] = zero_variance_fraction(batch, "seq_reward")
+        self.before_advantage(batch, timing, metrics)
         with timed("adv", timing):
-            batch, adv_metrics = stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl)
+            batch, adv_metrics = stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl,
+                                                           estimator=self.advantage_estimator)
             metrics.update(adv_metrics)
         if correction_enabled(cfg.algorithm.rollout_correction):  # actor pi_old vs the rollout's mu
             metrics.update(apply_rollout_correction(batch, cfg.algorithm.rollout_correction))
@@ -327,6 +336,13 @@ class PPOTrainer:
                 metrics.update(stages.update_actor(groups, batch, cfg.actor_rollout_ref.rollout.temperature))
             self.push_weights(timing, metrics)
         return batch
+
+    def before_advantage(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
+        """A recipe's stage between the log-prob / value passes and the advantage (nothing in PPO)."""
+
+    def trained_roles(self) -> dict[str, object]:
+        """Worker groups besides actor and critic whose training state checkpoints hold (``{component: group}``)."""
+        return {}
 
     def refresh_reference_if_due(self, timing: dict[str, float]) -> None:
         """``trainer.ref_update_freq``: before this step's reference log-probs, the reference becomes the actor
@@ -457,6 +473,9 @@ class PPOTrainer:
             if self.plan.use_critic:
                 self.groups.critic.save_checkpoint(str(writer.tmp_dir / "critic"), self.global_steps, None)
                 components.append("critic")
+            for name, group in self.trained_roles().items():
+                group.save_checkpoint(str(writer.tmp_dir / name), self.global_steps, None)
+                components.append(name)
             data_state = self.data_state()
             if data_state is not None:
                 writer.save_data_state(data_state)
@@ -492,6 +511,11 @@ class PPOTrainer:
         self.groups.actor_rollout.load_checkpoint(str(folder / "actor"))
         if self.plan.use_critic:
             self.groups.critic.load_checkpoint(str(folder / "critic"))
+        for name, group in self.trained_roles().items():
+            if name not in manifest["components"]:
+                raise ckpt.CheckpointError(f"{folder} has no {name} checkpoint but this run trains it; resume from a "
+                                           "checkpoint of the same recipe or set trainer.resume_mode=disable")
+            group.load_checkpoint(str(folder / name))
         state = ckpt.load_trainer_state(folder)
         self.global_steps, self.epoch = state.global_step, state.epoch
         ckpt.restore_rng_state(state.rng)

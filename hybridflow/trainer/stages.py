@@ -126,7 +126,9 @@ class StepPlan:
             n=int(rollout.n),
             use_critic=bool(config.use_critic),
             use_ref=bool(config.use_reference_policy),
-            use_rm=bool(config.reward_model.enable),
+            # a reward-model worker scores the batch -- not PRIME's PRM (its own stage) nor a judge (asked by the
+            # reward functions)
+            use_rm=bool(config.reward_model.enable) and config.trainer.recipe != "prime" and not config.uses_judge,
             use_kl_in_reward=bool(config.algorithm.use_kl_in_reward),
             reuse_rollout_log_probs=reuse,
             old_log_prob_in_update=in_update,
@@ -311,9 +313,11 @@ def compute_values(groups: WorkerGroups, batch: DataProto) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- advantage
-def compute_advantages(batch: DataProto, algorithm_config, plan: StepPlan, kl_ctrl) -> tuple[DataProto, dict[str, float]]:
+def compute_advantages(batch: DataProto, algorithm_config, plan: StepPlan, kl_ctrl,
+                       estimator: str | None = None) -> tuple[DataProto, dict[str, float]]:
     """``token_level_rewards`` (scores minus the KL penalty when KL is in the reward) then advantages/returns.
 
+    ``estimator`` replaces ``algorithm.adv_estimator`` (a recipe's own advantage, e.g. PRIME's).
     Returns the batch to continue with: PF-PPO (``algorithm.use_pf_ppo``) resamples it.
     """
     from hybridflow.algorithms import apply_kl_penalty, compute_advantage
@@ -327,7 +331,7 @@ def compute_advantages(batch: DataProto, algorithm_config, plan: StepPlan, kl_ct
     batch.meta_info.setdefault("global_steps", 0)
     batch = compute_advantage(
         batch,
-        adv_estimator=algorithm_config.adv_estimator,
+        adv_estimator=estimator or algorithm_config.adv_estimator,
         gamma=algorithm_config.gamma,
         lam=algorithm_config.lam,
         num_repeat=plan.n,

@@ -23,3 +23,9 @@ def compute_score_thread(data_source, solution_str, ground_truth, extra_info=Non
     out = compute_score(data_source, solution_str, ground_truth, extra_info)
     out["in_main_thread"] = float(threading.current_thread() is threading.main_thread())
     return out
+
+
+def compute_digit_share(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """The share of digits alone (a float in [0, 1]): PRIME takes it as the outcome label of the sample."""
+    text = solution_str.strip()
+    return sum(ch.isdigit() for ch in text) / max(len(text), 1)
