@@ -31,3 +31,8 @@ async def ask_and_parse(data_source, solution_str, ground_truth, extra_info=None
 
     reply = await judge.chat([{"role": "user", "content": solution_str}], max_tokens=4, temperature=1.0)
     return parse_score(reply, scale=10.0)
+
+
+def no_judge(data_source, solution_str, ground_truth, extra_info=None):
+    """Takes none of the judge's keywords: a run with a judge refuses it at start."""
+    return 0.0
