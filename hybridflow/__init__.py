@@ -16,3 +16,18 @@ def __getattr__(name):
 
         return DataProto
     raise AttributeError(f"module 'hybridflow' has no attribute {name!r}")
+
+
+def _import_user_modules() -> None:
+    # trainer.import_modules (written to HYBRIDFLOW_IMPORT_MODULES by the controller) and verl's
+    # VERL_USE_EXTERNAL_MODULES: every process that imports hybridflow -- Ray workers, agent-loop workers,
+    # scoring processes -- registers the user's extensions before it unpickles anything that names them.
+    import os
+
+    if os.environ.get("HYBRIDFLOW_IMPORT_MODULES") or os.environ.get("VERL_USE_EXTERNAL_MODULES"):
+        from hybridflow.utils.user_modules import import_from_environment
+
+        import_from_environment()
+
+
+_import_user_modules()

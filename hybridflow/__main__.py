@@ -1,7 +1,6 @@
 """``python -m hybridflow ...`` is the same as the ``hybridflow`` console script."""
 
-import sys
-
 from hybridflow.cli import main
+from hybridflow.utils.fast_exit import run_and_exit
 
-sys.exit(main())
+run_and_exit(main)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import os
 import sys
 from abc import ABC, abstractmethod
@@ -31,9 +30,10 @@ from typing import Any, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from hybridflow.utils.registry import closest
+from hybridflow.utils.registry import Registry, closest
 
 __all__ = [
+    "AGENT_LOOPS",
     "AgentLoopBase",
     "AgentLoopMetrics",
     "AgentLoopNotRegistered",
@@ -215,30 +215,35 @@ class AgentLoopBase(ABC):
 
 
 # ---------------------------------------------------------------------------------------------- registry
-_REGISTRY: dict[str, dict[str, Any]] = {}
+# name -> {"_class_": the loop class, "_target_": its dotted path, plus the YAML entry's constructor keywords}
+AGENT_LOOPS: Registry[dict[str, Any]] = Registry("agent loop")
 
 
 def register(agent_name: str):
     """Class decorator: make an agent loop selectable as ``agent_name`` (verl's ``register``)."""
 
     def decorator(cls: type[AgentLoopBase]) -> type[AgentLoopBase]:
-        _REGISTRY[agent_name] = {"_target_": f"{cls.__module__}.{cls.__qualname__}", "_class_": cls}
+        AGENT_LOOPS.register(agent_name, {"_target_": f"{cls.__module__}.{cls.__qualname__}", "_class_": cls},
+                             override=True)
         return cls
 
     return decorator
 
 
 def registered_agent_loops() -> list[str]:
-    return sorted(_REGISTRY)
+    return AGENT_LOOPS.names()
 
 
 def load_agent_loop_config(path: str) -> list[str]:
     """Register the loops of a verl agent-loop YAML (a list of ``name`` + ``_target_`` + keywords); returns
     their names.  Every entry is checked now, so a typo fails before any model is loaded.
 
-    ``_target_`` modules are imported with the YAML's own folder on the import path as well, so a loop
-    file kept beside its YAML is found in every process (Ray agent-loop workers included).
+    ``_target_`` is a dotted ``package.module.Class`` (verl's form), ``module:Class`` or ``file.py:Class``; a module
+    or file kept beside the YAML is found in every process (Ray agent-loop workers included): the YAML's folder
+    is put on the import path and relative files are read from it.
     """
+    from hybridflow.utils.load_object import load_object
+
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path!r} does not exist")
@@ -256,27 +261,17 @@ def load_agent_loop_config(path: str) -> list[str]:
                              f"got {entry!r:.200}")
         spec = dict(entry)
         name = str(spec.pop("name"))
-        spec["_class_"] = _import_target(spec["_target_"], f"{path}: entry '{name}'")
-        _REGISTRY[name] = spec
+        spec["_class_"] = load_object(str(spec["_target_"]), key=f"{path}: entry '{name}' _target_",
+                                      kind="agent loop class", expect=_agent_loop_class, base_dir=folder)
+        AGENT_LOOPS.register(name, spec, override=True)
         names.append(name)
     return names
 
 
-def _import_target(target: str, where: str) -> type:
-    module_name, _, attr = str(target).rpartition(".")
-    if not module_name:
-        raise ValueError(f"{where}: _target_={target!r} must be a 'package.module.Class' path")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ImportError(f"{where}: cannot import {module_name!r} for _target_={target!r} ({e})") from e
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"{where}: module {module_name!r} has no {attr!r}")
-    if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
-        raise TypeError(f"{where}: {target!r} must subclass AgentLoopBase "
-                        "(from hybridflow.experimental.agent_loop import AgentLoopBase)")
-    return cls
+def _agent_loop_class(obj: Any) -> str | None:
+    if isinstance(obj, type) and issubclass(obj, AgentLoopBase):
+        return None
+    return "must subclass AgentLoopBase (from hybridflow.experimental.agent_loop import AgentLoopBase)"
 
 
 class AgentLoopNotRegistered(KeyError, AssertionError):
@@ -288,12 +283,13 @@ class AgentLoopNotRegistered(KeyError, AssertionError):
 
 def resolve_agent_loop(agent_name: str) -> tuple[type[AgentLoopBase], dict[str, Any]]:
     """The class and extra constructor keywords registered as ``agent_name``; a clear error otherwise."""
-    spec = _REGISTRY.get(agent_name)
-    if spec is None:
-        hint = closest(agent_name, list(_REGISTRY))
-        raise AgentLoopNotRegistered(f"agent loop {agent_name!r} is not registered (known: {', '.join(sorted(_REGISTRY))})"
+    if agent_name not in AGENT_LOOPS:
+        hint = closest(agent_name, AGENT_LOOPS.names())
+        raise AgentLoopNotRegistered(f"agent loop {agent_name!r} is not registered (known: "
+                                     f"{', '.join(AGENT_LOOPS.names())})"
                        + (f"; did you mean {hint!r}?" if hint else "")
-                       + ". Register it with @register(name) or list it in "
-                       "actor_rollout_ref.rollout.agent.agent_loop_config_path")
+                       + ". Register it with @register(name) (in a module listed in trainer.import_modules) or list "
+                       "it in actor_rollout_ref.rollout.agent.agent_loop_config_path")
+    spec = AGENT_LOOPS.get(agent_name)
     extra = {k: v for k, v in spec.items() if k not in ("_target_", "_class_")}
     return spec["_class_"], extra

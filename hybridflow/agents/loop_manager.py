@@ -8,11 +8,16 @@ rows come back interleaved: the n samples of a prompt adjacent).  The rows are s
 Each trajectory gets a request id and, when sampling, a seed derived from (``rollout.seed``, train or
 validation, step, row, sample): its draws depend on nothing else, so a resumed run or a run on another
 number of ranks samples the same tokens.
+
+An engine failure (:class:`~hybridflow.rollout.base.EngineError`) raised by any trajectory ends the whole
+generation at once with that error (its message carries the engine's traceback): the other trajectories are
+cancelled, the replicas are put back to sleep on a best-effort basis, and the trainer stops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import Any, Sequence
 
@@ -21,10 +26,16 @@ import numpy as np
 from hybridflow.agents.loop_worker import AgentLoopWorker, split_rows, stack_outputs
 from hybridflow.agents.reward_loop import ScorerClient, TrajectoryScorer, reward_loop_applies
 from hybridflow.protocol import DataProto
+from hybridflow.rollout.base import EngineError
 from hybridflow.rollout.service.fleet import RolloutFleet
 from hybridflow.rollout.service.server_manager import derive_seed
+from hybridflow.utils.threads import CallTimeout, call_with_timeout, run_async
 
 __all__ = ["AgentLoopManager", "summarize_trajectory_metrics", "concurrent_trajectories", "rollout_stream_threads"]
+
+logger = logging.getLogger(__name__)
+
+_SLEEP_AFTER_FAILURE_S = 10.0  # putting the replicas back to sleep after a failed generation: best effort
 
 
 class AgentLoopManager:
@@ -67,8 +78,16 @@ class AgentLoopManager:
         self.fleet.wake_up(None if validate else meta.get("global_steps"))
         try:
             results = [r for part in self._run(rows) for r in part]
-        finally:
-            self.fleet.sleep()
+        except EngineError as err:
+            self._sleep_after_failure()
+            better = self._diagnosed(err)
+            if better is err:
+                raise
+            raise better from err
+        except BaseException:
+            self._sleep_after_failure()
+            raise
+        self.fleet.sleep()
         batch = stack_outputs(self.tokenizer, self.rollout_config, [o for o, _ in results], self.processor)
         timing, metrics = summarize_trajectory_metrics([m for _, m in results], batch)
         batch.meta_info = {**meta, **batch.meta_info, "metrics": metrics, "timing": timing}
@@ -109,13 +128,52 @@ class AgentLoopManager:
             async def run_all():
                 return await asyncio.gather(*(w.run_trajectories(c) for w, c in zip(self.workers, chunks)))
 
-            return list(asyncio.run(run_all()))
+            # a tool or scorer thread stuck in user code must not keep the loop from closing
+            return list(run_async(run_all(), name="agent-loops"))
+        from hybridflow.controller.errors import WorkerError
         from hybridflow.controller.ray_worker_group import wait_for_outputs
         from hybridflow.controller.worker_group import CallInfo
 
         refs = [w.run_trajectories.remote(c) for w, c in zip(self.workers, chunks)]
         info = CallInfo("agent_loop", "AgentLoopWorker", "run_trajectories", tuple(range(len(refs))))
-        return wait_for_outputs(refs, info)
+        try:
+            return wait_for_outputs(refs, info)
+        except WorkerError as err:
+            if isinstance(err.remote_cause, EngineError):  # the engine's own message, with its traceback
+                raise EngineError(str(err.remote_cause)) from err
+            raise
+
+    def _sleep_after_failure(self) -> None:
+        """Put the replicas back to sleep after a failed generation, without letting a stuck or dead engine
+        hold the error back: bounded, and a failure here is only logged."""
+        try:
+            call_with_timeout(self.fleet.sleep, _SLEEP_AFTER_FAILURE_S, name="rollout-sleep-after-failure")
+        except CallTimeout:
+            logger.warning("hybridflow: warning: the rollout replicas did not go back to sleep within %.0f s after "
+                           "the generation failed", _SLEEP_AFTER_FAILURE_S)
+        except Exception as exc:  # noqa: BLE001 - the generation's own error is the one to report
+            cause = getattr(exc, "remote_cause", None) or exc.__cause__ or exc
+            if not isinstance(cause, EngineError):  # a failed engine refusing to sleep says nothing new
+                logger.warning("hybridflow: warning: putting the rollout replicas back to sleep after the failed "
+                               "generation failed too: %s: %s", type(exc).__name__, str(exc).splitlines()[0])
+
+    def _diagnosed(self, err: EngineError) -> EngineError:
+        """``err``, or with the fleet's own account when it knows more: a server process that failed (its exit
+        code and the first traceback of its log, where the client only saw a 500 or a closed connection)."""
+        explain = getattr(self.fleet, "explain", None)
+        check = getattr(self.fleet, "check", None)
+        if explain is None and check is None:
+            return err
+        try:
+            found = call_with_timeout(lambda: explain(err) if explain is not None else check(),
+                                      _SLEEP_AFTER_FAILURE_S, name="rollout-health-check")
+        except EngineError as raised:
+            found = raised
+        except Exception:  # noqa: BLE001 - no better account
+            found = None
+        if isinstance(found, EngineError) and str(found) not in str(err):
+            return EngineError(f"{found}\n--- what the trajectories saw ---\n{err}")
+        return err
 
     def shutdown(self) -> None:
         if self.backend != "local":

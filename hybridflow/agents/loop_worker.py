@@ -10,8 +10,8 @@ A trajectory whose loop raises is not lost and does not stop the batch: it becom
 trajectory (score 0 from the reward, ``response_mask`` 0) counted in ``agent/error_count``, with the first
 traceback printed once and every traceback kept in the row's ``agent_error`` column (the trainer stops a
 step where more than ``trainer.tolerated_failure_fraction`` of the trajectories failed, and names the first).
-Only a replica failure (:class:`ReplicaError`: a rollout process died) stops the run at once, since every
-later request would fail too.
+Only an engine failure (:class:`~hybridflow.rollout.base.EngineError`: a forward raised, non-finite logits, a
+stalled or dead replica) stops the run at once, since every later request would fail too.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from hybridflow.agents.postprocess import outputs_to_batch
 from hybridflow.agents.tool_session import load_tools
 from hybridflow.agents.trajectory_images import row_images
 from hybridflow.protocol import DataProto
-from hybridflow.rollout.service.replica import ReplicaError, RolloutReplica
+from hybridflow.rollout.base import EngineError
+from hybridflow.rollout.service.replica import RolloutReplica
 from hybridflow.rollout.service.server_manager import AsyncLLMServerManager
 
 __all__ = ["AgentLoopWorker", "sampling_dict", "TRAJECTORY_KEYS"]
@@ -132,7 +133,7 @@ class AgentLoopWorker:
             if not isinstance(output, AgentLoopOutput):
                 raise TypeError(f"agent loop {agent_name!r} returned {type(output).__name__}, not AgentLoopOutput")
             failed = 0.0
-        except ReplicaError:
+        except EngineError:  # the engine itself failed: the batch (and the run) cannot go on
             raise
         except Exception as exc:  # noqa: BLE001 - one trajectory's failure must not cost the batch
             self._report(agent_name, request_id, exc)

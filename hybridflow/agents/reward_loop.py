@@ -30,7 +30,8 @@ PER_SAMPLE_MANAGERS = ("naive", "dapo", "prime")
 def reward_loop_applies(config) -> bool:
     """Whether agent loops score their own trajectories in this run (see the module docstring)."""
     rm = config.reward_model
-    return bool(rm.use_reward_loop) and not bool(rm.enable) and rm.reward_manager in PER_SAMPLE_MANAGERS
+    return (bool(rm.use_reward_loop) and not bool(rm.enable) and getattr(rm, "reward_loop_source", "register") == "register"
+            and rm.reward_manager in PER_SAMPLE_MANAGERS)
 
 
 class TrajectoryScorer:

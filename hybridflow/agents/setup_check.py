@@ -71,5 +71,5 @@ def check_agent_names(dataset) -> None:
 def _check(load, key: str) -> None:
     try:
         load()
-    except (OSError, ImportError, ValueError, TypeError, KeyError) as e:
+    except (OSError, ImportError, ValueError, TypeError, KeyError, AttributeError) as e:  # load_object's errors too
         raise AgentConfigError(f"{key}: {e}") from None

@@ -27,9 +27,17 @@ commands:
   merge CKPT_DIR TARGET_DIR
                      export a checkpoint (LoRA merged) to a Hugging Face folder
   data NAME ...      write verl-format parquet for a dataset (gsm8k [--tool], math, countdown, synthetic tasks)
-  sandbox serve [--host H --port P --workers N]
-                     serve the SandboxFusion API (/run_code) on the local code sandbox
+  sandbox serve [--host H --port P --token T --workers N]
+                     serve the SandboxFusion API (/run_code) on the local code sandbox (loopback, token)
+  sandbox check      which isolation modes work here, and which one code rewards will use
 """
+
+
+def entry() -> None:
+    """The ``hybridflow`` console script: :func:`main`, then a quick exit (hybridflow.utils.fast_exit)."""
+    from hybridflow.utils.fast_exit import run_and_exit
+
+    run_and_exit(main)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,15 +177,35 @@ def cmd_data(argv: list[str]) -> int:
 
 def cmd_sandbox(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print("hybridflow sandbox serve [--host 127.0.0.1] [--port 8080] [--workers 4] [--max-timeout 60] "
-              "[--max-memory-mb 4096] [--isolation auto|namespace|audit]")
+        print("hybridflow sandbox serve [--host 127.0.0.1] [--port 8080] [--token T] [--allow-host NAME] "
+              "[--workers 4] [--max-timeout 60] [--max-memory-mb 4096] [--idle-timeout 30] [--max-connections 512] "
+              "[--isolation auto|namespace|bwrap|userns|audit]\nhybridflow sandbox check")
         return 0
+    if argv[0] == "check":
+        return _sandbox_check()
     if argv[0] != "serve":
-        print(f"hybridflow sandbox: unknown sub-command '{argv[0]}'; use 'hybridflow sandbox serve'", file=sys.stderr)
+        print(f"hybridflow sandbox: unknown sub-command '{argv[0]}'; use 'hybridflow sandbox serve' or "
+              "'hybridflow sandbox check'", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    from hybridflow.tools.sandbox_server import main as serve_main
+    from hybridflow.sandbox.http_service import main as serve_main
 
     return serve_main(argv[1:])
+
+
+def _sandbox_check() -> int:
+    from hybridflow.sandbox.limits import SandboxConfig
+    from hybridflow.sandbox.modes import DESCRIPTIONS, OS_MODES, SandboxUnavailable, probe, resolve_isolation
+
+    for mode in OS_MODES:
+        ok, why = probe(mode)
+        print(f"{mode:10s} {'works' if ok else 'no: ' + why}")
+    print(f"{'audit':10s} works, but only when asked for by name ({DESCRIPTIONS['audit']})")
+    try:
+        print(f"isolation=auto uses: {resolve_isolation(SandboxConfig(), quiet=True)}")
+    except SandboxUnavailable as e:
+        print(f"isolation=auto: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

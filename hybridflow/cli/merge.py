@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from hybridflow.trainer.run_checkpoint import MANIFEST_FILE, CheckpointError
+from hybridflow.utils.safe_load import load_torch_file
 
 _SHARD_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 _PEFT_PREFIX = "base_model.model."
@@ -53,7 +54,7 @@ def load_full_state_dict(role_dir: Path) -> dict[str, torch.Tensor]:
     worlds = {w for w, _ in shards.values()}
     if len(worlds) != 1 or sorted(shards) != list(range(next(iter(worlds)))):
         raise CheckpointError(f"{role_dir}: incomplete or mixed shards {sorted(p.name for _, p in shards.values())}")
-    states = [torch.load(shards[r][1], map_location="cpu", weights_only=False) for r in sorted(shards)]
+    states = [load_torch_file(shards[r][1], map_location="cpu") for r in sorted(shards)]
     return {key: _full_tensor([s[key] for s in states]) for key in states[0]}
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["KeyRule", "REFUSED", "INERT", "expand", "default_of", "refusal_errors", "inert_note",
+__all__ = ["ACTS", "KeyRule", "REFUSED", "INERT", "expand", "policy_of", "default_of", "refusal_errors", "inert_note",
            "inert_keys_markdown", "refused_keys_markdown"]
 
 _FSDP = "{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model,reward_model.model}.fsdp_config"
@@ -32,26 +32,108 @@ class KeyRule:
     reason: str
 
 
+_NOT_BUILT = "is not built yet in hybridflow"
+_V1 = ("verl 0.9's V1 trainer (trainer.use_v1, trainer.v1.*: a TransferQueue data plane, trainer_mode sync | "
+       f"colocate_async | separate_async) {_NOT_BUILT}. Drop the key: trainer.use_v1=false (what verl's scripts set) "
+       "runs hybridflow's trainer, synchronous by default; for asynchronous training set async_training.mode="
+       "one_step_off or fully_async with actor_rollout_ref.hybrid_engine=false (docs/async.md)")
+
 REFUSED: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.actor,critic}.checkpoint.async_save",
             "asynchronous checkpoint saving is a Megatron-only feature in verl; hybridflow writes checkpoints "
             "synchronously and atomically"),
+    KeyRule("actor_rollout_ref.actor.checkpoint.strict",
+            "checkpoints always load strictly here (a missing or unexpected tensor is an error): drop the key"),
     KeyRule("actor_rollout_ref.rollout.skip_rollout",
             "verl's rollout dump-and-replay debugging aid (skip_rollout, skip_dump_dir) is not implemented; "
             "trainer.rollout_data_dir writes every step's generations"),
+    KeyRule("skip",
+            "verl 0.9's rollout dump-and-replay debugging aid (skip.rollout / rollout_tq / async_rollout) is not "
+            "implemented; drop the key (trainer.rollout_data_dir writes every step's generations)"),
     KeyRule("actor_rollout_ref.rollout.trace.backend",
             "rollout tracing to Weave or MLflow is not implemented; trainer.rollout_data_dir and "
             "trainer.validation_data_dir write every trajectory, and the run report shows samples"),
     KeyRule("actor_rollout_ref.rollout.over_sample_rate",
-            "cutting the slowest tail of a generation (over-sampling) is not implemented; every trajectory of a step "
-            "runs to its end (use the fully async mode with partial rollouts for long-tail lengths)"),
+            "cutting the slowest tail of a generation (over-sampling) is not implemented: every trajectory of a step "
+            "runs to its end. Drop the key (to keep long trajectories from stalling steps, use async_training.mode="
+            "fully_async with actor_rollout_ref.hybrid_engine=false and rollout.name=hf: partial rollouts continue "
+            "them across weight syncs)"),
     KeyRule("data.return_raw_chat",
             "the rollout renders prompts from the chat messages, so hybridflow always keeps them (verl's async "
             "rollout needs return_raw_chat=true as well)"),
+    KeyRule("trainer.use_v1", _V1),
+    KeyRule("trainer.v1", _V1),
+    KeyRule("transfer_queue",
+            "verl 0.9's TransferQueue data plane (the V1 trainer's) is not used: hybridflow's controller moves "
+            "batches as DataProto through its worker groups. Drop the key"),
+    KeyRule("model_engine",
+            "hybridflow trains with FSDP2, which is verl's dp engine; Megatron, TorchTitan, VeOmni and Automodel "
+            "engines are not available. Use model_engine=dp (or drop the key) with *.fsdp_config.* and the batch "
+            "sizes"),
+    KeyRule("actor_rollout_ref.actor.use_prefix_grouper",
+            "shared-prefix grouping of a prompt's samples in the forward pass is not implemented: each sample is "
+            "computed whole (the same numbers, more compute). Drop the key"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref}.router_replay",
+            "MoE router replay (recording the rollout's expert choices for the update) is not implemented; drop the "
+            "key"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.actor.fsdp_config,actor_rollout_ref.ref.fsdp_config,"
+            "critic.model.fsdp_config}.qat",
+            "quantization-aware training (fake-quantized weights in the forward) is not implemented; drop the key"),
+    KeyRule("{actor_rollout_ref.model,critic.model}.tiled_mlp",
+            "tiled MLP (computing the MLP in sequence chunks to save activation memory) is not implemented: lower "
+            "*.ppo_max_token_len_per_gpu (use_dynamic_bsz=true) or enable_gradient_checkpointing instead"),
+    KeyRule("{actor_rollout_ref.model,critic.model}.mtp",
+            "multi-token prediction (MTP layers, speculative decoding in the rollout) is not implemented; drop the "
+            "key"),
+    KeyRule("{actor_rollout_ref.model,critic.model}.lora.{type,rank,alpha,dropout,target_modules,exclude_modules,"
+            "dropout_position,lora_A_init_method,lora_B_init_method,a2a_experimental,dtype,adapter_path,"
+            "freeze_vision_model,freeze_vision_projection,freeze_language_model}",
+            "the model.lora node configures Megatron's LoRA; with FSDP set actor_rollout_ref.model.lora_rank, "
+            "lora_alpha, target_modules, exclude_modules and lora_adapter_path instead"),
+    KeyRule("critic.model.lora_adapter_path",
+            "loading a LoRA adapter into the critic is not supported (the critic's LoRA starts from "
+            "critic.model.lora_rank); drop the key"),
+    KeyRule("critic.model.exclude_modules",
+            "the critic's LoRA wraps critic.model.target_modules; excluding modules is supported for the actor "
+            "(actor_rollout_ref.model.exclude_modules) only"),
+    KeyRule("actor_rollout_ref.rollout.{nnodes,n_gpus_per_node}",
+            "verl 0.9 sizes its separate rollout pool here; hybridflow sizes it with rollout.nnodes and "
+            "rollout.n_gpus_per_node (the top-level rollout node) with actor_rollout_ref.hybrid_engine=false: set "
+            "those instead"),
+    KeyRule("actor_rollout_ref.rollout.full_determinism",
+            "batch-invariant deterministic generation (vLLM's batch-invariant mode) is not implemented; drop the key "
+            "(trainer.seed and rollout.seed make hf-engine runs on CPU repeatable)"),
+    KeyRule("actor_rollout_ref.rollout.logprobs_mode",
+            "the rollout reports log-probs of the sampling distribution (after temperature, top-k, top-p: verl's "
+            "processed_logprobs); other modes are not implemented. Drop the key"),
+    KeyRule("actor_rollout_ref.rollout.scheduling_policy",
+            "the request scheduling policy is the engine's own (first come, first served); for vLLM pass it as "
+            "actor_rollout_ref.rollout.engine_kwargs.vllm.scheduling_policy"),
+    KeyRule("actor_rollout_ref.rollout.quantization_config_file",
+            "a quantization config file for the rollout engine is not supported; set "
+            "actor_rollout_ref.rollout.quantization (vLLM's method name) instead"),
+    KeyRule("actor_rollout_ref.rollout.prometheus",
+            "exporting the rollout servers' metrics to Prometheus is not implemented; the run's metrics go to "
+            "trainer.logger"),
+    KeyRule("actor_rollout_ref.rollout.disaggregation",
+            "prefill/decode disaggregation of the rollout engine is not implemented; drop the key"),
+    KeyRule("actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module",
+            "checkpoint-engine backends of your own are not supported; "
+            "actor_rollout_ref.rollout.checkpoint_engine.backend is naive, gloo or nccl"),
+    KeyRule("actor_rollout_ref.rollout.multi_turn.function_tool_path",
+            "function tools are listed in the tool YAML here: put `- class_name: your_module.your_function` (a "
+            "function decorated with @function_tool) in actor_rollout_ref.rollout.multi_turn.tool_config_path"),
+    KeyRule("data.audio_key", "audio inputs are not supported (text, images and videos are)"),
+    KeyRule("data.mm_processor_kwargs",
+            "extra keyword arguments for the multimodal processor are not supported: the processor runs with the "
+            "settings saved in the model folder (edit its preprocessor_config.json)"),
+    KeyRule("algorithm.filter_groups.max_inflight_gen_batches",
+            "DAPO dynamic sampling generates its rounds one at a time here; drop the key"),
 )
 
 INERT: tuple[KeyRule, ...] = (
-    KeyRule("actor_rollout_ref.rollout.trace.{token2text,max_samples_per_step_per_worker}",
+    KeyRule("actor_rollout_ref.rollout.trace.{token2text,max_samples_per_step_per_worker,project_name,"
+            "experiment_name}",
             "options of verl's rollout tracing, which is refused (rollout.trace.backend)"),
     KeyRule("{data,actor_rollout_ref.model,critic.model,reward_model.model}.use_shm",
             "copies files fetched from HDFS into /dev/shm; hybridflow reads local folders and hub names in place"),
@@ -64,15 +146,32 @@ INERT: tuple[KeyRule, ...] = (
     KeyRule("global_profiler", "verl's nsys / NPU / torch profiler hooks: profile with torch.profiler or py-spy"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,actor_rollout_ref.rollout,critic,reward_model}.profiler",
             "per-role profiler hooks (see global_profiler)"),
-    KeyRule("actor_rollout_ref.model.use_liger",
+    KeyRule("{actor_rollout_ref.model,critic.model}.use_liger",
             "Liger GPU kernels (not shipped); they compute the same numbers as the plain modules"),
-    KeyRule("{actor_rollout_ref.model,actor_rollout_ref.actor,reward_model.model}.use_fused_kernels",
+    KeyRule("{actor_rollout_ref.model,actor_rollout_ref.actor,reward_model.model,critic.model}.use_fused_kernels",
             "verl's fused Triton / NPU log-prob kernels (not shipped); hybridflow's chunked kernel, compiled under "
             "use_torch_compile, computes the same numbers"),
-    KeyRule("actor_rollout_ref.model.fused_kernel_options.impl_backend",
+    KeyRule("{actor_rollout_ref.model,critic.model}.fused_kernel_options.impl_backend",
             "backend of verl's fused kernels (see use_fused_kernels)"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref}.entropy_from_logits_with_chunking",
             "the entropy is always computed 2048 rows at a time here: the same numbers with bounded memory"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref}.entropy_from_logits_chunk_size",
+            "the entropy is always computed 2048 rows at a time here: the same numbers with bounded memory"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model}.fsdp_config.{entropy_from_logits_with_chunking,"
+            "entropy_from_logits_chunk_size}",
+            "verl 0.9's engine copy of <role>.entropy_from_logits_*; the entropy is computed 2048 rows at a time here"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref}.pad_to_length",
+            "padding every micro-batch to a fixed length (verl's NPU / compile aid); micro-batches here are padded to "
+            "their longest row"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model}.fsdp_config.{pad_to_length,"
+            "pad_to_length_bucket}",
+            "verl 0.9's fixed-length padding of micro-batches (see <role>.pad_to_length)"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model}.fsdp_config.{use_torch_compile,strategy,"
+            "forward_only}",
+            "verl 0.9's engine copies of role settings: <role>.use_torch_compile and <role>.strategy are the keys read, "
+            "and whether a model trains follows from its role"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model}.fsdp_config.turbo_config",
+            "options of verl's Turbo FSDP engine; FSDP2 here shards every decoder layer over all training devices"),
     KeyRule(f"{_FSDP}.wrap_policy.min_num_params",
             "FSDP1's size-based auto-wrap; FSDP2 shards per decoder layer (verl's FSDP2 path ignores it too)"),
     KeyRule(f"{_FSDP}.use_orig_params", "an FSDP1 flag; FSDP2 always keeps the original parameters (as DTensors)"),
@@ -88,10 +187,53 @@ INERT: tuple[KeyRule, ...] = (
     KeyRule("data.filter_overlong_prompts_workers",
             "process count of verl's datasets-based length filter; hybridflow's filter tokenises each prompt once in "
             "the driver and reuses the ids for the items"),
+    KeyRule("data.image_patch_size",
+            "the vision patch size comes from the model's processor (preprocessor_config.json)"),
+    KeyRule("data.function_tool_path", "verl's copy of actor_rollout_ref.rollout.multi_turn.function_tool_path"),
     KeyRule("{actor_rollout_ref.actor,critic}.optim.total_training_steps",
             "filled by the trainer from trainer.total_training_steps or the epochs (verl overwrites it too)"),
     KeyRule("trainer.use_legacy_worker_impl", "hybridflow has one worker implementation"),
     KeyRule("actor_rollout_ref.rollout.skip_dump_dir", "only read with rollout.skip_rollout, which is refused"),
+    KeyRule("actor_rollout_ref.actor.policy_loss.dro_beta",
+            "read by verl's dro policy loss only, which hybridflow does not register (loss_mode=dro is refused)"),
+    KeyRule("actor_rollout_ref.rollout.moe_load_balance_metrics_interval",
+            "MoE expert-load metrics of the rollout engine are not computed"),
+    KeyRule("{actor_rollout_ref.model,critic.model}.lora.merge",
+            "how LoRA weights reach the rollout (merged into the base weights, or as adapters): the hf engine runs "
+            "the actor's adapters in place and vLLM receives the adapters, which gives the same numbers as merging"),
+    KeyRule("actor_rollout_ref.rollout.engine_kwargs.trtllm",
+            "engine arguments of TensorRT-LLM, which has no adapter here (rollout.name=trtllm is refused)"),
+    KeyRule("actor_rollout_ref.rollout.{mtp,qat}",
+            "verl 0.9's rollout copies of model.mtp and actor.fsdp_config.qat, which are refused when switched on"),
+    KeyRule("critic.model.{hf_config_path,custom_chat_template}",
+            "the critic reads its config from critic.model.path and renders no chat (it scores the actor's tokens)"),
+)
+
+
+# Keys verl 0.9 added (beside its early-2026 tree) that act here, and where; with REFUSED, INERT and the aliases of
+# ``loader.PATH_ALIASES`` they account for every key of verl 0.9's _generated_ppo_trainer.yaml
+# (tests/config/test_verl09.py keeps it so).
+ACTS: tuple[KeyRule, ...] = (
+    KeyRule("{actor_rollout_ref.actor,critic}.optim.zero_indexed_step",
+            "the cosine schedule counts optimizer steps from 0, or from 1 when false (engine/optim.py)"),
+    KeyRule("critic.loss_scale_factor",
+            "the constant of the critic's seq-mean-token-sum-norm value loss (follows the actor's, as in verl)"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref}.rollout_n",
+            "verl's copies of actor_rollout_ref.rollout.n; a different value is refused (config/checks/normalise.py)"),
+    KeyRule("ray_kwargs.ray_init.runtime_env.py_executable",
+            "passed to ray.init's runtime_env when set (dropped when null, as verl's scripts write it)"),
+    KeyRule("reward_model.{reward_loop_source,reward_loop_module_path,reward_loop_class_name}",
+            "verl's reward-manager source: a registered name, or a class loaded from a file "
+            "(reward.reward_manager.{source,module.path,module.name} in verl 0.9)"),
+    KeyRule("trainer.import_modules", "user modules imported in every process of the run before names are checked"),
+    KeyRule("distillation",
+            "on-policy distillation: teachers as worker groups of their own score the student's samples, the actor "
+            "adds the per-token reverse KL as a reward or a loss (trainer/teachers.py; config/checks/recipes.py)"),
+    KeyRule("reward_model.rollout",
+            "a generative reward model (judge) served on the rollout service behind the judge router; reward "
+            "functions ask it (trainer/judge_service.py, rewards/judge.py; config/checks/judge.py)"),
+    KeyRule("reward_model.{enable_resource_pool,n_gpus_per_node,nnodes}",
+            "the reward model (or judge) on a resource pool of its own, sized n_gpus_per_node x nnodes"),
 )
 
 
@@ -125,14 +267,55 @@ def default_of(key: str) -> Any:
     return _get(_defaults(), key)
 
 
+_ABSENT = object()
+
+
+def _leaf_items(value: Any, key: str) -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        return [item for k, v in value.items() for item in _leaf_items(v, f"{key}.{k}")]
+    return [(key, value)]
+
+
+def _default_or_absent(key: str) -> Any:
+    try:
+        return default_of(key)
+    except (KeyError, AttributeError, TypeError):
+        return _ABSENT
+
+
+def changed_keys(cfg: Any, key: str) -> list[tuple[str, Any]]:
+    """``(leaf key, value)`` of every leaf under ``key`` (or ``key`` itself) whose value differs from the defaults
+    file -- not counting leaves that still follow their default interpolation (``${...}``: they changed because
+    another key did)."""
+    untouched = getattr(cfg, "__dict__", {}).get("_untouched_interpolations", frozenset())
+    value = _get(cfg, key)
+    default = _default_or_absent(key)
+    if isinstance(value, dict) or isinstance(default, dict):
+        value_leaves = dict(_leaf_items(value if isinstance(value, dict) else {}, key)) if value else {}
+        default_leaves = dict(_leaf_items(default, key)) if isinstance(default, dict) else {}
+        if not value and default_leaves and not isinstance(value, dict):
+            return [(key, value)]
+        return [(k, v) for k, v in value_leaves.items() if k not in untouched
+                and default_leaves.get(k, _ABSENT) != v and not (v == {} and k not in default_leaves)]
+    if key in untouched or value == default:
+        return []
+    return [(key, value)]
+
+
 def _set_keys(cfg: Any, rules: tuple[KeyRule, ...]) -> list[tuple[str, Any, KeyRule]]:
-    return [(key, _get(cfg, key), rule) for rule in rules for key in expand(rule.key)
-            if _get(cfg, key) != default_of(key)]
+    return [(leaf, value, rule) for rule in rules for key in expand(rule.key)
+            for leaf, value in changed_keys(cfg, key)]
 
 
 def refusal_errors(cfg: Any) -> list[str]:
-    """One error per refused key set to a value other than the one hybridflow supports (its default)."""
-    return [f"{key}={value!r} is not supported: {rule.reason}" for key, value, rule in _set_keys(cfg, REFUSED)]
+    """One error per refused rule set to a value other than the one hybridflow supports (its default), naming the
+    keys set."""
+    by_rule: dict[int, list[str]] = {}
+    for key, value, rule in _set_keys(cfg, REFUSED):
+        by_rule.setdefault(id(rule), []).append(f"{key}={value!r}")
+    rules = {id(r): r for r in REFUSED}
+    return [f"{', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''} is not supported: {rules[i].reason}"
+            for i, keys in by_rule.items()]
 
 
 def inert_note(cfg: Any) -> str | None:
@@ -156,6 +339,22 @@ def refused_keys_markdown() -> str:
     rows = ["| key | accepted value | why other values are refused |", "|---|---|---|"]
     for rule in REFUSED:
         keys = expand(rule.key)
-        rows.append(f"| {', '.join(f'`{k}`' for k in keys)} | `{default_of(keys[0])!r}` | {rule.reason} |")
+        default = default_of(keys[0])
+        accepted = "its defaults (the node unchanged)" if isinstance(default, dict) else f"`{default!r}`"
+        rows.append(f"| {', '.join(f'`{k}`' for k in keys)} | {accepted} | {rule.reason} |")
     return "\n".join(rows)
 
+
+
+def policy_of(key: str) -> str | None:
+    """``alias`` (verl 0.9's spelling of a key read here), ``refused``, ``inert`` or ``acts`` (a key verl 0.9 added
+    that acts here); ``None`` for the keys of the early-2026 tree, which act unless listed."""
+    from hybridflow.config.aliases import canonical_key
+
+    if canonical_key(key) != key:
+        return "alias"
+    for kind, rules in (("refused", REFUSED), ("inert", INERT), ("acts", ACTS)):
+        for rule in rules:
+            if any(key == k or key.startswith(k + ".") for k in expand(rule.key)):
+                return kind
+    return None

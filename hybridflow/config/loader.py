@@ -13,11 +13,13 @@ import dataclasses
 import os
 import types
 import typing
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from hybridflow.config.aliases import KEY_ALIASES, PATH_ALIASES, canonical_key  # noqa: F401 - re-exported
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.schema import PPOConfig
 from hybridflow.utils.registry import closest
@@ -72,14 +74,22 @@ def load_config(
     """Compose, resolve and type-check the trainer config. Raises ``ConfigError`` with every problem."""
     from hybridflow.config.validate import validate_config
 
-    raw = compose_raw(overrides or [], config_path, config_name)
+    raw, untouched = compose_with_provenance(overrides or [], config_path, config_name)
     cfg = build_dataclass(PPOConfig, OmegaConf.to_container(raw, resolve=True), "")
+    cfg.__dict__["_untouched_interpolations"] = untouched  # key_policy: a key following its default expression
     validate_config(cfg)
     return cfg
 
 
 def compose_raw(overrides: list[str], config_path: str | None = None, config_name: str | None = None) -> DictConfig:
     """Hydra compose with our defaults on the search path; returns the resolved DictConfig."""
+    return compose_with_provenance(overrides, config_path, config_name)[0]
+
+
+def compose_with_provenance(overrides: list[str], config_path: str | None = None,
+                            config_name: str | None = None) -> tuple[DictConfig, frozenset[str]]:
+    """:func:`compose_raw`, plus the keys that still hold their default interpolation (``${...}`` as in the
+    defaults file): they follow another key, so a changed value there does not mean the user set them."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -105,6 +115,7 @@ def compose_raw(overrides: list[str], config_path: str | None = None, config_nam
     if not (cfg_dir / f"{name.removesuffix('.yaml')}.yaml").exists():
         raise ConfigError([f"--config-name '{name}': no file {name.removesuffix('.yaml')}.yaml in {cfg_dir}"])
 
+    _refuse_engine_nodes(overrides)
     overrides = _apply_aliases(list(overrides))
     overrides = _check_override_keys(overrides, cfg_dir, name)
     # verl scripts write '+key=v' for keys that may or may not exist; Hydra rejects '+' on an existing
@@ -121,56 +132,129 @@ def compose_raw(overrides: list[str], config_path: str | None = None, config_nam
         GlobalHydra.instance().clear()
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # drop the 'hydra' node
     cfg.pop("hydra", None)
+    _migrate_alias_nodes(cfg)
+    untouched = _untouched_interpolations(cfg)
     try:
         OmegaConf.resolve(cfg)
     except Exception as e:  # interpolation to a missing key, etc.
         raise ConfigError([f"could not resolve the config: {_first_line(e)}"]) from None
-    return cfg
+    return cfg, untouched
 
 
-# Old verl spellings still found in published launch scripts -> the current spelling. The key is the
-# trailing part of an override path (a leaf name, or a dotted tail when the rename moved the key to
-# another node); the value replaces that tail.
-KEY_ALIASES = {
-    "use_rmpad": "use_remove_padding",
-    # verl's first profiler options sat on each role and on the trainer; they moved under <role>.profiler
-    # and global_profiler (all accepted, and ignored, here).
-    "profile_ranks": "profiler.ranks",
-    "profile_ranks_all": "profiler.all_ranks",
-    "profile_discrete": "profiler.discrete",
-    "trainer.profile_steps": "global_profiler.steps",
-    # the sandbox URL became a node of its own (url, max_concurrent, memory_limit_mb)
-    "reward_model.sandbox_fusion_url": "reward_model.sandbox_fusion.url",
-    # the OTB example script spells the switch with "compute"; verl's actor config calls it "calculate"
-    "actor.compute_sum_pi_squared": "actor.calculate_sum_pi_squared",
-}
+def _parsed_value(value: str) -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-
-def canonical_key(key: str) -> str:
-    """The current spelling of an override key (``key`` itself when it is not an old spelling)."""
-    parts = key.split(".")
-    for old, new in KEY_ALIASES.items():
-        old_parts = old.split(".")
-        if parts[-len(old_parts):] == old_parts:
-            return ".".join(parts[:-len(old_parts)] + new.split("."))
-    return key
+    try:
+        return OverridesParser.create().parse_overrides([f"k={value}"])[0].value()
+    except Exception:  # noqa: BLE001 - compare the text when Hydra cannot read it (it reports that later)
+        return value
 
 
 def _apply_aliases(overrides: list[str]) -> list[str]:
+    """Rewrite old and verl 0.9 spellings to the key read here; two spellings of one key with different values are
+    an error naming both (the same value twice is fine)."""
     import warnings
 
     from hybridflow.config.validate import ConfigWarning
 
-    out = []
+    out, given, conflicts = [], {}, []
     for ov in overrides:
         key, sep, value = ov.partition("=")
-        prefix = key[:len(key) - len(key.lstrip("+"))]
-        new_key = canonical_key(key.lstrip("+"))
-        if sep and new_key != key.lstrip("+"):
-            warnings.warn(f"{key.lstrip('+')} is an old spelling; using {new_key}", ConfigWarning, stacklevel=3)
+        prefix = key[:len(key) - len(key.lstrip("+~"))]
+        bare = key.lstrip("+~")
+        new_key = canonical_key(bare)
+        if sep and new_key != bare:
+            if not any(bare == old or bare.startswith(old + ".") for old in PATH_ALIASES):
+                warnings.warn(f"{bare} is an old spelling; using {new_key}", ConfigWarning, stacklevel=3)
             ov = f"{prefix}{new_key}={value}"
+        if sep:
+            earlier = given.get(new_key)
+            if earlier is not None and earlier[0] != bare and _parsed_value(earlier[1]) != _parsed_value(value):
+                conflicts.append(f"{earlier[0]}={earlier[1]} and {bare}={value} set the same setting ({new_key}) to "
+                                 f"different values; keep one of the two")
+            given[new_key] = (bare, value)
         out.append(ov)
+    if conflicts:
+        raise ConfigError(conflicts)
     return out
+
+
+# Nodes of verl engines hybridflow does not have: refused as a whole, with the engine it does have.
+_FOREIGN_ENGINES = {
+    "veomni": "VeOmni",
+    "torchtitan": "TorchTitan",
+    "automodel": "NeMo Automodel",
+}
+
+
+def _refuse_engine_nodes(overrides: list[str]) -> None:
+    found: dict[str, list[str]] = {}
+    for ov in overrides:
+        parts = ov.partition("=")[0].lstrip("+~").split(".")
+        for node, engine in _FOREIGN_ENGINES.items():
+            if node in parts[:-1]:
+                found.setdefault(engine, []).append(".".join(parts))
+    if found:
+        raise ConfigError([f"{', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}: these configure verl's {engine} "
+                           "training engine, which hybridflow does not have: it trains with FSDP2 (verl's "
+                           "model_engine=dp). Drop them and size the run with *.fsdp_config.* and the batch sizes"
+                           for engine, keys in found.items()])
+
+
+def _leaves(node: Any, prefix: str) -> list[tuple[str, Any]]:
+    if isinstance(node, dict) and node:
+        return [leaf for k, v in node.items() for leaf in _leaves(v, f"{prefix}.{k}")]
+    return [(prefix, node)]
+
+
+def _migrate_alias_nodes(cfg: DictConfig) -> None:
+    """A config file that uses verl 0.9's nodes (``reward:``, top-level ``sandbox_fusion:``, ``critic.fsdp:``): each
+    value that is set (not null) lands on the key read here; a conflicting value already there is an error."""
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    defaults = _defaults_raw()
+    errors = []
+    for old in ("reward", "sandbox_fusion", "critic.fsdp"):
+        node = OmegaConf.select(cfg, old, default=None)
+        if node is None:
+            continue
+        for path, value in _leaves(OmegaConf.to_container(node, resolve=False), old):
+            if value is None or value == {}:
+                continue
+            target = canonical_key(path)
+            current = _select(raw, target)
+            if current is not _MISSING and current != value and current != _select(defaults, target):
+                errors.append(f"{path}={value!r} and {target}={current!r} set the same setting to different values; "
+                              "keep one of the two")
+                continue
+            OmegaConf.update(cfg, target, value, force_add=True)
+        parent, _, leaf = old.rpartition(".")
+        (OmegaConf.select(cfg, parent) if parent else cfg).pop(leaf)
+    if errors:
+        raise ConfigError(errors)
+
+
+_MISSING = object()
+
+
+def _select(tree: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return _MISSING
+        tree = tree[part]
+    return tree
+
+
+@lru_cache(maxsize=1)
+def _defaults_raw() -> dict:
+    return OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / f"{DEFAULT_CONFIG_NAME}.yaml"), resolve=False)
+
+
+def _untouched_interpolations(cfg: DictConfig) -> frozenset[str]:
+    """Keys whose value is still the interpolation the defaults file gives them."""
+    defaults = dict(_leaves(_defaults_raw(), ""))
+    current = dict(_leaves(OmegaConf.to_container(cfg, resolve=False), ""))
+    return frozenset(k[1:] for k, v in current.items()
+                     if isinstance(v, str) and "${" in v and defaults.get(k) == v)
 
 
 def _first_line(e: Exception) -> str:
@@ -296,11 +380,12 @@ def build_dataclass(cls: type, data: Any, path: str) -> Any:
                 msg += f"; valid keys under '{where}': {', '.join(sorted(fields))}"
             errors.append(msg)
     kwargs = {}
-    for name in fields:
+    for name, f in fields.items():
         full = f"{path}.{name}" if path else name
         if name not in data:
-            errors.append(f"missing config key '{full}' (the defaults file and schema disagree)")
-            continue
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                errors.append(f"missing config key '{full}' (the defaults file and schema disagree)")
+            continue  # a field with a default (a key verl gives some nodes only) takes it
         try:
             kwargs[name] = _coerce(hints[name], data[name], full)
         except ConfigError as e:

@@ -4,7 +4,7 @@ distillation (verl 0.9's ``distillation.*``) and the generative reward model's l
 The fields live here, as mixins of the node classes in ``schema.py`` (``ActorConfig(ActorRecipeKeys, ...)``), so
 the recipe keys are declared in one place.  Their defaults are in ``ppo_trainer.yaml`` beside verl's;
 ``trainer.recipe`` (set by the recipes' entry points, ``python -m hybridflow.recipe.<name>.main_<name>``) selects
-which controller variant reads them, and ``validate_recipes.py`` refuses a recipe key set for a run whose recipe
+which controller variant reads them, and ``config/checks/recipes.py`` refuses a recipe key set for a run whose recipe
 does not read it.
 """
 

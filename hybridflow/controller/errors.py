@@ -18,9 +18,13 @@ class WorkerError(ControllerError):
 
     ``remote_traceback`` is the worker-side traceback text; on the local backend ``__cause__`` is the
     original exception (use ``pdb.post_mortem(err.__cause__.__traceback__)`` to land in the worker frame).
+    ``remote_cause`` is the exception object the worker raised, when Ray could bring it back (else None):
+    callers that treat some error types specially look at it.
     """
 
-    def __init__(self, role: str, worker_class: str, method: str, rank: int, remote_traceback: str):
+    def __init__(self, role: str, worker_class: str, method: str, rank: int, remote_traceback: str,
+                 remote_cause: BaseException | None = None):
+        self.remote_cause = remote_cause
         self.role = role
         self.worker_class = worker_class
         self.method = method

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from typing import Any, Iterable
 
 from hybridflow.controller.decorator import DispatchPlan
@@ -38,6 +39,17 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         self.actor_options.update(options)
 
 
+def _placement(pgs: list, local_ranks) -> list[tuple[str, str]]:
+    """(node id, node IP) of every rank: the node Ray placed its placement-group bundle on."""
+    import ray
+    from ray.util import placement_group_table
+
+    ips = {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes()}
+    tables = [placement_group_table(pg).get("bundles_to_node_id", {}) for pg in pgs]
+    nodes = [tables[node].get(local_rank, "?") for node, local_rank, _ in local_ranks]
+    return [(node, ips.get(node, "?")) for node in nodes]
+
+
 def _to_error(exc: BaseException, info: CallInfo, rank: int) -> Exception:
     from ray import exceptions as rex
 
@@ -46,7 +58,8 @@ def _to_error(exc: BaseException, info: CallInfo, rank: int) -> Exception:
             return WorkerError(info.role, info.worker_class, "__init__", rank, _traceback_of(exc))
         return WorkerDiedError(info.role, info.worker_class, info.method, rank, _traceback_of(exc))
     if isinstance(exc, rex.RayTaskError):
-        return WorkerError(info.role, info.worker_class, info.method, rank, _traceback_of(exc))
+        return WorkerError(info.role, info.worker_class, info.method, rank, _traceback_of(exc),
+                           remote_cause=getattr(exc, "cause", None))
     if isinstance(exc, rex.RayError):
         return WorkerDiedError(info.role, info.worker_class, info.method, rank, f"{type(exc).__name__}: {exc}")
     return WorkerError(info.role, info.worker_class, info.method, rank, f"{type(exc).__name__}: {exc}")
@@ -108,6 +121,7 @@ class RayWorkerGroup(WorkerGroup):
         self.resource_pool = resource_pool
         self.poll_interval_s = float(poll_interval_s)
         self._workers: list = []
+        self.placement: list[tuple[str, str]] = []  # (node id, node IP) of every rank, once started
         self._tenant = self.role  # the pool booking; views of a colocated group share it
         resource_pool.acquire(self._tenant)
         try:
@@ -176,6 +190,10 @@ class RayWorkerGroup(WorkerGroup):
         addr_port = wait_for_outputs([self._workers[0]._get_master_addr_port.remote()], init, self.poll_interval_s)[0]
         refs = [w._set_master_addr_port.remote(*addr_port) for w in self._workers[1:]]
         wait_for_outputs(refs, init, self.poll_interval_s)
+        self.placement = _placement(pgs, pool.local_ranks())
+        if len({node for node, _ in self.placement}) > 1:  # a multi-node group says where its ranks run
+            where = ", ".join(f"rank {r} on node {node[:8]} ({ip})" for r, (node, ip) in enumerate(self.placement))
+            print(f"hybridflow: {self.role} ranks: {where}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ backend interface
     def _execute(self, method: str, ranks: Iterable[int], plan: DispatchPlan) -> list:

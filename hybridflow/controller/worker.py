@@ -13,12 +13,12 @@ created first to choose the rendezvous port that the other ranks are then given.
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 
 import torch
 
 from hybridflow.utils.quiet import quiet_libraries
+from hybridflow.utils.rendezvous_bind import free_port, pin_gloo_to_loopback, rendezvous_host, tcp_store
 
 __all__ = ["Worker", "ENV_DEVICE", "ENV_NUM_THREADS", "ENV_ROLE", "find_free_port", "node_ip_address"]
 
@@ -28,21 +28,13 @@ ENV_ROLE = "HYBRIDFLOW_ROLE"  # worker-group name, for logs
 
 
 def find_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+    return free_port(rendezvous_host())
 
 
 def node_ip_address() -> str:
-    """This node's address as Ray sees it (so other nodes can reach rank 0), else loopback."""
-    import sys
-
-    if "ray" in sys.modules:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    return "127.0.0.1"
+    """Where rank 0's rendezvous listens: the loopback on one machine, this node's IP in a multi-node Ray cluster
+    (``hybridflow.utils.rendezvous_bind``)."""
+    return rendezvous_host()
 
 
 def _env_int(name: str, default: int) -> int:
@@ -158,13 +150,12 @@ class Worker:
         else:
             backend = "gloo"
         addr, port = self._get_master_addr_port()
-        dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{addr}:{port}",
-            rank=self._rank,
-            world_size=self._world_size,
-            timeout=timedelta(seconds=timeout_s),
-        )
+        pin_gloo_to_loopback(addr)
+        timeout = timedelta(seconds=timeout_s)
+        # rank 0's store listens on the rendezvous address only (torch's own would listen on every interface)
+        store = tcp_store(addr, int(port), self._world_size, self._rank == 0, timeout)
+        dist.init_process_group(backend=backend, store=store, rank=self._rank, world_size=self._world_size,
+                                timeout=timeout)
 
     def get_device_mesh(self, mesh_dim_names: tuple[str, ...], mesh_shape: tuple[int, ...]):
         """A ``DeviceMesh`` over this group, e.g. ``get_device_mesh(("dp", "sp"), (2, 1))``.

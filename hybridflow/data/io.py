@@ -45,6 +45,24 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     return _read_hub(path)
 
 
+def count_rows(path: str) -> int | None:
+    """Rows of one data file without building the dataset (a parquet file's metadata; json is parsed), ``None`` for
+    a hub dataset (known once it downloads). Raises :class:`DataFileError` as :func:`read_rows` does."""
+    full = os.path.expanduser(path)
+    suffix = os.path.splitext(full)[1].lower()
+    if not (os.path.exists(full) or suffix in _LOCAL_SUFFIXES):
+        return None
+    if os.path.isfile(full) and suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return int(pq.ParquetFile(full).metadata.num_rows)
+        except Exception as exc:  # pyarrow raises several types for corrupt / non-parquet files
+            raise DataFileError(f"cannot read parquet file '{path}': {type(exc).__name__}: {exc}. The file is corrupt "
+                                "or not parquet; re-run the preprocessing (e.g. `hybridflow data gsm8k`)") from exc
+    return len(read_rows(path))
+
+
 def _read_parquet(path: str) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 

@@ -35,7 +35,41 @@ def check_chat_messages(prompt: Any, where: str, prompt_key: str) -> list[dict[s
             f'[{{"role": "user", "content": "..."}}], got {shown}. Wrap plain text as '
             f'[{{"role": "user", "content": text}}] when preprocessing.'
         )
+    for i, message in enumerate(prompt):
+        _check_content(message["content"], f"{where}: column '{prompt_key}', message {i} ({message['role']})")
     return prompt
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataFileError(
+            f"{where}: the text has a lone surrogate {text[e.start]!r} at character {e.start} (not valid Unicode: "
+            "often a JSON '\\ud83d' escape cut from its pair); fix or drop the row when preprocessing") from None
+
+
+def _check_content(content: Any, where: str) -> None:
+    """A message's content: text (valid Unicode), a list of content parts (VLM), or None (a tool call)."""
+    if hasattr(content, "tolist") and not isinstance(content, (str, bytes)):
+        content = content.tolist()
+    if content is None:
+        return
+    if isinstance(content, str):
+        _check_text(content, where)
+        return
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            text = part.get("text") if isinstance(part, dict) else part if isinstance(part, str) else None
+            if isinstance(part, dict) and "text" in part and not isinstance(text, str) and text is not None:
+                raise DataFileError(f"{where}, part {j}: 'text' is {type(text).__name__}, expected a string")
+            if isinstance(text, str):
+                _check_text(text, f"{where}, part {j}")
+        return
+    shown = repr(content)[:60]
+    raise DataFileError(
+        f"{where}: content is {type(content).__name__} ({shown}), not text. Decode it when preprocessing "
+        "(e.g. content.decode('utf-8')); it would otherwise be trained on as its Python repr")
 
 
 def truncate(ids: list[int], max_len: int, mode: str, where: str) -> list[int]:

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from hybridflow.engine.fsdp import unwrap_peft
 from hybridflow.engine.train_engine import TrainEngine
+from hybridflow.utils.safe_load import load_torch_file
 
 __all__ = ["save_engine_checkpoint", "load_engine_checkpoint", "export_hf_model", "rng_state", "set_rng_state"]
 
@@ -126,7 +127,7 @@ def load_engine_checkpoint(
         )
     with engine.on_device(with_optimizer=True):
         if "model" in contents:
-            state = torch.load(files["model"], map_location=engine.device, weights_only=False)
+            state = load_torch_file(files["model"], map_location=engine.device)
             if engine.is_sharded:
                 from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
@@ -134,7 +135,7 @@ def load_engine_checkpoint(
             else:
                 engine.module.load_state_dict(state)
         if "optimizer" in contents and engine.optimizer is not None:
-            state = torch.load(files["optim"], map_location=engine.device, weights_only=False)
+            state = load_torch_file(files["optim"], map_location=engine.device)
             if engine.is_sharded:
                 from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
@@ -142,7 +143,7 @@ def load_engine_checkpoint(
             else:
                 engine.optimizer.load_state_dict(state)
         if "extra" in contents:
-            extra = torch.load(files["extra_state"], weights_only=False)
+            extra = load_torch_file(files["extra_state"])
             if engine.lr_scheduler is not None and extra["lr_scheduler"] is not None:
                 engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
             set_rng_state(extra["rng"])

@@ -12,7 +12,8 @@
   valid token (the RM worker does that, see ``workers/reward_model.py``).
 
 Dtype defaults to fp32 (the master weights FSDP keeps; the GPU computes in bf16 through FSDP's
-mixed-precision policy), the attention kernel is chosen by ``engine/device.py``.
+mixed-precision policy), the attention kernel is chosen by ``engine/device.py`` (``eager`` for a class without an
+sdpa path, e.g. Gemma-2, whose attention logit soft-capping sdpa cannot apply).
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from typing import Any, Iterable
 import torch
 
 from hybridflow.engine import device as dev
-from hybridflow.engine.transformers_adapter import causal_lm_model_types
+from hybridflow.engine.transformers_adapter import causal_lm_model_types, loadable_attention
 from hybridflow.engine.vision import check_supported_vlm, is_vision_language_config, vision_linear_names
 
 __all__ = [
     "ModelLoadError",
+    "check_weight_files",
     "load_tokenizer",
     "load_hf_config",
     "load_causal_lm",
@@ -44,6 +46,32 @@ __all__ = [
 
 class ModelLoadError(ValueError):
     """A model or tokenizer could not be loaded; the message names the config field to fix."""
+
+
+# A tokenizer folder holds at least one of these (fast tokenizers, BPE, WordPiece, SentencePiece, tiktoken).
+_VOCAB_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt", "spiece.model",
+                "sentencepiece.bpe.model", "qwen.tiktoken", "tokenizer.tiktoken", "vocab.model")
+
+
+def check_weight_files(path: str, field: str) -> None:
+    """Open the header of every ``*.safetensors`` file of a local model folder: a truncated or corrupt file is
+    named here, not as a bare deserialisation error from deep inside ``from_pretrained``."""
+    src = os.path.expanduser(path)
+    if not os.path.isdir(src):
+        return
+    from safetensors import safe_open
+
+    for name in sorted(os.listdir(src)):
+        if not name.endswith(".safetensors"):
+            continue
+        file = os.path.join(src, name)
+        try:
+            with safe_open(file, framework="pt") as f:
+                f.keys()
+        except Exception as e:  # SafetensorError has no importable base class across versions
+            raise ModelLoadError(
+                f"weight file {file} ({os.path.getsize(file)} bytes) of {field} is corrupt or truncated ({e}); "
+                "re-download or re-export the model") from None
 
 
 def _resolve_path(path: str, field: str) -> str:
@@ -76,6 +104,12 @@ def load_tokenizer(
             f"cannot load a tokenizer from {field}={path!r}: {e}. Point it at a folder holding "
             "tokenizer.json/tokenizer_config.json or at a hub id reachable from this machine."
         ) from e
+    if len(tok) <= 1 or (os.path.isdir(src) and not any(os.path.exists(os.path.join(src, f)) for f in _VOCAB_FILES)):
+        found = sorted(os.listdir(src)) if os.path.isdir(src) else []
+        raise ModelLoadError(
+            f"{field}={path!r} has no tokenizer: none of {', '.join(_VOCAB_FILES[:4])}... is there (found: "
+            f"{', '.join(found[:12]) or 'nothing'}), and without one every prompt would be empty. Copy the "
+            "tokenizer files of the base model into that folder, or set actor_rollout_ref.model.tokenizer_path")
     if custom_chat_template:
         tok.chat_template = custom_chat_template
     if require_chat_template and not getattr(tok, "chat_template", None):
@@ -116,6 +150,7 @@ def check_causal_lm(path: str, trust_remote_code: bool = False, field: str = "ac
         except ValueError as e:
             raise ModelLoadError(str(e)) from None
         return
+    check_weight_files(path, field)
     remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(cfg, "auto_map", None) or {})
     if not remote and cfg.model_type not in causal_lm_model_types():
         raise ModelLoadError(f"{field}={path!r} is a '{cfg.model_type}' model, which has no causal-LM (text "
@@ -124,12 +159,13 @@ def check_causal_lm(path: str, trust_remote_code: bool = False, field: str = "ac
 
 def _from_pretrained(auto_cls, path: str, cfg, dtype, trust_remote_code: bool, field: str, **kwargs):
     src = _resolve_path(path, field)
+    check_weight_files(src, field)
     try:
         return auto_cls.from_pretrained(
             src,
             config=cfg,
             dtype=dtype,
-            attn_implementation=dev.attn_implementation(),
+            attn_implementation=loadable_attention(auto_cls, cfg, dev.attn_implementation()),
             trust_remote_code=trust_remote_code,
             **kwargs,
         )

@@ -27,13 +27,13 @@ _SCHEDULES = ("constant", "cosine")
 def optimizer_class(optim_config: Any, field: str = "actor.optim"):
     """verl's ``optim.optimizer_impl`` (a module) + ``optim.optimizer`` (a class in it), e.g. ``torch.optim`` +
     ``AdamW`` (the default) or ``bitsandbytes.optim`` + ``AdamW8bit``."""
-    import importlib
+    from hybridflow.utils.load_object import LoadObjectError, import_source
 
     impl, name = str(optim_config.optimizer_impl), str(optim_config.optimizer)
     try:
-        module = importlib.import_module(impl)
-    except ImportError as e:
-        raise ValueError(f"{field}.optimizer_impl={impl!r} cannot be imported ({e}); install it or use torch.optim") from None
+        module = import_source(impl, key=f"{field}.optimizer_impl")
+    except LoadObjectError as e:
+        raise ValueError(f"{e}; install it or use torch.optim") from None
     cls = getattr(module, name, None)
     if cls is None and impl == "torch.optim":  # verl configs spell AdamW in any case
         cls = {k.lower(): v for k, v in vars(module).items() if isinstance(v, type)}.get(name.lower())
@@ -103,5 +103,6 @@ def build_lr_scheduler(optimizer, optim_config: Any, total_steps: int | None = N
                 "fills it from trainer.total_training_steps or the dataset size"
             )
         m, c = float(optim_config.min_lr_ratio), float(optim_config.num_cycles)
-        return LambdaLR(optimizer, lambda s: cosine_factor(s, warm, total, m, c))
+        first = 0 if getattr(optim_config, "zero_indexed_step", True) else 1  # verl's optim.zero_indexed_step
+        return LambdaLR(optimizer, lambda s: cosine_factor(s + first, warm, total, m, c))
     return LambdaLR(optimizer, lambda s: constant_factor(s, warm))

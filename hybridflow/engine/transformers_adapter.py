@@ -11,7 +11,8 @@ tests (``tests/engine/test_transformers_adapter.py``) say which assumption no lo
   (extra positional or keyword arguments vary by release: ``cache_kwargs``, ``kwargs=``) and attends over the
   two tensors it returns; a 4-D additive mask given as ``attention_mask`` is used as is;
 * **the cache argument** of ``forward`` -- ``cache`` from 5.24, ``past_key_values`` before
-  (:func:`forward_with_cache` passes the one the model's class takes, so no deprecation warning fires);
+  (:func:`forward_with_cache` passes the one the model's class takes, so no deprecation warning fires; it also
+  turns a MoE config's ``output_router_logits`` off for the call, whose auxiliary loss cannot read a 4-D mask);
 * **the attention implementation** -- ``config._attn_implementation`` of the text config;
 * **the model classes** -- ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` says which ``model_type`` loads as a causal LM;
 * **M-RoPE state** -- Qwen2-VL-family models keep ``rope_deltas`` on their inner model between calls
@@ -23,27 +24,43 @@ tests (``tests/engine/test_transformers_adapter.py``) say which assumption no lo
   ``None`` mask on as is (:func:`wrap_attention_function`, :func:`wrap_mask_function`);
 * **the decoder stack** -- the module that embeds, runs the layers and is called with ``input_ids`` or
   ``inputs_embeds`` and ``position_ids`` as keywords (a VLM's language model after the image features are merged;
-  :func:`decoder_stack`), and the head counts of the text config (:func:`attention_head_counts`).
+  :func:`decoder_stack`), and the head counts of the text config (:func:`attention_head_counts`);
+* **sliding windows** -- which layers attend over a window, and how a model takes per-layer-type masks
+  (:func:`attention_mask_layout`): a model whose config lists ``layer_types`` (Qwen2/Qwen3 with
+  ``use_sliding_window``, Gemma-2) takes ``attention_mask`` as a ``{layer type: 4-D mask}`` dict, as
+  ``generate`` hands it; one without (Mistral, Mixtral, Qwen3-MoE) applies ``config.sliding_window`` to every
+  layer through its single mask.  A 4-D mask is used as given, so the engine must build the windows into it;
+* **sdpa support** -- ``_supports_sdpa`` on the model class the auto class maps a config to (Gemma-2: no, its
+  attention soft-capping needs ``eager``; :func:`loadable_attention`);
+* **MoE routers** -- the modules whose outputs transformers records as ``router_logits``
+  (``_can_record_outputs``) return ``(router_logits, top-k weights, top-k expert ids)``
+  (:func:`router_modules`).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 __all__ = [
+    "AttentionMaskLayout",
     "TransformersAdapterError",
     "attention_head_counts",
     "attention_implementation",
+    "attention_mask_layout",
     "cache_argument",
     "causal_lm_model_types",
     "check_cache_object",
     "decoder_stack",
     "forward_with_cache",
+    "loadable_attention",
     "reset_rope_deltas",
+    "router_modules",
+    "supports_sdpa",
     "text_config",
     "transformers_version",
     "wrap_attention_function",
@@ -86,8 +103,14 @@ def cache_argument(model: nn.Module) -> str:
 
 
 def forward_with_cache(model: nn.Module, cache: Any, **kwargs: Any) -> Any:
-    """``model(**kwargs)`` with ``cache`` passed under the argument name this transformers release uses."""
+    """``model(**kwargs)`` with ``cache`` passed under the argument name this transformers release uses.
+
+    A MoE model whose config switches ``output_router_logits`` on (to train with the router's auxiliary loss)
+    would also compute that loss here, from the caller's 4-D mask, which it cannot read: generation asks for no
+    router logits."""
     kwargs[cache_argument(model)] = cache
+    if getattr(text_config(getattr(model, "config", None)), "output_router_logits", False):
+        kwargs.setdefault("output_router_logits", False)
     return model(**kwargs)
 
 
@@ -187,3 +210,92 @@ def wrap_mask_function(name: str, make_wrapper, tag: str) -> bool:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     return _wrap("mask", ALL_MASK_ATTENTION_FUNCTIONS, name, make_wrapper, tag)
+
+
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+_ALL_LAYERS = "all_layers"
+
+
+@dataclass(frozen=True)
+class AttentionMaskLayout:
+    """How a decoder's layers attend, for a caller that builds its own 4-D masks.
+
+    ``windows``: mask name -> sliding window in tokens (``None``: full causal).  A key may attend to a query
+    ``window`` positions back at most: key position ``k`` is visible from query position ``q`` iff
+    ``k <= q`` and ``q - k < window`` (transformers' ``sliding_window_overlay``).
+    ``keyed``: pass the masks as a ``{name: mask}`` dict (the model routes each layer to its type's mask);
+    else pass the one mask of ``windows`` (its single entry applies to every layer).
+    ``layer_keys``: the mask name of every layer, in order.
+    ``unsupported``: why these layers cannot be served with additive masks (then the other fields are moot).
+    """
+
+    windows: dict[str, int | None]
+    keyed: bool
+    layer_keys: tuple[str, ...]
+    unsupported: str | None = None
+
+    @property
+    def has_windows(self) -> bool:
+        return any(w is not None for w in self.windows.values())
+
+
+def attention_mask_layout(config: Any) -> AttentionMaskLayout:
+    """The sliding windows of ``config``'s decoder layers and how its forward takes per-layer masks."""
+    cfg = text_config(config)
+    layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types:
+        kinds = tuple(str(t) for t in layer_types)
+        odd = sorted(set(kinds) - {FULL_ATTENTION, SLIDING_ATTENTION})
+        if odd:
+            return AttentionMaskLayout({}, False, kinds, f"layer types {odd} (only {FULL_ATTENTION} and "
+                                                         f"{SLIDING_ATTENTION} layers take additive masks)")
+        if SLIDING_ATTENTION in kinds and not window:
+            return AttentionMaskLayout({}, False, kinds, "sliding_attention layers without a sliding_window size")
+        windows = {k: (int(window) if k == SLIDING_ATTENTION else None) for k in dict.fromkeys(kinds)}
+        return AttentionMaskLayout(windows, SLIDING_ATTENTION in windows, kinds)
+    if window is not None:  # Mistral / Mixtral / Qwen3-MoE: one mask function, the window on every layer
+        return AttentionMaskLayout({_ALL_LAYERS: int(window)}, False, (_ALL_LAYERS,) * layers)
+    return AttentionMaskLayout({_ALL_LAYERS: None}, False, (_ALL_LAYERS,) * layers)
+
+
+def supports_sdpa(model_or_class: Any) -> bool:
+    """Whether transformers runs this model class with ``attn_implementation="sdpa"`` (``from_pretrained``
+    refuses sdpa for a class that declares ``_supports_sdpa = False``, e.g. Gemma-2)."""
+    cls = model_or_class if isinstance(model_or_class, type) else type(_base_model(model_or_class))
+    return bool(getattr(cls, "_supports_sdpa", True))
+
+
+def loadable_attention(auto_cls: type, config: Any, wanted: str) -> str:
+    """The attention implementation to load ``config`` with through ``auto_cls`` (an ``AutoModelFor...``):
+    ``wanted``, except ``eager`` where ``wanted`` is ``sdpa`` and the class the auto class picks has no sdpa
+    path (Gemma-2's attention soft-capping).  A class the auto mapping does not know (remote code) keeps
+    ``wanted``: ``from_pretrained`` then says what it supports."""
+    if wanted != "sdpa":
+        return wanted
+    from transformers.models.auto.auto_factory import _get_model_class
+
+    try:
+        cls = _get_model_class(config, auto_cls._model_mapping)
+    except (KeyError, AttributeError, TypeError, ValueError):
+        return wanted
+    return wanted if supports_sdpa(cls) else "eager"
+
+
+def router_modules(model: nn.Module) -> list[nn.Module]:
+    """The MoE router (gate) modules of ``model``, in layer order: the class transformers records
+    ``router_logits`` from (``_can_record_outputs``).  Each returns ``(router_logits (N, E), top-k weights
+    (N, k), top-k expert ids (N, k))`` for the N tokens of a forward.  Empty for a dense model."""
+    base = _base_model(model)
+    router_cls = None
+    for module in base.modules():
+        spec = (getattr(type(module), "_can_record_outputs", None) or {}).get("router_logits")
+        target = getattr(spec, "target_class", None)
+        if isinstance(target, type):
+            router_cls = target
+            break
+    if router_cls is None:
+        return []
+    return [m for m in base.modules() if isinstance(m, router_cls)]

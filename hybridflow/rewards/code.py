@@ -10,8 +10,13 @@ all-or-nothing. Ground truth is JSON (a string, as stored in verl parquet files,
 * ``{"assert": "assert f(1) == 2\\nassert f(2) == 3"}`` (a string or a list of strings) - every top-level
   ``assert`` is one test case; other statements (imports, helpers) run before each of them.
 
-Every case is a separate sandbox run, so a crash, hang or ``sys.exit(0)`` affects only that case and the
-program cannot see or tamper with other cases' expectations. As verl's ``compute_score(..., continuous=True)``,
+Every case is a separate sandbox run, so a crash or hang affects only that case and the program cannot see or
+tamper with other cases' expectations. The verdict never comes from the program's exit code alone:
+stdin/stdout and ``fn_name`` cases compare the output on the host with expected values the program never
+sees; ``assert`` cases run under :mod:`hybridflow.rewards.code_harness`, which runs the asserts in a process
+the program cannot reach and prints a random per-run nonce after each assert that ran to its end, checked
+here. ``exit()``, ``sys.exit(0)``, ``os._exit(0)``, ``atexit``/``sys.excepthook`` exits and objects whose
+``__eq__`` always answers True therefore score 0. As verl's ``compute_score(..., continuous=True)``,
 the score is the pass fraction of the first :data:`MAX_SCORED_CASES` (10) cases (problems with hundreds of
 cases cost ten runs), and a completion without a ```python (or untagged) fence is the program itself -- the
 text before its first fence, if it has fences of another language -- except on a SandboxFusion service,
@@ -26,15 +31,23 @@ import ast
 import json
 import math
 import re
+import secrets
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
-from hybridflow.tools.sandbox_fusion_client import run_code_remote
+from hybridflow.sandbox import SandboxConfig, SandboxResult, run_python
+from hybridflow.sandbox.fusion_client import run_code_remote
 
 Runner = Callable[[str, str], SandboxResult]
+HARNESS_SOURCE = (Path(__file__).parent / "code_harness.py").read_text(encoding="utf-8")
+HARNESS_FAILURE = "hybridflow-harness-error:"
+
+
+class CodeHarnessError(RuntimeError):
+    """The test harness could not run (e.g. the sandbox refused its second process): not the program's fault."""
 
 MAX_SCORED_CASES = 10  # verl's continuous code score looks at the first 10 test cases
 
@@ -59,6 +72,8 @@ class _Case:
     expected_stdout: str | None = None
     expected_return: object = None
     compare_return: bool = False
+    prelude: str = ""
+    assertion: str | None = None  # an assert case: runs under the harness
 
 
 @dataclass
@@ -120,7 +135,7 @@ def _assert_cases(source) -> list[_Case]:
     if not asserts:
         raise ValueError("code ground_truth 'assert' contains no assert statement")
     prelude = "\n".join(setup)
-    return [_Case(code_suffix=f"\n\n{prelude}\n{a}\n") for a in asserts]
+    return [_Case(prelude=prelude, assertion=a) for a in asserts]
 
 
 def _tokens_equal(a: str, b: str) -> bool:
@@ -157,7 +172,18 @@ def _return_matches(stdout: str, expected) -> bool:
     return value == expected or (isinstance(expected, list) and len(expected) == 1 and value == expected[0])
 
 
-def _case_passed(case: _Case, result: SandboxResult) -> bool:
+def _harness_passed(result: SandboxResult, nonce: str) -> bool:
+    """An assert case passed when the harness printed this run's nonce after the assert (the exit code does
+    not count: the program may have exited 0 on purpose)."""
+    lines = result.stdout.splitlines()
+    if any(line.startswith(HARNESS_FAILURE) for line in lines):
+        raise CodeHarnessError(next(line for line in lines if line.startswith(HARNESS_FAILURE)))
+    return f"{nonce} 0 pass" in lines
+
+
+def _case_passed(case: _Case, result: SandboxResult, nonce: str) -> bool:
+    if case.assertion is not None:
+        return _harness_passed(result, nonce)
     if result.status != "pass":
         return False
     if case.compare_return:
@@ -192,15 +218,24 @@ def evaluate_code(code: str, ground_truth, timeout_s: float = 5.0, memory_mb: in
         cases = cases[:max_cases]
     if runner is None:
         config = sandbox_config or SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb)
-        runner = lambda program, stdin: run_python(program, stdin=stdin, config=config)  # noqa: E731
 
-    def run(case: _Case) -> SandboxResult:
-        return runner(code + case.code_suffix, case.stdin)
+        def runner(program: str, stdin: str) -> SandboxResult:  # the harness forks once (matters in audit mode)
+            return run_python(program, stdin=stdin, config=config, allow_forks=int(program is HARNESS_SOURCE))
+
+    nonces = [secrets.token_hex(16) for _ in cases]
+
+    def run(job: tuple[_Case, str]) -> SandboxResult:
+        case, nonce = job
+        if case.assertion is None:
+            return runner(code + case.code_suffix, case.stdin)
+        return runner(HARNESS_SOURCE, json.dumps({"nonce": nonce, "code": code, "prelude": case.prelude,
+                                                  "asserts": [case.assertion]}))
 
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(cases)))) as pool:
-        results = list(pool.map(run, cases))
-    return CodeEvalResult(passed=[_case_passed(c, r) for c, r in zip(cases, results)],
-                          statuses=[r.status for r in results])
+        results = list(pool.map(run, zip(cases, nonces)))
+    passed = [_case_passed(c, r, n) for c, r, n in zip(cases, results, nonces)]
+    statuses = [r.status if r.status != "pass" or ok else "fail" for r, ok in zip(results, passed)]
+    return CodeEvalResult(passed=passed, statuses=statuses)
 
 
 def compute_score(solution_str: str, ground_truth, extra_info: dict | None = None, *, timeout_s: float = 5.0,
@@ -232,5 +267,6 @@ def compute_score(solution_str: str, ground_truth, extra_info: dict | None = Non
     return evaluate_code(code, gt, timeout_s=timeout_s, memory_mb=memory_mb, max_workers=max_workers,
                          sandbox_config=sandbox_config, runner=runner, max_cases=MAX_SCORED_CASES).score
 
-__all__ = ["MAX_SCORED_CASES", "compute_score", "evaluate_code", "extract_code", "remote_runner", "stdout_matches",
-           "CodeEvalResult"]
+
+__all__ = ["MAX_SCORED_CASES", "CodeEvalResult", "CodeHarnessError", "compute_score", "evaluate_code", "extract_code",
+           "remote_runner", "stdout_matches"]

@@ -9,11 +9,7 @@ with a message naming the config field, not later inside a worker.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib.util
 import inspect
-import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,37 +19,21 @@ class RewardFunctionError(ValueError):
 
 
 def load_custom_reward_fn(path: str, name: str = "compute_score") -> Callable[..., Any]:
-    """Import ``path`` as a module and return its attribute ``name`` (verl's ``compute_score`` signature)."""
+    """Function ``name`` of ``path`` (a ``.py`` file or a dotted module; verl's ``compute_score`` signature)."""
+    from hybridflow.utils.load_object import LoadObjectError, load_object
+
     if not path:
         raise RewardFunctionError("custom_reward_function.path is empty; set it to a .py file or leave it null")
-    full = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isfile(full):
-        raise RewardFunctionError(
-            f"custom_reward_function.path='{path}' does not exist (resolved to {full}); "
-            "fix the path or set custom_reward_function.path=null to use the built-in scorers"
-        )
-    module_name = "hybridflow_custom_reward_" + hashlib.sha1(full.encode()).hexdigest()[:12]
-    module = sys.modules.get(module_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, full)
-        if spec is None or spec.loader is None:
-            raise RewardFunctionError(f"custom_reward_function.path='{path}' is not an importable Python file")
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            raise RewardFunctionError(
-                f"importing custom_reward_function.path='{path}' failed: {type(exc).__name__}: {exc}"
-            ) from exc
-        sys.modules[module_name] = module
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        defined = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and not k.startswith("_"))
-        raise RewardFunctionError(
-            f"custom_reward_function.name='{name}' is not a function in '{path}'. Functions defined there: "
-            f"{', '.join(defined) or '(none)'}; set custom_reward_function.name to one of them."
-        )
-    return fn
+    try:
+        return load_object(path, name=name or "compute_score", key="custom_reward_function.path",
+                           kind="reward function", expect=_must_be_callable)
+    except LoadObjectError as e:
+        raise RewardFunctionError(f"{e} (custom_reward_function.name={name!r}; with path=null the built-in scorers "
+                                  "are used)") from e
+
+
+def _must_be_callable(obj: Any) -> str | None:
+    return None if callable(obj) else f"is a {type(obj).__name__}, not a function"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ def sandbox_fusion_kwargs(rm, custom: bool) -> dict[str, Any]:
     sf = rm.sandbox_fusion
     if not sf.url:
         return {}
-    from hybridflow.tools.sandbox_fusion_client import ConcurrencyLimit, run_code_url
+    from hybridflow.sandbox.fusion_client import ConcurrencyLimit, run_code_url
 
     if custom:
         raise ValueError("reward_model.sandbox_fusion.url is used by the built-in code scorers only (as in verl), and "
@@ -41,6 +41,46 @@ def sandbox_fusion_kwargs(rm, custom: bool) -> dict[str, Any]:
             "concurrent_semaphore": ConcurrencyLimit(sf.max_concurrent // processes)}
 
 
+def reward_manager_class(rm) -> type[RewardManager]:
+    """The class of ``reward_model.reward_manager`` (a registered name), or with verl's
+    ``reward.reward_manager.source=importlib`` the class ``module.name`` of the file/module ``module.path``."""
+    if getattr(rm, "reward_loop_source", "register") == "importlib":
+        from hybridflow.utils.load_object import load_object
+
+        return load_object(str(rm.reward_loop_module_path or ""), name=rm.reward_loop_class_name,
+                           key="reward.reward_manager.module.path", kind="reward manager class", expect=RewardManager)
+    if rm.reward_manager not in REWARD_MANAGERS:
+        raise ValueError(f"reward_model.reward_manager: {REWARD_MANAGERS.unknown_message(rm.reward_manager)}")
+    return REWARD_MANAGERS.get(rm.reward_manager)
+
+
+def _manager_parts(config, reward_kwargs: dict[str, Any]):
+    """(manager class, scoring function spec, keywords every scorer call gets, the manager's own keywords)."""
+    rm = config.reward_model
+    name = rm.reward_manager
+    cls = reward_manager_class(rm)
+    kwargs = {**dict(rm.reward_kwargs or {}), **reward_kwargs}
+    ctor = {k: kwargs.pop(k) for k in _DAPO_CTOR_KEYS if k in kwargs}
+    if ctor and name != "dapo":
+        raise ValueError(f"reward_model.reward_kwargs {sorted(ctor)} only apply to reward_manager=dapo, not '{name}'")
+    crf = config.custom_reward_function
+    spec = ScoreFnSpec(path=crf.path, name=crf.name) if crf.path else ScoreFnSpec()
+    kwargs.update(sandbox_fusion_kwargs(rm, custom=bool(crf.path)))
+    return cls, spec, kwargs, ctor
+
+
+def check_reward_function(config) -> None:
+    """Refuse, before anything loads, a reward function that cannot take the call its manager will make
+    (``RewardFunctionError`` naming the file, the function, its signature and the signature to write)."""
+    cls, spec, kwargs, _ = _manager_parts(config, {})
+    keywords = cls.keywords_for(kwargs)
+    if config.uses_judge:  # a judge's client / router address / tokenizer, offered to the functions that take them
+        from hybridflow.rewards.judge import JUDGE_KWARGS
+
+        keywords = [*keywords, *(k for k in JUDGE_KWARGS if spec.accepts(k))]
+    spec.check_call(keywords, cls.expected_signature)
+
+
 def load_reward_manager(config, tokenizer, num_examine: int = 0, judge_kwargs: dict[str, Any] | None = None,
                         **reward_kwargs: Any) -> RewardManager:
     """Reward manager named by ``config.reward_model.reward_manager``.
@@ -52,19 +92,9 @@ def load_reward_manager(config, tokenizer, num_examine: int = 0, judge_kwargs: d
     the same way); all other kwargs are forwarded to every ``compute_score`` call.  ``judge_kwargs`` (a run with
     a judge, ``rewards/judge.py``) are offered to the function and passed where it takes them.
     """
+    cls, spec, kwargs, ctor = _manager_parts(config, reward_kwargs)
     rm = config.reward_model
-    name = rm.reward_manager
-    if name not in REWARD_MANAGERS:
-        raise ValueError(f"reward_model.reward_manager: {REWARD_MANAGERS.unknown_message(name)}")
-    kwargs = {**dict(rm.reward_kwargs or {}), **reward_kwargs}
-    ctor = {k: kwargs.pop(k) for k in _DAPO_CTOR_KEYS if k in kwargs}
-    if ctor and name != "dapo":
-        raise ValueError(f"reward_model.reward_kwargs {sorted(ctor)} only apply to reward_manager=dapo, not '{name}'")
-    crf = config.custom_reward_function
-    spec = ScoreFnSpec(path=crf.path, name=crf.name) if crf.path else ScoreFnSpec()
     scoring = ScoringConfig(num_workers=rm.num_workers, timeout_s=rm.timeout_s, error_score=rm.error_score)
-    kwargs.update(sandbox_fusion_kwargs(rm, custom=bool(crf.path)))
-    cls = REWARD_MANAGERS.get(name)
     if judge_kwargs and not any(spec.accepts(k) for k in judge_kwargs):
         raise ValueError(f"reward_model.rollout.name={config.reward_model.rollout.name} serves a judge, but the reward "
                          f"function {spec.describe()} takes none of {', '.join(judge_kwargs)}: add `judge` (a client: "

@@ -81,7 +81,11 @@ class RewardManager:
 
     def call_keywords(self) -> list[str]:
         """The keywords every scorer call passes (``_per_sample``): verl's four plus ``reward_kwargs``."""
-        return ["data_source", "solution_str", "ground_truth", "extra_info", *self.reward_kwargs]
+        return self.keywords_for(self.reward_kwargs)
+
+    @classmethod
+    def keywords_for(cls, reward_kwargs) -> list[str]:
+        return ["data_source", "solution_str", "ground_truth", "extra_info", *reward_kwargs]
 
     def close(self) -> None:
         """Stop the scoring worker processes (they are also stopped when the manager is collected)."""
@@ -226,8 +230,9 @@ class BatchRewardManager(RewardManager):
 
     expected_signature = "(data_sources, solution_strs, ground_truths, extra_infos, **kwargs)"
 
-    def call_keywords(self) -> list[str]:
-        return ["data_sources", "solution_strs", "ground_truths", "extra_infos", *self.reward_kwargs]
+    @classmethod
+    def keywords_for(cls, reward_kwargs) -> list[str]:
+        return ["data_sources", "solution_strs", "ground_truths", "extra_infos", *reward_kwargs]
 
     def score_batch(self, decoded):
         task = dict(data_sources=decoded.data_sources, solution_strs=decoded.solution_strs,

@@ -7,6 +7,10 @@ one broken sample is visible in metrics without stopping training.  Each sample'
 (:attr:`ErrorTracker.sample_errors`: ``None`` or the reason; the full traceback for the first error of a call,
 its last line for the others) so the trainer can stop a step where too many samples could not be scored and
 say why (``hybridflow.trainer.step_failures``).
+
+A finite score beyond ``+-REWARD_LIMIT`` (1e6) is clipped to it and counted in ``reward/clipped_count`` (the
+first one is logged): larger values overflow float32 in the advantage computation (a reward of 1e300 used to
+crash the run), and no useful reward scale needs them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 from hybridflow.rewards.pool import ERROR, OK, TIMEOUT, TaskResult
 
 logger = logging.getLogger(__name__)
+REWARD_LIMIT = 1e6
 
 
 @dataclass
@@ -68,6 +73,8 @@ class ErrorTracker:
     total_errors: int = 0
     total_timeouts: int = 0
     sample_errors: list = field(default_factory=list)  # this call, one entry per resolved sample: None or why
+    step_clipped: int = 0
+    logged_clip: bool = False
 
     def reset_step(self) -> None:
         self.step_errors = 0
@@ -75,12 +82,13 @@ class ErrorTracker:
         self.step_judge_timeouts = 0
         self.step_judge_unparsable = 0
         self.sample_errors = []
+        self.step_clipped = 0
 
     def resolve(self, result: TaskResult, where: str) -> tuple[float, dict[str, Any]]:
         """Score + extra for ``result``; errors become ``error_score`` and are counted."""
         if result.status == OK:
             try:
-                score, extra = as_score(result.value)
+                score, extra = self._clip(*as_score(result.value), where)
             except (TypeError, ValueError) as exc:
                 self._record(ERROR, f"{type(exc).__name__}: {exc}", where)
                 return self.error_score, {}
@@ -88,6 +96,17 @@ class ErrorTracker:
             return score, extra
         self._record(result.status, result.error or result.status, where)
         return self.error_score, {}
+
+    def _clip(self, score: float, extra: dict[str, Any], where: str) -> tuple[float, dict[str, Any]]:
+        if abs(score) <= REWARD_LIMIT:
+            return score, extra
+        self.step_clipped += 1
+        if not self.logged_clip:
+            self.logged_clip = True
+            logger.warning("reward function returned %g (%s); clipped to %g. Rewards beyond +-%g overflow the "
+                           "advantage computation; rescale the reward. Further ones are counted in "
+                           "reward/clipped_count.", score, where, math.copysign(REWARD_LIMIT, score), REWARD_LIMIT)
+        return math.copysign(REWARD_LIMIT, score), extra
 
     def _record(self, status: str, detail: str, where: str) -> None:
         detail = detail.strip()
@@ -119,6 +138,7 @@ class ErrorTracker:
             "reward/error_count": float(self.step_errors),
             "reward/timeout_count": float(self.step_timeouts),
             "reward/error_rate": (self.step_errors + self.step_timeouts) / max(num_scored, 1),
+            "reward/clipped_count": float(self.step_clipped),
         }
         if self.judge:
             out["reward/judge_timeout_count"] = float(self.step_judge_timeouts)

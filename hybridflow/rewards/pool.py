@@ -7,8 +7,14 @@ interpreter (safe next to Ray, CUDA and OpenMP threads, unlike fork) fed one tas
 supervisor waits with a deadline and kills + replaces a worker that overruns it. Worker start-up (imports,
 loading the user file) is not charged to any task.
 
-``num_workers=0`` scores in the calling process: exceptions are still caught, but a hang cannot be
-interrupted (use it for debugging with breakpoints).
+``num_workers=0`` scores in the calling process, one sample at a time in a daemon thread of its own, with the
+same per-sample timeout: a call that overruns it scores as a timeout (as in a worker) and is left running in
+its thread (a thread cannot be killed; nothing waits for it, so it cannot keep the run alive, but a scorer
+stuck in a CPU loop keeps costing CPU: prefer worker processes for scorers that may hang).  Breakpoints in
+the function still work; raise ``timeout_s`` while you sit in one.
+
+Every wait here gives up the step when a stop was requested and the scorer does not answer within a few
+seconds (:mod:`hybridflow.utils.stopping`), so a signal ends a run even while a scorer is stuck.
 
 An ``async def`` scoring function (one that waits on a judge, an API, a sandbox) is run *concurrently*, as verl's
 reward loop runs it: the batch is split over the workers (or kept in this process with ``num_workers=0``) and each
@@ -20,6 +26,7 @@ unfinished tasks time out.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import os
 import subprocess
@@ -33,8 +40,11 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from hybridflow.rewards.custom_function import ScoreFnSpec, call_score_fn
+from hybridflow.utils.stopping import check_stop, wait_future
+from hybridflow.utils.threads import DaemonExecutor
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
+_STOP_POLL_S = 0.25  # the longest a wait on workers goes without looking at a stop request
 _WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_main.py")
 
 
@@ -123,10 +133,15 @@ class ScoringPool:
         self._fn = spec.resolve()  # fail fast in the parent on a bad path / name
         self.concurrent = inspect.iscoroutinefunction(self._fn)
         self._workers: list[_Worker] = []
+        self._inline: DaemonExecutor | None = None  # num_workers=0: the thread that runs the scorer
+        self.abandoned = 0  # in-process calls left running after their timeout
         self._finalizer = weakref.finalize(self, _shutdown, self._workers)
 
     def close(self) -> None:
         self._finalizer()
+        if self._inline is not None:
+            self._inline.shutdown(wait=False)
+            self._inline = None
 
     def run(self, tasks: list[dict[str, Any]]) -> list[TaskResult]:
         if self.concurrent:
@@ -147,7 +162,8 @@ class ScoringPool:
             watched = [s for s, w in enumerate(self._workers) if s in busy or (pending and not w.ready)]
             deadlines = [busy[s][1] if s in busy else self._workers[s].start_deadline for s in watched]
             readable = wait([self._workers[s].conn for s in watched],
-                            timeout=max(0.0, min(deadlines) - time.monotonic()))
+                            timeout=min(max(0.0, min(deadlines) - time.monotonic()), _STOP_POLL_S))
+            check_stop("the reward function")
             for slot in [s for s in watched if self._workers[s].conn in readable]:
                 if not self._workers[slot].ready:
                     self._workers[slot].handshake()
@@ -210,8 +226,17 @@ class ScoringPool:
         return [r for r in results if r is not None]
 
     def _run_inline(self, kwargs: dict[str, Any]) -> TaskResult:
+        if self._inline is None:
+            self._inline = DaemonExecutor(max_workers=1, name="reward-inline")
+        future = self._inline.submit(call_score_fn, self._fn, kwargs)
         try:
-            return TaskResult(OK, call_score_fn(self._fn, kwargs))
+            return TaskResult(OK, wait_future(future, self.timeout_s, "the reward function"))
+        except concurrent.futures.TimeoutError:
+            self._inline.shutdown(wait=False)  # its thread stays stuck in the call: the next sample gets a new one
+            self._inline = None
+            self.abandoned += 1
+            return TaskResult(TIMEOUT, error=f"scoring exceeded timeout_s={self.timeout_s} (in-process; the call was "
+                                             "left running in its thread)")
         except Exception:
             return TaskResult(ERROR, error=traceback.format_exc())
 

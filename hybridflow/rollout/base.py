@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+import traceback
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
@@ -29,7 +30,32 @@ import torch
 from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.utils.registry import Registry
 
-__all__ = ["TokenOutput", "RolloutEngine", "ROLLOUT_ENGINES", "create_rollout_engine"]
+__all__ = ["TokenOutput", "RolloutEngine", "ROLLOUT_ENGINES", "create_rollout_engine", "EngineError",
+           "engine_failure"]
+
+
+class EngineError(RuntimeError):
+    """An engine failed while serving requests: a forward raised, the model produced non-finite logits, its
+    thread or process died, or it made no progress for ``actor_rollout_ref.rollout.stall_timeout_s``.
+
+    Every request the engine held gets this error, and a training run stops on it (unlike a request the
+    engine refuses on its own, e.g. a prompt over ``max_model_len``, which fails alone).  The message names
+    the engine (or replica), what it was doing and how many requests it held, and carries the original
+    traceback as text, so it survives pickling across processes.
+    """
+
+
+def engine_failure(exc: BaseException, engine: str, doing: str, requests: int,
+                   cls: type[EngineError] = EngineError) -> EngineError:
+    """``exc`` (raised inside an engine while ``doing`` something, with ``requests`` requests in flight or
+    waiting) as the :class:`EngineError` (``cls``) handed to each of those requests; an ``EngineError`` is kept."""
+    if isinstance(exc, EngineError):
+        return exc
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    error = cls(f"rollout engine '{engine}' failed during {doing} with {requests} request(s) in flight: "
+                f"{type(exc).__name__}: {exc}\n--- engine traceback ---\n{text}")
+    error.__cause__ = exc
+    return error
 
 
 @dataclass
@@ -100,6 +126,13 @@ class RolloutEngine(ABC):
     def reseed(self, seed: int) -> None:
         """Restart the sampling random stream (same seed + same requests => same samples)."""
 
+    def progress(self) -> tuple[int, str]:
+        """``(counter, doing)`` for the server's stall watchdog, read from another thread (must not block):
+        ``counter`` grows with every forward / engine step, ``doing`` says what the engine does now
+        (``"prefill"``, ``"decode"``, ...).  Engines without a counter report 0: the watchdog then counts
+        finished requests only."""
+        return 0, "generating"
+
 
 def _per_request(params: SamplingParams | Sequence[SamplingParams], n: int) -> list[SamplingParams]:
     if isinstance(params, SamplingParams):
@@ -147,6 +180,6 @@ ROLLOUT_ENGINES.register(
 )
 
 
-def create_rollout_engine(name: str, **kwargs: Any) -> RolloutEngine:
+def create_rollout_engine(name: str, /, **kwargs: Any) -> RolloutEngine:
     """Build the engine registered as ``name`` (verl's ``rollout.name``) with engine-specific kwargs."""
     return ROLLOUT_ENGINES.get(name)(**kwargs)

@@ -30,10 +30,18 @@ def select_device(device: str) -> None:
     dev.device_type.cache_clear()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _parent_store(timeout_s: float = 600.0):
+    """The rendezvous store of spawned ranks, held by the parent: its socket is bound (port 0, loopback) before
+    any rank starts, so no other process can take the port between choosing it and listening on it."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    port = int(sock.getsockname()[1])
+    return dist.TCPStore("127.0.0.1", port, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
+                         master_listen_fd=sock.detach())
 
 
 def _join_group(timeout_s: float = 600.0) -> None:
@@ -48,11 +56,18 @@ def _join_group(timeout_s: float = 600.0) -> None:
 
 
 def _spawned_rank(rank: int, fn: Callable[[Any], Any], config: Any, world: int, port: int, results) -> None:
+    import torch
     import torch.distributed as dist
+
+    from hybridflow.engine import device as dev
 
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)})
-    _join_group()
+    if dev.is_cuda():
+        torch.cuda.set_device(rank)
+    timeout = timedelta(seconds=600)
+    store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timeout)
+    dist.init_process_group(backend=dev.dist_backend(), store=store, rank=rank, world_size=world, timeout=timeout)
     try:
         out = fn(config)
         if rank == 0:
@@ -96,6 +111,8 @@ def run_ranks(fn: Callable[[Any], Any], config: Any) -> Any:
         return fn(config)
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    mp.start_processes(_spawned_rank, args=(fn, config, world, _free_port(), results), nprocs=world, join=True,
+    store = _parent_store()
+    mp.start_processes(_spawned_rank, args=(fn, config, world, store.port, results), nprocs=world, join=True,
                        start_method="spawn")
+    del store
     return results.get() if not results.empty() else None

@@ -1,4 +1,5 @@
-"""Tools for agent loops (verl's tool API at verl's module paths), their executor, and the code sandbox.
+"""Tools for agent loops (verl's tool API at verl's module paths) and their executor. The code sandbox they use
+lives in :mod:`hybridflow.sandbox` (``run_python``, ``SandboxConfig`` and ``SandboxResult`` are re-exported here).
 
 Importing this package registers the built-in tools: ``code_interpreter`` (``SandboxFusionTool``),
 ``calc_gsm8k_reward`` (``Gsm8kTool``), ``calculator``, ``search`` (``SearchTool``), ``image_zoom_in_tool``
@@ -14,7 +15,7 @@ from hybridflow.tools import function_tool  # the module, callable as the decora
 from hybridflow.tools.function_tool import FunctionTool
 from hybridflow.tools.gsm8k_tool import Gsm8kTool
 from hybridflow.tools.image_zoom_in_tool import ImageZoomInTool
-from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
+from hybridflow.sandbox import SandboxConfig, SandboxResult, run_python
 from hybridflow.tools.sandbox_fusion_tools import CodeInterpreterTool, SandboxFusionTool
 from hybridflow.tools.schemas import OpenAIFunctionCallSchema, OpenAIFunctionToolSchema, ToolResponse
 from hybridflow.tools.search_tool import SearchTool

@@ -51,6 +51,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from hybridflow.tools.base_tool import BaseTool
 from hybridflow.tools.function_tool import as_base_tool
 from hybridflow.tools.schemas import ToolResponse, parse_arguments, validate_arguments
+from hybridflow.utils.stopping import wait_awaitable
 
 logger = logging.getLogger(__name__)
 
@@ -297,7 +298,8 @@ class ToolSession:
                 raise _ToolRaised(e) from e
 
         try:
-            value = await asyncio.wait_for(create_and_execute(), timeout=ex.timeout_s)
+            # a stop request (SIGTERM) gives up the step when the tool stays stuck (hybridflow.utils.stopping)
+            value = await wait_awaitable(create_and_execute(), ex.timeout_s, f"tool {name}")
         except asyncio.TimeoutError:
             return ex._failure(name, "timeout", f"{name} did not answer within {ex.timeout_s:g} s")
         except asyncio.CancelledError:

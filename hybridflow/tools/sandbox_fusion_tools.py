@@ -15,8 +15,8 @@ import threading
 from dataclasses import dataclass
 
 from hybridflow.tools.base_tool import BaseTool, ExecuteResult, error_result, parse_tool_config, register_tool
-from hybridflow.tools.sandbox import SandboxConfig, SandboxResult, run_python
-from hybridflow.tools.sandbox_fusion_client import run_code_remote, run_code_url
+from hybridflow.sandbox import SandboxConfig, SandboxResult, resolve_isolation, run_python
+from hybridflow.sandbox.fusion_client import run_code_remote, run_code_url
 from hybridflow.tools.schemas import ToolResponse
 
 
@@ -98,6 +98,8 @@ class SandboxFusionTool(BaseTool):
                              "the requests of each process")
         self.sandbox_config = SandboxConfig(timeout_s=s.default_timeout, memory_mb=s.memory_limit_mb,
                                             isolation=s.isolation)
+        if not s.sandbox_fusion_url:
+            resolve_isolation(self.sandbox_config)  # says which isolation runs the code; refuses when none works
         self._slots = threading.BoundedSemaphore(min(s.num_workers, s.rate_limit or s.num_workers))
 
     def _run(self, code: str) -> SandboxResult:

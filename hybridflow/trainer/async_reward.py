@@ -11,10 +11,12 @@ scorer reads.  The result is written into the batch with the same code as the sy
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Callable
 
 from hybridflow.protocol import DataProto, TensorBatch
+from hybridflow.utils.stopping import wait_future
+from hybridflow.utils.threads import DaemonExecutor
 
 __all__ = ["AsyncRewardScorer"]
 
@@ -24,7 +26,8 @@ class AsyncRewardScorer:
 
     def __init__(self, reward_fn: Callable[..., Any]):
         self.reward_fn = reward_fn
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridflow-reward")
+        # a daemon thread: a scorer stuck in user code never keeps the process alive
+        self._pool = DaemonExecutor(max_workers=1, name="hybridflow-reward")
 
     def launch(self, batch: DataProto) -> Future:
         view = DataProto(TensorBatch(dict(batch.batch)), dict(batch.non_tensor_batch), dict(batch.meta_info))
@@ -33,7 +36,7 @@ class AsyncRewardScorer:
     @staticmethod
     def collect(pending: Future) -> dict[str, Any]:
         """The reward manager's result dict (re-raises the scorer's exception here, in the trainer's thread)."""
-        return pending.result()
+        return wait_future(pending, None, "the reward function")
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -31,10 +31,49 @@ def load_trainer_config(argv: list[str]):
     return cfg, cl
 
 
+def check_trainer_run(cfg) -> bool:
+    """The check pipeline's run stage (files, device, output folders); prints its problems and returns False."""
+    from hybridflow.config import ConfigError, ConfigWarning
+    from hybridflow.config.checks.run_stage import check_for_run
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConfigWarning)
+            check_for_run(cfg)
+    except ConfigError as e:
+        print(f"hybridflow: {e}", file=sys.stderr)
+        return False
+    for w in caught:
+        if issubclass(w.category, ConfigWarning):
+            print(f"hybridflow: note: {w.message}", file=sys.stderr)
+    return True
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """Exception types that mean "the input is wrong" (their message names the field and the fix).
+
+    The CLI prints these as one line and exits 2 instead of dumping a traceback; anything else is a bug or
+    a runtime fault and keeps its traceback. Imported lazily: each lives beside the code that raises it.
+    """
+    from hybridflow.agents.setup_check import AgentConfigError
+    from hybridflow.config import ConfigError
+    from hybridflow.config.checks.outputs import PreflightError
+    from hybridflow.data.io import DataFileError
+    from hybridflow.data.prompts import PromptTooLongError
+    from hybridflow.engine.model_loader import ModelLoadError
+    from hybridflow.protocol import BatchSizeError
+    from hybridflow.rewards.custom_function import RewardFunctionError
+    from hybridflow.trainer.run_checkpoint import CheckpointError
+    from hybridflow.utils.load_object import LoadObjectError
+
+    return (DataFileError, PromptTooLongError, ModelLoadError, RewardFunctionError, CheckpointError, BatchSizeError,
+            PreflightError, AgentConfigError, ConfigError, LoadObjectError)
+
+
 def describe_batch_sizes(cfg) -> str:
     """One paragraph in plain words: what a step and a mini-batch contain, with the user's numbers."""
     from hybridflow.config import n_devices
-    from hybridflow.config.validate_parallel import data_parallel_size
+    from hybridflow.config.checks.parallel import data_parallel_size
 
     actor = cfg.actor_rollout_ref.actor
     n = cfg.actor_rollout_ref.rollout.n
@@ -76,4 +115,5 @@ def _describe_async(cfg) -> list[str]:
     return lines
 
 
-__all__ = ["EXIT_CONFIG_ERROR", "describe_batch_sizes", "load_trainer_config"]
+__all__ = ["EXIT_CONFIG_ERROR", "check_trainer_run", "describe_batch_sizes", "load_trainer_config",
+           "user_error_types"]

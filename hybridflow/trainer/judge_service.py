@@ -7,8 +7,8 @@ that ask it (``reward_model.rollout.name`` hf | vllm, verl's GenRM / reward loop
   put back to sleep after it, as verl's colocate mode) or on a pool of its own (``enable_resource_pool=true``,
   ``reward_model.nnodes x n_gpus_per_node`` processes, one in this process with ``trainer.backend=local``; always
   awake); ``vllm`` -- vLLM server processes (``VLLMServerFleet`` with the judge's own weights, nothing synced).
-  The engine settings come from ``reward_model.rollout.*`` (``dtype``, ``max_num_seqs``, ``gpu_memory_utilization``,
-  ``enforce_eager``, ``tensor_model_parallel_size``, ``engine_kwargs``, ``seed``).
+  The engine settings come from ``reward_model.rollout.*`` (every key of the actor rollout's that the node
+  shares: ``dtype``, ``max_num_seqs``, ``tensor_model_parallel_size``, ``engine_kwargs``, ``seed``, ...).
 * **Router.**  :class:`~hybridflow.rollout.service.judge_router.JudgeRouter` over those replicas, in this process,
   with the limits of ``reward_model.judge``.
 * **Reward functions.**  The reward managers are built with ``judge``, ``reward_router_address`` and
@@ -20,6 +20,7 @@ that ask it (``reward_model.rollout.name`` hf | vllm, verl's GenRM / reward loop
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 from hybridflow.rollout.service.fleet import RolloutFleet
@@ -29,6 +30,9 @@ __all__ = ["judge_enabled", "judge_worker_config", "JudgeFleet", "JudgeService",
            "JUDGE_ROLE"]
 
 JUDGE_ROLE = "judge"
+# reward_model.rollout keys not copied onto the judge's engine: the engine name, and what the placement decides
+# (free_cache_engine: a colocated judge sleeps outside the reward stage) or the router reads (n, do_sample)
+_NOT_COPIED = ("name", "n", "do_sample", "free_cache_engine", "max_model_len")
 
 
 def judge_enabled(config) -> bool:
@@ -48,11 +52,10 @@ def judge_worker_config(config) -> Any:
     cfg.model.lora_rank = 0
     cfg.actor.fsdp_config.model_dtype = rm.model.fsdp_config.model_dtype
     rc = cfg.rollout
-    for key in ("dtype", "gpu_memory_utilization", "enforce_eager", "tensor_model_parallel_size", "max_num_seqs",
-                "load_format", "prompt_length", "response_length", "temperature", "top_p", "top_k", "seed",
-                "engine_kwargs"):
-        setattr(rc, key, copy.deepcopy(getattr(jr, key)))
-    rc.max_model_len = int(jr.prompt_length) + int(jr.response_length)
+    for f in dataclasses.fields(jr):  # the judge's engine keys are the actor rollout's
+        if f.name not in _NOT_COPIED:
+            setattr(rc, f.name, copy.deepcopy(getattr(jr, f.name)))
+    rc.max_model_len = jr.max_model_len or int(jr.prompt_length) + int(jr.response_length)
     rc.free_cache_engine = not bool(rm.enable_resource_pool)
     return cfg
 
@@ -150,7 +153,8 @@ def start_judge(config, colocated_view: Any, use_gpu: bool, closers: list, pool_
             fleet.sleep()  # awake only for the reward stage
     tokenizer = load_tokenizer(rm.model.path, bool(rm.model.trust_remote_code), require_chat_template=True,
                                field="reward_model.model.path")
-    defaults = {"temperature": float(jr.temperature), "top_p": float(jr.top_p), "top_k": int(jr.top_k)}
+    defaults = {"temperature": float(jr.temperature) if jr.do_sample else 0.0, "top_p": float(jr.top_p),
+                "top_k": int(jr.top_k)}  # do_sample=false: greedy unless a request asks otherwise
     router = JudgeRouter(fleet.replicas, tokenizer, _limits(config), defaults=defaults, host=_router_host(config))
     service = JudgeService(fleet, router, rm.model.path, colocated=colocated_view is not None and jr.name != "vllm",
                            trust_remote_code=bool(rm.model.trust_remote_code))

@@ -57,8 +57,10 @@ def resolve_total_training_steps(config, steps_per_epoch: int) -> int:
     """
     if steps_per_epoch <= 0:
         raise ValueError(
-            f"the training dataloader yields no batch: the dataset is smaller than data.train_batch_size="
-            f"{config.data.train_batch_size} (or data.gen_batch_size); lower the batch size or add data"
+            f"the training dataloader yields no batch: fewer prompts than data.train_batch_size="
+            f"{config.data.train_batch_size} (or data.gen_batch_size) are left after data.filter_overlong_prompts "
+            "dropped the over-long ones (the configuration check counted the files' rows); lower the batch size, "
+            "raise data.max_prompt_length or add data"
         )
     tcfg = config.trainer
     if config.async_training.mode == "fully_async":  # the rollouter's horizon, in trainer steps
@@ -140,7 +142,7 @@ class PPOTrainer:
         self.logger = logger
         self.n_devices = n_devices
         self.dp_size = dp_size
-        self.plan = StepPlan.from_config(config)
+        self.plan = StepPlan.from_config(config)  # the plan the config's check pipeline decided
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl) if self.plan.use_kl_in_reward else None
         self.distillation = None
         if self.plan.distillation:
@@ -500,6 +502,8 @@ class PPOTrainer:
         tcfg = self.config.trainer
         ckpt.clean_stale_temp_dirs(tcfg.default_local_dir)
         folder = ckpt.find_resume_dir(tcfg.default_local_dir, tcfg.resume_mode, tcfg.resume_from_path)
+        ckpt.check_overwrite(tcfg.default_local_dir, folder, saves=tcfg.save_freq > 0,
+                             allowed=tcfg.overwrite_checkpoints)
         if folder is None:
             return False
         manifest = ckpt.read_manifest(folder)

@@ -17,6 +17,15 @@ piece is written into ``global_step_N.tmp-<random>``; only when all of it is on 
 folder renamed to ``global_step_N`` (a rename is atomic on POSIX), and only then is the tracker file replaced
 (write temp file + ``os.replace``).  A folder without the manifest is refused on resume with a clear message.
 
+Completeness record: the manifest lists every file of the step with its size, so a file truncated or removed
+after the save is noticed before loading (:func:`verify_checkpoint`). ``resume_mode=auto`` takes the folder
+the tracker file names when it is complete; when the tracker is missing or names an unusable folder, it takes
+the newest complete one by its own manifest and says so; a newer folder that fails its record is renamed
+``global_step_N.broken-<time>`` (kept, never deleted) with a warning. A run never replaces checkpoints it did
+not resume from: starting fresh, or from an older step, in a folder that holds later ``global_step_N``
+folders is refused unless ``trainer.overwrite_checkpoints=true`` (:func:`check_overwrite`). A save that fails
+(e.g. the disk is full) removes its temp folder, says why, and leaves the previous checkpoint as it was.
+
 Why trainer state includes RNG: resuming must reproduce the uninterrupted run bit for bit (spec S10).  Any
 randomness drawn on the controller (uids are not random-dependent, but sampling in an in-process rollout and
 dataloader shuffles are) must continue from the same point.
@@ -24,18 +33,23 @@ dataloader shuffles are) must continue from the same point.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import re
 import shutil
+import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from hybridflow.utils.safe_load import load_torch_file
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 MANIFEST_FILE = "hybridflow_checkpoint.json"
@@ -47,6 +61,14 @@ _STEP_RE = re.compile(r"^global_step_(\d+)$")
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used (missing, half-written, foreign); the message says what to do."""
+
+
+def _warn(message: str) -> None:
+    print(f"hybridflow: warning: {message}", file=sys.stderr, flush=True)
+
+
+_DISK_FULL_MARKERS = ("no space left", "enospc", "unexpected pos", "file write failed", "errno 28",
+                      "disk quota exceeded")
 
 
 @dataclass
@@ -139,8 +161,20 @@ class CheckpointWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if not self._committed:
-            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        if self._committed:
+            return
+        disk_full = exc is not None and _is_disk_full(exc, self.root)
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        if disk_full:
+            previous = completed_steps(self.root)
+            kept = f"the previous checkpoint {step_dir(self.root, previous[-1])} is kept" if previous else \
+                "there is no earlier checkpoint"
+            raise CheckpointError(
+                f"saving the checkpoint of step {self.global_step} into {self.root} failed: the disk is full "
+                f"({shutil.disk_usage(self.root).free / 2**20:.1f} MiB free now); "
+                f"{kept}. Free space, lower trainer.max_actor_ckpt_to_keep, or point trainer.default_local_dir at "
+                f"a bigger disk ({type(exc).__name__}: {str(exc).splitlines()[-1][:200] if str(exc) else ''})"
+            ) from exc
 
     def save_trainer_state(self, state: TrainerState) -> None:
         torch.save(asdict(state), self.tmp_dir / TRAINER_STATE_FILE)
@@ -160,7 +194,8 @@ class CheckpointWriter:
                 "a worker group did not write its part, so the checkpoint was not committed"
             )
         manifest = {**(metadata or {}), "format": "hybridflow", "version": FORMAT_VERSION,
-                    "global_step": self.global_step, "components": sorted(components)}
+                    "global_step": self.global_step, "components": sorted(components),
+                    "files": _file_sizes(self.tmp_dir)}
         atomic_write_text(self.tmp_dir / MANIFEST_FILE, json.dumps(manifest, indent=2))
         if self.final_dir.exists():  # re-saving the same step (e.g. after a resume): replace it whole
             trash = Path(tempfile.mkdtemp(prefix=f"{self.final_dir.name}.old-", dir=self.root))
@@ -172,6 +207,27 @@ class CheckpointWriter:
         atomic_write_text(self.root / LATEST_FILE, str(self.global_step))
         self._committed = True
         return self.final_dir
+
+
+def _is_disk_full(exc: BaseException, root: Path) -> bool:
+    """An ENOSPC anywhere in the chain, a message torch/Ray write for it, or (almost) no space left."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(m in str(seen).lower() for m in _DISK_FULL_MARKERS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        return shutil.disk_usage(root).free < 2**20
+    except OSError:
+        return False
+
+
+def _file_sizes(folder: Path) -> dict[str, int]:
+    """``{relative path: size}`` of every file under ``folder`` (the manifest's completeness record)."""
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != MANIFEST_FILE}
 
 
 def rotate_checkpoints(root: str | os.PathLike, component: str, keep: int | None) -> list[Path]:
@@ -196,6 +252,8 @@ def rotate_checkpoints(root: str | os.PathLike, component: str, keep: int | None
         else:
             manifest = read_manifest(folder)
             manifest["components"] = [c for c in manifest["components"] if c != component]
+            if "files" in manifest:
+                manifest["files"] = {k: v for k, v in manifest["files"].items() if not k.startswith(component + "/")}
             atomic_write_text(folder / MANIFEST_FILE, json.dumps(manifest, indent=2))
             shutil.rmtree(folder / component)
             removed.append(folder / component)
@@ -241,8 +299,9 @@ def find_resume_dir(root: str | os.PathLike, resume_mode: str, resume_from_path:
     """Which step folder to resume from (``None`` = start fresh), following ``trainer.resume_mode``.
 
     * ``disable``: never resume.
-    * ``auto``: the folder named by ``latest_checkpointed_iteration.txt``; none yet -> fresh start.
-    * ``resume_path``: exactly ``trainer.resume_from_path`` (must be a ``global_step_N`` folder).
+    * ``auto``: the folder named by ``latest_checkpointed_iteration.txt`` when it is complete; when the file is
+      missing or names an unusable folder, the newest complete checkpoint (said on stderr); none -> fresh start.
+    * ``resume_path``: exactly ``trainer.resume_from_path`` (must be a complete ``global_step_N`` folder).
     """
     if resume_mode == "disable":
         return None
@@ -259,36 +318,115 @@ def find_resume_dir(root: str | os.PathLike, resume_mode: str, resume_from_path:
         if not folder.is_dir():
             raise CheckpointError(f"trainer.resume_from_path={resume_from_path} does not exist")
         read_manifest(folder)
+        problems = verify_checkpoint(folder)
+        if problems:
+            raise CheckpointError(f"trainer.resume_from_path={resume_from_path} is not a complete checkpoint: "
+                                  + "; ".join(problems[:3]) + ". Pick another global_step_N folder")
         return folder
     if resume_mode != "auto":
         raise CheckpointError(
             f"trainer.resume_mode={resume_mode!r} is not one of auto, disable, resume_path"
         )
-    root = Path(root)
+    return _auto_resume_dir(Path(root))
+
+
+def verify_checkpoint(folder: str | os.PathLike) -> list[str]:
+    """What is wrong with ``folder`` by its own completeness record (empty: complete). Checkpoints written
+    before the record existed are checked for their manifest only."""
+    folder = Path(folder)
+    try:
+        manifest = read_manifest(folder)
+    except (CheckpointError, ValueError) as e:
+        return [str(e)]
+    problems = []
+    for rel, size in (manifest.get("files") or {}).items():
+        path = folder / rel
+        if not path.is_file():
+            problems.append(f"{path} is missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{path} has {path.stat().st_size} bytes, its checkpoint recorded {size} (truncated "
+                            "or changed after the save)")
+    return problems
+
+
+def _marked_step(root: Path) -> tuple[int | None, str | None]:
+    """(step the tracker file names, None) or (None, why it cannot be used); (None, None) when absent."""
     latest = root / LATEST_FILE
     if not latest.is_file():
-        return None
+        return None, None
     text = latest.read_text().strip()
     if not text.isdigit():
-        raise CheckpointError(f"{latest} holds {text!r}, expected a step number; fix or delete the file")
-    folder = step_dir(root, int(text))
-    if not folder.is_dir():
+        return None, f"{latest} holds {text[:40]!r}, not a step number"
+    return int(text), None
+
+
+def _set_aside(folder: Path, problems: list[str]) -> Path:
+    target = folder.with_name(f"{folder.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(folder, target)
+    _warn(f"{folder} is not a usable checkpoint ({'; '.join(problems[:3])}); moved to {target.name} (kept, "
+          "not deleted) so that this run does not write over it")
+    return target
+
+
+def _auto_resume_dir(root: Path) -> Path | None:
+    """The tracker's folder when it is complete, else the newest complete one (said); None on a fresh start."""
+    marked, why = _marked_step(root)
+    if marked is not None:
+        folder = step_dir(root, marked)
+        problems = verify_checkpoint(folder) if folder.is_dir() else [f"{folder} does not exist"]
+        if not problems:
+            return folder
+        why = f"{root / LATEST_FILE} names {folder.name}, which is not usable: {problems[0]}"
+    elif why is None and completed_steps(root):
+        why = f"{root / LATEST_FILE} is missing"
+    if why is None:
+        return None
+    broken: list[tuple[Path, list[str]]] = []
+    for step in reversed(completed_steps(root)):
+        folder = step_dir(root, step)
+        problems = verify_checkpoint(folder)
+        if problems:
+            broken.append((folder, problems))
+            continue
+        for bad, bad_problems in broken:
+            _set_aside(bad, bad_problems)
+        _warn(f"{why}; resuming from {folder}, the newest checkpoint whose manifest shows it complete")
+        return folder
+    details = "; ".join(f"{f.name}: {p[0]}" for f, p in broken) or "no folder has a manifest"
+    raise CheckpointError(
+        f"cannot resume from {root}: {why}, and no complete checkpoint is left ({details}). Repair or remove "
+        "the folders, point trainer.resume_from_path at a good one (trainer.resume_mode=resume_path), or start "
+        "over with trainer.resume_mode=disable trainer.overwrite_checkpoints=true"
+    )
+
+
+def check_overwrite(root: str | os.PathLike, resumed: Path | None, saves: bool, allowed: bool) -> None:
+    """Refuse to start when this run's saves would replace ``global_step_N`` folders it did not resume from."""
+    if allowed or not saves:
+        return
+    root = Path(root)
+    if not root.is_dir():
+        return
+    start = int(_STEP_RE.match(resumed.name).group(1)) if resumed is not None else 0
+    later = sorted((int(m.group(1)), p.name) for p in root.iterdir() if (m := _STEP_RE.match(p.name)))
+    later = [name for step, name in later if step > start]
+    if later:
+        how = f"resumes from {resumed.name}" if resumed is not None else "starts fresh"
         raise CheckpointError(
-            f"{latest} points at {folder.name}, which does not exist; delete the file to start fresh "
-            "or set trainer.resume_mode=disable"
+            f"{root} already holds {', '.join(later[:6])}{' ...' if len(later) > 6 else ''}, which this run ({how}) "
+            "would replace when it saves. Resume from the newest (trainer.resume_mode=auto), move them away, "
+            "use another trainer.default_local_dir, or set trainer.overwrite_checkpoints=true to replace them"
         )
-    read_manifest(folder)
-    return folder
 
 
 def load_trainer_state(folder: str | os.PathLike) -> TrainerState:
-    raw = torch.load(Path(folder) / TRAINER_STATE_FILE, weights_only=False)
+    raw = load_torch_file(Path(folder) / TRAINER_STATE_FILE)
     return TrainerState(**raw)
 
 
 def load_data_state(folder: str | os.PathLike) -> dict[str, Any] | None:
     path = Path(folder) / DATA_STATE_FILE
-    return torch.load(path, weights_only=False) if path.is_file() else None
+    return load_torch_file(path) if path.is_file() else None
 
 def lora_metadata(model_cfg) -> dict[str, Any] | None:
     """The manifest's ``lora`` entry (rank and alpha, for ``hybridflow merge``) of an actor that trains LoRA:
@@ -312,6 +450,7 @@ __all__ = [
     "MANIFEST_FILE",
     "capture_rng_state",
     "restore_rng_state",
+    "check_overwrite",
     "clean_stale_temp_dirs",
     "completed_steps",
     "find_resume_dir",
@@ -320,4 +459,5 @@ __all__ = [
     "read_manifest",
     "rotate_checkpoints",
     "step_dir",
+    "verify_checkpoint",
 ]

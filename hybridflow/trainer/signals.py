@@ -7,6 +7,11 @@ work since the last ``save_freq`` step nor leave a half-written checkpoint. The 
 signal lets the running step finish, a second one raises ``KeyboardInterrupt`` to abandon the step at once
 (checkpoint writes are atomic, so an abandoned save leaves the previous checkpoint as the latest).
 
+A step stuck on user code cannot finish: after the first signal, a wait on a reward function or a tool that
+has not answered within :data:`~hybridflow.utils.stopping.STOP_GRACE_S` seconds abandons the step as a second
+signal would (:mod:`hybridflow.utils.stopping`), so one SIGTERM ends such a run within seconds too.  Every
+thread that can be stuck in user or engine code is a daemon thread, so nothing keeps the process from exiting.
+
 Exit codes follow the shell convention ``128 + signal number``: 130 for SIGINT, 143 for SIGTERM, so a job
 script can tell "interrupted, resumable" from "failed" (1) and "bad config" (2).
 
@@ -24,6 +29,8 @@ import sys
 import threading
 from types import FrameType
 from typing import Callable
+
+from hybridflow.utils import stopping
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -58,9 +65,14 @@ class GracefulInterrupt:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
-        # A second signal abandons the step with KeyboardInterrupt: that is the interrupt we asked for,
-        # not a crash, so swallow it and let ``exit_code`` speak.
-        return exc_type is KeyboardInterrupt and self.signum is not None
+        stopping.clear_stop()
+        # A second signal (or user code still stuck after the first, StepAbandoned) abandons the step with a
+        # KeyboardInterrupt: that is the interrupt we asked for, not a crash, so swallow it and let
+        # ``exit_code`` speak.
+        ours = exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and self.signum is not None
+        if ours and isinstance(exc, stopping.StepAbandoned):
+            print(f"hybridflow: {exc}", file=self._stream, flush=True)
+        return ours
 
     # ------------------------------------------------------------------------------------- state
     @property
@@ -87,6 +99,7 @@ class GracefulInterrupt:
             self.signum = signum
         name = signal.Signals(signum).name
         if self._count == 1:
+            stopping.request_stop()
             print(f"hybridflow: {name} received: finishing the current step, then saving (if trainer.save_freq > 0) "
                   "and writing the report; send it again to stop immediately", file=self._stream, flush=True)
             return

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from hybridflow.config.plan import StepPlan  # noqa: F401 - decided by the config's check pipeline
 from hybridflow.protocol import DataProto
 from hybridflow.utils.profiler import simple_timer as timed  # noqa: F401 - the stages' timer
 from hybridflow.tracking.metrics import reduce_metrics
@@ -45,104 +46,6 @@ class WorkerGroups:
     reward_model: Any = None
     rollout: Any = None
     teachers: Any = None  # on-policy distillation: the TeacherRouter (trainer/teachers.py)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """Which stages this configuration needs; decided once from the config, read by every step.
-
-    Old log-probs (pi_old of the PPO ratio, Schulman et al. 2017, eq. 7) come from one of three places:
-
-    * ``reuse_rollout_log_probs``: the rollout's own log-probs (``rollout.calculate_log_probs=true``) when the
-      update is exactly on-policy (one optimiser step on the batch) or ``rollout_correction.bypass_mode`` asks
-      for them explicitly -- never for ``optimal_token_baseline``, whose advantages need the actor pass's
-      ``sum_pi_squared``; ``actor/entropy`` and ``training/rollout_probs_diff_*`` then come from the update's
-      first forward pass (``PI_OLD_DIAGNOSTICS_IN_UPDATE``);
-    * ``old_log_prob_in_update`` (the default for GRPO-style runs): the update is one optimiser step over
-      the whole batch -- ``actor.ppo_epochs == 1`` and ``actor.ppo_mini_batch_size >= data.train_batch_size``
-      -- and nothing reads ``old_log_probs`` before it: ``algorithm.use_kl_in_reward=false``, rollout
-      correction off (``rollout_correction.rollout_is``/``rollout_rs`` unset, ``bypass_mode=false``), no
-      ``optimal_token_baseline`` (its advantages read pi_old and ``sum_pi_squared``) and the
-      rollout log-probs not reused (``rollout.calculate_log_probs=false``, so no ``training/rollout_probs_diff``
-      has to be measured against them).  Then pi_old *is* the policy being differentiated, its log-prob is
-      ``log_prob.detach()`` of the update's own forward pass (ratio 1, and the clipped objective's gradient is
-      the plain policy gradient A * grad log pi -- what TRL does for ``num_iterations=1``), so the separate
-      ``old_log_prob`` forward pass is skipped and the update reports ``actor/entropy`` instead;
-    * otherwise the actor's ``compute_log_prob`` forward pass (the ``old_log_prob`` stage).
-
-    Async training (``async_training.mode`` one_step_off / fully_async) trains on batches sampled by older
-    weights, so the rollout's log-probs are pi_old only when asked for explicitly: ``bypass_mode``, or fully
-    async ``use_rollout_log_probs`` without ``compute_prox_log_prob`` (verl's default there).  Taking pi_old
-    from the update's own pass stays exact: it *is* the recomputation with the current weights.
-    """
-
-    n: int
-    use_critic: bool
-    use_ref: bool
-    use_rm: bool
-    use_kl_in_reward: bool
-    reuse_rollout_log_probs: bool
-    old_log_prob_in_update: bool
-    remax_baseline: bool
-    filter_groups: bool
-    critic_warmup: int
-    ref_update_freq: int = -1  # > 0: the reference takes the actor's weights at steps k, 2k, ... (1-based)
-    distillation: bool = False  # teachers score the samples; the actor adds the distillation term
-
-    @classmethod
-    def from_config(cls, config) -> "StepPlan":
-        arr = config.actor_rollout_ref
-        actor, rollout = arr.actor, arr.rollout
-        one_mini_batch = actor.ppo_mini_batch_size >= config.data.train_batch_size and actor.ppo_epochs == 1
-        rc = config.algorithm.rollout_correction
-        at = config.async_training
-        on_policy = at.mode == "sync"
-        # Fully async default (verl): pi_old = the rollout's log-probs, as bypass_mode asks explicitly.
-        bypass = bool(rc.bypass_mode) or (
-            at.mode == "fully_async" and at.use_rollout_log_probs and not at.compute_prox_log_prob)
-        # IS weights / rejection compare the actor's pi_old with the rollout's mu: pi_old must be recomputed.
-        corrects = rc.rollout_is is not None or rc.rollout_rs is not None
-        rollout_correction = corrects or bypass
-        # Exactly on-policy (one optimiser step on the batch the rollout sampled from), and the rollout was
-        # asked for the log-probs of its samples: the actor's recomputation would give the same numbers.
-        # Optimal Token Baseline reads pi_old and sum_pi_squared (which only the actor's pass emits) in the
-        # advantage stage, before the update: the rollout's log-probs cannot stand in for that pass.
-        otb = config.algorithm.adv_estimator == "optimal_token_baseline" or bool(actor.calculate_sum_pi_squared)
-        reuse = bool(rollout.calculate_log_probs) and not otb and (
-            (one_mini_batch and not corrects and on_policy) or bypass)
-        in_update = (
-            one_mini_batch and not reuse and not rollout_correction and not otb
-            and not bool(config.algorithm.use_kl_in_reward)
-        )
-        remax = config.algorithm.adv_estimator == "remax"
-        vk = rollout.val_kwargs
-        if remax and (vk.do_sample and vk.temperature > 0):
-            raise ValueError(
-                "algorithm.adv_estimator=remax draws its greedy baseline with actor_rollout_ref.rollout.val_kwargs, "
-                f"which sample (do_sample={vk.do_sample}, temperature={vk.temperature}); set "
-                "actor_rollout_ref.rollout.val_kwargs.do_sample=false"
-            )
-        return cls(
-            n=int(rollout.n),
-            use_critic=bool(config.use_critic),
-            use_ref=bool(config.use_reference_policy),
-            # a reward-model worker scores the batch -- not PRIME's PRM (its own stage) nor a judge (asked by the
-            # reward functions)
-            use_rm=bool(config.reward_model.enable) and config.trainer.recipe != "prime" and not config.uses_judge,
-            use_kl_in_reward=bool(config.algorithm.use_kl_in_reward),
-            reuse_rollout_log_probs=reuse,
-            old_log_prob_in_update=in_update,
-            remax_baseline=remax,
-            filter_groups=bool(config.algorithm.filter_groups.enable),
-            critic_warmup=int(config.trainer.critic_warmup),
-            ref_update_freq=int(config.trainer.ref_update_freq),
-            distillation=bool(config.distillation.enabled),
-        )
-
-    def refresh_reference_at(self, step: int) -> bool:
-        """Whether the reference takes the actor's weights before step ``step`` (1-based) is scored: every
-        ``trainer.ref_update_freq`` steps, at the start of the step (verl-recipe's SPIN)."""
-        return self.use_ref and self.ref_update_freq > 0 and step % self.ref_update_freq == 0
 
 
 # ---------------------------------------------------------------------------------------------- prepare

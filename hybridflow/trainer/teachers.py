@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from hybridflow.algorithms.distillation import TEACHER_LOG_PROBS, DistillationSettings
-from hybridflow.config.validate_recipes import TeacherEntry, teacher_entries
+from hybridflow.config.checks.distillation import TeacherEntry, teacher_entries
 from hybridflow.protocol import DataProto
 
 __all__ = ["Teacher", "TeacherRouter", "teacher_worker_config", "colocated_teacher_roles", "start_teacher_pools",

@@ -92,33 +92,4 @@ class MissingAttributeError(AttributeError, ValueError):
     raise, and a ``ValueError`` as hybridflow's config errors)."""
 
 
-def import_dotted(path: str, where: str) -> Any:
-    """The object at ``package.module.Name``; a path under ``verl.`` is read under ``hybridflow.`` (verl's
-    public module paths live there).
-
-    A module that cannot be found raises ``ModuleNotFoundError`` and a missing name
-    :class:`MissingAttributeError`, the types verl's loaders raise, with a message naming ``where`` and the fix.
-    """
-    import importlib
-
-    module_name, _, attr = str(path).rpartition(".")
-    if not module_name:
-        raise ValueError(f"{where}: {path!r} must be a 'package.module.Name' path")
-    if module_name.split(".")[0] == "verl":
-        module_name = "hybridflow" + module_name[len("verl"):]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError(f"{where}: cannot import module {module_name!r} for {path!r} ({e}); the module "
-                                  "must be importable (on PYTHONPATH, in the working directory, or beside the "
-                                  "config file that names it)", name=e.name) from e
-    except ImportError as e:
-        raise ImportError(f"{where}: importing module {module_name!r} for {path!r} failed: {e}") from e
-    if not hasattr(module, attr):
-        hint = closest(attr, [n for n in dir(module) if not n.startswith("_")])
-        raise MissingAttributeError(f"{where}: module {module_name!r} has no attribute {attr!r}"
-                                    + (f"; did you mean {hint!r}?" if hint else ""))
-    return getattr(module, attr)
-
-
-__all__ = ["MissingAttributeError", "Registry", "closest", "import_dotted"]
+__all__ = ["MissingAttributeError", "Registry", "closest"]

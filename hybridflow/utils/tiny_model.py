@@ -8,13 +8,19 @@ Two tokenizers are offered:
 * ``char``: one token per character over a fixed alphabet (digits, letters, punctuation) plus
   ChatML specials -- ideal for arithmetic-style tasks a 0.5M-parameter model can learn;
 * ``bpe``: a byte-level BPE trained on a small corpus (for tests that want realistic merges).
+
+:data:`FAMILIES` names the model families hybridflow is tested on (Qwen2, Qwen2.5, Qwen3, Llama-3.1, Mistral,
+Gemma-2, DeepSeek-V3, Qwen3-MoE): each is the family's ``model_type`` plus the config fields that make it that
+family (rope scaling, sliding windows, soft-capping, MLA and MoE shapes), scaled down so that every feature is
+still exercised by short test sequences (windows of 8 tokens, 4 experts).
 """
 
 from __future__ import annotations
 
 import string
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -32,6 +38,52 @@ MODEL_SIZES: dict[str, tuple[int, int, int, int, int]] = {
     "base100m": (768, 3072, 12, 12, 4),  # ~104M (GPT-2-small width/depth): the top of the CPU scaling sweep
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2),  # Qwen2.5-0.5B's shape (~360M without its 151k vocab): GPU tests
 }
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family as a tiny config: its ``model_type`` and the config fields that characterise it."""
+
+    name: str
+    model_type: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    features: str = ""  # what the tiny config exercises (docs, test ids)
+
+
+# Windows of 8 tokens are shorter than the tests' prompt + response, so a model that ignored a window (or applied
+# one it should not) gives different tokens.
+_WINDOW = 8
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("qwen2", "qwen2", {"rope_theta": 1e6, "use_sliding_window": False, "sliding_window": None},
+           "GQA, q/k/v biases, tied embeddings"),
+    # Qwen2.5's config.json declares a sliding window and max_window_layers but switches it off
+    # (use_sliding_window=false): nothing may apply that window.
+    Family("qwen2.5", "qwen2", {"rope_theta": 1e6, "use_sliding_window": False, "sliding_window": _WINDOW,
+                                "max_window_layers": 1, "rms_norm_eps": 1e-6},
+           "a declared but disabled sliding window (use_sliding_window=false, max_window_layers)"),
+    Family("qwen3", "qwen3", {"head_dim": 32, "rope_theta": 1e6, "attention_bias": False},
+           "q/k RMS norms, head_dim != hidden/heads"),
+    Family("llama3.1", "llama", {"tie_word_embeddings": False, "rope_scaling": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+           "llama3 rope scaling, untied lm_head"),
+    Family("mistral", "mistral", {"tie_word_embeddings": False, "sliding_window": _WINDOW},
+           "sliding-window attention on every layer (Mistral-7B-v0.1)"),
+    Family("gemma2", "gemma2", {"head_dim": 16, "sliding_window": _WINDOW, "query_pre_attn_scalar": 24,
+                                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                                "tie_word_embeddings": False},
+           "alternating sliding/full layers, attention and final logit soft-capping, query_pre_attn_scalar "
+           "(lm_head untied: tied to the sqrt(hidden)-scaled embeddings, a random init repeats its last token)"),
+    Family("deepseek-v3", "deepseek_v3", {
+        "num_key_value_heads": None, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8, "v_head_dim": 12, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 2,
+        "topk_group": 1, "n_shared_experts": 1, "moe_intermediate_size": 32, "first_k_dense_replace": 1,
+        "tie_word_embeddings": False},
+           "MLA attention (K and V head dims differ), a dense layer then a MoE layer with group-limited routing"),
+    Family("qwen3-moe", "qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                      "norm_topk_prob": True, "decoder_sparse_step": 1, "head_dim": 16},
+           "sparse MoE layers (softmax top-k router, load-balancing auxiliary loss)"),
+)}
 
 
 def build_char_tokenizer(alphabet: str = CHAR_ALPHABET, chat_template: str = CHATML_TEMPLATE,
@@ -130,14 +182,22 @@ def _default_corpus() -> list[str]:
     return lines
 
 
-def build_tiny_model(tokenizer, size: str = "tiny", arch: str = "qwen2", seed: int = 0, **overrides):
-    """A random-init causal LM sized by ``MODEL_SIZES[size]`` whose vocab matches ``tokenizer``."""
+def build_tiny_model(tokenizer, size: str = "tiny", arch: str = "qwen2", seed: int = 0, family: str | None = None,
+                     **overrides):
+    """A random-init causal LM sized by ``MODEL_SIZES[size]`` whose vocab matches ``tokenizer``.
+
+    ``family`` (a key of :data:`FAMILIES`) takes the family's ``model_type`` and config fields instead of
+    ``arch``; ``overrides`` apply on top of either.
+    """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hidden, inter, layers, heads, kv = MODEL_SIZES[size]
-    cfg = AutoConfig.for_model(
-        arch,
+    if family is not None:
+        if family not in FAMILIES:
+            raise ValueError(f"unknown model family {family!r}; known: {sorted(FAMILIES)}")
+        arch, overrides = FAMILIES[family].model_type, {**FAMILIES[family].overrides, **overrides}
+    fields = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=inter,
@@ -149,8 +209,11 @@ def build_tiny_model(tokenizer, size: str = "tiny", arch: str = "qwen2", seed: i
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
-        **overrides,
     )
+    fields.update(overrides)
+    if fields["num_key_value_heads"] is None:  # MLA: keys and values have one head per query head
+        fields["num_key_value_heads"] = heads
+    cfg = AutoConfig.for_model(arch, **fields)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 
@@ -161,13 +224,14 @@ def make_tiny_checkpoint(
     tokenizer: str = "char",
     arch: str = "qwen2",
     seed: int = 0,
+    family: str | None = None,
     **overrides,
 ) -> Path:
     """Write tokenizer + random-init model to ``path`` (an HF folder) and return the path."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok = build_char_tokenizer() if tokenizer == "char" else build_bpe_tokenizer()
-    model = build_tiny_model(tok, size=size, arch=arch, seed=seed, **overrides)
+    model = build_tiny_model(tok, size=size, arch=arch, seed=seed, family=family, **overrides)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
@@ -175,6 +239,8 @@ def make_tiny_checkpoint(
 
 __all__ = [
     "CHATML_TEMPLATE",
+    "FAMILIES",
+    "Family",
     "MODEL_SIZES",
     "build_char_tokenizer",
     "build_bpe_tokenizer",

@@ -18,6 +18,7 @@ not depend on how rows were split into micro-batches or ranks.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from typing import Any
 
@@ -40,6 +41,7 @@ from hybridflow.algorithms.rollout_correction import (
     rollout_probs_diff_sums,
 )
 from hybridflow.engine.forward import response_log_probs, response_token_outputs
+from hybridflow.engine.moe import MoEUpdateTracker
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
 from hybridflow.workers.micro_batching import (
@@ -167,6 +169,7 @@ class PPOActor:
                 "(or enable actor_rollout_ref.actor.use_dynamic_bsz with ppo_max_token_len_per_gpu)"
             )
         self._skipped_in_a_row = 0
+        self.moe = MoEUpdateTracker.of(engine.module)  # MoE: expert-load metrics, the optional router aux loss
 
     # ------------------------------------------------------------------ log-probs
     def compute_log_prob(
@@ -268,7 +271,8 @@ class PPOActor:
             has_tokens = bool(mb.batch["response_mask"].any())  # read before the copy to the device: no sync
             b = mb.batch.to(self.engine.device)
             mask = b["response_mask"]
-            with self.engine.autocast(), self.engine.activation_offload():
+            routing = self.moe.forward(self.engine.module) if self.moe is not None else contextlib.nullcontext()
+            with self.engine.autocast(), self.engine.activation_offload(), routing as routed:
                 log_prob, entropy = response_log_probs(
                     self.engine.module, b, temperature, want_entropy, self.use_remove_padding,
                     entropy_grad=entropy_in_loss, packed=self.packed, use_torch_compile=bool(cfg.use_torch_compile),
@@ -308,6 +312,12 @@ class PPOActor:
                 kl_term = agg_loss(kld, mask, cfg.loss_agg_mode, **agg)
                 loss = loss + cfg.kl_loss_coef * kl_term
                 acc.add("actor/kl_loss", kl_term)
+            if self.moe is not None:
+                share = mask.sum() / max(normalizers["global_token_num"], 1) * self.engine.dp_size
+                aux = self.moe.loss_term(routed, share)
+                if aux is not None:
+                    loss = loss + self.moe.spec.aux_loss_coef * aux
+                    acc.add("actor/moe_aux_loss", aux)
             loss.backward()
             if has_tokens:  # a micro-batch of padding rows only has no policy-loss statistics to average in
                 acc.observe(pg_metrics)
@@ -319,6 +329,9 @@ class PPOActor:
             metrics.update({k: [v] for k, v in self._global_probs_diff(diff_sums).items()})
         if cfg.use_kl_loss:
             metrics["actor/kl_coef"].append(float(cfg.kl_loss_coef))
+        if self.moe is not None:
+            for name, value in self.moe.pop_metrics(self.engine.all_reduce_sum).items():
+                metrics[name].append(value)
         metrics["actor/grad_norm"].append(step.grad_norm)
         metrics["actor/nonfinite_grad_skipped"].append(0.0 if step.stepped else 1.0)
 

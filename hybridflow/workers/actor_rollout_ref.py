@@ -18,7 +18,6 @@ which splits a batch over the dp groups only and gives the sp ranks of a group t
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any
 
@@ -41,6 +40,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.workers.actor import PPOActor, compute_token_outputs
 from hybridflow.workers.micro_batching import MicroBatchSpec
 from hybridflow.workers.rollout_host import RolloutHost
+from hybridflow.utils.load_object import import_source
 
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
 
@@ -50,7 +50,7 @@ ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 def _import_external_lib(name: str | None) -> None:
     """``model.external_lib``: a module whose import registers custom HF architectures."""
     if name:
-        importlib.import_module(name)
+        import_source(name, key="actor_rollout_ref.model.external_lib")
 
 
 class ActorRolloutRefWorker(Worker):
@@ -171,7 +171,7 @@ class ActorRolloutRefWorker(Worker):
         if rc.name == "hf":
             engine = create_rollout_engine(
                 "hf", model=self.actor_engine.module, tokenizer=self.tokenizer, processor=self.processor,
-                max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank,
+                max_batch_size=int(rc.max_num_seqs), seed=int(rc.seed) + self.rank, name=name,
             )
         else:
             kwargs: dict[str, Any] = {"model_path": mc.path, "rollout_config": rc, "tokenizer": self.tokenizer,
@@ -181,7 +181,8 @@ class ActorRolloutRefWorker(Worker):
                               trust_remote_code=bool(mc.trust_remote_code))
             engine = ROLLOUT_ENGINES.get(rc.name)(**kwargs)
         shares_weights = rc.name == "hf"
-        self.rollout = RolloutHost(engine, self.actor_engine, name=name, shares_weights=shares_weights)
+        self.rollout = RolloutHost(engine, self.actor_engine, name=name, shares_weights=shares_weights,
+                                   stall_timeout_s=float(rc.stall_timeout_s))
         if not shares_weights:
             self.rollout.sync_weights()
 

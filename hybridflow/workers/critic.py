@@ -92,6 +92,8 @@ class PPOCritic:
         seqs = sum(count_loss_normalizers(mb.batch["response_mask"])["global_batch_size"] for mb in micro_batches)
         tokens, seqs = self.engine.all_reduce_sum([float(tokens), float(seqs)])
         norm = {"global_token_num": int(tokens), "global_batch_size": int(seqs), "dp_size": self.engine.dp_size}
+        if cfg.loss_scale_factor is not None:  # seq-mean-token-sum-norm's constant (verl: follows the actor's)
+            norm["loss_scale_factor"] = float(cfg.loss_scale_factor)
         self.engine.zero_grad()
         vf_loss_sum, clipfracs, vpred_means = 0.0, [], []
         for mb in micro_batches:
@@ -136,9 +138,9 @@ class CriticWorker(Worker):
             self.init_distributed()
         mc = self.config.model
         if mc.external_lib:
-            import importlib
+            from hybridflow.utils.load_object import import_source
 
-            importlib.import_module(mc.external_lib)
+            import_source(mc.external_lib, key="critic.model.external_lib")
         self.tokenizer = load_tokenizer(
             mc.tokenizer_path or mc.path, mc.trust_remote_code, require_chat_template=False,
             field="critic.model.tokenizer_path",

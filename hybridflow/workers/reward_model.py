@@ -60,9 +60,9 @@ class RewardModelWorker(Worker):
             self.init_distributed()
         mc = self.config.model
         if mc.external_lib:
-            import importlib
+            from hybridflow.utils.load_object import import_source
 
-            importlib.import_module(mc.external_lib)
+            import_source(mc.external_lib, key="reward_model.model.external_lib")
         self.rm_tokenizer = load_tokenizer(mc.path, mc.trust_remote_code, require_chat_template=False,
                                            field="reward_model.model.path")
         self.input_tokenizer = load_tokenizer(mc.input_tokenizer or mc.path, mc.trust_remote_code,

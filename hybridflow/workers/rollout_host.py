@@ -30,12 +30,12 @@ class RolloutHost:
     """Serves ``engine`` from this process; ``train_engine`` holds the module the weights come from."""
 
     def __init__(self, engine: RolloutEngine, train_engine: TrainEngine, name: str, shares_weights: bool,
-                 stream_method: str = "rollout_stream"):
+                 stream_method: str = "rollout_stream", stall_timeout_s: float = 300.0):
         self.engine = engine
         self.train_engine = train_engine
         self.shares_weights = shares_weights
         self.stream_method = stream_method
-        self.server = RolloutServer(engine, name=name)
+        self.server = RolloutServer(engine, name=name, stall_timeout_s=stall_timeout_s)
         self._awake: contextlib.ExitStack | None = None
 
     # ------------------------------------------------------------------ data plane
@@ -58,9 +58,9 @@ class RolloutHost:
             if self.shares_weights:
                 module = stack.enter_context(self.train_engine.full_params())
                 stack.enter_context(eval_mode(module))
-            self.server.call(self.engine.wake_up)
+            self.server.call(self.engine.wake_up, what="wake_up")
             if seed is not None:
-                self.server.call(lambda: self.engine.reseed(seed))
+                self.server.call(lambda: self.engine.reseed(seed), what="reseed")
         except BaseException:
             stack.close()
             raise
@@ -72,7 +72,7 @@ class RolloutHost:
             return
         stack, self._awake = self._awake, None
         try:
-            self.server.call(self.engine.sleep)
+            self.server.call(self.engine.sleep, what="sleep")
         finally:
             stack.close()
 
@@ -83,7 +83,7 @@ class RolloutHost:
         start = time.perf_counter()
         with self.train_engine.full_params() as module:
             tensors = list(module.state_dict().items())
-            self.server.call(lambda: self.engine.update_weights(tensors))
+            self.server.call(lambda: self.engine.update_weights(tensors), what="weights")
         return time.perf_counter() - start
 
     def abort(self) -> None:

@@ -13,7 +13,6 @@ The worker group is driven by :class:`~hybridflow.rollout.service.standalone_fle
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any
 
@@ -24,6 +23,7 @@ from hybridflow.engine.model_loader import load_causal_lm, load_processor, load_
 from hybridflow.rollout.weights.checkpoint_engine import BroadcastCheckpointEngine, WeightSyncSpec
 from hybridflow.rollout.service.interruptible_server import InterruptibleRolloutServer
 from hybridflow.rollout.service.replica import RolloutReplica, replica_for_server
+from hybridflow.utils.load_object import import_source
 
 __all__ = ["RolloutServerWorker", "hf_engine_kwargs"]
 
@@ -62,7 +62,7 @@ class RolloutServerWorker(Worker):
 
         mc, rc = self.config.model, self.config.rollout
         if mc.external_lib:
-            importlib.import_module(mc.external_lib)
+            import_source(mc.external_lib, key="actor_rollout_ref.model.external_lib")
         tokenizer = load_tokenizer(mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
                                    field="actor_rollout_ref.model.tokenizer_path")
         processor = load_processor(mc.tokenizer_path or mc.path, mc.trust_remote_code, mc.custom_chat_template,
@@ -72,8 +72,8 @@ class RolloutServerWorker(Worker):
         model.requires_grad_(False)
         model.to(self.device).eval()
         self.engine = create_rollout_engine("hf", model=model, tokenizer=tokenizer, processor=processor,
-                                            **hf_engine_kwargs(rc, int(rc.seed) + self.rank))
-        self.server = InterruptibleRolloutServer(self.engine, name=self.name)
+                                            name=self.name, **hf_engine_kwargs(rc, int(rc.seed) + self.rank))
+        self.server = InterruptibleRolloutServer(self.engine, name=self.name, stall_timeout_s=float(rc.stall_timeout_s))
 
     # ------------------------------------------------------------------ data plane
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -90,13 +90,13 @@ class RolloutServerWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def wake_up_rollout(self, seed: int | None = None) -> None:
         server = self._server()
-        server.call(self.engine.wake_up)
+        server.call(self.engine.wake_up, what="wake_up")
         if seed is not None:
-            server.call(lambda: self.engine.reseed(int(seed) + self.rank))
+            server.call(lambda: self.engine.reseed(int(seed) + self.rank), what="reseed")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sleep_rollout(self) -> None:
-        self._server().call(self.engine.sleep)
+        self._server().call(self.engine.sleep, what="sleep")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def interrupt_rollout(self) -> int:
@@ -130,8 +130,12 @@ class RolloutServerWorker(Worker):
         start = time.perf_counter()
         server, engine = self._server(), self.engine
         copied = 0
-        for bucket in self._sync.receive_buckets():
-            copied += server.call(lambda b=bucket: engine.update_weights(b))
+        try:
+            for bucket in self._sync.receive_buckets():
+                copied += server.call(lambda b=bucket: engine.update_weights(b), what="weights")
+        except BaseException as exc:  # the sender must not wait for this replica until its timeout
+            self._sync.abort(exc)
+            raise
         self.weight_version = int(version)
         return {"tensors": float(copied), "seconds": time.perf_counter() - start}
 

@@ -116,7 +116,8 @@ def test_multi_turn_rows_align_tokens_masks_and_log_probs(tiny_model_dir, additi
     """The rollout batch of a two-turn loop: observation tokens masked with log-prob 0, and the actor's own
     log-probs of the model tokens equal the rollout's."""
     from hybridflow.config import load_config
-    from hybridflow.trainer.main_ppo import build_data, build_runtime, load_tokenizer_for
+    from hybridflow.trainer.run_inputs import build_data, load_tokenizer_for
+    from hybridflow.trainer.runtime import build_runtime
     from hybridflow.trainer.stages import generate, prompts_from_loader
 
     cfg = load_config(_two_turn_overrides(tiny_model_dir, addition_rows, tmp_path, agent_loop_yaml, "local"))

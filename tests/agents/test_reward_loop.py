@@ -16,7 +16,8 @@ DENSE = [f"custom_reward_function.path={Path(__file__).parents[1] / 'integration
 
 def test_agent_loops_score_training_trajectories_like_the_reward_stage(tiny_model_dir, addition_rows, tmp_path):
     from hybridflow.config import load_config
-    from hybridflow.trainer.main_ppo import build_data, build_reward_fns, build_runtime, load_tokenizer_for
+    from hybridflow.trainer.run_inputs import build_data, build_reward_fns, load_tokenizer_for
+    from hybridflow.trainer.runtime import build_runtime
     from hybridflow.trainer.stages import generate, prompts_from_loader
 
     cfg = load_config(small_overrides(tiny_model_dir, addition_rows, tmp_path, extra=[

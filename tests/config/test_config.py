@@ -80,7 +80,7 @@ def test_megatron_refused_with_supported_options():
 def test_unsupported_choices_list_alternatives():
     msg = errors_of(MICRO + ["actor_rollout_ref.rollout.name=lmdeploy", "data.truncation=sideways",
                              "actor_rollout_ref.actor.loss_agg_mode=mean"])
-    assert "rollout.name='lmdeploy' is not supported; choose one of: hf, vllm, sglang, trtllm" in msg
+    assert "rollout.name='lmdeploy' is not supported; choose one of: hf, vllm, sglang" in msg
     assert "data.truncation='sideways'" in msg and "error, left, right, middle" in msg
     assert "loss_agg_mode='mean' is not a loss aggregation mode" in msg
 
@@ -93,11 +93,14 @@ def test_batch_size_vocabulary_uses_users_numbers():
     assert "ppo_micro_batch_size_per_gpu is not set" in msg
 
 
-def test_micro_batch_must_divide_per_device_share():
-    msg = errors_of(["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
-                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.n_gpus_per_node=2",
-                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
-    assert "4 prompts x rollout.n=4 / 2 devices = 8 trajectories per device" in msg
+def test_micro_batch_need_not_divide_the_per_device_share_but_must_be_positive():
+    """As in verl 0.9 a size that does not divide the share leaves a shorter last micro-batch (the update does not
+    depend on the split: tests/workers/test_actor.py); zero is refused with the user's numbers."""
+    base = ["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.n_gpus_per_node=2"]
+    load_config(base + ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
+    msg = errors_of(base + ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"])
+    assert "4 prompts x rollout.n=4 / 2 devices = 8" in msg and "must be >= 1" in msg
 
 
 def test_deprecated_global_micro_batch_is_converted():
@@ -131,22 +134,26 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "hybridflow", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_cli_dry_run_ok_and_error_exit_codes():
+def test_cli_dry_run_ok_and_error_exit_codes(dry_run_assets):
     ok = run_cli("train", "--dry-run", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=5",
-                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8")
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", *dry_run_assets,
+                 "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8")
     assert ok.returncode == 0, ok.stderr
-    assert "adv_estimator: grpo" in ok.stdout and "1024 prompts x rollout.n=5 = 5120 trajectories" in ok.stdout
+    assert "adv_estimator: grpo" in ok.stdout and "8 prompts x rollout.n=5 = 40 trajectories" in ok.stdout
+    assert "# pi_old: the update's own forward pass" in ok.stdout  # the step plan, decided once
     bad = run_cli("train", "--dry-run", "actor_rollout_ref.actor.ppo_mini_batch_sz=3")
     assert bad.returncode == 2
     assert "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'" in bad.stderr
     assert "Traceback" not in bad.stderr
 
 
-def test_optim_clip_grad_is_honoured_and_unsupported_features_are_noted():
+def test_optim_clip_grad_is_honoured_and_a_missing_engine_is_refused():
     with pytest.warns(UserWarning) as rec:
-        cfg = load_config(MICRO + ["actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.rollout.name=trtllm"])
+        cfg = load_config(MICRO + ["actor_rollout_ref.actor.optim.clip_grad=0.5"])
     assert cfg.actor_rollout_ref.actor.grad_clip == 0.5
-    assert any("no trtllm adapter" in str(w.message) for w in rec)
+    assert any("clip_grad=0.5 is used as actor_rollout_ref.actor.grad_clip" in str(w.message) for w in rec)
+    assert "no TensorRT-LLM adapter; use actor_rollout_ref.rollout.name=vllm" in errors_of(
+        MICRO + ["actor_rollout_ref.rollout.name=trtllm"])
 
 
 def test_cli_subcommands_return_exit_code_zero(tmp_path):
@@ -164,21 +171,40 @@ def test_optimal_token_baseline_needs_sum_pi_squared_and_accepts_the_script_spel
 
 
 def test_rollout_log_probs_as_pi_old_need_the_training_precision():
+    """The run stage's precision rule reads the step plan's reuse_rollout_log_probs (one rule, one place)."""
+    from hybridflow.config.checks import Check, RunContext, run_checks
+    from hybridflow.config.checks.machine import check_rollout_hardware, check_rollout_precision
+
+    def run_stage(overrides, device):
+        cfg = load_config(overrides)
+        checks = (Check("rollout_hardware", check_rollout_hardware), Check("precision", check_rollout_precision))
+        return run_checks(cfg, checks, RunContext(cfg, _device=device))
+
+    def errors(overrides, device="cuda"):
+        with pytest.raises(ConfigError) as e:
+            run_stage(overrides, device)
+        return str(e.value)
+
     base = MICRO + ["data.train_batch_size=8", "trainer.n_gpus_per_node=1", "trainer.device=cuda",
                     "actor_rollout_ref.rollout.calculate_log_probs=true"]
     on_policy = base + ["actor_rollout_ref.actor.ppo_mini_batch_size=8"]
-    msg = errors_of(on_policy + ["actor_rollout_ref.rollout.dtype=float16"])
+    assert load_config(on_policy).plan.reuse_rollout_log_probs
+    msg = errors(on_policy + ["actor_rollout_ref.rollout.dtype=float16"])
     assert "rollout.dtype=float16 but actor_rollout_ref.actor.fsdp_config.dtype=bfloat16" in msg
-    assert "used as pi_old" in msg
-    load_config(on_policy + ["actor_rollout_ref.rollout.dtype=bf16"])  # same precision, other spelling
-    load_config(on_policy)  # the defaults agree (bfloat16 both)
+    assert "uses the rollout's log-probs as pi_old" in msg
+    run_stage(on_policy + ["actor_rollout_ref.rollout.dtype=bf16"], "cuda")  # same precision, other spelling
+    run_stage(on_policy, "cuda")  # the defaults agree (bfloat16 both)
     # the actor recomputes pi_old (two mini-batches): no constraint
-    load_config(base + ["actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.dtype=float16"])
-    load_config(on_policy + ["actor_rollout_ref.rollout.dtype=float16", "trainer.device=cpu"])  # CPU: fp32 both
-    assert "not a known dtype" in errors_of(MICRO + ["actor_rollout_ref.rollout.dtype=bf17"])
+    run_stage(base + ["actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.dtype=float16"],
+              "cuda")
+    # optimal_token_baseline needs the actor's pass: the plan does not reuse the rollout's log-probs, no constraint
+    run_stage(on_policy + ["actor_rollout_ref.rollout.dtype=float16", "algorithm.adv_estimator=optimal_token_baseline",
+                           "actor_rollout_ref.actor.calculate_sum_pi_squared=true"], "cuda")
+    run_stage(on_policy + ["actor_rollout_ref.rollout.dtype=float16", "trainer.device=cpu"], "cpu")  # CPU: fp32 both
+    assert "not a dtype" in errors_of(MICRO + ["actor_rollout_ref.rollout.dtype=bf17"])
     with pytest.warns(UserWarning) as rec:  # CPU: say that these do nothing there (defaults stay silent)
-        load_config(MICRO + ["trainer.device=cpu", "actor_rollout_ref.rollout.dtype=float16",
-                             "actor_rollout_ref.rollout.gpu_memory_utilization=0.9"])
+        run_stage(MICRO + ["trainer.device=cpu", "actor_rollout_ref.rollout.dtype=float16",
+                           "actor_rollout_ref.rollout.gpu_memory_utilization=0.9"], "cpu")
     text = "\n".join(str(w.message) for w in rec)
     assert "rollout.dtype=float16 has no effect on CPU" in text
     assert "gpu_memory_utilization=0.9 has no effect on CPU" in text
@@ -186,4 +212,4 @@ def test_rollout_log_probs_as_pi_old_need_the_training_precision():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        load_config(MICRO + ["trainer.device=cpu"])
+        run_stage(MICRO + ["trainer.device=cpu"], "cpu")

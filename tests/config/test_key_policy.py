@@ -39,11 +39,11 @@ def test_the_docs_table_is_the_policy():
 def test_inert_keys_are_noted_together_in_one_note():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigWarning)
-        load_config([*BASE, "data.use_shm=true", "+actor_rollout_ref.actor.profiler.ranks=[0]",
+        load_config([*BASE, "data.use_shm=true", "actor_rollout_ref.actor.profiler.ranks=[0]",
                      "actor_rollout_ref.model.use_liger=true", "trainer.default_hdfs_dir=hdfs://x/ckpt"])
     notes = [str(w.message) for w in caught if "have no effect" in str(w.message)]
     assert len(notes) == 1
-    for key in ("data.use_shm=True", "actor_rollout_ref.actor.profiler={'ranks': [0]}",
+    for key in ("data.use_shm=True", "actor_rollout_ref.actor.profiler.ranks=[0]",
                 "actor_rollout_ref.model.use_liger=True", "trainer.default_hdfs_dir='hdfs://x/ckpt'"):
         assert key in notes[0]
     with warnings.catch_warnings(record=True) as caught:  # nothing set: no note at all
@@ -52,28 +52,45 @@ def test_inert_keys_are_noted_together_in_one_note():
     assert not [w for w in caught if "have no effect" in str(w.message)]
 
 
+def _first_leaf(key: str, default):
+    """A node's first scalar leaf (a refused node is refused whichever of its keys is set)."""
+    while isinstance(default, dict) and default:
+        name, default = next(iter(default.items()))
+        key = f"{key}.{name}"
+    return key, default
+
+
 @pytest.mark.parametrize("rule", REFUSED, ids=[r.key for r in REFUSED])
 def test_each_refused_key_names_itself_and_the_reason(rule):
-    key = expand(rule.key)[0]
-    default = default_of(key)
+    key, default = _first_leaf(expand(rule.key)[0], default_of(expand(rule.key)[0]))
     if isinstance(default, bool):
         other = str(not default).lower()
     elif isinstance(default, int):
         other = str(default + 1)
+    elif isinstance(default, float):
+        other = str(default + 0.5)
+    elif isinstance(default, list):
+        other = "[x]"
     else:
         other = "{path: /ref}" if key.endswith(".model") else "x"
+    if default == {}:
+        other = "{a: 1}"
+    if key == "model_engine":
+        other = "megatron"
+    prefix = "+" if key.endswith(".model") or default == {} else ""
     with pytest.raises(ConfigError) as e:
-        load_config([*BASE, f"{key}={other}"])
-    assert f"{key}=" in str(e.value) and rule.reason[:40] in str(e.value)
+        load_config([*BASE, f"{prefix}{key}={other}"])
+    assert f"{expand(rule.key)[0]}" in str(e.value) and rule.reason[:40] in str(e.value)
 
 
-def test_refusals_exit_2_and_inert_keys_print_one_note():
+def test_refusals_exit_2_and_inert_keys_print_one_note(dry_run_assets):
     out = subprocess.run([sys.executable, "-m", "hybridflow", "train", "--dry-run", *BASE,
                           "actor_rollout_ref.actor.checkpoint.async_save=true"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "checkpoint.async_save=True is not supported" in out.stderr
     out = subprocess.run([sys.executable, "-m", "hybridflow", "train", "--dry-run", *BASE, "data.use_shm=true",
-                          "trainer.use_legacy_worker_impl=disable"], capture_output=True, text=True, timeout=120)
+                          "trainer.use_legacy_worker_impl=disable", *dry_run_assets, "data.train_batch_size=8",
+                          "actor_rollout_ref.actor.ppo_mini_batch_size=8"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0
     assert out.stderr.count("have no effect") == 1 and "data.use_shm" in out.stderr \
         and "trainer.use_legacy_worker_impl" in out.stderr

@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 from hybridflow.config import ConfigError, ConfigWarning, load_config
-from hybridflow.config.validate_recipes import teacher_entries
+from hybridflow.config.checks.distillation import teacher_entries
 
 A = "actor_rollout_ref"
 BASE = ["data.train_batch_size=8", f"{A}.actor.ppo_mini_batch_size=8", f"{A}.actor.ppo_micro_batch_size_per_gpu=2",
@@ -47,15 +47,16 @@ def test_the_entry_points_load_verl_recipes_defaults():
     assert spin.actor_rollout_ref.rollout.n == 2 and not spin.use_critic
     sppo = load_config([a for a in BASE if not a.startswith("algorithm.adv_estimator")], config_name="sppo_trainer")
     assert sppo.algorithm.adv_estimator == "sppo" and sppo.actor_rollout_ref.actor.policy_loss.loss_mode == "sppo"
-    prime = load("reward_model.model.path=/m", name="prime_trainer")
+    prime = load_config([a for a in BASE if not a.startswith("algorithm.adv_estimator")] +
+                        ["reward_model.model.path=/m"], config_name="prime_trainer")
     assert prime.trainer.recipe == "prime" and prime.reward_model.enable and prime.data.oversample_factor == 4.0
     assert prime.data.gen_batch_size == 32  # 8 prompts x oversample_factor 4 drawn per step
     assert not prime.use_critic and prime.reward_model.model.optim.grad_clip == 10.0
 
 
-def test_the_entry_point_runs_through_the_cli_dry_run():
-    out = subprocess.run([sys.executable, "-m", "hybridflow.recipe.spin.main_spin", "--dry-run", *BASE],
-                         capture_output=True, text=True, timeout=120)
+def test_the_entry_point_runs_through_the_cli_dry_run(dry_run_assets):
+    out = subprocess.run([sys.executable, "-m", "hybridflow.recipe.spin.main_spin", "--dry-run", *BASE,
+                          *dry_run_assets], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "recipe: spin" in out.stdout and "dry run: configuration is valid" in out.stdout
 

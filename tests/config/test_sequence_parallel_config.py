@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from hybridflow.config import ConfigError, load_config
-from hybridflow.config.validate_parallel import data_parallel_size
+from hybridflow.config.checks.parallel import data_parallel_size
 
 A = "actor_rollout_ref"
 BASE = [f"{A}.actor.ppo_micro_batch_size_per_gpu=1", "critic.ppo_micro_batch_size_per_gpu=1",

@@ -43,7 +43,7 @@ def two_node_cluster():
     cluster.shutdown()
 
 
-def test_pool_spans_two_nodes_and_all_reduces(two_node_cluster):
+def test_pool_spans_two_nodes_and_all_reduces(two_node_cluster, capfd):
     from hybridflow.controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, ResourceUnavailableError
 
     with pytest.raises(ResourceUnavailableError, match="2 workers must share one node"):
@@ -56,8 +56,11 @@ def test_pool_spans_two_nodes_and_all_reduces(two_node_cluster):
         nodes = [o[0] for o in out]
         assert len(set(nodes)) == 2, f"both ranks landed on one node: {nodes}"
         assert {n["NodeID"] for n in ray.nodes() if n["Alive"]} == set(nodes)
+        assert [node for node, _ in wg.placement] == nodes  # what the group reports is where the ranks run
         assert [o[1:4] for o in out] == [(0, 0, 1), (1, 0, 1)]  # each node: local rank 0 of 1
         assert [o[4] for o in out] == [3.0, 3.0]  # 1 + 2 across the two nodes
+        said = capfd.readouterr().err
+        assert f"actor ranks: rank 0 on node {nodes[0][:8]}" in said and f"rank 1 on node {nodes[1][:8]}" in said
     finally:
         wg.shutdown()
         pool.release()

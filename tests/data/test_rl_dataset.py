@@ -191,7 +191,7 @@ def test_custom_dataset_class(parquet_file, bpe_tokenizer, data_cfg, tmp_path):
     ds = create_rl_dataset(parquet_file, data_cfg, bpe_tokenizer)
     assert type(ds).__name__ == "Doubled" and len(ds) == 12 and ds[7]["index"] == 1
     data_cfg.custom_cls.path = str(tmp_path / "nope.py")
-    with pytest.raises(FileNotFoundError, match="data.custom_cls path '.*nope.py' does not exist"):
+    with pytest.raises(FileNotFoundError, match="data.custom_cls.path='.*nope.py' does not exist"):
         create_rl_dataset(parquet_file, data_cfg, bpe_tokenizer)
 
 

@@ -128,5 +128,6 @@ def test_user_sampler_class(tmp_path, data_cfg):
     loader = create_train_dataloader(Rows(4), data_cfg)
     assert [b["x"].tolist() for b in loader] == [[3, 2], [1, 0]]
     data_cfg.sampler.class_name = "Forward"
-    with pytest.raises(ValueError, match="data.sampler: 'Forward' is not a class"):
+    with pytest.raises(AttributeError, match=r"data.sampler.class_path='.*my_sampler.py' has no attribute 'Forward' "
+                                             r"\(the class\); defined there: Reverse"):
         create_train_dataloader(Rows(4), data_cfg)

@@ -52,7 +52,7 @@ def test_bad_optimizer_settings_name_the_field():
     param = torch.nn.Parameter(torch.zeros(2))
     with pytest.raises(ValueError, match="actor.optim.optimizer='AdamX' is not an optimizer class of torch.optim"):
         build_optimizer([param], _optim(optimizer="AdamX"))
-    with pytest.raises(ValueError, match="actor.optim.optimizer_impl='no_such_pkg.optim' cannot be imported"):
+    with pytest.raises(ValueError, match="actor.optim.optimizer_impl='no_such_pkg.optim': cannot import module 'no_such_pkg.optim'"):
         build_optimizer([param], _optim(optimizer_impl="no_such_pkg.optim"))
     with pytest.raises(ValueError, match="no trainable parameters"):
         build_optimizer([torch.nn.Parameter(torch.zeros(1), requires_grad=False)], _optim())
@@ -71,3 +71,21 @@ def test_optimizer_impl_and_name_pick_the_class_as_verl():
     assert type(sgd) is torch.optim.SGD and sgd.defaults["momentum"] == 0.5 and "betas" not in sgd.defaults
     adam = build_optimizer([param], _optim(optimizer="adamw"))
     assert type(adam) is torch.optim.AdamW and adam.defaults["betas"] == (0.9, 0.999)
+
+
+def test_zero_indexed_step_false_shifts_the_cosine_schedule_by_one_step():
+    """verl's optim.zero_indexed_step=false counts optimizer steps from 1 (torchtitan's convention): the first step
+    already uses the factor of step 1 (warm-up W=2, T=10, m=0.1: 0.55 instead of 0.1)."""
+    lrs = {}
+    for zero_indexed in (True, False):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = build_lr_scheduler(opt, _optim(lr_scheduler_type="cosine", lr_warmup_steps=2, min_lr_ratio=0.1,
+                                               zero_indexed_step=zero_indexed))
+        seen = []
+        for _ in range(3):
+            seen.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        lrs[zero_indexed] = seen
+    assert lrs[True] == pytest.approx([0.1, 0.55, 1.0])
+    assert lrs[False] == pytest.approx([0.55, 1.0, cosine_factor(3, 2, 10, 0.1)])

@@ -271,3 +271,117 @@ def test_decoder_stack_and_its_inputs_as_keywords(tiny_vlm_dir):
             m(input_ids=ids, position_ids=positions)
         handle.remove()
         assert torch.equal(seen["input_ids"], ids) and torch.equal(seen["position_ids"], positions)
+
+
+# ---------------------------------------------------------------------------------------------- sliding windows
+def _family_model(family: str, **overrides):
+    tok = build_char_tokenizer()
+    return build_tiny_model(tok, size="nano", family=family, initializer_range=0.2, **overrides).eval()
+
+
+def _windowed_causal(length: int, window: int | None) -> torch.Tensor:
+    q = torch.arange(length)[:, None]
+    k = torch.arange(length)[None, :]
+    ok = (k <= q) & ((q - k < window) if window is not None else True)
+    return torch.zeros(length, length).masked_fill(~ok, float("-inf"))[None, None]
+
+
+def test_attention_mask_layout_of_the_families():
+    mistral = tfa.attention_mask_layout(_family_model("mistral").config)
+    assert mistral.windows == {"all_layers": 8} and not mistral.keyed and mistral.has_windows
+    gemma = tfa.attention_mask_layout(_family_model("gemma2").config)
+    assert gemma.keyed and gemma.windows == {"sliding_attention": 8, "full_attention": None}
+    assert gemma.layer_keys == ("sliding_attention", "full_attention")
+    # Qwen2.5's config.json declares sliding_window with use_sliding_window=false: transformers drops the window
+    qwen25 = tfa.attention_mask_layout(_family_model("qwen2.5").config)
+    assert not qwen25.has_windows and qwen25.unsupported is None
+    assert not tfa.attention_mask_layout(_family_model("llama3.1").config).has_windows
+    from types import SimpleNamespace
+
+    odd = tfa.attention_mask_layout(SimpleNamespace(num_hidden_layers=2, layer_types=["full_attention", "linear_attention"]))
+    assert "linear_attention" in odd.unsupported
+
+
+@pytest.mark.parametrize("family,overrides", [("gemma2", {}), ("qwen2", {"use_sliding_window": True,
+                                                                          "sliding_window": 8, "max_window_layers": 1})])
+def test_a_keyed_mask_dict_reaches_each_layer_type(family, overrides):
+    """Models with ``layer_types`` take ``{layer type: 4-D mask}``: windowed sliding masks reproduce transformers'
+    own masking (2-D mask in), and handing every layer the full causal mask does not."""
+    model = _family_model(family, **overrides)
+    layout = tfa.attention_mask_layout(model.config)
+    length = 20  # > the window of 8
+    ids = torch.randint(4, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(length)[None]
+    keyed = {name: _windowed_causal(length, w) for name, w in layout.windows.items()}
+    unwindowed = {name: _windowed_causal(length, None) for name in layout.windows}
+    with torch.no_grad():
+        own = model(ids, attention_mask=torch.ones_like(ids), position_ids=pos).logits
+        ours = model(ids, attention_mask=keyed, position_ids=pos).logits
+        wrong = model(ids, attention_mask=unwindowed, position_ids=pos).logits
+    torch.testing.assert_close(ours, own, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(wrong[:, 8:], own[:, 8:], atol=1e-4), "the windows made no difference: a weak test"
+
+
+def test_one_windowed_mask_serves_a_model_without_layer_types():
+    """Mistral applies ``config.sliding_window`` to every layer through its one mask: a 4-D mask must carry it."""
+    model = _family_model("mistral")
+    length = 20
+    ids = torch.randint(4, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(length)[None]
+    with torch.no_grad():
+        own = model(ids, attention_mask=torch.ones_like(ids), position_ids=pos).logits
+        ours = model(ids, attention_mask=_windowed_causal(length, 8), position_ids=pos).logits
+        full = model(ids, attention_mask=_windowed_causal(length, None), position_ids=pos).logits
+    torch.testing.assert_close(ours, own, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(full[:, 8:], own[:, 8:], atol=1e-4), "a 4-D mask was not used as given"
+
+
+def test_loadable_attention_demotes_sdpa_only_for_classes_without_it():
+    from transformers import AutoModelForCausalLM
+
+    gemma, qwen = _family_model("gemma2").config, _family_model("qwen2").config
+    assert tfa.loadable_attention(AutoModelForCausalLM, gemma, "sdpa") == "eager"
+    assert tfa.loadable_attention(AutoModelForCausalLM, qwen, "sdpa") == "sdpa"
+    assert tfa.loadable_attention(AutoModelForCausalLM, gemma, "flash_attention_2") == "flash_attention_2"
+
+
+# ---------------------------------------------------------------------------------------------- MoE routers
+@pytest.mark.parametrize("family,moe_layers", [("qwen3-moe", 2), ("deepseek-v3", 1)])
+def test_router_modules_return_logits_weights_and_expert_ids(family, moe_layers):
+    model = _family_model(family)
+    routers = tfa.router_modules(model)
+    assert len(routers) == moe_layers
+    seen = []
+    handles = [r.register_forward_hook(lambda m, a, out: seen.append(out)) for r in routers]
+    ids = torch.randint(4, model.config.vocab_size, (3, 7), generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    assert len(seen) == moe_layers
+    k, experts = model.config.num_experts_per_tok, 4
+    for logits, weights, chosen in seen:
+        assert logits.shape == (21, experts) and logits.is_floating_point(), "router_logits: (batch x tokens, E)"
+        assert weights.shape == chosen.shape == (21, k) and not chosen.is_floating_point()
+        assert int(chosen.min()) >= 0 and int(chosen.max()) < experts
+        if family == "qwen3-moe":  # softmax top-k: the ids are the k largest logits
+            assert torch.equal(chosen.sort(-1).values, logits.topk(k, -1).indices.sort(-1).values)
+    assert tfa.router_modules(_family_model("qwen2")) == []
+
+
+def test_generation_forwards_skip_the_router_loss_of_a_moe_config_that_asks_for_it():
+    """``output_router_logits=true`` (training with the router's auxiliary loss) makes transformers compute that
+    loss from ``attention_mask``, which cannot read the engine's 4-D masks: forward_with_cache turns it off."""
+    on = _family_model("qwen3-moe", output_router_logits=True)
+    off = _family_model("qwen3-moe")
+    ids, positions, mask = _inputs(on, batch=2, length=5)
+    with torch.no_grad():
+        with pytest.raises(RuntimeError):  # what transformers does with the flag on and a 4-D mask
+            on(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, past_key_values=None)
+        got = tfa.forward_with_cache(on, RecordingCache(), input_ids=ids, attention_mask=mask, position_ids=positions,
+                                     use_cache=True).logits
+        want = tfa.forward_with_cache(off, RecordingCache(), input_ids=ids, attention_mask=mask,
+                                      position_ids=positions, use_cache=True).logits
+    torch.testing.assert_close(got, want)

@@ -61,3 +61,20 @@ def raises_on_some_prompts(data_source, solution_str, ground_truth, extra_info=N
 def wrong_signature(solution, answer):
     """Not verl's signature: the reward manager calls with data_source=, solution_str=, ground_truth=, ..."""
     return float(solution == answer)
+
+
+def hangs_forever(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """Never answers (a scorer stuck on a lock or a socket); records when it was entered."""
+    import os
+
+    path = os.environ.get("HYBRIDFLOW_REWARD_STAMP")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{time.time()}\n")
+    time.sleep(3600)
+    return 1.0
+
+
+def returns_huge(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """Issue 24: a reward of 1e300 crashed the run (float32 overflow in the advantage computation)."""
+    return 1e300 if len(solution_str) % 2 else -1e300

@@ -1,4 +1,5 @@
-"""Unwritable output folders and a full disk are reported before any model is loaded (trainer/preflight.py)."""
+"""Unwritable output folders and a full disk are reported before any model is loaded (the check pipeline's run
+stage, config/checks/outputs.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import shutil
 import pytest
 
 from hybridflow.config import load_config
-from hybridflow.trainer import preflight
-from hybridflow.trainer.preflight import PreflightError
+from hybridflow.config import ConfigError
+from hybridflow.config.checks import outputs as preflight
+from hybridflow.config.checks.outputs import PreflightError
+from hybridflow.config.checks.run_stage import check_for_run
 
 from .conftest import base_args, invoke_cli, read_metrics
 
@@ -50,13 +53,13 @@ def test_checkpoint_estimate_counts_params_and_adam_moments(tmp_path, nano_model
     assert preflight.estimate_checkpoint_bytes(cfg_ppo) == 12 * weights  # + critic
 
 
-def test_run_preflight_checks_every_configured_output_dir(tmp_path, nano_model_dir, fault_data):
+def test_the_run_stage_checks_every_configured_output_dir(tmp_path, nano_model_dir, fault_data):
     cfg = load_config(base_args(nano_model_dir, fault_data / "train.parquet", tmp_path,
                                 extra=[f"trainer.rollout_data_dir={_blocked(tmp_path)}", "trainer.save_freq=1"]))
-    with pytest.raises(PreflightError, match=r"^trainer\.rollout_data_dir="):
-        preflight.run_preflight(cfg, logger_dir=tmp_path / "logs")
+    with pytest.raises(ConfigError, match=r"\n  - trainer\.rollout_data_dir="):
+        check_for_run(cfg, logger_dir=tmp_path / "logs")
     ok = load_config(base_args(nano_model_dir, fault_data / "train.parquet", tmp_path, extra=["trainer.save_freq=1"]))
-    preflight.run_preflight(ok, logger_dir=tmp_path / "logs")  # the tiny model fits: no error
+    check_for_run(ok, logger_dir=tmp_path / "logs")  # the tiny model fits: no error
 
 
 def test_cli_refuses_unwritable_output_before_training(tmp_path, nano_model_dir, fault_data):

@@ -177,4 +177,4 @@ def test_a_clean_run_reports_zero_fractions_and_no_failure_box(tmp_path, fault_d
 
 def test_the_tolerated_fraction_is_validated(tmp_path, fault_data, train):
     result = train(fault_data / "train.parquet", ["trainer.tolerated_failure_fraction=1.5"])
-    assert result.rc == 2 and "trainer.tolerated_failure_fraction=1.5 must be between 0" in result.stderr
+    assert result.rc == 2 and "trainer.tolerated_failure_fraction=1.5 is out of range: it must be between 0" in result.stderr

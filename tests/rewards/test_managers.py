@@ -26,7 +26,8 @@ def test_naive_places_score_on_last_valid_token(char_tokenizer, make_batch):
     expected[0, 2] = 1.0  # "5", "2", EOS -> 3 valid tokens, score at index 2; sample 1 is wrong (0.0)
     assert torch.equal(out["reward_tensor"], expected)
     assert out["reward_extra_info"] == {}
-    assert out["reward_metrics"] == {"reward/error_count": 0.0, "reward/timeout_count": 0.0, "reward/error_rate": 0.0}
+    assert out["reward_metrics"] == {"reward/error_count": 0.0, "reward/timeout_count": 0.0, "reward/error_rate": 0.0,
+                                     "reward/clipped_count": 0.0}
     assert torch.equal(mgr(data), expected)  # return_dict=False gives the tensor
 
 
@@ -141,4 +142,31 @@ def test_load_reward_manager_from_config(char_tokenizer, tmp_path):
         load_reward_manager(cfg, char_tokenizer)
     cfg.reward_model.reward_manager = "naive"
     with pytest.raises(ValueError, match="only apply to reward_manager=dapo"):
+        load_reward_manager(cfg, char_tokenizer)
+
+
+def test_reward_manager_class_from_a_file_verl09_importlib_source(char_tokenizer, tmp_path):
+    """verl 0.9's reward.reward_manager.source=importlib: the class is loaded from module.path / module.name."""
+    from types import SimpleNamespace as NS
+
+    from hybridflow.utils.load_object import LoadObjectError
+
+    (tmp_path / "my_manager.py").write_text(
+        "from hybridflow.rewards import NaiveRewardManager\n"
+        "class HalfManager(NaiveRewardManager):\n"
+        "    pass\n"
+        "class NotAManager:\n"
+        "    pass\n")
+    cfg = NS(
+        reward_model=NS(reward_manager="naive", reward_loop_source="importlib",
+                        reward_loop_module_path=str(tmp_path / "my_manager.py"), reward_loop_class_name="HalfManager",
+                        num_workers=0, timeout_s=5.0, error_score=0.0, reward_kwargs={},
+                        sandbox_fusion=NS(url=None, max_concurrent=64, memory_limit_mb=1024)),
+        custom_reward_function=NS(path=None, name="compute_score"),
+        data=NS(reward_fn_key="data_source"),
+    )
+    assert type(load_reward_manager(cfg, char_tokenizer)).__name__ == "HalfManager"
+    cfg.reward_model.reward_loop_class_name = "NotAManager"
+    with pytest.raises(LoadObjectError, match=r"reward.reward_manager.module.path: .*NotAManager' must be a subclass of "
+                                              r"hybridflow.rewards.managers.RewardManager"):
         load_reward_manager(cfg, char_tokenizer)

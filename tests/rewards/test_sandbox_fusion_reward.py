@@ -9,7 +9,7 @@ import pytest
 
 from hybridflow.config import load_config
 from hybridflow.rewards import load_reward_manager
-from hybridflow.tools.sandbox_server import serve_in_thread
+from hybridflow.sandbox.http_service import serve_in_thread
 
 BASE = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "critic.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",

@@ -212,3 +212,25 @@ def test_repeated_prompts_share_one_prefill_and_match_separate_prefills(model_an
         assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5)
     sampled = HFRolloutEngine(model, tok, seed=3).generate_batch(grouped, SamplingParams(temperature=1.0, max_tokens=8))
     assert len({tuple(o.token_ids) for o in sampled}) > 3  # copies of one prompt still diverge
+
+
+def test_a_failing_prefill_reaches_the_waiting_request_instead_of_hanging(model_and_tokenizer, prompts):
+    """Requests taken from the queue for a prefill that raises are not rows yet: they must still get the error."""
+    model, tok = model_and_tokenizer
+    engine = HFRolloutEngine(model, tok)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("prefill exploded")
+
+    hook = model.register_forward_pre_hook(lambda m, a, kw: broken(), with_kwargs=True)
+
+    async def ask():
+        return await asyncio.wait_for(engine.generate(prompts[0], SamplingParams(max_tokens=3), "r0"), timeout=20)
+
+    try:
+        with pytest.raises(RuntimeError, match="prefill exploded"):
+            asyncio.run(ask())
+    finally:
+        hook.remove()
+    out = engine.generate_batch(prompts[:1], SamplingParams(do_sample=False, max_tokens=3))  # still usable
+    assert len(out[0].token_ids) == 3

@@ -107,6 +107,42 @@ def test_client_pickles_without_its_sessions(fleet):
     assert clone.url == fleet.replicas[0].url and clone.name == fleet.replicas[0].name
 
 
+def test_replicas_need_their_key_and_have_no_dev_endpoints(fleet):
+    """Issue 24: replicas ran with VLLM_SERVER_DEV_MODE=1 and no key (/collective_rpc reached any worker method)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    server = fleet.servers[0]
+    env = open(f"/proc/{server.proc.pid}/environ", "rb").read().split(b"\0")
+    assert not any(e.startswith(b"VLLM_SERVER_DEV_MODE=") for e in env)
+    assert server.api_key.encode() not in open(f"/proc/{server.proc.pid}/cmdline", "rb").read()  # not in `ps`
+
+    def call(path, method="POST", key=None, body=b"{}"):
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        req = urllib.request.Request(f"{server.url}{path}", data=body if method == "POST" else None, method=method,
+                                     headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    for path in ("/v1/completions", "/collective_rpc", "/sleep", "/hybridflow/reload_weights",
+                 "/hybridflow/sleep?level=1", "/v1/load_lora_adapter", "/tokenize"):
+        assert call(path) == 401, path
+        assert call(path, key="wrong") == 401, path
+    assert call("/health", method="GET") == 200 and call("/metrics", method="GET") == 200  # read-only, open
+    assert call("/collective_rpc", key=server.api_key,
+                body=json.dumps({"method": "reload_weights"}).encode()) == 404  # dev mode is off
+    assert call("/hybridflow/reload_weights", key=server.api_key,
+                body=json.dumps({"weights_path": "/nonexistent"}).encode()) == 400
+    assert call("/hybridflow/pause?mode=abort", key=server.api_key) == 200
+    assert call("/hybridflow/resume", key=server.api_key) == 200
+
+
 def test_a_dead_replica_is_named(fleet, prompts):
     from hybridflow.rollout.vllm.server import VLLMServerError
 
@@ -128,3 +164,4 @@ def test_start_failure_shows_the_log_tail(varied_model_dir, engine_args, tmp_pat
                                               r"last log lines:.*max_model_len"):
         server.start()
     assert not server.alive()
+

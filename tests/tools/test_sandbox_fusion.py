@@ -14,8 +14,8 @@ import pytest
 from hybridflow.rewards.code import compute_score
 from hybridflow.rewards.scorers import default_compute_score
 from hybridflow.tools import CodeInterpreterTool, ToolExecutor
-from hybridflow.tools.sandbox_fusion_client import ConcurrencyLimit, SandboxFusionError, run_code_remote
-from hybridflow.tools.sandbox_server import serve_in_thread
+from hybridflow.sandbox.fusion_client import ConcurrencyLimit, SandboxFusionError, _split_token, run_code_remote
+from hybridflow.sandbox.http_service import serve_in_thread
 
 ADD = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
 IO = json.dumps({"inputs": ["1 2", "3 4", "5 5"], "outputs": ["3", "7", "11"]})  # the last case is wrong on purpose
@@ -36,7 +36,9 @@ def server(served):
 
 def post(url: str, body) -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    url, token = _split_token(url)
+    request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json",
+                                                                            "Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read())
@@ -61,7 +63,7 @@ def test_run_code_api_shapes(server):
     assert code == 400 and bad["status"] == "SandboxError"
     code, _ = post(server, {"stdin": "x"})
     assert code == 400
-    with urllib.request.urlopen(server.replace("/run_code", "/v1/ping"), timeout=10) as r:
+    with urllib.request.urlopen(_split_token(server)[0].replace("/run_code", "/v1/ping"), timeout=10) as r:
         assert r.read() == b"pong"
 
 
@@ -114,7 +116,12 @@ def test_cli_serves(tmp_path):
         line = proc.stdout.readline()
         assert "serving the SandboxFusion API on http://127.0.0.1:" in line, line
         url = line.split(" on ", 1)[1].split(" ", 1)[0]
-        assert run_code_remote(url, "print('served')").stdout == "served\n"
+        with pytest.raises(SandboxFusionError, match="401.*token"):  # a token is required
+            run_code_remote(url, "print('served')", max_retries=1)
+        token_line = proc.stdout.readline()
+        assert token_line.startswith("hybridflow sandbox: token "), token_line
+        url_with_token = token_line.split("sandbox_fusion.url=", 1)[1].split(" ", 1)[0]
+        assert run_code_remote(url_with_token, "print('served')").stdout == "served\n"
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -9,10 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from hybridflow.tools.sandbox import (
+from hybridflow.sandbox.runner import _CappedBuffer
+from hybridflow.sandbox import (
     SandboxConfig,
     SandboxResult,
-    _CappedBuffer,
+
     namespaces_available,
     resolve_isolation,
     run_python,
@@ -110,3 +111,13 @@ def test_stdlib_imports_work_in_every_mode(isolation):
             "print(json.dumps(sorted(os.listdir('.'))), statistics.mean([1, 2, 3]))")
     result = run_python(code, config=SandboxConfig(isolation=isolation, timeout_s=10.0, memory_mb=64))
     assert (result.status, result.stdout) == ("pass", '["main.py"] 2\n'), result.stderr
+
+
+def test_seccomp_filter_builds_for_both_architectures():
+    from hybridflow.sandbox.seccomp import DENIED, build_filter
+
+    for machine in ("x86_64", "aarch64"):
+        prog = build_filter(machine)
+        assert prog is not None and len(prog) % 8 == 0
+        assert len(prog) // 8 > len(DENIED)  # one test per denied call, plus the arch / clone / ioctl checks
+    assert build_filter("sparc") is None  # unknown: the sandbox runs without a filter and its docs say so

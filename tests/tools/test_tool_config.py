@@ -90,7 +90,7 @@ def test_names_paths_and_default_schemas(tmp_path):
      "tools[0] (calculator)"),
 ])
 def test_bad_tool_configs(tmp_path, body, message):
-    with pytest.raises((ValueError, ImportError, TypeError)) as info:
+    with pytest.raises((ValueError, ImportError, TypeError, AttributeError)) as info:
         initialize_tools_from_config(write(tmp_path, body))
     assert message in str(info.value)
 

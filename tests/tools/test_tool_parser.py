@@ -36,7 +36,7 @@ def call(name, **arguments):
 
 def test_registry_and_unknown_format(tok):
     assert {"hermes", "gpt-oss"} <= set(ToolParser.names())
-    with pytest.raises(ValueError, match="Unknown tool parser: 'qwen'.*hermes"):
+    with pytest.raises(ValueError, match="multi_turn.format: Unknown tool-call format 'qwen'.*hermes"):
         ToolParser.get_tool_parser("qwen", tok)
 
 

@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray")
 
 from hybridflow.config import load_config  # noqa: E402
 from hybridflow.controller import RayInitError, init_ray  # noqa: E402
-from hybridflow.trainer.main_ppo import RuntimeStart, init_models  # noqa: E402
+from hybridflow.trainer.runtime import RuntimeStart, init_models  # noqa: E402
 
 A = "actor_rollout_ref"
 

@@ -26,6 +26,7 @@ def test_fixed_and_dynamic_micro_batches_give_the_same_update(tiny_model_dir, co
     for overrides in (
         ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"],
         ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"],
+        ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],  # a shorter last micro-batch (verl 0.9 allows it)
         ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=14"],
     ):
         worker = _worker(config_factory, tiny_model_dir, *overrides)

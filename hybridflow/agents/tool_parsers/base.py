@@ -27,6 +27,8 @@ from typing import Any, ClassVar, Optional, Union
 
 from pydantic import BaseModel
 
+from hybridflow.utils.registry import Registry
+
 
 class FunctionCall(BaseModel):
     """One call as the model wrote it: ``name``, ``arguments`` (JSON text) and the model's call id if any."""
@@ -120,10 +122,12 @@ def strip_tokens(text: str, *tokens: str | None) -> str:
     return text
 
 
+TOOL_PARSERS: Registry[type["ToolParser"]] = Registry("tool-call format")
+
+
 class ToolParser(ABC):
     """Base of the parsers; subclasses implement :meth:`parse_text` and register with :meth:`register`."""
 
-    _registry: ClassVar[dict[str, type["ToolParser"]]] = {}
     skip_special_tokens: ClassVar[bool] = False
 
     def __init__(self, tokenizer) -> None:
@@ -131,22 +135,18 @@ class ToolParser(ABC):
 
     @classmethod
     def register(cls, name: str):
-        def decorator(subclass: type["ToolParser"]) -> type["ToolParser"]:
-            cls._registry[name] = subclass
-            return subclass
-
-        return decorator
+        """Class decorator registering a format under ``name`` (a later registration replaces it)."""
+        return TOOL_PARSERS.register(name, override=True)
 
     @classmethod
     def get_tool_parser(cls, name: str, tokenizer) -> "ToolParser":
-        if name not in cls._registry:
-            raise ValueError(f"Unknown tool parser: {name!r} (rollout.multi_turn.format); known: "
-                             f"{', '.join(sorted(cls._registry))}")
-        return cls._registry[name](tokenizer)
+        if name not in TOOL_PARSERS:
+            raise ValueError(f"actor_rollout_ref.rollout.multi_turn.format: {TOOL_PARSERS.unknown_message(name)}")
+        return TOOL_PARSERS.get(name)(tokenizer)
 
     @classmethod
     def names(cls) -> list[str]:
-        return sorted(cls._registry)
+        return TOOL_PARSERS.names()
 
     @property
     def stop_token_ids(self) -> list[int]:

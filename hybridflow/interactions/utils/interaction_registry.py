@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from hybridflow.interactions.base import BaseInteraction
-from hybridflow.utils.registry import import_dotted
+from hybridflow.utils.load_object import load_object
 
 _ENTRY_KEYS = {"name", "class_name", "config"}
 
@@ -27,17 +27,23 @@ _ENTRY_KEYS = {"name", "class_name", "config"}
 def get_interaction_class(cls_name: str) -> Any:
     """verl's loader: the object at ``package.module.Name`` (``verl.`` read as ``hybridflow.``); a missing
     module raises ``ModuleNotFoundError``, a missing name ``AttributeError``, as in verl."""
-    return import_dotted(cls_name, f"interaction class_name {cls_name!r}")
+    return load_object(cls_name, key="interaction class_name", kind="interaction class")
 
 
 def resolve_interaction_class(class_name: str, where: str) -> type[BaseInteraction]:
-    if "." not in str(class_name):
+    """``package.module.Class`` (verl's form), ``module:Class`` or ``file.py:Class``; errors name ``where``."""
+    from hybridflow.utils.load_object import load_object
+
+    if "." not in str(class_name) and ":" not in str(class_name):
         raise ValueError(f"{where}: class_name {class_name!r} must be a 'package.module.Class' path")
-    cls = import_dotted(str(class_name), f"{where}: class_name {class_name!r}")
-    if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
-        raise TypeError(f"{where}: class_name {class_name!r} must be a subclass of "
-                        "hybridflow.interactions.base.BaseInteraction")
-    return cls
+    return load_object(str(class_name), key=f"{where}: class_name", kind="interaction class",
+                       expect=_interaction_class)
+
+
+def _interaction_class(obj: Any) -> str | None:
+    if isinstance(obj, type) and issubclass(obj, BaseInteraction):
+        return None
+    return "must be a subclass of hybridflow.interactions.base.BaseInteraction"
 
 
 def default_name(class_name: str) -> str:

@@ -21,14 +21,21 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from hybridflow.engine.transformers_adapter import check_cache_object, forward_with_cache, text_config
-from hybridflow.rollout.base import TokenOutput
+from hybridflow.engine.transformers_adapter import (
+    attention_mask_layout,
+    check_cache_object,
+    forward_with_cache,
+    text_config,
+)
+from hybridflow.rollout.base import TokenOutput, engine_failure
+from hybridflow.rollout.hf.attention_masks import EngineMasks
 from hybridflow.rollout.hf.fast_decode import fast_decoder_for
 from hybridflow.rollout.hf.prefill import PrefillJob, run_prefill
 from hybridflow.rollout.hf.vision import VisionRequest
@@ -39,9 +46,23 @@ from hybridflow.rollout.hf.token_sampler import RowSampling, sample_next_tokens
 
 __all__ = ["BatcherLimits", "ContinuousBatcher", "GenerationRequest"]
 
+logger = logging.getLogger(__name__)
+
 _COLUMN_QUANTUM = 64  # cache/output widths are rounded up so that growth is rare
 _ROW_QUANTUM = 8
 _MAX_MODEL_LEN_KEY = "actor_rollout_ref.rollout.max_model_len"
+logger = logging.getLogger(__name__)
+_REPORTED: set[tuple[str, str]] = set()  # (model type, reason) already reported in this process
+
+
+def _report_fallback(model: torch.nn.Module, reason: str) -> None:
+    """Say once per process and model type why decode steps run through ``model.forward``."""
+    key = (str(getattr(model.config, "model_type", type(model).__name__)), reason)
+    if key in _REPORTED:
+        return
+    _REPORTED.add(key)
+    logger.warning("hf rollout: the %s model decodes through model.forward (same results, slower per step) instead "
+                   "of the fast decode step: %s", key[0], reason)
 
 
 @dataclass
@@ -96,10 +117,15 @@ class ContinuousBatcher:
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int, generator: torch.Generator,
                  limits: BatcherLimits = BatcherLimits(), compute_dtype: torch.dtype | None = None,
-                 fast_decode: bool = True, suppress_ids: list[int] | None = None):
+                 fast_decode: bool = True, suppress_ids: list[int] | None = None, name: str = "hf"):
         self.model = model
+        self.name = name
+        self.doing = "idle"  # what the step under way does: read by the stall watchdog (engine.progress)
         # Decode steps skip transformers' forward plumbing when the model has the supported structure.
+        self.masks = EngineMasks(attention_mask_layout(model.config))  # refuses layers it cannot mask
         self.fast, self.fast_reason = fast_decoder_for(model) if fast_decode else (None, "disabled")
+        if self.fast is None and fast_decode:
+            _report_fallback(model, self.fast_reason)
         self.pad_token_id = int(pad_token_id)
         self.limits = limits
         self.generator = generator
@@ -152,16 +178,32 @@ class ContinuousBatcher:
         return bool(self.pending) or bool(self.reqs)
 
     def step(self) -> None:
-        """Admit waiting requests, then decode one token for every live row."""
+        """Admit waiting requests, then decode one token for every live row.
+
+        Whatever raises inside (a forward, the sampler, non-finite logits) is handed, as an
+        :class:`~hybridflow.rollout.base.EngineError` naming this step's phase and carrying the original
+        traceback, to every request in flight or waiting -- and raised."""
         self._step_stamp = None
         with torch.inference_mode(), self._autocast():
             try:
                 self._admit()
                 if self.reqs:
+                    self.doing = "decode"
                     self._decode()
             except BaseException as exc:
-                self.fail_all(exc)
-                raise
+                error = engine_failure(exc, self.name, self.doing, self.load())
+                self.fail_all(error)
+                raise error
+            finally:
+                self.doing = "idle"
+
+    def load(self) -> int:
+        """Requests in flight or waiting."""
+        return len(self.reqs) - self.n_dead + len(self.pending)
+
+    def progress(self) -> int:
+        """Forwards run so far (prefill and decode): grows while the batcher makes progress."""
+        return self.counters["prefill_forwards"] + self.counters["decode_steps"]
 
     def fail_all(self, exc: BaseException) -> None:
         """Hand ``exc`` to every request in flight or waiting, and start over with an empty batch."""
@@ -170,7 +212,10 @@ class ContinuousBatcher:
         self._reset_rows()
         self.drop_prefixes()  # a forward failed half-way: what the rows hold is not trusted
         for req in victims:
-            req.on_error(exc)
+            try:
+                req.on_error(exc)
+            except Exception:  # noqa: BLE001 - one caller gone (its event loop closed) must not spare the others
+                logger.warning("request %s: its error callback failed", req.request_id, exc_info=True)
 
     def abort_all(self) -> int:
         """Finish every request now with ``finish_reason="abort"`` and what it generated so far (waiting
@@ -265,6 +310,7 @@ class ContinuousBatcher:
     def _admit(self) -> None:
         if not self.pending:
             return
+        self.doing = "admission"
         if self.pool is not None and len(self.pool) and self._weights_stamp() != self._pool_stamp:
             self.drop_prefixes()  # the weights changed since these rows were computed
         live = len(self.reqs) - self.n_dead
@@ -295,7 +341,13 @@ class ContinuousBatcher:
             chosen.append(self.pending.popleft())
             cols = need
         if chosen:
-            self._start(chosen, cols, budget[0] if budget else None)
+            try:
+                self._start(chosen, cols, budget[0] if budget else None)
+            except BaseException:
+                # requests that did not get a row yet go back to the queue, where fail_all finds them
+                placed = {id(r) for r in self.reqs if r is not None}
+                self.pending.extendleft(reversed([r for r in chosen if id(r) not in placed]))
+                raise
 
     def _start(self, reqs: list[GenerationRequest], cols: int, budget: int | None) -> None:
         """Give ``reqs`` rows, prefill them (reusing parked prefixes) and sample their first tokens.
@@ -329,8 +381,9 @@ class ContinuousBatcher:
             self.pool.remove(entry)
         self.counters["prefix_hits"] += len(takeovers)
         dev = self.device
+        self.doing = f"prefill of {len(reqs)} request(s)"
         logits, forwards = run_prefill(self.model, self.cache, list(jobs.values()), self.pad_token_id,
-                                       self.limits.max_num_batched_tokens, self.param_dtype, dev)
+                                       self.limits.max_num_batched_tokens, self.param_dtype, dev, self.masks)
 
         lens = [len(r.prompt_ids) for r in reqs]
         m = len(reqs)
@@ -483,7 +536,7 @@ class ContinuousBatcher:
     # ------------------------------------------------------------------ decode
     def _decode(self) -> None:
         rows, cache = self.rows, self.cache
-        mask = cache.begin_decode(rows["write_col"], self.kv_len)
+        mask = self.masks.decode(cache.begin_decode(rows["write_col"], self.kv_len), rows["write_col"])
         positions = rows["write_col"] + rows["rope_delta"]
         try:
             if self.fast is not None and self.fast.usable():
@@ -515,9 +568,22 @@ class ContinuousBatcher:
         gen_len += alive
         stopped = (rows["stop_ids"][r0:r1] == tokens[:, None]).any(dim=-1)
         done = alive & (stopped | (gen_len >= rows["max_tokens"][r0:r1]))
-        if bool(done.any()):
+        broken = alive & ~torch.isfinite(log_probs)  # NaN / inf logits give a non-finite log-prob
+        any_done, any_broken = torch.stack((done.any(), broken.any())).tolist()  # the step's one host sync
+        if any_broken:
+            self._non_finite(r0, broken)
+        if any_done:
             reasons = ["stop" if s else "length" for s in stopped[done].tolist()]
             self._finish((done.nonzero().flatten() + r0).tolist(), reasons)
+
+    def _non_finite(self, r0: int, broken: torch.Tensor) -> None:
+        rows = (broken.nonzero().flatten() + r0).tolist()
+        ids = [self.reqs[r].request_id for r in rows[:3]]
+        raise FloatingPointError(
+            f"the model produced non-finite logits (NaN or inf) for {len(rows)} of {len(broken)} row(s) "
+            f"(requests {', '.join(ids)}{', ...' if len(rows) > 3 else ''}): the policy's "
+            "weights have most likely diverged (look at actor/grad_norm and actor/pg_loss of the last steps; lower "
+            "actor_rollout_ref.actor.optim.lr), or the rollout dtype overflows (actor_rollout_ref.rollout.dtype)")
 
     def _finish(self, finished: list[int], reasons: list[str]) -> None:
         idx = torch.tensor(finished, device=self.device)

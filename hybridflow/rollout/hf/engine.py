@@ -24,7 +24,6 @@ them, and the actor's forward would refuse them); reported log-probs stay over t
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import time
 from typing import Iterable, Sequence
@@ -34,16 +33,18 @@ import torch
 from hybridflow.engine.device import empty_cache, resolve_dtype
 from hybridflow.engine.forward import eval_mode
 from hybridflow.engine.transformers_adapter import attention_implementation
-from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
+from hybridflow.rollout.base import EngineError, RolloutEngine, TokenOutput, _per_request, engine_failure
 from hybridflow.rollout.hf.batcher import BatcherLimits, ContinuousBatcher, GenerationRequest
 from hybridflow.rollout.hf.vision import VisionPreparer
 from hybridflow.rollout.multi_modal import images_of
 from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.utils.registry import closest
+from hybridflow.utils.threads import DaemonExecutor
 
 __all__ = ["HFRolloutEngine", "rollout_compute_dtype"]
 
 _SUPPORTED_ATTENTION = ("sdpa", "eager")
+_ABORT_WAIT_S = 120.0  # abort_all waits this long at most for the step under way
 
 
 def _as_id_list(value) -> list[int]:
@@ -124,6 +125,7 @@ class HFRolloutEngine(RolloutEngine):
         seed: int = 0,
         fast_decode: bool = True,
         max_batch_size: int | None = None,
+        name: str = "hf",
     ):
         attn = attention_implementation(model.config)
         if attn not in _SUPPORTED_ATTENTION:
@@ -132,6 +134,7 @@ class HFRolloutEngine(RolloutEngine):
                 "load it with attn_implementation='sdpa'"
             )
         self.model = model
+        self.name = name
         if eos_token_ids is None:
             eos_token_ids = getattr(tokenizer, "eos_token_id", None)
         if eos_token_ids is None:
@@ -157,8 +160,10 @@ class HFRolloutEngine(RolloutEngine):
         self._vision = VisionPreparer(processor, model.config)
         spec = self._vision.spec
         self._batcher = ContinuousBatcher(model, pad_token_id, self.generator, limits, self.compute_dtype, fast_decode,
-                                          suppress_ids=[spec.image_token_id, spec.video_token_id] if spec else None)
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-rollout")
+                                          suppress_ids=[spec.image_token_id, spec.video_token_id] if spec else None,
+                                          name=name)
+        # a daemon thread: a forward that never returns must not keep the process from exiting
+        self._executor = DaemonExecutor(max_workers=1, name="hf-rollout")
         self._driver: asyncio.Task | None = None
         self._asleep = False
         self._abort_waiting = threading.Event()  # set while abort_all() waits for the step under way
@@ -216,9 +221,19 @@ class HFRolloutEngine(RolloutEngine):
     def _locked_step(self) -> None:
         while self._abort_waiting.is_set():  # let abort_all() take the lock before the next step
             time.sleep(0.0005)
-        with self._batcher.lock, eval_mode(self.model):
-            if self._batcher.has_work():
-                self._batcher.step()
+        with self._batcher.lock:
+            try:
+                with eval_mode(self.model):
+                    if self._batcher.has_work():
+                        self._batcher.step()
+            except EngineError:  # the step handed it to its requests already (requests submitted since are new)
+                raise
+            except BaseException as exc:  # failed around the step (the mode switch): nobody was told yet
+                self._batcher.fail_all(engine_failure(exc, self.name, "a step", self._batcher.load()))
+                raise
+
+    def progress(self) -> tuple[int, str]:
+        return self._batcher.progress(), self._batcher.doing
 
     def generate_batch(
         self, prompts: Sequence[list[int]], sampling_params: SamplingParams | Sequence[SamplingParams],
@@ -294,12 +309,18 @@ class HFRolloutEngine(RolloutEngine):
 
     def abort_all(self) -> int:
         """Finish every request in flight now with ``finish_reason="abort"`` and the tokens / log-probs
-        generated so far (waiting requests with none); returns how many.  Waits at most for the decode
-        step under way.  The engine stays usable."""
+        generated so far (waiting requests with none); returns how many.  Waits for the step under way, at most
+        120 s (an ``EngineError`` then: the engine is stuck).  The engine stays usable."""
         self._abort_waiting.set()
         try:
-            with self._batcher.lock:
+            if not self._batcher.lock.acquire(timeout=_ABORT_WAIT_S):  # a stuck step: never wait forever
+                raise EngineError(f"rollout engine '{self.name}': the step under way has not finished in "
+                                  f"{_ABORT_WAIT_S:.0f} s, so its requests cannot be aborted (the engine is stuck; "
+                                  f"its replica's stall watchdog names where)")
+            try:
                 return self._batcher.abort_all()
+            finally:
+                self._batcher.lock.release()
         finally:
             self._abort_waiting.clear()
 

@@ -1,4 +1,4 @@
-"""A lean decode step for Llama-family decoders (Llama, Qwen2, Qwen3, Mistral without sliding windows), and
+"""A lean decode step for Llama-family decoders (Llama, Qwen2, Qwen3, Mistral), and
 the language model of Qwen2-VL / Qwen2.5-VL (decoded tokens are text: their three M-RoPE axes are equal, so the
 model's own rotary embedding of a 1-D position -- the engine passes ``column + rope_delta`` -- is exact).
 
@@ -12,8 +12,10 @@ time (nothing is copied, so weights updated by the actor are used at once), with
 ``forward`` (it is one call per batch and its cost is arithmetic).
 
 It is used only when the model is exactly the supported structure -- every projection a plain
-``nn.Linear``, RMS norms, rotary embeddings, no sliding-window layers, no sharded (DTensor) or adapter
-(LoRA) weights -- and otherwise the engine falls back to ``model(...)``; :func:`fast_decoder_for` says why.
+``nn.Linear``, RMS norms, rotary embeddings, no sharded (DTensor) or adapter (LoRA) weights -- and otherwise
+the engine falls back to ``model(...)`` (and says why once, see :func:`fast_decoder_for`).  Sliding-window
+layers (Mistral-7B-v0.1, Qwen2 with ``use_sliding_window``) are supported: the step attends with each layer's
+own mask from :class:`~hybridflow.rollout.hf.attention_masks.EngineMasks`.
 Equality with the ``forward`` path is tested (tokens, and log-probs within 1e-5).
 
 On CPU in fp32 the step's Linear layers run on oneDNN with the weights reordered ("prepacked") once into
@@ -30,11 +32,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridflow.engine.transformers_adapter import attention_implementation, text_config
+from hybridflow.engine.transformers_adapter import attention_implementation, attention_mask_layout, text_config
 
 __all__ = ["FastDecoder", "PackedLinears", "fast_decoder_for", "SUPPORTED_MODEL_TYPES"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "qwen2_vl", "qwen2_5_vl")
+# Why the families hybridflow is tested on, but the step does not compute, differ from the Llama structure.
+_KNOWN_DIFFERENCES = {
+    "gemma2": "Gemma-2 layers (soft-capped attention and final logits, query_pre_attn_scalar, (1 + w) RMS norms, "
+              "sqrt(hidden)-scaled embeddings, extra post-norms)",
+    "deepseek_v3": "DeepSeek-V3 layers (MLA attention with low-rank compressed queries and keys/values, K and V "
+                   "head dims that differ; MoE feed-forward layers)",
+    "qwen3_moe": "Qwen3-MoE feed-forward layers (a top-k router over experts instead of one MLP)",
+}
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 
@@ -61,15 +71,15 @@ def _unsupported_reason(model: nn.Module) -> str | None:
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
-        return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+        known = _KNOWN_DIFFERENCES.get(model_type)
+        return known or f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
     impl = attention_implementation(config)
     config = text_config(config)
     if impl not in ("sdpa", "eager"):
         return f"attention implementation {impl!r}"
-    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
-        return "sliding-window attention layers"
-    if model_type == "mistral" and getattr(config, "sliding_window", None) is not None:
-        return "Mistral sliding window"
+    layout = attention_mask_layout(config)
+    if layout.unsupported:
+        return layout.unsupported
     body = _decoder(model)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
     if body is None or not all(hasattr(body, n) for n in needed) or not hasattr(model, "lm_head"):
@@ -146,6 +156,7 @@ class FastDecoder:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.mask_keys = attention_mask_layout(config).layer_keys  # each layer's mask when masks come keyed
         linears = [getattr(layer.self_attn, n) for layer in self.layers for n in _PROJECTIONS]
         linears += [getattr(layer.mlp, n) for layer in self.layers for n in _MLP]
         self.packed = PackedLinears(linears + [model.lm_head])
@@ -154,9 +165,10 @@ class FastDecoder:
         """False while the weights are sharded (FSDP DTensors outside an unshard): use ``forward`` then."""
         return type(self.model.lm_head.weight) in (nn.Parameter, torch.Tensor)
 
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor,
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache, mask: "torch.Tensor | dict[str, torch.Tensor]",
              weights_stamp: object = None) -> torch.Tensor:
-        """``weights_stamp``: a fingerprint of the weights that changes when they do (see ``PackedLinears``)."""
+        """``mask``: one (B, 1, 1, K) mask for every layer, or ``{layer type: mask}`` (sliding-window layers).
+        ``weights_stamp``: a fingerprint of the weights that changes when they do (see ``PackedLinears``)."""
         B = tokens.shape[0]
         self.packed.refresh(weights_stamp)
         lin = self.packed.linear
@@ -176,7 +188,9 @@ class FastDecoder:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             keys, values = cache.update(k, v, i)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=gqa)
+            layer_mask = mask[self.mask_keys[i]] if isinstance(mask, dict) else mask
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=layer_mask, scale=attn.scaling,
+                                               enable_gqa=gqa)
             h = h + lin(attn.o_proj, o.transpose(1, 2).reshape(B, 1, -1))
             x = _rms(h, layer.post_attention_layernorm)
             h = h + lin(mlp.down_proj, mlp.act_fn(lin(mlp.gate_proj, x)) * lin(mlp.up_proj, x))

@@ -19,8 +19,10 @@ The buffers are allocated for the rows and columns asked for (:meth:`resized` re
 in the storage ``dtype`` (the rollout's compute dtype, e.g. bf16 under autocast over fp32 weights).
 HF attention modules only call ``cache.update(k, v, layer_idx, ...)``, so this duck-typed object
 works for every decoder in transformers that uses the standard attention interface (Llama, Qwen2,
-Mistral, ...).  Layer buffers are allocated from the first forward's key shapes, so no architecture
-knowledge is needed; :class:`KVGeometry` estimates the bytes per token from the model config for sizing.
+Mistral, Gemma-2, Qwen3-MoE, DeepSeek-V3's MLA...).  Layer buffers are allocated from the first forward's key
+and value shapes, each on its own (MLA caches keys wider than values), so no architecture knowledge is
+needed; :class:`KVGeometry` estimates the bytes per token from the model config for sizing.  Sliding-window
+layers keep every column (the window is in the masks, :mod:`~hybridflow.rollout.hf.attention_masks`).
 """
 
 from __future__ import annotations
@@ -34,29 +36,40 @@ __all__ = ["KVGeometry", "SlotKVCache"]
 
 @dataclass(frozen=True)
 class KVGeometry:
-    """What one cached token costs: ``layers x 2 (K and V) x kv_heads x head_dim x bytes``."""
+    """What one cached token costs: ``layers x kv_heads x (head_dim + v_head_dim) x bytes``.
+
+    ``v_head_dim`` is ``head_dim`` except for MLA attention (DeepSeek-V2/V3), whose cached keys are
+    ``qk_nope_head_dim + qk_rope_head_dim`` wide and values ``v_head_dim`` wide, one of each per query head
+    (transformers expands the compressed K/V before caching them).
+    """
 
     layers: int
     kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    v_head_dim: int | None = None
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+        width = self.head_dim + (self.v_head_dim if self.v_head_dim is not None else self.head_dim)
+        return self.layers * self.kv_heads * width * torch.empty((), dtype=self.dtype).element_size()
 
     @classmethod
     def from_config(cls, config, dtype: torch.dtype) -> "KVGeometry | None":
-        """From an HF config (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim``); None when the
-        config does not say."""
+        """From an HF config (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim``; MLA's
+        ``qk_nope_head_dim`` / ``qk_rope_head_dim`` / ``v_head_dim``); None when the config does not say."""
         try:
             layers = int(config.num_hidden_layers)
             heads = int(config.num_attention_heads)
             kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
             head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+            v_dim = None
+            if getattr(config, "qk_nope_head_dim", None) is not None and getattr(config, "v_head_dim", None):
+                head_dim = int(config.qk_nope_head_dim) + int(config.qk_rope_head_dim)
+                v_dim = int(config.v_head_dim)
         except (AttributeError, TypeError):
             return None
-        return cls(layers, kv_heads, head_dim, dtype)
+        return cls(layers, kv_heads, head_dim, dtype, v_dim)
 
 
 class SlotKVCache:

@@ -13,6 +13,8 @@ starts at position ``a`` has position (and cache column) ``a + i``.  Jobs whose 
 over the forward's own keys (a causal mask with padding); the others (``extend``) attend over their row's
 cached columns ``[0, a)`` plus, causally, the chunk -- per query, every column up to its own position.
 Padded query slots see every column so that no softmax row is empty; their outputs are never used.
+A model's sliding-window layers additionally see only the keys less than a window behind each query
+(:mod:`~hybridflow.rollout.hf.attention_masks`).
 
 Image prompts (``job.vision``, :mod:`~hybridflow.rollout.hf.vision`) are never chunked and never start from a
 reused prefix: the vision tower must see each image whole, in the forward that holds its tokens. A forward
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 
 from hybridflow.engine.transformers_adapter import forward_with_cache
+from hybridflow.rollout.hf.attention_masks import EngineMasks
 from hybridflow.rollout.hf.kv_cache import SlotKVCache
 
 __all__ = ["PrefillJob", "run_prefill"]
@@ -53,8 +56,9 @@ class PrefillJob:
 
 
 def run_prefill(model, cache: SlotKVCache, jobs: list[PrefillJob], pad_token_id: int, max_tokens: int,
-                mask_dtype: torch.dtype, device) -> tuple[torch.Tensor, int]:
-    """Prefill ``jobs`` into ``cache``; return ``(last-token logits (len(jobs), V), forwards run)``."""
+                mask_dtype: torch.dtype, device, masks: EngineMasks) -> tuple[torch.Tensor, int]:
+    """Prefill ``jobs`` into ``cache``; return ``(last-token logits (len(jobs), V), forwards run)``.
+    ``masks`` adds the model's sliding windows to the masks built here."""
     progress = [job.start for job in jobs]
     logits: list[torch.Tensor | None] = [None] * len(jobs)
     remaining = list(range(len(jobs)))
@@ -72,7 +76,8 @@ def run_prefill(model, cache: SlotKVCache, jobs: list[PrefillJob], pad_token_id:
                 continue
             group.append((j, progress[j], progress[j] + chunk))
             width = w
-        out = _forward(model, cache, [(jobs[j], a, b) for j, a, b in group], width, pad_token_id, mask_dtype, device)
+        out = _forward(model, cache, [(jobs[j], a, b) for j, a, b in group], width, pad_token_id, mask_dtype, device,
+                       masks)
         forwards += 1
         for (j, _, b), row in zip(group, out):
             progress[j] = b
@@ -83,7 +88,7 @@ def run_prefill(model, cache: SlotKVCache, jobs: list[PrefillJob], pad_token_id:
 
 
 def _forward(model, cache: SlotKVCache, chunks: list[tuple[PrefillJob, int, int]], width: int, pad_token_id: int,
-             mask_dtype: torch.dtype, device) -> torch.Tensor:
+             mask_dtype: torch.dtype, device, masks: EngineMasks) -> torch.Tensor:
     """One forward over ``chunks`` (job, first, end position); returns the last-position logits (U, V)."""
     U, W = len(chunks), width
     ids = torch.tensor([[pad_token_id] * (W - (b - a)) + job.prompt[a:b] for job, a, b in chunks], device=device)
@@ -97,17 +102,17 @@ def _forward(model, cache: SlotKVCache, chunks: list[tuple[PrefillJob, int, int]
     if fresh:  # attend over the forward's own keys: causal, not padding
         allowed = (slots[None, None, :] <= slots[None, :, None]) & (slots[None, None, :] >= pad[:, None, None])
         allowed |= torch.eye(W, dtype=torch.bool, device=device)
-        read_rows, kv_len = None, W
+        read_rows, kv_len, key_positions = None, W, positions
     else:  # attend over the row's cache columns up to the query's own position
         kv_len = int((first + lens).max())
         cols = torch.arange(kv_len, device=device)
         allowed = (cols[None, None, :] <= positions[:, :, None]) | ~valid[:, :, None]
-        read_rows = torch.tensor([job.rows[0] for job, _, _ in chunks], device=device)
-    mask = torch.zeros(allowed.shape, dtype=mask_dtype, device=device).masked_fill_(~allowed, float("-inf"))
+        read_rows, key_positions = torch.tensor([job.rows[0] for job, _, _ in chunks], device=device), cols
+    mask = masks.prefill(allowed, positions, key_positions, valid, mask_dtype)
     model_positions, vision_inputs = _vision_inputs(chunks, positions, pad, device)
     cache.begin_extend(_writes(chunks, pad, first, lens, device), read_rows, kv_len)
     try:
-        out = forward_with_cache(model, cache, input_ids=ids, attention_mask=mask[:, None],
+        out = forward_with_cache(model, cache, input_ids=ids, attention_mask=mask,
                                  position_ids=model_positions, use_cache=True, logits_to_keep=1, **vision_inputs)
     finally:
         cache.end()

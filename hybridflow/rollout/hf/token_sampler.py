@@ -176,7 +176,9 @@ def inverse_cdf_sample(candidates: torch.Tensor, uniforms: torch.Tensor) -> torc
     # u <= 1 - 2**-32 and the total is ~1, so the target lies far below it: the first index whose CDF
     # exceeds the target exists, and its probability is > 0 (adding 0.0 leaves a CDF value unchanged).
     target = uniforms * cdf[:, -1]
-    return torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
+    # only a NaN row (non-finite logits) finds no index; clamped, its token stays a valid id and the engine
+    # reports the row's non-finite log-prob by name instead of failing on an index out of range
+    return torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp_(max=cdf.shape[-1] - 1)
 
 
 def sample_next_tokens(

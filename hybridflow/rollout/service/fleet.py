@@ -87,13 +87,13 @@ class ServerFleet(RolloutFleet):
 
     def wake_up(self, global_step: int | None = None) -> None:
         for index, server in enumerate(self.servers):
-            server.call(server.engine.wake_up)
+            server.call(server.engine.wake_up, what="wake_up")
             if global_step is not None:  # the engines' own streams (requests without a seed) restart per step
-                server.call(lambda e=server.engine, s=7919 * int(global_step) + index: e.reseed(s))
+                server.call(lambda e=server.engine, s=7919 * int(global_step) + index: e.reseed(s), what="reseed")
 
     def sleep(self) -> None:
         for server in self.servers:
-            server.call(server.engine.sleep)
+            server.call(server.engine.sleep, what="sleep")
 
     def update_weights(self) -> float | None:
         return None
@@ -105,7 +105,7 @@ class ServerFleet(RolloutFleet):
         start = time.perf_counter()
         tensors = list(named_tensors)
         for server in self.servers:
-            server.call(lambda s=server: s.engine.update_weights(tensors))
+            server.call(lambda s=server: s.engine.update_weights(tensors), what="weights")
         return time.perf_counter() - start
 
     def abort_all(self) -> None:

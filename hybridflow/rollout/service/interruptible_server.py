@@ -24,12 +24,14 @@ from hybridflow.rollout.service.server_manager import derive_seed
 
 __all__ = ["InterruptibleRolloutServer"]
 
+_LOOP_CALL_S = 60.0  # closing the gate is one loop callback; a loop blocked this long is stuck
+
 
 class InterruptibleRolloutServer(RolloutServer):
     """:class:`RolloutServer` with a gate: :meth:`interrupt` / :meth:`resume` (see the module docstring)."""
 
-    def __init__(self, engine, name: str = "rollout"):
-        super().__init__(engine, name)
+    def __init__(self, engine, name: str = "rollout", stall_timeout_s: float = 300.0):
+        super().__init__(engine, name, stall_timeout_s)
         self._open = self._on_loop(asyncio.Event)
         self._loop.call_soon_threadsafe(self._open.set)
         self.continued = 0  # requests continued after an interruption (for tests and metrics)
@@ -48,7 +50,9 @@ class InterruptibleRolloutServer(RolloutServer):
         Aborted requests wait at the gate and continue after :meth:`resume`.
         """
         self._check_open()
-        asyncio.run_coroutine_threadsafe(self._close_gate(), self._loop).result()
+        if self.failed is not None:  # stalled: the engine cannot abort anything
+            raise self.failed
+        asyncio.run_coroutine_threadsafe(self._close_gate(), self._loop).result(_LOOP_CALL_S)
         return int(self.engine.abort_all() or 0)
 
     def resume(self) -> None:
@@ -59,6 +63,10 @@ class InterruptibleRolloutServer(RolloutServer):
     @property
     def interrupted(self) -> bool:
         return not self._open.is_set()
+
+    def _paused(self) -> bool:  # requests waiting at the closed gate are not stalled
+        gate = getattr(self, "_open", None)
+        return gate is not None and not gate.is_set()
 
     async def _close_gate(self) -> None:
         self._open.clear()

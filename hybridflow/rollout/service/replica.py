@@ -22,7 +22,7 @@ import sys
 from abc import ABC, abstractmethod
 from typing import Any
 
-from hybridflow.rollout.base import TokenOutput
+from hybridflow.rollout.base import EngineError, TokenOutput
 from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.rollout.service.server import GenerateRequest, RolloutServer
 
@@ -33,7 +33,7 @@ __all__ = ["RolloutReplica", "InProcessReplica", "RayActorReplica", "ReplicaErro
 RAY_ROLLOUT_CONCURRENCY_GROUP = "rollout"
 
 
-class ReplicaError(RuntimeError):
+class ReplicaError(EngineError):
     """A replica could not serve a request (its process died, or the transport failed); names the replica."""
 
 
@@ -85,7 +85,14 @@ class InProcessReplica(_TickBatching):
         self._reset_batching()
 
     async def _send(self, batch) -> None:
-        futures = self.server.submit_many([r for r, _ in batch])
+        try:
+            futures = self.server.submit_many([r for r, _ in batch])
+        except Exception as exc:  # noqa: BLE001 - a closed server: every waiter learns it
+            error = ReplicaError(f"rollout replica '{self.name}' refused the requests: {type(exc).__name__}: {exc}")
+            for _, waiter in batch:
+                if not waiter.done():
+                    waiter.set_exception(error)
+            return
         for (_, waiter), future in zip(batch, futures):
             asyncio.ensure_future(_relay(future, waiter))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,16 +31,37 @@ class ServerProcessError(ReplicaError):
     """A server replica failed to start, died, or answered with an error; the message names it."""
 
 
+# vLLM / SGLang prefix every log line with "(Process pid=N) LEVEL date time [file:line] "
+_LOG_PREFIX = re.compile(r"^\([^)]*\)\s+(?:[A-Z]+\s+\S+\s+\S+\s+\[[^\]]*\]\s?)?")
+_TRACEBACK_LINES = 60
+
+
+def first_traceback(text: str) -> str | None:
+    """The first Python traceback in a server log (its root cause: later ones are usually its consequences),
+    prefixes stripped; None when the log holds none."""
+    lines = [_LOG_PREFIX.sub("", line) for line in text.splitlines()]
+    start = next((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")), None)
+    if start is None:
+        return None
+    out = [lines[start]]
+    for line in lines[start + 1:start + _TRACEBACK_LINES]:
+        out.append(line)
+        if line and not line[0].isspace() and not line.startswith(("Traceback", "During handling", "The above")):
+            break  # the exception line ends the block
+    return "\n".join(out)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def http_json(url: str, payload: dict | None = None, timeout: float = 60.0, method: str | None = None) -> Any:
+def http_json(url: str, payload: dict | None = None, timeout: float = 60.0, method: str | None = None,
+              headers: dict[str, str] | None = None) -> Any:
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         body = resp.read()
     return json.loads(body) if body.strip() else None
@@ -59,6 +81,7 @@ class ServerProcess:
         self.port = port
         self.log_dir = log_dir
         self.extra_env = dict(env or {})
+        self.auth_headers: dict[str, str] = {}  # sent with every post() (a replica's per-run key)
         self.start_timeout_s = float(start_timeout_s)
         self.proc: subprocess.Popen | None = None
         self.log_path: Path | None = None
@@ -129,13 +152,21 @@ class ServerProcess:
         code = self.proc.poll()
         if code is not None:
             raise self.error_type(f"{self.kind} replica '{self.name}' ({self.url}, pid {self.proc.pid}) died with "
-                                  f"exit code {code}; last log lines:\n{self.log_tail()}")
+                                  f"exit code {code} ({self.log_path}); {self.log_excerpt()}")
 
     def log_tail(self, lines: int = 40) -> str:
         if self.log_path is None or not self.log_path.exists():
             return "(no log)"
         text = self.log_path.read_bytes()[-64_000:].decode(errors="replace").splitlines()
         return "\n".join(text[-lines:]) or "(empty log)"
+
+    def log_excerpt(self, lines: int = 12) -> str:
+        """What to show of the log after a failure: its first traceback (the root cause) and the last lines."""
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        found = first_traceback(self.log_path.read_bytes()[-256_000:].decode(errors="replace"))
+        tail = self.log_tail(lines)
+        return tail if found is None else f"first error in the log:\n{found}\nlast log lines:\n{tail}"
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM to the process group this object started, SIGKILL after ``timeout``; idempotent."""
@@ -157,7 +188,8 @@ class ServerProcess:
     def post(self, path: str, payload: dict | None = None, timeout: float = 300.0) -> Any:
         self.check_alive()
         try:
-            return http_json(f"{self.url}{path}", payload if payload is not None else {}, timeout=timeout)
+            return http_json(f"{self.url}{path}", payload if payload is not None else {}, timeout=timeout,
+                             headers=self.auth_headers)
         except urllib.error.HTTPError as e:
             raise self.error_type(f"{self.kind} '{self.name}' answered {e.code} to {path}: "
                                   f"{e.read()[:2000].decode(errors='replace')}") from None

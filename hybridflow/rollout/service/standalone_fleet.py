@@ -56,6 +56,34 @@ class _Background:
         return self._result
 
 
+_PEER_ERROR_WAIT_S = 10.0  # after the sender failed: how long to wait for a receiver's own (root-cause) error
+
+
+def _together(send: Callable[[], Any], receivers: _Background, timeout_s: float) -> tuple[Any, Any]:
+    """Run the sender's side here while ``receivers`` run in the background; ``(sent, received)``.
+
+    A member that fails leaves the weight-sync group at once (the checkpoint engine's ``abort``), so the other
+    side fails within a second with a "connection closed by peer" error; the first side's error is the cause
+    and is the one raised (a receiver's failure would otherwise hide behind the sender's closed connection)."""
+    try:
+        sent = send()
+    except Exception as send_error:
+        try:
+            receivers.result(_PEER_ERROR_WAIT_S)
+        except TimeoutError:
+            pass
+        except Exception as receive_error:  # noqa: BLE001 - the receivers failed too: theirs may be the cause
+            if _is_peer_closed(send_error) and not _is_peer_closed(receive_error):
+                raise receive_error from send_error
+        raise
+    return sent, receivers.result(timeout_s)
+
+
+def _is_peer_closed(error: BaseException) -> bool:
+    text = str(error)
+    return "Connection closed by peer" in text or "Connection reset by peer" in text
+
+
 class StandaloneFleet(RolloutFleet):
     """Replicas of ``group`` (see the module docstring)."""
 
@@ -125,8 +153,7 @@ class StandaloneFleet(RolloutFleet):
     def _connect(self) -> None:
         spec = self._spec()
         receivers = _Background(lambda: self._guard("connect_weight_sync", self.group.connect_weight_sync, spec))
-        self.weight_source.connect(spec)
-        receivers.result(self.timeout_s)
+        _together(lambda: self.weight_source.connect(spec), receivers, self.timeout_s)
         self._connected = True
 
     def update_weights(self) -> float:
@@ -137,8 +164,7 @@ class StandaloneFleet(RolloutFleet):
             self._connect()
         version = self.version + 1
         receivers = _Background(lambda: self._guard("receive_weights", self.group.receive_weights, version))
-        sent = self.weight_source.send()
-        received = receivers.result(self.timeout_s)
+        sent, received = _together(self.weight_source.send, receivers, self.timeout_s)
         self.version = version
         seconds = time.perf_counter() - start
         self.last_sync = {"seconds": seconds, **{f"sent_{k}": float(v) for k, v in (sent or {}).items()},

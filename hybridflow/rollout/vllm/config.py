@@ -8,7 +8,7 @@ Each verl key acts (see docs/rollout_engines.md for the table):
 * ``max_model_len`` -- as given, else ``prompt_length + response_length`` (what one trajectory needs);
 * ``enable_chunked_prefill`` -- on GPU as given; on CPU off (see :func:`cpu_safe_chunking`), with a config note;
 * ``tensor_model_parallel_size, data_parallel_size`` -> ``tensor_parallel_size, data_parallel_size`` (on CPU only
-  1 is accepted: the config check refuses more, see ``hybridflow.config.validate_rollout``);
+  1 is accepted: the config check refuses more, see ``hybridflow.config.checks.machine``);
 * ``gpu_memory_utilization`` -- on GPU vLLM's own fraction of device memory; on CPU vLLM reads it as the
   fraction of host RAM it may reserve, so the KV cache is sized explicitly: what ``max_num_seqs`` sequences of
   ``max_model_len`` tokens need, capped by ``gpu_memory_utilization`` x RAM (``VLLM_CPU_KVCACHE_SPACE``, vLLM's
@@ -29,7 +29,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cpu_safe_chunking", "vllm_engine_kwargs", "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket",
+__all__ = ["VLLM_CPU_REFUSED", "vllm_cpu_model_error", "cpu_safe_chunking", "vllm_engine_kwargs",
+           "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket",
            "VLLM_EXTRA_HINT", "text_only_engine_error", "vision_model_type", "vllm_vision_settings",
            "VLLM_VISION_MODEL_TYPES"]
 
@@ -164,6 +165,27 @@ def vllm_vision_settings(model_path: str, model_impl: str | None = None, trust_r
     return kwargs, note
 
 
+# Model types vLLM's CPU build lists but does not serve correctly (tests/rollout_vllm/test_vllm_families.py keeps
+# a canary that fails once it does).
+VLLM_CPU_REFUSED = {
+    "deepseek_v3": "vllm-cpu 0.32 runs DeepSeek-V3's MLA attention only for the released latent size (kv_lora_rank "
+                   "512 + rope 64) and only on bf16/fp16 weights, and there its outputs disagree with transformers' "
+                   "(log-probs several nats apart on the same weights)",
+}
+
+
+def vllm_cpu_model_error(model_path: str) -> str | None:
+    """Why the vLLM CPU build cannot serve the checkpoint at ``model_path`` (None: it can, or the folder does not
+    say).  Read from its ``config.json``; nothing loads."""
+    model_type = _read_model_config(model_path).get("model_type")
+    reason = VLLM_CPU_REFUSED.get(str(model_type))
+    if reason is None:
+        return None
+    return (f"actor_rollout_ref.rollout.name=vllm on CPU cannot serve the {model_type} model at "
+            f"actor_rollout_ref.model.path={model_path}: {reason}. Use actor_rollout_ref.rollout.name=hf on CPU "
+            "(it runs every transformers causal LM), or vLLM on a GPU")
+
+
 def _read_model_config(model_path: str) -> dict:
     cfg_file = Path(os.path.expanduser(model_path)) / "config.json"
     if not cfg_file.is_file():
@@ -240,7 +262,7 @@ def cpu_safe_chunking(kwargs: dict[str, Any]) -> None:
 
     vLLM 0.32's CPU worker fails (``CPU Generator does not use offset``) when a request with its own seed -- every
     hybridflow request has one -- is prefilled in chunks: it rewinds the request's generator, which only CUDA
-    generators support.  Without chunking no prefill is split.  ``validate_rollout`` notes it for
+    generators support.  Without chunking no prefill is split.  ``hybridflow.config.checks.machine`` notes it for
     ``enable_chunked_prefill=true`` on CPU.
     """
     kwargs["enable_chunked_prefill"] = False

@@ -1,6 +1,11 @@
 """The thread that owns an in-process vLLM engine: it runs the engine's commands (add, abort, reload, sleep)
 queued by other threads, steps the engine while requests are in flight, and hands each finished request its
-tokens and full-vocabulary log-probs (image requests: after checking vLLM's prompt against ours)."""
+tokens and full-vocabulary log-probs (image requests: after checking vLLM's prompt against ours).
+
+A step that raises kills the driver: every request in flight and every command queued or submitted later
+fails with a :class:`RolloutEngineDeadError` carrying the step's traceback (an
+:class:`~hybridflow.rollout.base.EngineError`, so a training run stops on it).  ``steps`` and ``doing`` are
+the stall watchdog's view of it (:meth:`~hybridflow.rollout.base.RolloutEngine.progress`)."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import threading
 from collections import deque
 from typing import Any, Callable
 
-from hybridflow.rollout.base import TokenOutput
+from hybridflow.rollout.base import EngineError, TokenOutput, engine_failure
 from hybridflow.rollout.vllm.vision import prompt_mismatch, reported_log_prob
 
 __all__ = ["RolloutEngineStartError", "RolloutEngineDeadError"]
@@ -24,7 +29,7 @@ class RolloutEngineStartError(RuntimeError):
     """The engine did not start (bad argument, no memory, time-out); the message ends with its log tail."""
 
 
-class RolloutEngineDeadError(RuntimeError):
+class RolloutEngineDeadError(EngineError):
     """The engine failed while running; every request in flight gets this error."""
 
 
@@ -68,22 +73,28 @@ class _Request:
 class _Driver(threading.Thread):
     """The one thread that touches the vLLM engine: runs queued commands, then steps while work remains."""
 
-    def __init__(self, build: Callable[[], Any], name: str):
+    def __init__(self, build: Callable[[], Any], name: str, engine_name: str = "vllm"):
         super().__init__(name=name, daemon=True)
+        self.engine_name = engine_name
         self._build = build
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._stopping = threading.Event()
         self.started_future: concurrent.futures.Future = concurrent.futures.Future()
         self.engine: Any = None
         self.active: dict[str, _Request] = {}
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # what killed the driver (a RolloutEngineDeadError)
+        self.steps = 0
+        self.doing = "idle"
+        self.failed = False  # a step or the engine itself raised (not a normal stop)
+        self._gate = threading.Lock()  # a command is either queued before the driver stops, or refused
 
     def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        if self.error is not None:
-            future.set_exception(RolloutEngineDeadError(f"vLLM engine is dead: {self.error}"))
-            return future
-        self._commands.put((fn, future))
+        with self._gate:
+            if self.error is not None:
+                future.set_exception(self.error)
+                return future
+            self._commands.put((fn, future))
         return future
 
     def stop(self) -> None:
@@ -98,26 +109,31 @@ class _Driver(threading.Thread):
             self.started_future.set_exception(e)
             return
         self.started_future.set_result(self.engine)
-        while not self._stopping.is_set():
-            busy = bool(self.active) or self.engine.has_unfinished_requests()
-            self._run_commands(block=not busy)
-            if self._stopping.is_set():
-                break
-            if self.active or self.engine.has_unfinished_requests():
-                try:
-                    self._deliver(self.engine.step())
-                except BaseException as e:  # noqa: BLE001 - every waiter learns what happened
-                    self._fail_all(RolloutEngineDeadError(f"vLLM engine step failed: {type(e).__name__}: {e}"))
-                    self.error = e
+        try:
+            while not self._stopping.is_set():
+                busy = bool(self.active) or self.engine.has_unfinished_requests()
+                self._run_commands(block=not busy)
+                if self._stopping.is_set():
                     break
-        self._fail_all(RolloutEngineDeadError("vLLM engine was shut down"))
-        while True:  # commands queued behind the stop
+                if self.active or self.engine.has_unfinished_requests():
+                    self.doing = f"a step with {len(self.active)} request(s)"
+                    self._deliver(self.engine.step())
+                    self.steps += 1
+                    self.doing = "idle"
+            error = RolloutEngineDeadError(f"vLLM engine '{self.engine_name}' was shut down")
+        except BaseException as e:  # noqa: BLE001 - every waiter learns what happened
+            self.failed = True
+            error = engine_failure(e, self.engine_name, self.doing, len(self.active), cls=RolloutEngineDeadError)
+        with self._gate:  # from here on, call() refuses: nothing can be queued behind the drain below
+            self.error = error
+        self._fail_all(error)
+        while True:  # commands queued behind the stop or the failure
             try:
                 _, future = self._commands.get_nowait()
             except queue.Empty:
                 break
             if future is not None and not future.done():
-                future.set_exception(RolloutEngineDeadError("vLLM engine was shut down"))
+                future.set_exception(error)
 
     def _run_commands(self, block: bool) -> None:
         while True:
@@ -128,10 +144,12 @@ class _Driver(threading.Thread):
             block = False
             if fn is None:
                 return
+            self.doing = f"a command ({getattr(fn, '__name__', 'call')})"
             try:
                 future.set_result(fn(self))
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 future.set_exception(e)
+            self.doing = "idle"
 
     def _deliver(self, outputs) -> None:
         for out in outputs:

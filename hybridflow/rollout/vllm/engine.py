@@ -176,7 +176,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._counter = 0
         self._lock = threading.Lock()
         self.start_seconds = 0.0
-        self._driver = _Driver(self._build_engine, name=f"vllm-driver-{name}")
+        self._driver = _Driver(self._build_engine, name=f"vllm-driver-{name}", engine_name=name)
         log_tail = _LogTail()
         vllm_logger = logging.getLogger("vllm")
         vllm_logger.addHandler(log_tail)
@@ -402,6 +402,9 @@ class VLLMRolloutEngine(RolloutEngine):
         with self._lock:
             self._rng = random.Random(int(seed))
 
+    def progress(self) -> tuple[int, str]:
+        return self._driver.steps, self._driver.doing
+
     # ------------------------------------------------------------------ lifetime
     @property
     def alive(self) -> bool:
@@ -412,10 +415,10 @@ class VLLMRolloutEngine(RolloutEngine):
         driver = self._driver
         engine = driver.engine
         if engine is not None and driver.is_alive():
-            with contextlib.suppress(Exception):
-                driver.call(lambda d: d.abort_all()).result(timeout=30)
+            with contextlib.suppress(Exception):  # a driver stuck in a step never answers: bounded
+                driver.call(lambda d: d.abort_all()).result(timeout=10)
         driver.stop()
-        driver.join(timeout=60)
+        driver.join(timeout=20)
         driver.engine = None
         if engine is not None:  # after the driver stopped: nothing else touches the engine now
             with contextlib.suppress(Exception):
@@ -424,7 +427,8 @@ class VLLMRolloutEngine(RolloutEngine):
         if self._shm_dir is not None:
             shutil.rmtree(self._shm_dir, ignore_errors=True)
             self._shm_dir = None
-        gc.collect()
+        if not driver.failed:  # frees the engine's memory for a next one; after a failure the process is about
+            gc.collect()  # to stop, and a collection over a trainer's heap takes seconds
 
     def __enter__(self) -> "VLLMRolloutEngine":
         return self

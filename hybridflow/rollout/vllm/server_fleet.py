@@ -13,7 +13,11 @@
   clients' seed streams at a function of the step.
 * :meth:`abort_all`, :meth:`shutdown` (only the processes this fleet started).
 
-A server that died is reported by :meth:`check`, naming the replica, its exit code and its log tail.
+A server that died is reported by :meth:`check`, naming the replica, its exit code and the first traceback of
+its log; :meth:`explain` gives that account for an error a client saw.  A server with requests whose token
+counters stand still for ``stall_timeout_s`` is stopped by the fleet's watchdog
+(:mod:`~hybridflow.rollout.service.server_watch`, which reads the servers' ``/metrics``: the servers always collect
+their statistics, whatever ``disable_log_stats`` says, unless the watchdog is off).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from hybridflow.rollout.service.fleet import RolloutFleet
+from hybridflow.rollout.service.server_watch import ServerWatch
 from hybridflow.rollout.vllm.server import VLLMServerClient, VLLMServerError, VLLMServerProcess
 from hybridflow.rollout.weights.transfer import (
     model_config,
@@ -50,12 +55,14 @@ class VLLMServerFleet(RolloutFleet):
                  weights_source: WeightsSource | None = None, *, device: str = "cpu", free_cache_engine: bool = True,
                  lora_rank: int = 0, lora_alpha: float = 16.0, seed: int = 0, log_dir: str | None = None,
                  start_timeout_s: float = 600.0, python: str | None = None, name: str = "vllm-server",
-                 keep_awake: bool = False):
+                 keep_awake: bool = False, stall_timeout_s: float = 300.0):
         from hybridflow.rollout.vllm.config import vllm_vision_settings
 
         # a vision-language model is refused before any server process starts (the replicas take no images)
         vllm_vision_settings(str(model_path), engine_kwargs.get("model_impl"), hybrid=False)
         kwargs = {**engine_kwargs, "model": str(model_path)}
+        if stall_timeout_s > 0:  # the watchdog reads the servers' token counters (their log file gets stat lines)
+            kwargs["disable_log_stats"] = False
         if kwargs.get("load_format") == "dummy":  # reloads read safetensors folders, which a dummy loader cannot
             kwargs["load_format"] = "auto"
         if device == "cpu":
@@ -80,9 +87,11 @@ class VLLMServerFleet(RolloutFleet):
         self._lora_version = 0
         self.servers = [VLLMServerProcess(kwargs, name=f"{name}-{i}", log_dir=log_dir, python=python,
                                           start_timeout_s=start_timeout_s) for i in range(int(n_servers))]
+        self.watch = ServerWatch(self.servers, stall_timeout_s)
         self._start_all()
+        self.watch.start()
         self.replicas = [VLLMServerClient(s.url, s.name, LORA_NAME if self.lora_rank > 0 else s.served_model_name,
-                                          seed=self.seed + i) for i, s in enumerate(self.servers)]
+                                          seed=self.seed + i, api_key=s.api_key) for i, s in enumerate(self.servers)]
         self._asleep = False
         if self.lora_rank > 0 and weights_source is not None:  # the clients name the adapter from the start
             try:
@@ -101,9 +110,29 @@ class VLLMServerFleet(RolloutFleet):
 
     # ------------------------------------------------------------------ health
     def check(self) -> None:
-        """Raise :class:`VLLMServerError` naming the first replica whose process died."""
+        """Raise naming the first replica the watchdog stopped, or whose process died."""
         for server in self.servers:
+            if server.name in self.watch.stalled:
+                raise self.watch.stalled[server.name]
             server.check_alive()
+
+    def explain(self, error: BaseException, wait_s: float = 5.0) -> VLLMServerError | None:
+        """A replica's own account of ``error`` (what a client saw: a 500, a closed connection): its exit code
+        if it died -- a server whose engine failed shuts down within seconds, so this waits up to ``wait_s`` --
+        and the first traceback of its log (the root cause).  None when ``error`` names no replica here."""
+        named = [s for s in self.servers if f"'{s.name}'" in str(error)]
+        if not named:
+            self.check()
+            return None
+        server = named[0]
+        if server.name in self.watch.stalled:
+            return self.watch.stalled[server.name]
+        deadline = time.monotonic() + wait_s
+        while server.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        state = "is still up" if server.alive() else f"died with exit code {server.proc.poll()}"
+        return VLLMServerError(f"vLLM server replica '{server.name}' ({server.url}) {state} after it failed requests "
+                               f"({server.log_path}); {server.log_excerpt()}")
 
     # ------------------------------------------------------------------ lifecycle
     def wake_up(self, global_step: int | None = None) -> None:
@@ -169,7 +198,8 @@ class VLLMServerFleet(RolloutFleet):
     def shutdown(self) -> None:
         """Stop every server this fleet started and remove its /dev/shm folder."""
         errors = []
-        for client in self.replicas:  # this process's HTTP sessions (agent-loop actors hold their own copies)
+        self.watch.stop()
+        for client in getattr(self, "replicas", []):  # this process's HTTP sessions (agent-loop actors hold theirs)
             client.close_idle_sessions()
         for server in self.servers:
             try:
@@ -197,7 +227,7 @@ class VLLMServerFleet(RolloutFleet):
         fleet = cls(mc.path, kwargs, n_servers, weights_source, device=device,
                     free_cache_engine=bool(rc.free_cache_engine), lora_rank=int(mc.lora_rank),
                     lora_alpha=float(mc.lora_alpha), seed=int(rc.seed),
-                    keep_awake=config.async_training.mode != "sync")
+                    keep_awake=config.async_training.mode != "sync", stall_timeout_s=float(rc.stall_timeout_s))
         if int(mc.lora_rank) == 0:  # LoRA fleets synced in __init__ already
             try:
                 fleet.update_weights()

@@ -17,6 +17,11 @@ into the bucket buffer and must copy them before asking for the next bucket, whi
 With ``overlap`` the broadcast of bucket k+1 runs while the receiver copies bucket k into its model
 (verl's ``overlap_broadcast_and_consume``), at the cost of a second buffer.
 
+A member that fails half-way (its weights iterator raises, a bucket does not load into the engine) calls
+:meth:`CheckpointEngine.abort`: it leaves the group at once, which closes its connections, so the other
+members' transfers fail within a fraction of a second ("Connection closed by peer") instead of waiting out
+``timeout_s``; the failing member's own error is the one to report.
+
 Engines that load weights from files instead (a vLLM server replica reloads a safetensors folder) are fed by
 a receiver that writes the received buckets to that folder; the sender side does not change.
 """
@@ -25,13 +30,15 @@ from __future__ import annotations
 
 import datetime
 import pickle
-import socket
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
+
+from hybridflow.utils.rendezvous_bind import free_port as _free_port
+from hybridflow.utils.rendezvous_bind import rendezvous_host, tcp_store
 
 __all__ = ["WeightSyncSpec", "SyncStats", "CheckpointEngine", "BroadcastCheckpointEngine", "resolve_backend",
            "free_port", "node_address", "full_tensors"]
@@ -79,21 +86,12 @@ def resolve_backend(name: str, device_type: str) -> str:
 
 
 def node_address() -> str:
-    """This host's address as other nodes reach it (Ray's node IP when under Ray, else the loopback)."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:
-        pass
-    return "127.0.0.1"
+    """Where this group's rank 0 listens: the loopback on one machine, the node IP in a multi-node Ray cluster."""
+    return rendezvous_host()
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+    return _free_port(rendezvous_host())
 
 
 def full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -127,6 +125,11 @@ class CheckpointEngine(ABC):
     def close(self) -> None:
         """Leave the group."""
 
+    def abort(self, reason: BaseException | str = "a member failed") -> None:
+        """Leave the group after a failure, so that the other members fail now rather than at their timeout;
+        later transfers through this engine raise."""
+        self.close()
+
 
 class BroadcastCheckpointEngine(CheckpointEngine):
     """Bucketed ``broadcast`` from rank 0 over a private gloo / NCCL group (see the module docstring)."""
@@ -140,17 +143,21 @@ class BroadcastCheckpointEngine(CheckpointEngine):
         self._store = None
         self._group = None
         self._buffers: list[torch.Tensor | None] = [None, None]
+        self._aborted: str | None = None
 
     # ------------------------------------------------------------------ group
     def connect(self) -> "BroadcastCheckpointEngine":
         """Join the group (blocks until every member has joined); idempotent."""
+        if self._aborted is not None:
+            raise RuntimeError(f"weight-sync rank {self.rank} left its group after a failure ({self._aborted}); "
+                               "the group must be rebuilt (a new WeightSyncSpec) before the next transfer")
         if self._group is not None:
             return self
         import torch.distributed as dist
 
         timeout = datetime.timedelta(seconds=float(self.spec.timeout_s))
-        self._store = dist.TCPStore(self.spec.master_addr, int(self.spec.master_port), self.spec.world_size,
-                                    is_master=self.rank == 0, timeout=timeout)
+        self._store = tcp_store(self.spec.master_addr, int(self.spec.master_port), self.spec.world_size,
+                                is_master=self.rank == 0, timeout=timeout)  # listens on master_addr only
         if self.spec.backend == "gloo":
             self._group = dist.ProcessGroupGloo(self._store, self.rank, self.spec.world_size, timeout)
         elif self.spec.backend == "nccl":
@@ -162,9 +169,13 @@ class BroadcastCheckpointEngine(CheckpointEngine):
         return self
 
     def close(self) -> None:
-        self._group = None
+        self._group = None  # the last reference: its connections close now
         self._store = None
         self._buffers = [None, None]
+
+    def abort(self, reason: BaseException | str = "a member failed") -> None:
+        self._aborted = f"{type(reason).__name__}: {reason}" if isinstance(reason, BaseException) else str(reason)
+        self.close()
 
     def _broadcast(self, tensor: torch.Tensor, wait: bool = True):
         import torch.distributed as dist
@@ -222,6 +233,13 @@ class BroadcastCheckpointEngine(CheckpointEngine):
     def send_weights(self, named_tensors: NamedTensors) -> SyncStats:
         if self.rank != 0:
             raise RuntimeError("only rank 0 of a weight-sync group sends")
+        try:
+            return self._send(named_tensors)
+        except BaseException as exc:  # the receivers must not wait for buckets that will never come
+            self.abort(exc)
+            raise
+
+    def _send(self, named_tensors: NamedTensors) -> SyncStats:
         start_time = time.perf_counter()
         stats = SyncStats()
         pending: list = [None, None]
@@ -270,6 +288,13 @@ class BroadcastCheckpointEngine(CheckpointEngine):
     def receive_buckets(self) -> Iterator[Bucket]:
         if self.rank == 0:
             raise RuntimeError("rank 0 of a weight-sync group is the sender")
+        try:
+            yield from self._receive()
+        except BaseException as exc:  # a transfer error, or the consumer gave up (GeneratorExit): leave now
+            self.abort(exc if not isinstance(exc, GeneratorExit) else "the receiver stopped half-way")
+            raise
+
+    def _receive(self) -> Iterator[Bucket]:
         head = self._recv_meta()
         if head is None:
             return

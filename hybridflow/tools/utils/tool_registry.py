@@ -35,7 +35,7 @@ from hybridflow.tools.function_tool import (
     load_function_tools_from_path,
     registered_function_tool,
 )
-from hybridflow.utils.registry import import_dotted
+from hybridflow.utils.load_object import load_object
 
 _ENTRY_KEYS = {"class_name", "config", "tool_schema", "mcp"}
 _MCP_KEYS = {"mcp_servers_config_path", "tool_selected_list"}
@@ -44,25 +44,34 @@ _MCP_KEYS = {"mcp_servers_config_path", "tool_selected_list"}
 def get_tool_class(cls_name: str) -> Any:
     """verl's loader: the object at ``package.module.Name`` (``verl.`` read as ``hybridflow.``); a missing
     module raises ``ModuleNotFoundError``, a missing name ``AttributeError`` (as in verl)."""
-    return import_dotted(cls_name, f"tool class_name {cls_name!r}")
+    return load_object(cls_name, key="tool class_name", kind="tool class")
 
 
-def resolve_tool_class(class_name: str) -> type[BaseTool]:
-    """A registered name, a verl built-in class path, an importable ``module.Class`` path, or the path of a
-    function decorated with ``@function_tool`` (wrapped in a ``BaseTool``)."""
+def resolve_tool_class(class_name: str, base_dir: str | None = None) -> type[BaseTool]:
+    """A registered name, a verl built-in class path, an importable ``module.Class`` / ``file.py:Class``, or the
+    path of a function decorated with ``@function_tool`` (wrapped in a ``BaseTool``)."""
+    from hybridflow.utils.load_object import load_object
+
     if class_name in TOOL_REGISTRY:
         return TOOL_REGISTRY.get(class_name)
-    if "." not in class_name:
+    if "." not in class_name and ":" not in class_name:
         raise ValueError(f"tool class_name {class_name!r} is neither a registered tool "
                          f"({', '.join(TOOL_REGISTRY.names())}) nor a 'package.module.Class' path")
-    cls = get_tool_class(class_name)
-    function = registered_function_tool(cls)
+    obj = load_object(class_name, key="tool class_name", kind="tool class", base_dir=base_dir)
+    function = registered_function_tool(obj)
     if function is not None:
         return adapter_class(function)
-    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-        raise TypeError(f"tool class_name {class_name!r} must be a subclass of hybridflow.tools.base_tool.BaseTool "
-                        "(or a function decorated with @hybridflow.tools.function_tool.function_tool)")
-    return cls
+    problem = _tool_class(obj)
+    if problem:
+        raise TypeError(f"tool class_name {class_name!r} {problem}")
+    return obj
+
+
+def _tool_class(obj: Any) -> str | None:
+    if isinstance(obj, type) and issubclass(obj, BaseTool):
+        return None
+    return ("must be a subclass of hybridflow.tools.base_tool.BaseTool (or a function decorated with "
+            "@hybridflow.tools.function_tool)")
 
 
 def _check_entry(entry: Any, where: str) -> dict:
@@ -98,7 +107,7 @@ def _mcp_tools(entry: dict, config: dict, where: str, base_dir: str) -> list[Bas
         raise ValueError(f"{where}: unknown key(s) {unknown} under 'mcp'; known: {sorted(_MCP_KEYS)}")
     if entry.get("tool_schema") is not None:
         raise ValueError(f"{where}: an MCP tool's schema comes from its server; remove 'tool_schema'")
-    cls = resolve_tool_class(str(entry["class_name"]))
+    cls = resolve_tool_class(str(entry["class_name"]), base_dir)
     if not issubclass(cls, MCPBaseTool):
         raise TypeError(f"{where}: config.type=mcp needs an MCPBaseTool subclass, got {entry['class_name']}")
     path = str(mcp["mcp_servers_config_path"])
@@ -130,7 +139,7 @@ def tools_from_entry(entry: Any, where: str, base_dir: str = ".") -> list[BaseTo
         raise ValueError(f"{where}: config.type={tool_type!r} must be 'native' or 'mcp'")
     if entry.get("mcp") is not None:
         raise ValueError(f"{where}: an 'mcp:' section needs config.type: mcp")
-    cls = resolve_tool_class(str(entry["class_name"]))
+    cls = resolve_tool_class(str(entry["class_name"]), base_dir)
     try:
         return [cls(config=config, tool_schema=entry.get("tool_schema"))]
     except Exception as e:  # the schema or config is wrong: say which entry

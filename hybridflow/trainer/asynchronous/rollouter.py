@@ -27,8 +27,11 @@ from typing import Any, Iterator
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.asynchronous.sample_queue import Sample, SampleQueue
 from hybridflow.trainer.stages import split_generation_input
+from hybridflow.utils.threads import DaemonExecutor, call_with_timeout
 
 __all__ = ["Rollouter", "sample_stream"]
+
+_STOP_ABORT_S = 30.0
 
 
 class Rollouter:
@@ -63,10 +66,13 @@ class Rollouter:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._thread_main, name="fully-async-rollouter", daemon=True)
         self._thread.start()
-        self._ready.wait()
+        if not self._ready.wait(_STOP_ABORT_S):
+            raise RuntimeError(f"the fully-async rollouter's thread did not start within {_STOP_ABORT_S:.0f} s")
 
     def _thread_main(self) -> None:
         loop = asyncio.new_event_loop()
+        # tools' asyncio.to_thread work: daemon threads, so one stuck in user code never keeps the process alive
+        loop.set_default_executor(DaemonExecutor(max_workers=32, name="rollouter-executor"))
         asyncio.set_event_loop(loop)
         self._loop = loop
         try:
@@ -181,14 +187,17 @@ class Rollouter:
         self._stopping = True
         if self._loop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._wake.set)
-            try:
-                self.fleet.abort_all()
-                if self.partial_rollout:
-                    self.fleet.resume()
-            except Exception:  # noqa: BLE001 - stopping: a dead replica is reported elsewhere
+            try:  # bounded: an engine stuck in a step would hold the abort forever (its watchdog reports it)
+                call_with_timeout(self._abort_in_flight, _STOP_ABORT_S, name="rollouter-stop")
+            except Exception:  # noqa: BLE001 - stopping: a dead or stuck replica is reported elsewhere
                 pass
         self._thread.join(timeout=60)
         self._thread = None
+
+    def _abort_in_flight(self) -> None:
+        self.fleet.abort_all()
+        if self.partial_rollout:
+            self.fleet.resume()
 
     @property
     def active(self) -> int:

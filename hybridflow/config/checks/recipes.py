@@ -4,7 +4,6 @@
   and its entry point;
 * SPIN needs pairs (``rollout.n=2`` for reward pairs), a reference model it can refresh, and pair-shaped batches;
 * PRIME needs its implicit PRM (``reward_model.enable=true``, a causal LM) and groups to take RLOO over;
-* on-policy distillation needs at least one teacher with a model path, one teacher per routing key;
 * ``actor_rollout_ref.ref.model.path`` needs a run that uses a reference; ``trainer.ref_update_freq`` a reference
   that is a model of its own (not the LoRA actor with its adapter off).
 """
@@ -13,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridflow.config.key_policy import default_of
 from hybridflow.config.recipes import RECIPES
 
-__all__ = ["check_recipes", "teacher_entries", "TeacherEntry", "DPO_PAIRS", "PRIME_UPDATES"]
+__all__ = ["check_recipes", "DPO_PAIRS", "PRIME_UPDATES"]
 
 DPO_PAIRS = ("reward", "reference")
 DPO_LOSS_TYPES = ("sigmoid", "ipo")
@@ -23,7 +23,6 @@ SPPO_SCOPES = ("batch", "group")
 PRIME_UPDATES = ("none", "before", "after")
 PRIME_GRANULARITIES = ("token", "whole")
 PRIME_NORMS = ("batch_norm", "none")
-DISTILLATION_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 ENTRY = {"spin": "python -m hybridflow.recipe.spin.main_spin", "sppo": "python -m hybridflow.recipe.sppo.main_sppo",
          "prime": "python -m hybridflow.recipe.prime.main_prime"}
 
@@ -76,8 +75,6 @@ def _reads(cfg: Any, recipe: str, key: str) -> bool:
 
 def check_recipes(cfg: Any, errors: list[str], notes: list[str]) -> None:
     """Append the errors (and notes) of the recipe keys of ``cfg``."""
-    from hybridflow.config.key_policy import default_of
-
     recipe = cfg.trainer.recipe
     if recipe is not None and recipe not in RECIPES:
         errors.append(f"trainer.recipe={recipe!r}: choose null (PPO and its variants) or one of {', '.join(RECIPES)}")
@@ -97,8 +94,6 @@ def check_recipes(cfg: Any, errors: list[str], notes: list[str]) -> None:
         _check_sppo(cfg, errors)
     if recipe == "prime":
         _check_prime(cfg, errors)
-    if cfg.distillation.enabled:
-        _check_distillation(cfg, errors, notes)
 
 
 def _check_reference(cfg: Any, errors: list[str]) -> None:
@@ -213,89 +208,3 @@ def _check_prime(cfg: Any, errors: list[str]) -> None:
     if cfg.algorithm.filter_groups.enable:
         errors.append("algorithm.filter_groups.enable=true with trainer.recipe=prime: PRIME filters prompts by accuracy "
                       "itself (data.filter_accuracy); use one or the other")
-
-
-class TeacherEntry:
-    """One teacher of ``distillation.teacher_models``: the routing ``key``, its ``model_path``, how many processes
-    it takes on its own pool (``world_size``) and its log-prob ``temperature``."""
-
-    def __init__(self, name: str, key: str, model_path: str, world_size: int, temperature: float, dtype: str):
-        self.name, self.key, self.model_path = name, key, model_path
-        self.world_size, self.temperature, self.dtype = world_size, temperature, dtype
-
-    def __repr__(self) -> str:
-        return f"TeacherEntry({self.name!r}, key={self.key!r}, model_path={self.model_path!r})"
-
-
-def teacher_entries(distillation: Any) -> tuple[list[TeacherEntry], list[str]]:
-    """The teachers of ``distillation.teacher_models`` and the errors found reading them.
-
-    As in verl, the default entry ``teacher_model`` is the single teacher (serving every row) unless other entries
-    are added, in which case it is dropped and each entry needs its ``key``."""
-    errors: list[str] = []
-    raw = dict(distillation.teacher_models or {})
-    if len(raw) > 1:
-        raw.pop("teacher_model", None)
-    single = len(raw) == 1
-    pool = int(distillation.n_gpus_per_node) * int(distillation.nnodes)
-    out: list[TeacherEntry] = []
-    for name, entry in raw.items():
-        where = f"distillation.teacher_models.{name}"
-        if not isinstance(entry, dict):
-            errors.append(f"{where} must be a mapping with key, model_path, num_replicas")
-            continue
-        unknown = sorted(set(entry) - {"key", "model_path", "num_replicas", "inference", "_target_"})
-        if unknown:
-            errors.append(f"{where} has unknown keys {unknown}; it takes key, model_path, num_replicas, inference")
-        path = entry.get("model_path")
-        if not path:
-            errors.append(f"{where}.model_path is not set: give the teacher's checkpoint (a folder or hub name)")
-        key = entry.get("key")
-        if key is None and not single:
-            errors.append(f"{where}.key is not set: with several teachers each serves the rows whose "
-                          f"{distillation.teacher_key} equals its key")
-        inference = dict(entry.get("inference") or {})
-        per_replica = int(inference.get("tensor_model_parallel_size", 1)) * int(inference.get("data_parallel_size", 1))
-        replicas = int(entry.get("num_replicas") or 0)
-        if single and replicas == 0 and pool > 0:
-            if pool % per_replica:
-                errors.append(f"{where}: the teacher pool of {pool} processes (distillation.n_gpus_per_node x nnodes) is "
-                              f"not a multiple of its {per_replica} processes per replica")
-            replicas = max(pool // per_replica, 1)
-        out.append(TeacherEntry(name, "default" if single and key is None else str(key), str(path),
-                                max(replicas, 1) * per_replica, float(inference.get("temperature", 1.0)),
-                                str(inference.get("dtype", "bfloat16"))))
-    keys = [t.key for t in out]
-    for key in sorted({k for k in keys if keys.count(k) > 1}):
-        errors.append(f"distillation.teacher_models: two teachers serve key {key!r}; give each its own key")
-    if not out and not errors:
-        errors.append("distillation.enabled=true but distillation.teacher_models names no teacher")
-    if pool > 0 and out and sum(t.world_size for t in out) != pool:
-        sizes = ", ".join(f"{t.name}={t.world_size}" for t in out)
-        errors.append(f"the teachers take {sum(t.world_size for t in out)} processes ({sizes}: num_replicas x "
-                      f"inference.tensor_model_parallel_size x data_parallel_size) but their pool has {pool} "
-                      "(distillation.n_gpus_per_node x nnodes); make them equal, or set distillation.nnodes=0 to "
-                      "colocate the teachers with the actor")
-    return out, errors
-
-
-def _check_distillation(cfg: Any, errors: list[str], notes: list[str]) -> None:
-    loss = cfg.distillation.distillation_loss
-    if loss.loss_mode == "forward_kl_topk":
-        errors.append("distillation.distillation_loss.loss_mode=forward_kl_topk needs the teacher's top-k "
-                      "distribution and the student's full logits in the update, which are not built; use k3 "
-                      "(as a loss) or k1 with use_policy_gradient=true (the per-token reverse-KL reward)")
-    elif loss.loss_mode not in DISTILLATION_MODES:
-        errors.append(f"distillation.distillation_loss.loss_mode={loss.loss_mode!r}: choose one of "
-                      f"{', '.join(DISTILLATION_MODES)}")
-    elif not loss.use_policy_gradient and loss.loss_mode in ("k1", "kl"):
-        errors.append("distillation.distillation_loss.loss_mode=k1 with use_policy_gradient=false: k1's gradient does "
-                      "not depend on the teacher; use k3 as a loss, or use_policy_gradient=true")
-    if loss.policy_loss_mode != "vanilla":
-        errors.append(f"distillation.distillation_loss.policy_loss_mode={loss.policy_loss_mode!r}: only vanilla (the "
-                      "PPO clipped loss) is supported, as in verl")
-    _, teacher_errors = teacher_entries(cfg.distillation)
-    errors.extend(teacher_errors)
-    if cfg.trainer.recipe == "spin":
-        errors.append("distillation.enabled=true with trainer.recipe=spin: SPIN trains on DPO pairs, not on the "
-                      "student's samples scored by a teacher; run one or the other")

@@ -1,4 +1,4 @@
-"""Checks that run before any model is loaded: every output folder is writable and has room for a checkpoint.
+"""Output folders (run stage of the check pipeline): every one is writable and has room for a checkpoint.
 
 Without them, an unwritable ``trainer.default_local_dir`` or a full disk surfaces at the first
 ``save_freq`` step -- after minutes (or hours) of training that is then lost. Checking up front costs a few
@@ -112,70 +112,31 @@ def check_free_space(key: str, path: str | os.PathLike, need_bytes: int) -> int:
     return free
 
 
-def run_preflight(config, logger_dir: str | os.PathLike | None = None) -> None:
-    """All checks, in order; call after the config loaded and before any model or worker is created.
-
-    Space is checked for the checkpoint folder only when checkpoints will be written (``save_freq > 0``);
-    every configured output folder must be writable either way.
-    """
-    check_rollout_device(config)
-    check_rollout_model(config)
-    for out in output_dirs(config, logger_dir):
-        check_writable(out.key, out.path)
-    tcfg = config.trainer
+def check_output_dirs(cfg, errors: list[str], notes: list[str], ctx) -> None:
+    """Every configured output folder is writable; the checkpoint folder has room for the checkpoints kept
+    (only when checkpoints will be written: ``save_freq > 0``)."""
+    logger_dir = ctx.logger_dir if ctx is not None and ctx.logger_dir is not None else default_logger_dir(cfg)
+    for out in output_dirs(cfg, logger_dir):
+        try:
+            check_writable(out.key, out.path)
+        except PreflightError as e:
+            errors.append(str(e))
+    tcfg = cfg.trainer
     if tcfg.save_freq > 0:
         keep = tcfg.max_actor_ckpt_to_keep
         # Rotation deletes the oldest step only after the new one is committed: keep + 1 copies at the peak.
         copies = (keep + 1) if keep and keep > 0 else 2
-        check_free_space("trainer.default_local_dir", tcfg.default_local_dir, copies * estimate_checkpoint_bytes(config))
-    from hybridflow.agents.setup_check import check_agent_config
-
-    check_agent_config(config)  # tool / interaction / agent-loop files and names, before any model loads
-
-
-def check_rollout_device(config) -> None:
-    """Rollout keys that cannot act on the device this run computes on (e.g. vLLM TP > 1 on CPU): ConfigError.
-
-    ``validate_config`` already refused them for ``trainer.device=cpu``; this catches ``auto`` on a CPU machine."""
-    from hybridflow.config import ConfigError
-    from hybridflow.config.validate_rollout import rollout_hardware_errors
-    from hybridflow.engine.device import device_type
-
-    device = "cpu" if config.trainer.device == "cpu" else device_type()
-    errors = rollout_hardware_errors(config, device)
-    if errors:
-        raise ConfigError(errors)
+        try:
+            check_free_space("trainer.default_local_dir", tcfg.default_local_dir,
+                             copies * estimate_checkpoint_bytes(cfg))
+        except PreflightError as e:
+            errors.append(str(e))
 
 
-def check_rollout_model(config) -> None:
-    """A rollout engine that cannot serve the model (a vision-language checkpoint with the text-only vllm or sglang
-    adapter): ConfigError naming ``actor_rollout_ref.rollout.name`` and the fix, before any worker starts."""
-    from hybridflow.config import ConfigError
-    from hybridflow.config.validate_rollout import rollout_model_errors
-
-    errors = rollout_model_errors(config)
-    if errors:
-        raise ConfigError(errors)
+def default_logger_dir(cfg) -> Path:
+    """Where ``trainer.logger`` backends write when no logger object is handed in: outputs/<project>/<experiment>."""
+    return Path("outputs") / cfg.trainer.project_name / cfg.trainer.experiment_name
 
 
-def user_error_types() -> tuple[type[BaseException], ...]:
-    """Exception types that mean "the input is wrong" (their message names the field and the fix).
-
-    The CLI prints these as one line and exits 2 instead of dumping a traceback; anything else is a bug or
-    a runtime fault and keeps its traceback. Imported lazily: each lives beside the code that raises it.
-    """
-    from hybridflow.agents.setup_check import AgentConfigError
-    from hybridflow.config import ConfigError
-    from hybridflow.data.io import DataFileError
-    from hybridflow.data.prompts import PromptTooLongError
-    from hybridflow.engine.model_loader import ModelLoadError
-    from hybridflow.protocol import BatchSizeError
-    from hybridflow.rewards.custom_function import RewardFunctionError
-    from hybridflow.trainer.run_checkpoint import CheckpointError
-
-    return (DataFileError, PromptTooLongError, ModelLoadError, RewardFunctionError, CheckpointError, BatchSizeError,
-            PreflightError, AgentConfigError, ConfigError)
-
-
-__all__ = ["PreflightError", "check_rollout_device", "check_rollout_model", "user_error_types", "OutputDir", "output_dirs", "check_writable", "check_free_space", "model_bytes",
-           "estimate_checkpoint_bytes", "run_preflight"]
+__all__ = ["PreflightError", "OutputDir", "output_dirs", "check_writable", "check_free_space", "model_bytes",
+           "estimate_checkpoint_bytes", "check_output_dirs", "default_logger_dir"]

@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 __all__ = ["ASYNC_MODES", "CHECKPOINT_ENGINE_BACKENDS", "check_async_config", "fully_async_batch_prompts"]
@@ -34,19 +32,11 @@ _CKPT_ENGINE_KEYS = ("actor_rollout_ref.rollout.checkpoint_engine.backend",
                      "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes")
 
 
-@lru_cache(maxsize=1)
-def _defaults() -> Any:
-    """The defaults file (what a key is when nobody set it)."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.load(Path(__file__).with_name("ppo_trainer.yaml"))
-
-
 def _default(key: str) -> Any:
-    node = _defaults()
-    for part in key.split("."):
-        node = node[part]
-    return node
+    """What a key is when nobody set it (the defaults file)."""
+    from hybridflow.config.key_policy import default_of
+
+    return default_of(key)
 
 
 def _get(cfg, key: str) -> Any:

@@ -1,27 +1,50 @@
-"""Rules for a reward model on the rollout service (a judge, ``reward_model.rollout.*``) and for the reward model's
-own pool (``reward_model.enable_resource_pool``): every key acts in the run that reads it, or is refused."""
+"""Rules for a reward model on the rollout service (a judge, ``reward_model.rollout.*``, verl 0.9's
+``reward.reward_model.rollout.*``) and for the reward model's own pool (``reward_model.enable_resource_pool``): every
+key acts in the run that reads it, or is refused.
+
+The judge's engine keys are the actor rollout's (``trainer/judge_service.py`` copies them onto the judge replicas),
+so a key the key policy refuses or finds inert for ``actor_rollout_ref.rollout`` is refused or noted here too.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_judge", "JUDGE_ENGINES"]
+from hybridflow.config.key_policy import INERT, REFUSED, changed_keys, default_of, expand
+
+__all__ = ["check_judge", "JUDGE_ENGINES", "JUDGE_REQUEST_KEYS"]
 
 JUDGE_ENGINES = ("hf", "vllm")
-_ROLLOUT_KEYS = ("dtype", "gpu_memory_utilization", "enforce_eager", "tensor_model_parallel_size", "max_num_seqs",
-                 "load_format", "prompt_length", "response_length", "temperature", "top_p", "top_k", "seed",
-                 "engine_kwargs")
-_VLLM_ONLY = ("enforce_eager", "tensor_model_parallel_size", "load_format", "engine_kwargs")
+# read by the router as the defaults of a request (not engine settings)
+JUDGE_REQUEST_KEYS = ("temperature", "top_p", "top_k", "do_sample", "prompt_length", "response_length")
+_VLLM_ONLY = ("enforce_eager", "tensor_model_parallel_size", "load_format", "engine_kwargs", "cudagraph_capture_sizes",
+              "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching", "disable_log_stats",
+              "data_parallel_size", "expert_parallel_size", "pipeline_model_parallel_size", "quantization",
+              "gpu_memory_utilization", "scheduling_policy")
+
+
+def _actor_rule(leaf: str, rules) -> Any:
+    """The key-policy rule of the actor rollout's spelling of a judge key (``reward_model.rollout.X``)."""
+    key = "actor_rollout_ref.rollout." + leaf[len("reward_model.rollout."):]
+    for rule in rules:
+        if any(key == k or key.startswith(k + ".") for k in expand(rule.key)):
+            return rule
+    return None
+
+
+def _changed(cfg: Any) -> list[str]:
+    """The judge keys set away from their defaults, as ``rollout.X`` / ``judge.X`` (``name`` not counted)."""
+    out = [leaf[len("reward_model."):] for leaf, _ in changed_keys(cfg, "reward_model.rollout")
+           if leaf != "reward_model.rollout.name"]
+    out += [f"judge.{k}" for k in ("max_concurrent", "max_rpm", "max_tpm", "request_timeout_s")
+            if getattr(cfg.reward_model.judge, k) != default_of(f"reward_model.judge.{k}")]
+    return out
 
 
 def check_judge(cfg: Any, errors: list[str], notes: list[str]) -> None:
-    from hybridflow.config.key_policy import default_of
-
     rm = cfg.reward_model
     name = rm.rollout.name
-    changed = [k for k in _ROLLOUT_KEYS if getattr(rm.rollout, k) != default_of(f"reward_model.rollout.{k}")]
-    changed += [f"judge.{k}" for k in ("max_concurrent", "max_rpm", "max_tpm", "request_timeout_s")
-                if getattr(rm.judge, k) != default_of(f"reward_model.judge.{k}")]
+    changed = _changed(cfg)
     if name is None:
         for key in changed:
             errors.append(f"reward_model.{key} configures a judge served on the rollout service, which this run does not "
@@ -79,8 +102,36 @@ def _check_served(cfg: Any, name: str, changed: list[str], errors: list[str], no
         errors.append("reward_model.rollout.prompt_length and response_length must be positive (judge tokens in / out)")
     if rm.judge.request_timeout_s <= 0:
         errors.append(f"reward_model.judge.request_timeout_s={rm.judge.request_timeout_s} must be > 0")
+    _check_engine_keys(cfg, name, changed, errors, notes)
+
+
+def _check_engine_keys(cfg: Any, name: str, changed: list[str], errors: list[str], notes: list[str]) -> None:
+    rm = cfg.reward_model
+    if int(rm.rollout.n) != 1:
+        errors.append(f"reward_model.rollout.n={rm.rollout.n}: the judge answers each request once (as verl's reward "
+                      "loop does); to ask it several times, send several requests from the reward function")
+    if rm.rollout.max_model_len is not None and \
+            int(rm.rollout.max_model_len) < int(rm.rollout.prompt_length) + int(rm.rollout.response_length):
+        errors.append(f"reward_model.rollout.max_model_len={rm.rollout.max_model_len} is shorter than prompt_length + "
+                      f"response_length = {int(rm.rollout.prompt_length) + int(rm.rollout.response_length)}: raise it "
+                      "or drop it (null: their sum)")
+    if not rm.enable_resource_pool and not rm.rollout.free_cache_engine and name == "hf":
+        errors.append("reward_model.rollout.free_cache_engine=false with a judge colocated with the actor: it sleeps "
+                      "outside the reward stage, freeing its cache; put it on its own pool "
+                      "(reward_model.enable_resource_pool=true) to keep it awake")
+    for key in changed:
+        leaf = f"reward_model.{key}"
+        if not key.startswith("rollout."):
+            continue
+        refused = _actor_rule(leaf, REFUSED)
+        if refused is not None:
+            errors.append(f"{leaf} is not supported for the judge either: {refused.reason}")
+            continue
+        inert = _actor_rule(leaf, INERT)
+        if inert is not None:
+            notes.append(f"{leaf} has no effect on the judge: {inert.reason}")
     if name == "hf":
-        unread = [k for k in changed if k in _VLLM_ONLY]
+        unread = [k for k in changed if k.split(".", 1)[-1] in _VLLM_ONLY]
         if unread:
-            notes.append(f"reward_model.rollout.{', '.join(unread)}: read by the vllm judge only; the hf engine "
-                         "serves the judge without them")
+            notes.append(f"reward_model.{', '.join(unread)}: read by the vllm judge only; the hf engine serves the "
+                         "judge without them")

@@ -1,0 +1,199 @@
+"""Threads that can never keep a process alive, and waits that always end.
+
+Python joins every ``concurrent.futures.ThreadPoolExecutor`` thread at interpreter exit, and ``asyncio.run``
+joins its default executor's threads before it returns.  A thread stuck in user code (a reward function
+that sleeps forever, a tool blocked on a socket) or in an engine forward therefore turns an error, a
+finished run or a Ctrl-C into a process that never exits.  The helpers here run such work in *daemon*
+threads that nobody joins:
+
+* :class:`DaemonExecutor` -- an ``Executor`` of daemon threads (the ``hf`` engine's stepping thread, the
+  reward-scoring threads, an event loop's default executor); ``shutdown`` never waits for a stuck task;
+* :func:`call_with_timeout` -- ``fn()`` in a fresh daemon thread, abandoned (left running) after
+  ``timeout_s``, with :class:`CallTimeout` raised to the caller;
+* :func:`run_async` -- ``asyncio.run`` whose default executor is a :class:`DaemonExecutor` and whose
+  shutdown does not wait for it;
+* :func:`settle` -- resolve a ``concurrent.futures.Future`` unless something else already did (a watchdog
+  and the real result may race).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import queue
+import threading
+import weakref
+from typing import Any, Awaitable, Callable, TypeVar
+
+__all__ = ["CallTimeout", "DaemonExecutor", "call_with_timeout", "run_async", "settle"]
+
+T = TypeVar("T")
+
+
+class CallTimeout(TimeoutError):
+    """:func:`call_with_timeout` stopped waiting; the call itself may still be running in its thread."""
+
+
+def settle(future: concurrent.futures.Future, result: Any = None, error: BaseException | None = None) -> bool:
+    """Set ``future``'s exception (``error``) or result unless it is already done; True if this call did."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+        return True
+    except concurrent.futures.InvalidStateError:
+        return False
+
+
+class _Shared:
+    """What a :class:`DaemonExecutor`'s threads share (not the executor itself: when nothing else holds the
+    executor it is collected, and its idle threads are told to exit)."""
+
+    def __init__(self):
+        self.work: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.idle = 0
+        self.threads: list[threading.Thread] = []
+
+
+def _work(shared: _Shared) -> None:
+    while True:
+        with shared.lock:
+            shared.idle += 1
+        item = shared.work.get()
+        with shared.lock:
+            shared.idle -= 1
+        if item is None:
+            return
+        future, fn, args, kwargs = item
+        if future.set_running_or_notify_cancel():
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+                settle(future, error=exc)
+            else:
+                settle(future, result)
+        del item, future, fn, args, kwargs
+
+
+def _release(shared: _Shared) -> None:
+    for _ in list(shared.threads):
+        shared.work.put(None)
+
+
+class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
+    """Up to ``max_workers`` daemon threads named ``{name}_{i}``, started on demand and kept while idle.
+
+    Unlike ``ThreadPoolExecutor``'s, its threads are not joined at interpreter exit, and ``shutdown(wait=True)``
+    waits only ``join_timeout_s`` for tasks under way, so a task that never returns cannot hang the process.
+    Idle threads exit when the executor is shut down or garbage-collected.  (It subclasses
+    ``ThreadPoolExecutor`` only because asyncio accepts nothing else as a default executor; none of the
+    parent's machinery is used.)
+    """
+
+    def __init__(self, max_workers: int = 1, name: str = "hybridflow-daemon", join_timeout_s: float = 5.0):
+        if max_workers < 1:
+            raise ValueError(f"DaemonExecutor needs max_workers >= 1, got {max_workers}")
+        super().__init__(max_workers=max_workers, thread_name_prefix=name)
+        self.max_workers = int(max_workers)
+        self.name = name
+        self.join_timeout_s = float(join_timeout_s)
+        self._shared = _Shared()
+        self._closed = False
+        self._ids = itertools.count()
+        self._release = weakref.finalize(self, _release, self._shared)
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        shared = self._shared
+        with shared.lock:
+            if self._closed:
+                raise RuntimeError(f"executor '{self.name}' was shut down")
+            shared.work.put((future, fn, args, kwargs))
+            if shared.work.qsize() > shared.idle and len(shared.threads) < self.max_workers:
+                thread = threading.Thread(target=_work, args=(shared,), name=f"{self.name}_{next(self._ids)}",
+                                          daemon=True)
+                shared.threads.append(thread)
+                thread.start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        shared = self._shared
+        with shared.lock:
+            if self._closed:
+                return
+            self._closed = True
+            threads = list(shared.threads)
+        if cancel_futures:
+            while True:
+                try:
+                    item = shared.work.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        self._release()
+        if wait:
+            for thread in threads:
+                thread.join(self.join_timeout_s)
+
+
+def call_with_timeout(fn: Callable[[], T], timeout_s: float | None, name: str = "hybridflow-call") -> T:
+    """``fn()`` in a daemon thread; its result or exception, or :class:`CallTimeout` after ``timeout_s``
+    (the thread is then left to finish on its own).  ``None`` waits as long as it takes -- interruptibly:
+    the calling thread keeps handling signals meanwhile."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def target() -> None:
+        try:
+            settle(future, fn())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            settle(future, error=exc)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    try:
+        return future.result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise CallTimeout(f"{name} did not finish within {timeout_s:g} s") from None
+
+
+def run_async(main: Awaitable[T], name: str = "hybridflow-loop") -> T:
+    """``asyncio.run(main)`` for code that may hand blocking work to the loop's default executor
+    (``asyncio.to_thread``, ``run_in_executor(None, ...)``): that executor is a :class:`DaemonExecutor`, and
+    leaving the loop (result, error or KeyboardInterrupt) cancels what is left without waiting for a thread
+    stuck in such work."""
+    loop = asyncio.new_event_loop()
+    executor = DaemonExecutor(max_workers=32, name=f"{name}-executor", join_timeout_s=0.0)
+    loop.set_default_executor(executor)
+    created: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
+
+    def task_factory(loop, coro, context=None):
+        task = asyncio.Task(coro, loop=loop, context=context)
+        created.add(task)
+        return task
+
+    loop.set_task_factory(task_factory)
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    except (KeyboardInterrupt, SystemExit):
+        # it left the loop through the task that raised it (asyncio re-raises these at once): that task's
+        # copy is the one raised here, not an exception nobody retrieved
+        for task in list(created):
+            if task.done() and not task.cancelled():
+                task.exception()
+        raise
+    finally:
+        try:
+            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            executor.shutdown(wait=False)
+            asyncio.set_event_loop(None)
+            loop.close()
