@@ -46,6 +46,7 @@ class AlgoRecipeKeys:
 class TrainerRecipeKeys:
     recipe: Optional[str]  # null (PPO/GRPO...) | spin | sppo | prime
     ref_update_freq: int  # > 0: the reference model takes the actor's weights every this many steps (SPIN)
+    log_freq: int  # a step's metrics reach trainer.logger every this many steps (verl-recipe SPIN's +trainer.log_freq)
 
 
 @dataclass(**KW)

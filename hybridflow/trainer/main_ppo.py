@@ -23,8 +23,7 @@ from hybridflow.trainer.run_inputs import (
     load_processor_for,
     load_tokenizer_for,
 )
-from hybridflow.trainer.runtime import RuntimeStart, init_models, start_rollout_service
-from hybridflow.trainer.runtime_roles import start_judge_service
+from hybridflow.trainer.runtime import RuntimeStart, init_models, start_judge_service, start_rollout_service
 
 if TYPE_CHECKING:
     from hybridflow.trainer.ppo_trainer import RunHistory

@@ -202,7 +202,7 @@ class PPOTrainer:
                     with timed("save_checkpoint", timing):
                         self.save_checkpoint()
                 metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
-                self._log(metrics)
+                self._log(metrics, to_logger=last or self.global_steps % max(1, self.config.trainer.log_freq) == 0)
                 if last:
                     break
         finally:
@@ -459,9 +459,11 @@ class PPOTrainer:
             self._log(metrics)
         return metrics
 
-    def _log(self, metrics: dict[str, float]) -> None:
+    def _log(self, metrics: dict[str, float], to_logger: bool = True) -> None:
+        """Record ``metrics`` in the run's history; send them to the logger too unless ``to_logger`` is false
+        (``trainer.log_freq``: a step's metrics reach the logger every log_freq steps, and at the last step)."""
         self.history.metrics.append({"step": self.global_steps, **metrics})
-        if self.logger is not None:
+        if self.logger is not None and to_logger:
             self.logger.log(data=metrics, step=self.global_steps)
 
     # ------------------------------------------------------------------------------------------ checkpoints

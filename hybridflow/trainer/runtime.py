@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from hybridflow.trainer.stages import WorkerGroups
 
 __all__ = ["Runtime", "RuntimeStart", "build_runtime", "create_workers", "init_models", "pool_options",
-           "resolve_device", "start_rollout_service"]
+           "resolve_device", "start_judge_service", "start_rollout_service"]
 
 
 @dataclass
@@ -260,3 +260,13 @@ class RuntimeStart:
         if self._runtime is not None:
             self._runtime.close()
             self._runtime = None
+
+
+def start_judge_service(config, runtime):
+    """The judge of ``reward_model.rollout.name`` (``None`` without one); stopped with the runtime."""
+    from hybridflow.trainer.judge_service import JUDGE_ROLE, judge_enabled, start_judge
+
+    if not judge_enabled(config):
+        return None
+    return start_judge(config, runtime.views.get(JUDGE_ROLE), resolve_device(config) == "cuda", runtime._closers,
+                       pool_options(config))

@@ -3,15 +3,14 @@ implicit PRM) colocated or on a pool of its own, the distillation teachers, and 
 
 ``runtime.create_workers`` asks :func:`extra_colocated_roles` for the classes that live in the actor's processes
 and :func:`start_pooled_roles` for those on pools of their own; ``train_ppo`` starts the judge's router with
-:func:`start_judge_service` once the models are loaded.
+``runtime.start_judge_service`` once the models are loaded.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["extra_colocated_roles", "reward_model_class", "reward_model_pool", "start_pooled_roles",
-           "start_judge_service"]
+__all__ = ["extra_colocated_roles", "reward_model_class", "reward_model_pool", "start_pooled_roles"]
 
 
 def reward_model_class(config):
@@ -86,14 +85,3 @@ def start_pooled_roles(config, views: dict, colocated_teachers: dict, use_gpu: b
     teachers = [Teacher(entry, views[role]) for role, (_, entry) in colocated_teachers.items()]
     teachers += start_teacher_pools(config, use_gpu, closers, options)
     return TeacherRouter(teachers, config.distillation.teacher_key)
-
-
-def start_judge_service(config, runtime):
-    """The judge of ``reward_model.rollout.name`` (``None`` without one); stopped with the runtime."""
-    from hybridflow.trainer.judge_service import JUDGE_ROLE, judge_enabled, start_judge
-    from hybridflow.trainer.runtime import pool_options, resolve_device
-
-    if not judge_enabled(config):
-        return None
-    return start_judge(config, runtime.views.get(JUDGE_ROLE), resolve_device(config) == "cuda", runtime._closers,
-                       pool_options(config))

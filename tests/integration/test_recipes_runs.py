@@ -38,6 +38,7 @@ def recipe_runs(model: str) -> dict[str, list[str]]:
                               f"distillation.teacher_models.teacher_model.model_path={model}"],
         "distill_own_pool": ["algorithm.adv_estimator=grpo", "distillation.enabled=true", "distillation.nnodes=1",
                              "distillation.n_gpus_per_node=1",
+                             "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=1",
                              f"distillation.teacher_models.teacher_model.model_path={model}",
                              "distillation.distillation_loss.loss_mode=k1",
                              "distillation.distillation_loss.use_policy_gradient=true"],

@@ -110,6 +110,8 @@ def _check_reference(cfg: Any, errors: list[str]) -> None:
         if not cfg.use_reference_policy:
             errors.append("actor_rollout_ref.ref.model.path is set but this run uses no reference policy: it is read "
                           "with actor.use_kl_loss=true, algorithm.use_kl_in_reward=true or trainer.recipe=spin")
+    if cfg.trainer.log_freq < 1:
+        errors.append(f"trainer.log_freq={cfg.trainer.log_freq} must be >= 1 (steps between two logged steps)")
     freq = cfg.trainer.ref_update_freq
     if freq > 0:
         if not cfg.use_reference_policy:
