@@ -109,7 +109,7 @@ def _scale_value(key: str, value: str, model: str, data: Path, out: Path) -> str
         "custom_reward_function.path": str(INTEGRATION / "judge_fns.py"), "custom_reward_function.name": "ask_judge",
         "reward_model.reward_manager": "naive",  # dapo's overlong penalty needs responses longer than 4 tokens
         "trainer.n_gpus_per_node": "1", "trainer.logger": "[file]", "trainer.val_before_train": "false",
-        "trainer.test_freq": "-1", "trainer.save_freq": "-1", "trainer.total_epochs": "1",
+        "trainer.test_freq": "-1", "trainer.save_freq": "-1", "trainer.total_epochs": "2",  # PRIME: 1 step an epoch
         "distillation.n_gpus_per_node": "1",
     }
     if key in fixed:
