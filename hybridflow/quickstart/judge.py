@@ -124,7 +124,7 @@ def judge_overrides(judge_dir: str) -> list[str]:
     """The judge on the rollout service, asked by :func:`judge_score` (what a user would type)."""
     return [
         "reward_model.enable=true", f"reward_model.model.path={judge_dir}", "reward_model.rollout.name=hf",
-        "reward_model.rollout.prompt_length=16", "reward_model.rollout.response_length=1",
+        "reward_model.rollout.prompt_length=16", "reward_model.rollout.response_length=4",
         "reward_model.rollout.max_num_seqs=256", "reward_model.rollout.temperature=0.0",
         "reward_model.judge.request_timeout_s=60", "reward_model.timeout_s=120", "reward_model.num_workers=1",
         f"custom_reward_function.path={Path(__file__).resolve()}", "custom_reward_function.name=judge_score",

@@ -137,3 +137,19 @@ def test_judge_keys():
         disrm = load_config([*BASE, "reward_model.enable=true", "reward_model.rollout.name=vllm"])
     assert not disrm.uses_judge
     assert any("discriminative" in str(w.message) for w in caught)
+
+
+def test_judge_engine_keys_follow_the_actor_rollouts_policy_and_verl09_spelling():
+    judge = [f"custom_reward_function.path={__file__}", "reward_model.enable=true", "reward_model.model.path=/j"]
+    cfg = load(*judge, "reward.reward_model.rollout.name=hf", "reward.reward_model.rollout.max_num_seqs=7",
+               "reward.reward_model.rollout.do_sample=false")
+    assert cfg.uses_judge and cfg.reward_model.rollout.max_num_seqs == 7 and not cfg.reward_model.rollout.do_sample
+    from hybridflow.trainer.judge_service import judge_worker_config
+
+    engine = judge_worker_config(cfg).rollout  # the judge's engine takes the node's keys, the checkpoint its path
+    assert engine.max_num_seqs == 7 and engine.max_model_len == 2048 + 2048
+    assert "answers each request once" in refused(*judge, "reward_model.rollout.name=hf", "reward_model.rollout.n=2")
+    msg = refused(*judge, "reward_model.rollout.name=hf", "reward_model.rollout.scheduling_policy=priority")
+    assert "reward_model.rollout.scheduling_policy is not supported for the judge" in msg
+    assert "max_model_len" in refused(*judge, "reward_model.rollout.name=hf", "reward_model.rollout.max_model_len=16")
+    assert "configures a judge" in refused("reward_model.rollout.max_num_seqs=7")  # no judge started: refused

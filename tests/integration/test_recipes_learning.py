@@ -28,7 +28,9 @@ def _scores(model_dir, data_dir, out_dir, extra, steps=8, n=4, batch=8):
                                   extra=[*COMMON, *extra]), out_dir)
     steps_ = [m for m in history.metrics if "timing_s/step" in m]
     assert len(steps_) == steps
-    return [m["critic/score/mean"] for m in steps_], steps_
+    scores = [m["critic/score/mean"] for m in steps_]
+    print(f"scores {out_dir.name}: {' '.join(f'{s:.2f}' for s in scores)}")  # the curve, with pytest -s
+    return scores, steps_
 
 
 def _tail(scores, k=3):
@@ -72,13 +74,14 @@ def test_spin_against_the_dataset_answer_needs_the_reference_refresh(nano_model_
 
 def test_prime_learns(nano_model_dir, addition_data, tmp_path):
     """PRIME with the digit share as outcome label: the PRM trains every step (update=before) and both reward
-    sources enter the advantage.  Measured: 0.10 -> 0.25-0.29 in 8 steps, 0.40 after 12."""
+    sources enter the advantage (actor lr 5e-3: at 1e-2 the policy collapses after ~11 steps).  Measured: 0.10 ->
+    0.43 in 16 steps (mean of the last 4: 0.35); with the advantage sign flipped: 0.10 -> 0.01."""
     scores, steps = _scores(nano_model_dir, addition_data, tmp_path, [
         "trainer.recipe=prime", "reward_model.enable=true", f"reward_model.model.path={nano_model_dir}",
         "reward_model.reward_manager=prime", "algorithm.adv_estimator=rloo", "custom_reward_function.name=compute_digit_share",
         "reward_model.model.optim.lr=1e-3", "reward_model.micro_batch_size_per_gpu=16", "reward_model.mini_batch_size=8",
-        f"{A}.actor.ppo_mini_batch_size=8"], steps=12)
-    assert _tail(scores) >= scores[0] + 0.2, scores
+        f"{A}.actor.ppo_mini_batch_size=8", f"{A}.actor.optim.lr=5e-3"], steps=16)
+    assert _tail(scores, 4) >= scores[0] + 0.2, scores
     assert all(m["reward_model/grad_norm"] > 0 and "reward_model/dpo_acc" in m for m in steps)
 
 

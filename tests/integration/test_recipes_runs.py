@@ -110,3 +110,15 @@ def test_two_teachers_serve_their_data_sources(nano_model_dir, tmp_path):
     for m in steps:
         assert m.get("distillation/rows/synthetic/addition", 0) + m.get("distillation/rows/synthetic/addition_fixed", 0) == 32
     assert any("distillation/rows/synthetic/addition_fixed" in m for m in steps)
+
+
+def test_log_freq_sends_every_kth_step_to_the_logger(nano_model_dir, addition_data, tmp_path):
+    """trainer.log_freq (verl-recipe SPIN's +trainer.log_freq): all steps stay in the run's history, the logger gets
+    every k-th step and the last."""
+    import json
+
+    extra = [*COMMON, "algorithm.adv_estimator=grpo", "trainer.log_freq=2"]
+    history = run(small_overrides(nano_model_dir, addition_data, tmp_path, steps=3, extra=extra), tmp_path)
+    assert [m["step"] for m in history.metrics if "timing_s/step" in m] == [1, 2, 3]
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in logged if "timing_s/step" in e] == [2, 3]

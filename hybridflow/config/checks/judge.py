@@ -8,9 +8,10 @@ so a key the key policy refuses or finds inert for ``actor_rollout_ref.rollout``
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from hybridflow.config.key_policy import INERT, REFUSED, changed_keys, default_of, expand
+from hybridflow.config.key_policy import INERT, REFUSED, default_of, expand
 
 __all__ = ["check_judge", "JUDGE_ENGINES", "JUDGE_REQUEST_KEYS"]
 
@@ -34,8 +35,9 @@ def _actor_rule(leaf: str, rules) -> Any:
 
 def _changed(cfg: Any) -> list[str]:
     """The judge keys set away from their defaults, as ``rollout.X`` / ``judge.X`` (``name`` not counted)."""
-    out = [leaf[len("reward_model."):] for leaf, _ in changed_keys(cfg, "reward_model.rollout")
-           if leaf != "reward_model.rollout.name"]
+    node = cfg.reward_model.rollout  # a typed node: compared field by field with the defaults file
+    out = [f"rollout.{f.name}" for f in dataclasses.fields(node)
+           if f.name != "name" and getattr(node, f.name) != default_of(f"reward_model.rollout.{f.name}")]
     out += [f"judge.{k}" for k in ("max_concurrent", "max_rpm", "max_tpm", "request_timeout_s")
             if getattr(cfg.reward_model.judge, k) != default_of(f"reward_model.judge.{k}")]
     return out
