@@ -15,7 +15,7 @@ scores the policy's answers, and GRPO on the judge's scores raises held-out accu
 4. ``summary.json``: held-out accuracy before / after RL, the judge's held-out agreement and its agreement with the
    rule on the samples it scored during RL, steps, seconds (warm-ups included).
 
-Measured numbers (3 seeds, this machine's load) are in ``docs/algorithms.md`` ("Generative reward models").
+Measured numbers are in ``benchmarks/RESULTS.md`` and ``docs/data-and-rewards.md`` ("RLAIF on CPU").
 """
 
 from __future__ import annotations
