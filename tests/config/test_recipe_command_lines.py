@@ -138,7 +138,8 @@ def scaled(name: str, model: str, data: Path, out: Path) -> tuple[str, list[str]
     for key in ("data.train_files", "data.val_files", "data.train_batch_size", "data.max_prompt_length",
                 "data.max_response_length", f"{a}.actor.ppo_mini_batch_size",
                 f"{a}.rollout.log_prob_micro_batch_size_per_gpu", f"{a}.ref.log_prob_micro_batch_size_per_gpu"):
-        if key not in has and key.replace("_per_gpu", "") not in has:  # a line that leaves the size to the defaults (verl's GenRM test): this machine's
+        # a line that leaves the size to the defaults (verl's GenRM test) gets this machine's
+        if key not in has and key.replace("_per_gpu", "") not in has:
             extra.append(f"{key}={_scale_value(key, '', model, data, out)}")
     if "custom_reward_function.path" not in has:  # the addition task's exact rule (PRIME: a graded share)
         extra += [f"custom_reward_function.path={INTEGRATION / 'reward_fns.py'}", "reward_model.num_workers=0"]
