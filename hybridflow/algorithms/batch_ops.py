@@ -123,7 +123,8 @@ def compute_advantage(
     for key in ("values", "reward_baselines"):
         if key in data.batch:
             kwargs[key] = data.batch[key]
-    for key in ("old_log_probs", "sum_pi_squared"):  # only to estimators that name them (e.g. OTB)
+    # only to estimators that name them: OTB reads pi_old; PRIME its process rewards, outcome labels and the scores
+    for key in ("old_log_probs", "sum_pi_squared", "process_rewards", "acc", "token_level_scores"):
         if key in data.batch and _accepts_keyword(estimator, key):
             kwargs[key] = data.batch[key]
     advantages, returns = estimator(**kwargs)

@@ -36,6 +36,7 @@ _DEFAULTS: dict[str, Any] = {
     "policy_loss.clip_cov_ub": 5.0,
     "policy_loss.kl_cov_ratio": 0.0002,
     "policy_loss.ppo_kl_coef": 0.1,
+    "sppo_eta": 1.0,
 }
 
 

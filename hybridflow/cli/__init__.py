@@ -19,9 +19,10 @@ commands:
   train [--dry-run] [--config-path DIR --config-name NAME] key=value ...
                      PPO/GRPO training with verl's config keys (same as python -m hybridflow.trainer.main_ppo)
   sft key=value ...  supervised fine-tuning (also used to warm up models before RL)
-  quickstart [--task addition|tool-use|vision] [--output-dir DIR]
+  quickstart [--task addition|tool-use|vision|judge] [--output-dir DIR]
                      train a built-in tiny model on a built-in task on this CPU and report before/after
-                     (tool-use: GRPO through tool_agent teaches it to call a calculator)
+                     (tool-use: GRPO through tool_agent teaches it to call a calculator; judge: GRPO on the
+                     scores of a small judge model trained at run time, measured by an exact rule)
   generate / eval    generate from a model for a dataset and score it
   merge CKPT_DIR TARGET_DIR
                      export a checkpoint (LoRA merged) to a Hugging Face folder
@@ -83,12 +84,14 @@ def cmd_sft(argv: list[str]) -> int:
 def cmd_quickstart(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="hybridflow quickstart", description="Train a tiny model on CPU.")
     parser.add_argument("--output-dir", default=None,
-                        help="default outputs/quickstart, outputs/quickstart_tool_use or outputs/quickstart_vision")
+                        help="default outputs/quickstart, outputs/quickstart_tool_use, outputs/quickstart_vision or "
+                             "outputs/quickstart_judge")
     parser.add_argument("--backend", default="local", choices=["local", "ray"])
     parser.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget for RL")
-    parser.add_argument("--task", default="addition", choices=["addition", "tool-use", "vision"],
+    parser.add_argument("--task", default="addition", choices=["addition", "tool-use", "vision", "judge"],
                         help="addition: GRPO on 2-digit sums; tool-use: GRPO through tool_agent with a calculator; "
-                             "vision: a tiny vision-language model learns to name the colour of a shape in a picture")
+                             "vision: a tiny vision-language model learns to name the colour of a shape in a picture; "
+                             "judge: GRPO on a small judge model's scores (RLAIF), checked by an exact rule")
     parser.add_argument("--seed", type=int, default=None, help="run seed (default 1)")
     args = parser.parse_args(argv)
     if args.task == "tool-use":
@@ -98,6 +101,11 @@ def cmd_quickstart(argv: list[str]) -> int:
         kwargs["seed"] = args.seed
     if args.max_seconds is not None:
         kwargs["max_seconds"] = args.max_seconds
+    if args.task == "judge":
+        from hybridflow.quickstart.judge import run_judge_quickstart
+
+        run_judge_quickstart(output_dir=args.output_dir or "outputs/quickstart_judge", **kwargs)
+        return 0
     if args.task == "vision":
         from hybridflow.quickstart.vision import run_vision_quickstart
 

@@ -39,21 +39,6 @@ REFUSED: tuple[KeyRule, ...] = (
             "synchronously and atomically"),
     KeyRule("actor_rollout_ref.actor.checkpoint.strict",
             "checkpoints always load strictly here (a missing or unexpected tensor is an error): drop the key"),
-    KeyRule("reward_model.enable_resource_pool",
-            "a separate device pool for the reward model is not supported: it runs colocated on the training "
-            "devices (trainer.n_gpus_per_node x trainer.nnodes); drop the key"),
-    KeyRule("reward_model.{n_gpus_per_node,nnodes}",
-            "sizes verl's separate reward-model pool (reward_model.enable_resource_pool), which is not supported; "
-            "drop the key (the reward model runs on the training devices)"),
-    KeyRule("reward_model.rollout",
-            "serving the reward model from an inference engine (verl 0.9: reward.reward_model.rollout.*) "
-            f"{_NOT_BUILT}. With a sequence-classification reward model (reward_model.model.path), drop every "
-            "reward_model.rollout.* / reward.reward_model.rollout.* key and keep the rest of the command line: the "
-            "FSDP reward-model worker scores the same checkpoint (its score head at each response's last token). A "
-            "generative judge can be called from a reward function of your own (custom_reward_function.path)"),
-    KeyRule("actor_rollout_ref.ref.model",
-            "a reference model other than the actor's starting point is not supported: the reference is "
-            "actor_rollout_ref.model.path (or the LoRA actor with its adapter disabled)"),
     KeyRule("actor_rollout_ref.rollout.skip_rollout",
             "verl's rollout dump-and-replay debugging aid (skip_rollout, skip_dump_dir) is not implemented; "
             "trainer.rollout_data_dir writes every step's generations"),
@@ -66,9 +51,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("data.return_raw_chat",
             "the rollout renders prompts from the chat messages, so hybridflow always keeps them (verl's async "
             "rollout needs return_raw_chat=true as well)"),
-    KeyRule("distillation",
-            f"on-policy distillation from teacher models (verl 0.9's distillation.*) {_NOT_BUILT}. Drop the "
-            "distillation keys (the actor then trains on the task rewards alone)"),
     KeyRule("transfer_queue",
             "verl 0.9's TransferQueue data plane (the V1 trainer's) is not used: hybridflow's controller moves "
             "batches as DataProto through its worker groups. Drop the key"),
@@ -300,6 +282,14 @@ ACTS: tuple[KeyRule, ...] = (
             "colocate_async or separate_async (config/v1.py; rules in config/checks/v1.py; docs/async.md)"),
     KeyRule("trainer.v1", "the V1 trainer's node: every key acts in the mode that reads it or is refused with the "
             "reason (config/checks/v1.py)"),
+    KeyRule("distillation",
+            "on-policy distillation: teachers as worker groups of their own score the student's samples, the actor "
+            "adds the per-token reverse KL as a reward or a loss (trainer/teachers.py; config/checks/recipes.py)"),
+    KeyRule("reward_model.rollout",
+            "a generative reward model (judge) served on the rollout service behind the judge router; reward "
+            "functions ask it (trainer/judge_service.py, rewards/judge.py; config/checks/judge.py)"),
+    KeyRule("reward_model.{enable_resource_pool,n_gpus_per_node,nnodes}",
+            "the reward model (or judge) on a resource pool of its own, sized n_gpus_per_node x nnodes"),
 )
 
 

@@ -52,11 +52,19 @@ class StepPlan:
     remax_baseline: bool
     filter_groups: bool
     critic_warmup: int
+    ref_update_freq: int = -1  # > 0: the reference takes the actor's weights at steps k, 2k, ... (1-based)
+    distillation: bool = False  # teachers score the samples; the actor adds the distillation term
+    recipe: str | None = None  # trainer.recipe: spin | sppo | prime (their stages: trainer/spin.py, trainer/prime.py)
 
     @classmethod
     def from_config(cls, config) -> "StepPlan":
         """The plan of ``config`` (the one the check pipeline stored, or computed now for a hand-built config)."""
         return config.plan if hasattr(config, "plan") else plan_step(config)
+
+    def refresh_reference_at(self, step: int) -> bool:
+        """Whether the reference takes the actor's weights before step ``step`` (1-based) is scored: every
+        ``trainer.ref_update_freq`` steps, at the start of the step (verl-recipe's SPIN)."""
+        return self.use_ref and self.ref_update_freq > 0 and step % self.ref_update_freq == 0
 
     @property
     def pi_old_source(self) -> str:
@@ -69,7 +77,13 @@ class StepPlan:
 
     def describe(self) -> list[str]:
         """The stages one step runs, in order, with where pi_old comes from."""
-        stages = ["generate (rollout.n=%d)" % self.n, "reward" + (" (reward model)" if self.use_rm else "")]
+        stages = ["update_ref (every %d steps)" % self.ref_update_freq] if self.use_ref and self.ref_update_freq > 0 \
+            else []
+        stages += ["generate (rollout.n=%d)" % self.n, "reward" + (" (reward model)" if self.use_rm else "")]
+        if self.recipe == "prime":
+            stages.append("prime: accuracy filter, implicit PRM scores and update")
+        if self.distillation:
+            stages.append("teacher_log_probs")
         if not (self.reuse_rollout_log_probs or self.old_log_prob_in_update):
             stages.append("old_log_prob")
         if self.use_ref:
@@ -79,7 +93,11 @@ class StepPlan:
         stages.append("advantage" + (" (ReMax greedy baseline)" if self.remax_baseline else ""))
         if self.use_critic:
             stages.append("update_critic")
-        stages.append("update_actor" + (f" (after {self.critic_warmup} critic-only steps)" if self.critic_warmup else ""))
+        if self.recipe == "spin":
+            stages.append("update_actor (DPO on pairs)")
+        else:
+            stages.append("update_actor" + (f" (after {self.critic_warmup} critic-only steps)" if self.critic_warmup
+                                            else ""))
         return [f"stages: {' -> '.join(stages)}" + (" (DAPO group filtering)" if self.filter_groups else ""),
                 f"pi_old: {self.pi_old_source}"]
 
@@ -115,11 +133,16 @@ def plan_step(config) -> StepPlan:
         n=int(rollout.n),
         use_critic=bool(config.use_critic),
         use_ref=bool(config.use_reference_policy),
-        use_rm=bool(config.reward_model.enable),
+        # a reward-model worker scores the batch -- not PRIME's PRM (its own stage) nor a judge (asked by the reward
+        # functions)
+        use_rm=bool(config.reward_model.enable) and config.trainer.recipe != "prime" and not config.uses_judge,
         use_kl_in_reward=bool(config.algorithm.use_kl_in_reward),
         reuse_rollout_log_probs=reuse,
         old_log_prob_in_update=in_update,
         remax_baseline=remax,
         filter_groups=bool(config.algorithm.filter_groups.enable),
         critic_warmup=int(config.trainer.critic_warmup),
+        ref_update_freq=int(config.trainer.ref_update_freq),
+        distillation=bool(config.distillation.enabled),
+        recipe=config.trainer.recipe,
     )

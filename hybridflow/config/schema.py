@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
+from hybridflow.config.recipes import AlgoRecipeKeys, DataRecipeKeys, DistillationConfig, TrainerRecipeKeys
 from hybridflow.config.schema_roles import (  # noqa: F401 - re-exported: the role nodes live there
     ActorConfig,
     ActorRolloutRefConfig,
@@ -32,6 +33,7 @@ from hybridflow.config.schema_roles import (  # noqa: F401 - re-exported: the ro
     RefConfig,
     RewardModelConfig,
     RewardModelModelConfig,
+    RewardModelRolloutConfig,
     RolloutConfig,
     SamplingConfig,
     SandboxFusionConfig,
@@ -52,7 +54,7 @@ class SamplerConfig:
 
 
 @dataclass(**KW)
-class DataConfig:
+class DataConfig(DataRecipeKeys):
     # verl keeps ``data`` schemaless because a custom dataset (data.custom_cls) receives this node and may
     # read keys of its own; such keys arrive as ``+data.<key>=v`` and are kept as attributes here.
     ACCEPTS_ADDED_KEYS: ClassVar[bool] = True
@@ -131,7 +133,7 @@ class RolloutCorrectionConfig:
 
 
 @dataclass(**KW)
-class AlgoConfig:
+class AlgoConfig(AlgoRecipeKeys):
     gamma: float
     lam: float
     adv_estimator: str
@@ -149,7 +151,7 @@ class AlgoConfig:
 
 
 @dataclass(**KW)
-class TrainerConfig:
+class TrainerConfig(TrainerRecipeKeys):
     backend: str
     device: str
     balance_batch: bool
@@ -241,7 +243,7 @@ class PPOConfig:
     rollout: RolloutPoolConfig
     async_training: AsyncTrainingConfig
     model_engine: str  # verl 0.9's engine selector: dp (FSDP, what hybridflow trains with)
-    distillation: dict  # verl 0.9's on-policy distillation: refused when enabled (issue 27)
+    distillation: DistillationConfig  # verl 0.9's on-policy distillation (trainer/teachers.py)
     transfer_queue: dict  # verl 0.9's V1 data plane: refused when enabled
     skip: dict  # verl 0.9's rollout dump/replay: refused when enabled
 
@@ -265,7 +267,17 @@ class PPOConfig:
         """verl's rule: an explicit ``critic.enable`` wins, otherwise a critic iff GAE."""
         if self.critic.enable is not None:
             return bool(self.critic.enable)
+        if self.trainer.recipe in ("spin", "prime"):  # DPO pairs / PRIME's RLOO: no value function
+            return False
         return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def uses_judge(self) -> bool:
+        """A generative reward model served on the rollout service and asked by the reward function (verl's rule:
+        ``reward_model.rollout.name`` set and a ``custom_reward_function``; without one the served model is a
+        discriminative RM, scored by the reward-model worker)."""
+        rm = self.reward_model
+        return bool(rm.enable) and rm.rollout.name is not None and bool(self.custom_reward_function.path)
 
     @property
     def split_placement(self) -> bool:
@@ -274,5 +286,6 @@ class PPOConfig:
 
     @property
     def use_reference_policy(self) -> bool:
-        """A reference model is needed only when KL is used (as a loss or in the reward)."""
-        return self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+        """A reference model is needed when KL is used (as a loss or in the reward) and by SPIN's DPO loss."""
+        return (self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+                or self.trainer.recipe == "spin")

@@ -9,6 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hybridflow.config.recipes import (
+    ActorRecipeKeys,
+    JudgeConfig,
+    PrimeRewardModelKeys,
+    PrimeRewardModelModelKeys,
+)
+
 KW = dict(kw_only=True)
 
 
@@ -200,7 +207,7 @@ class PolicyLossConfig:
 
 
 @dataclass(**KW)
-class ActorConfig:
+class ActorConfig(ActorRecipeKeys):
     strategy: str
     rollout_n: int
     ppo_mini_batch_size: int
@@ -458,7 +465,7 @@ class CriticConfig:
 
 
 @dataclass(**KW)
-class RewardModelModelConfig:
+class RewardModelModelConfig(PrimeRewardModelModelKeys):
     input_tokenizer: Optional[str]
     path: str
     external_lib: Optional[str]
@@ -478,7 +485,55 @@ class SandboxFusionConfig:
 
 
 @dataclass(**KW)
-class RewardModelConfig:
+class RewardModelRolloutConfig:
+    """verl's reward loop serving a generative reward model (a judge) from an inference engine: ``name`` (hf |
+    vllm) starts ``reward_model.model.path`` on the rollout service; reward functions reach it through the judge
+    router (``hybridflow/rewards/judge.py``).  The engine keys are the actor rollout's (``judge_service.py`` copies
+    them onto the judge replicas, and ``config/checks/judge.py`` applies the actor rollout's refusals to them);
+    ``prompt_length`` / ``response_length`` bound a judge request; ``temperature`` / ``top_p`` / ``top_k`` /
+    ``do_sample`` are the defaults of requests that set none; a judge answers each request once (``n`` = 1)."""
+
+    name: Optional[str]
+    dtype: str
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    cudagraph_capture_sizes: Optional[list]
+    free_cache_engine: bool
+    data_parallel_size: int
+    expert_parallel_size: int
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
+    max_num_batched_tokens: int
+    max_model_len: Optional[int]
+    max_num_seqs: int
+    load_format: str
+    layered_summon: bool
+    scheduling_policy: str
+    full_determinism: bool
+    seed: int
+    multi_stage_wake_up: bool
+    engine_kwargs: dict
+    limit_images: Optional[int]
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    disable_log_stats: bool
+    skip_tokenizer_init: bool
+    ignore_eos: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    do_sample: bool
+    n: int
+    prompt_length: int
+    response_length: int
+    quantization: Optional[str]
+    quantization_config_file: Optional[str]
+    mtp: Any
+    disaggregation: dict
+
+
+@dataclass(**KW)
+class RewardModelConfig(PrimeRewardModelKeys):
     enable: bool
     enable_resource_pool: bool
     n_gpus_per_node: int
@@ -502,7 +557,8 @@ class RewardModelConfig:
     use_reward_loop: bool
     sandbox_fusion: SandboxFusionConfig
     ulysses_sequence_parallel_size: int
-    rollout: dict  # a generative reward model served by an engine (verl 0.9: reward.reward_model.rollout): refused
+    rollout: RewardModelRolloutConfig
+    judge: JudgeConfig
     profiler: dict
 
 

@@ -77,6 +77,14 @@ class ScoreFnSpec:
                 f"def {getattr(fn, '__name__', 'compute_score')}{expected}"
             ) from None
 
+    def accepts(self, keyword: str) -> bool:
+        """Whether the function takes ``keyword`` (by name, or through ``**kwargs``)."""
+        try:
+            params = inspect.signature(self.resolve()).parameters
+        except (TypeError, ValueError):
+            return False
+        return keyword in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
     def describe(self) -> str:
         if self.fn is not None:
             return f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', self.fn)}"

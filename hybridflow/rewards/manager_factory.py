@@ -76,20 +76,31 @@ def check_reward_function(config) -> None:
     """Refuse, before anything loads, a reward function that cannot take the call its manager will make
     (``RewardFunctionError`` naming the file, the function, its signature and the signature to write)."""
     cls, spec, kwargs, _ = _manager_parts(config, {})
-    spec.check_call(cls.keywords_for(kwargs), cls.expected_signature)
+    keywords = cls.keywords_for(kwargs)
+    if config.uses_judge:  # a judge's client / router address / tokenizer, offered to the functions that take them
+        from hybridflow.rewards.judge import JUDGE_KWARGS
+
+        keywords = [*keywords, *(k for k in JUDGE_KWARGS if spec.accepts(k))]
+    spec.check_call(keywords, cls.expected_signature)
 
 
-def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs: Any) -> RewardManager:
+def load_reward_manager(config, tokenizer, num_examine: int = 0, judge_kwargs: dict[str, Any] | None = None,
+                        **reward_kwargs: Any) -> RewardManager:
     """Reward manager named by ``config.reward_model.reward_manager``.
 
     Reads ``config.custom_reward_function.{path,name}`` (null path = built-in scorers by data_source),
     ``config.data.reward_fn_key``, ``config.reward_model.{reward_kwargs,num_workers,timeout_s,error_score}``,
     ``config.reward_model.sandbox_fusion.{url,max_concurrent,memory_limit_mb}`` (see :func:`sandbox_fusion_kwargs`).
     ``max_resp_len`` / ``overlong_buffer_cfg`` in the kwargs configure the ``dapo`` manager (verl passes them
-    the same way); all other kwargs are forwarded to every ``compute_score`` call.
+    the same way); all other kwargs are forwarded to every ``compute_score`` call.  ``judge_kwargs`` (a run with
+    a judge, ``rewards/judge.py``) are offered to the function and passed where it takes them.
     """
     cls, spec, kwargs, ctor = _manager_parts(config, reward_kwargs)
     rm = config.reward_model
     scoring = ScoringConfig(num_workers=rm.num_workers, timeout_s=rm.timeout_s, error_score=rm.error_score)
+    if judge_kwargs and not any(spec.accepts(k) for k in judge_kwargs):
+        raise ValueError(f"reward_model.rollout.name={config.reward_model.rollout.name} serves a judge, but the reward "
+                         f"function {spec.describe()} takes none of {', '.join(judge_kwargs)}: add `judge` (a client: "
+                         "await judge.chat(messages)) or verl's `reward_router_address` to its parameters")
     return cls(tokenizer, num_examine=num_examine, compute_score=spec, reward_fn_key=config.data.reward_fn_key,
-               reward_kwargs=kwargs, scoring=scoring, **ctor)
+               reward_kwargs=kwargs, scoring=scoring, offered_kwargs=judge_kwargs, **ctor)

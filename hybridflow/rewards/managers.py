@@ -62,6 +62,7 @@ class RewardManager:
         reward_fn_key: str = "data_source",
         reward_kwargs: dict[str, Any] | None = None,
         scoring: ScoringConfig | None = None,
+        offered_kwargs: dict[str, Any] | None = None,
     ):
         self.tokenizer = tokenizer
         self.num_examine = num_examine
@@ -69,9 +70,12 @@ class RewardManager:
         self.reward_kwargs = dict(reward_kwargs or {})
         spec = compute_score if isinstance(compute_score, ScoreFnSpec) else ScoreFnSpec(fn=compute_score)
         self.scoring = scoring or ScoringConfig()
+        # keywords the run offers (a judge's client and address): passed only to a function that takes them
+        self.offered = {k: v for k, v in (offered_kwargs or {}).items() if spec.accepts(k)}
+        self.reward_kwargs.update(self.offered)
         spec.check_call(self.call_keywords(), self.expected_signature)  # a bad path / name / signature: now
         self.pool = ScoringPool(spec, self.scoring.num_workers, self.scoring.timeout_s)
-        self.errors = ErrorTracker(self.scoring.error_score)
+        self.errors = ErrorTracker(self.scoring.error_score, judge=bool(offered_kwargs))
 
     expected_signature = "(data_source, solution_str, ground_truth, extra_info=None, **kwargs)"
 
@@ -262,8 +266,9 @@ class DAPORewardManager(NaiveRewardManager):
 
     def __init__(self, tokenizer, num_examine: int = 0, compute_score=None, reward_fn_key: str = "data_source",
                  reward_kwargs: dict[str, Any] | None = None, scoring: ScoringConfig | None = None,
-                 max_resp_len: int | None = None, overlong_buffer_cfg: OverlongBufferConfig | Any = None):
-        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, reward_kwargs, scoring)
+                 max_resp_len: int | None = None, overlong_buffer_cfg: OverlongBufferConfig | Any = None,
+                 offered_kwargs: dict[str, Any] | None = None):
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, reward_kwargs, scoring, offered_kwargs)
         cfg = overlong_buffer_cfg if overlong_buffer_cfg is not None else OverlongBufferConfig()
         if isinstance(cfg, dict):
             cfg = OverlongBufferConfig(**cfg)

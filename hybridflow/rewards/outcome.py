@@ -63,10 +63,13 @@ class ErrorTracker:
     """Counts errors and timeouts for one manager; logs the first traceback of its lifetime."""
 
     error_score: float
+    judge: bool = False  # a judge serves the scorers: its timeouts and unreadable answers are counted apart
     logged_first: bool = False
     first_error: str | None = None
     step_errors: int = 0
     step_timeouts: int = 0
+    step_judge_timeouts: int = 0
+    step_judge_unparsable: int = 0
     total_errors: int = 0
     total_timeouts: int = 0
     sample_errors: list = field(default_factory=list)  # this call, one entry per resolved sample: None or why
@@ -76,6 +79,8 @@ class ErrorTracker:
     def reset_step(self) -> None:
         self.step_errors = 0
         self.step_timeouts = 0
+        self.step_judge_timeouts = 0
+        self.step_judge_unparsable = 0
         self.sample_errors = []
         self.step_clipped = 0
 
@@ -108,6 +113,11 @@ class ErrorTracker:
         first_of_call = not any(self.sample_errors)
         reason = "timed out: " if status == TIMEOUT else ""
         self.sample_errors.append(f"{where}: {reason}{detail if first_of_call else _last_line(detail)}")
+        last = _last_line(detail)
+        if "JudgeTimeout" in last:
+            self.step_judge_timeouts += 1
+        elif "JudgeParseError" in last:
+            self.step_judge_unparsable += 1
         if status == TIMEOUT:
             self.step_timeouts += 1
             self.total_timeouts += 1
@@ -124,12 +134,16 @@ class ErrorTracker:
             )
 
     def metrics(self, num_scored: int) -> dict[str, float]:
-        return {
+        out = {
             "reward/error_count": float(self.step_errors),
             "reward/timeout_count": float(self.step_timeouts),
             "reward/error_rate": (self.step_errors + self.step_timeouts) / max(num_scored, 1),
             "reward/clipped_count": float(self.step_clipped),
         }
+        if self.judge:
+            out["reward/judge_timeout_count"] = float(self.step_judge_timeouts)
+            out["reward/judge_unparsable_count"] = float(self.step_judge_unparsable)
+        return out
 
 
 def _last_line(text: str) -> str:

@@ -15,11 +15,19 @@ the function still work; raise ``timeout_s`` while you sit in one.
 
 Every wait here gives up the step when a stop was requested and the scorer does not answer within a few
 seconds (:mod:`hybridflow.utils.stopping`), so a signal ends a run even while a scorer is stuck.
+
+An ``async def`` scoring function (one that waits on a judge, an API, a sandbox) is run *concurrently*, as verl's
+reward loop runs it: the batch is split over the workers (or kept in this process with ``num_workers=0``) and each
+runs its share as concurrent tasks on one event loop, every task with its own ``timeout_s``; a worker whose event
+loop stops answering (blocking code inside the coroutine) is killed after ``timeout_s`` plus a grace period and its
+unfinished tasks time out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import inspect
 import os
 import subprocess
 import sys
@@ -123,6 +131,7 @@ class ScoringPool:
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
         self._fn = spec.resolve()  # fail fast in the parent on a bad path / name
+        self.concurrent = inspect.iscoroutinefunction(self._fn)
         self._workers: list[_Worker] = []
         self._inline: DaemonExecutor | None = None  # num_workers=0: the thread that runs the scorer
         self.abandoned = 0  # in-process calls left running after their timeout
@@ -135,6 +144,8 @@ class ScoringPool:
             self._inline = None
 
     def run(self, tasks: list[dict[str, Any]]) -> list[TaskResult]:
+        if self.concurrent:
+            return self._run_concurrent(tasks)
         if self.num_workers == 0:
             return [self._run_inline(kwargs) for kwargs in tasks]
         while len(self._workers) < min(self.num_workers, len(tasks)):
@@ -172,6 +183,48 @@ class ScoringPool:
             if not worker.ready and worker.start_deadline <= now and worker.conn.poll() is False:
                 raise RuntimeError(f"reward worker did not start within {self.start_timeout_s:.0f}s")
 
+    def _run_concurrent(self, tasks: list[dict[str, Any]]) -> list[TaskResult]:
+        """Coroutine scorers: each worker (or this process) runs its share of ``tasks`` concurrently."""
+        if not tasks:
+            return []
+        if self.num_workers == 0:
+            return [TaskResult(*r) for r in run_tasks_concurrently(self._fn, list(enumerate(tasks)), self.timeout_s)]
+        n = min(self.num_workers, len(tasks))
+        while len(self._workers) < n:
+            self._workers.append(_Worker(self.spec, self.start_timeout_s))
+        for worker in self._workers[:n]:
+            if not worker.ready:
+                if not worker.conn.poll(max(0.0, worker.start_deadline - time.monotonic())):
+                    raise RuntimeError(f"reward worker did not start within {self.start_timeout_s:.0f}s")
+                worker.handshake()
+        shares = [list(range(len(tasks)))[i::n] for i in range(n)]
+        for worker, share in zip(self._workers, shares):
+            worker.send(("batch", [(i, tasks[i]) for i in share], self.timeout_s))
+        results: list[TaskResult | None] = [None] * len(tasks)
+        deadline = time.monotonic() + self.timeout_s + 5.0
+        waiting = dict(enumerate(shares))
+        while waiting:
+            readable = wait([self._workers[s].conn for s in waiting], timeout=max(0.0, deadline - time.monotonic()))
+            if not readable:
+                break
+            for slot in [s for s in waiting if self._workers[s].conn in readable]:
+                share = waiting.pop(slot)
+                try:
+                    _, replies = self._workers[slot].conn.recv()
+                    for idx, status, payload in replies:
+                        results[idx] = TaskResult(status, payload if status == OK else None,
+                                                  None if status == OK else payload)
+                except (EOFError, OSError):
+                    code = self._workers[slot].proc.poll()
+                    for idx in share:
+                        results[idx] = TaskResult(ERROR, error=f"reward worker process died (exit code {code})")
+                    self._replace(slot)
+        for slot, share in waiting.items():  # an event loop that stopped answering: kill, the rest timed out
+            for idx in share:
+                results[idx] = TaskResult(TIMEOUT, error=f"scoring exceeded timeout_s={self.timeout_s}")
+            self._replace(slot)
+        return [r for r in results if r is not None]
+
     def _run_inline(self, kwargs: dict[str, Any]) -> TaskResult:
         if self._inline is None:
             self._inline = DaemonExecutor(max_workers=1, name="reward-inline")
@@ -200,3 +253,28 @@ class ScoringPool:
     def _replace(self, slot: int) -> None:
         self._workers[slot].kill()
         self._workers[slot] = _Worker(self.spec, self.start_timeout_s)
+
+
+def run_tasks_concurrently(fn, tasks: list[tuple[int, dict[str, Any]]], timeout_s: float) -> list[tuple[str, Any, Any]]:
+    """``(status, value, error)`` per task of a coroutine function ``fn``, run as concurrent tasks of one event loop
+    (a helper thread's when this thread already runs one), each bounded by ``timeout_s``."""
+
+    async def one(kwargs):
+        try:
+            return OK, await asyncio.wait_for(fn(**kwargs), timeout_s), None
+        except asyncio.TimeoutError:
+            return TIMEOUT, None, f"scoring exceeded timeout_s={timeout_s}"
+        except Exception:
+            return ERROR, None, traceback.format_exc()
+
+    async def everything():
+        return await asyncio.gather(*(one(kwargs) for _, kwargs in tasks))
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return list(asyncio.run(everything()))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as ex:
+        return list(ex.submit(asyncio.run, everything()).result())

@@ -45,7 +45,7 @@ if __name__ == "__main__":
     _light_package()
 
 from hybridflow.rewards.custom_function import call_score_fn  # noqa: E402
-from hybridflow.rewards.pool import ERROR, OK  # noqa: E402
+from hybridflow.rewards.pool import ERROR, OK, run_tasks_concurrently  # noqa: E402
 
 
 def serve(recv: Connection, send: Connection) -> None:
@@ -62,6 +62,14 @@ def serve(recv: Connection, send: Connection) -> None:
             return
         if msg is None:
             return
+        if msg[0] == "batch":  # a coroutine scorer's share of the batch, run concurrently
+            results = run_tasks_concurrently(fn, msg[1], msg[2])
+            replies = [(idx, *result) for (idx, _), result in zip(msg[1], results)]
+            try:
+                send.send(("batch", [(i, status, value if status == OK else error) for i, status, value, error in replies]))
+            except Exception:
+                send.send(("batch", [(i, ERROR, f"unpicklable result:\n{traceback.format_exc()}") for i, *_ in replies]))
+            continue
         idx, kwargs = msg
         try:
             reply = (idx, OK, call_score_fn(fn, kwargs))

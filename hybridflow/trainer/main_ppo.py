@@ -23,7 +23,7 @@ from hybridflow.trainer.run_inputs import (
     load_processor_for,
     load_tokenizer_for,
 )
-from hybridflow.trainer.runtime import RuntimeStart, init_models, start_rollout_service
+from hybridflow.trainer.runtime import RuntimeStart, init_models, start_judge_service, start_rollout_service
 
 if TYPE_CHECKING:
     from hybridflow.trainer.ppo_trainer import RunHistory
@@ -38,7 +38,8 @@ V1_TRAINERS = {  # verl 0.9's trainer.v1.trainer_mode -> controller (module, cla
 
 def trainer_class(config) -> type:
     """The controller of ``trainer.v1.trainer_mode`` (with ``trainer.use_v1=true``) or of ``async_training.mode``:
-    the synchronous HybridFlow step, one-step-off or fully async."""
+    the synchronous HybridFlow step, one-step-off or fully async; ``trainer.recipe`` spin / prime swap the
+    synchronous step's stages (SPPO needs only its estimator and loss)."""
     from hybridflow.config.v1 import v1_mode
 
     v1 = v1_mode(config)
@@ -47,6 +48,14 @@ def trainer_class(config) -> type:
 
         module, name = V1_TRAINERS[v1]
         return getattr(importlib.import_module(module), name)
+    if config.trainer.recipe == "spin":
+        from hybridflow.trainer.spin import SpinTrainer
+
+        return SpinTrainer
+    if config.trainer.recipe == "prime":
+        from hybridflow.trainer.prime import PrimeTrainer
+
+        return PrimeTrainer
     mode = config.async_training.mode
     if mode == "one_step_off":
         from hybridflow.trainer.asynchronous.one_step_off import OneStepOffTrainer
@@ -93,10 +102,15 @@ def train_ppo(config, logger=None, should_stop: Callable[[], bool] | None = None
         check_dataset_agent_names(train_loader, val_loader)
         # The workers' LR schedules need the horizon; it is passed to init_model below.
         total = resolve_total_training_steps(config, len(train_loader))
-        reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
-        reward_fns = [reward_fn, val_reward_fn]
+        judged = config.uses_judge
+        if not judged:  # (scorers that ask a judge need its router, started with the workers)
+            reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
+            reward_fns = [reward_fn, val_reward_fn]
         runtime = start.result()
         init_models(runtime, lr_horizon(config, total))
+        if judged:
+            reward_fn, val_reward_fn = build_reward_fns(config, tokenizer, start_judge_service(config, runtime))
+            reward_fns = [reward_fn, val_reward_fn]
         start_rollout_service(runtime, config, tokenizer, reward_fn, processor)
         if logger is None:
             logger = build_logger(config, total)

@@ -21,6 +21,7 @@ import torch
 
 from hybridflow.algorithms.batch_ops import ROLLOUT_CORRECTION_BYPASS
 from hybridflow.algorithms.bypass_loss import BypassSettings
+from hybridflow.algorithms.distillation import DISTILLATION_SETTINGS
 from hybridflow.protocol import DataProto
 from hybridflow.tracking.metrics import (
     compute_data_metrics,
@@ -128,7 +129,14 @@ class RunHistory:
 
 
 class PPOTrainer:
-    """Drives one training run; holds no model state itself (that lives in the worker groups)."""
+    """Drives one training run; holds no model state itself (that lives in the worker groups).
+
+    Recipes change stages, not the loop: ``before_advantage`` runs a stage of theirs right before the advantage
+    (PRIME trains and queries its PRM there), ``advantage_estimator`` replaces ``algorithm.adv_estimator``, and
+    ``trained_roles`` names worker groups besides actor and critic that checkpoints must hold.
+    """
+
+    advantage_estimator: str | None = None
 
     def __init__(self, config, tokenizer, groups: WorkerGroups, train_dataloader, val_dataloader,
                  reward_fn: Callable, val_reward_fn: Callable, logger=None, n_devices: int = 1, dp_size: int = 1):
@@ -146,6 +154,11 @@ class PPOTrainer:
         self.dp_size = dp_size
         self.plan = StepPlan.from_config(config)  # the plan the config's check pipeline decided
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl) if self.plan.use_kl_in_reward else None
+        self.distillation = None
+        if self.plan.distillation:
+            from hybridflow.trainer.teachers import distillation_settings
+
+            self.distillation = distillation_settings(config)
         self.total_training_steps = resolve_total_training_steps(config, len(train_dataloader))
         self.global_steps = 0
         self.epoch = 0
@@ -199,7 +212,7 @@ class PPOTrainer:
                     with timed("save_checkpoint", timing):
                         self.save_checkpoint()
                 metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
-                self._log(metrics)
+                self._log(metrics, to_logger=last or self.global_steps % max(1, self.config.trainer.log_freq) == 0)
                 if last:
                     break
         finally:
@@ -301,8 +314,13 @@ class PPOTrainer:
                 metrics.update(stages.compute_old_log_prob(groups, batch, plan,
                                                            cfg.actor_rollout_ref.actor.loss_agg_mode))
         if plan.use_ref:
+            self.refresh_reference_if_due(timing)
             with timed("ref", timing):
                 stages.compute_ref_log_prob(groups, batch)
+        if plan.distillation:
+            with timed("teacher", timing):
+                metrics.update(stages.compute_teacher_log_probs(groups, batch))
+            batch.meta_info[DISTILLATION_SETTINGS] = self.distillation
         if plan.use_critic:
             with timed("values", timing):
                 stages.compute_values(groups, batch)
@@ -313,8 +331,10 @@ class PPOTrainer:
         if not plan.filter_groups:  # (with filtering, the accumulator reports it over every generated group)
             # groups whose n scores are all equal give GRPO-style estimators no signal (DAPO, Yu et al. 2025)
             metrics["train/zero_variance_group_fraction"] = zero_variance_fraction(batch, "seq_reward")
+        self.before_advantage(batch, timing, metrics)
         with timed("adv", timing):
-            batch, adv_metrics = stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl)
+            batch, adv_metrics = stages.compute_advantages(batch, cfg.algorithm, plan, self.kl_ctrl,
+                                                           estimator=self.advantage_estimator)
             metrics.update(adv_metrics)
         if correction_enabled(cfg.algorithm.rollout_correction):  # actor pi_old vs the rollout's mu
             metrics.update(apply_rollout_correction(batch, cfg.algorithm.rollout_correction))
@@ -328,6 +348,20 @@ class PPOTrainer:
                 metrics.update(stages.update_actor(groups, batch, cfg.actor_rollout_ref.rollout.temperature))
             self.push_weights(timing, metrics)
         return batch
+
+    def before_advantage(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
+        """A recipe's stage between the log-prob / value passes and the advantage (nothing in PPO)."""
+
+    def trained_roles(self) -> dict[str, object]:
+        """Worker groups besides actor and critic whose training state checkpoints hold (``{component: group}``)."""
+        return {}
+
+    def refresh_reference_if_due(self, timing: dict[str, float]) -> None:
+        """``trainer.ref_update_freq``: before this step's reference log-probs, the reference becomes the actor
+        that sampled the batch (``timing_s/update_ref``)."""
+        if self.plan.refresh_reference_at(self.global_steps + 1):
+            with timed("update_ref", timing):
+                stages.refresh_reference(self.groups)
 
     def push_weights(self, timing: dict[str, float], metrics: dict[str, float]) -> None:
         """After an actor update: bring the new weights to the rollout (``timing_s/update_weights`` when
@@ -437,9 +471,11 @@ class PPOTrainer:
             self._log(metrics)
         return metrics
 
-    def _log(self, metrics: dict[str, float]) -> None:
+    def _log(self, metrics: dict[str, float], to_logger: bool = True) -> None:
+        """Record ``metrics`` in the run's history; send them to the logger too unless ``to_logger`` is false
+        (``trainer.log_freq``: a step's metrics reach the logger every log_freq steps, and at the last step)."""
         self.history.metrics.append({"step": self.global_steps, **metrics})
-        if self.logger is not None:
+        if self.logger is not None and to_logger:
             self.logger.log(data=metrics, step=self.global_steps)
 
     # ------------------------------------------------------------------------------------------ checkpoints
@@ -453,6 +489,9 @@ class PPOTrainer:
             if self.plan.use_critic:
                 self.groups.critic.save_checkpoint(str(writer.tmp_dir / "critic"), self.global_steps, None)
                 components.append("critic")
+            for name, group in self.trained_roles().items():
+                group.save_checkpoint(str(writer.tmp_dir / name), self.global_steps, None)
+                components.append(name)
             data_state = self.data_state()
             if data_state is not None:
                 writer.save_data_state(data_state)
@@ -490,6 +529,11 @@ class PPOTrainer:
         self.groups.actor_rollout.load_checkpoint(str(folder / "actor"))
         if self.plan.use_critic:
             self.groups.critic.load_checkpoint(str(folder / "critic"))
+        for name, group in self.trained_roles().items():
+            if name not in manifest["components"]:
+                raise ckpt.CheckpointError(f"{folder} has no {name} checkpoint but this run trains it; resume from a "
+                                           "checkpoint of the same recipe or set trainer.resume_mode=disable")
+            group.load_checkpoint(str(folder / name))
         state = ckpt.load_trainer_state(folder)
         self.global_steps, self.epoch = state.global_step, state.epoch
         ckpt.restore_rng_state(state.rng)

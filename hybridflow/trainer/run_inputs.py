@@ -33,13 +33,18 @@ def check_dataset_agent_names(*loaders) -> None:
             check_agent_names(loader.dataset)
 
 
-def build_reward_fns(config, tokenizer):
-    """Training manager (``num_examine=0``) and validation manager (``num_examine=1``), as verl."""
+def build_reward_fns(config, tokenizer, judge=None):
+    """Training manager (``num_examine=0``) and validation manager (``num_examine=1``), as verl; with a judge
+    (``trainer/judge_service.py``) their functions are offered its client and wrapped to count its requests."""
     from hybridflow.rewards import load_reward_manager
 
-    train_fn = load_reward_manager(config, tokenizer, num_examine=0)
-    val_fn = load_reward_manager(config, tokenizer, num_examine=1)
-    return train_fn, val_fn
+    if judge is None:
+        return load_reward_manager(config, tokenizer, num_examine=0), load_reward_manager(config, tokenizer, num_examine=1)
+    from hybridflow.trainer.judge_service import JudgedRewardFn
+
+    offered = judge.reward_kwargs()
+    return tuple(JudgedRewardFn(load_reward_manager(config, tokenizer, num_examine=k, judge_kwargs=offered), judge)
+                 for k in (0, 1))
 
 
 def build_logger(config, total_steps: int):

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from hybridflow.trainer.stages import WorkerGroups
 
 __all__ = ["Runtime", "RuntimeStart", "build_runtime", "create_workers", "init_models", "pool_options",
-           "resolve_device", "start_rollout_service"]
+           "resolve_device", "start_judge_service", "start_rollout_service"]
 
 
 @dataclass
@@ -123,23 +123,26 @@ def create_workers(config) -> Runtime:
             from hybridflow.workers.critic import CriticWorker
 
             class_dict["critic"] = ClassWithInitArgs(CriticWorker, config.critic)
-        if config.reward_model.enable:
-            from hybridflow.workers.reward_model import RewardModelWorker
+        from hybridflow.trainer.runtime_roles import extra_colocated_roles, start_pooled_roles
 
-            class_dict["reward_model"] = ClassWithInitArgs(RewardModelWorker, config.reward_model)
+        roles, colocated_teachers = extra_colocated_roles(config)  # reward model, judge, teachers
+        class_dict.update(roles)
         host_cls = create_colocated_worker_cls(class_dict)
         # Rollout requests from the agent loops run in their own thread pool beside the dispatched calls.
         host_cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: rollout_stream_threads(config)}
         host = create_worker_group(backend, pool, host_cls, role="colocated")
         runtime._closers.append(host.shutdown)
         views = host.spawn(class_dict)
+        teachers = start_pooled_roles(config, views, colocated_teachers, use_gpu, runtime._closers,
+                                      pool_options(config))
     except BaseException:
         runtime.close()
         raise
     runtime.views = views
     runtime.groups = WorkerGroups(actor_rollout=views["actor_rollout"],
                                   ref=views["actor_rollout"] if config.use_reference_policy else None,
-                                  critic=views.get("critic"), reward_model=views.get("reward_model"))
+                                  critic=views.get("critic"), reward_model=views.get("reward_model"),
+                                  teachers=teachers)
     runtime.n_devices = runtime.dp_size = pool.world_size
     return runtime
 
@@ -181,13 +184,12 @@ def init_models(runtime: Runtime, total_training_steps: int | None = None) -> No
     """``init_model`` on every role, actor last; the trained roles get the LR horizon as an argument
     because their processes were started (and their config sent) before the dataset length was known."""
     for role in _INIT_ORDER:
+        if role == "actor_rollout" and runtime.groups.teachers is not None:  # distillation teachers: frozen models
+            runtime.groups.teachers.init_models()
         view = runtime.views.get(role)
         if view is None:
             continue
-        if role == "reward_model":
-            view.init_model()
-        else:
-            view.init_model(total_training_steps=total_training_steps)
+        view.init_model(total_training_steps=total_training_steps)  # PRIME's PRM trains: it needs the horizon
 
 
 def build_runtime(config, tokenizer=None, total_training_steps: int | None = None) -> Runtime:
@@ -257,3 +259,13 @@ class RuntimeStart:
         if self._runtime is not None:
             self._runtime.close()
             self._runtime = None
+
+
+def start_judge_service(config, runtime):
+    """The judge of ``reward_model.rollout.name`` (``None`` without one); stopped with the runtime."""
+    from hybridflow.trainer.judge_service import JUDGE_ROLE, judge_enabled, start_judge
+
+    if not judge_enabled(config):
+        return None
+    return start_judge(config, runtime.views.get(JUDGE_ROLE), resolve_device(config) == "cuda", runtime._closers,
+                       pool_options(config))

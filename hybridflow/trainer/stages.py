@@ -45,6 +45,7 @@ class WorkerGroups:
     critic: Any = None
     reward_model: Any = None
     rollout: Any = None
+    teachers: Any = None  # on-policy distillation: the TeacherRouter (trainer/teachers.py)
 
 
 # ---------------------------------------------------------------------------------------------- prepare
@@ -194,9 +195,19 @@ def compute_old_log_prob(groups: WorkerGroups, batch: DataProto, plan: StepPlan,
     return metrics
 
 
+def refresh_reference(groups: WorkerGroups) -> float:
+    """The reference model takes the actor's current weights (every rank copies its own shards); seconds."""
+    return max(groups.ref.refresh_reference())
+
+
 def compute_ref_log_prob(groups: WorkerGroups, batch: DataProto) -> None:
     out = groups.ref.compute_ref_log_prob(batch)
     batch.union(DataProto.from_dict({"ref_log_prob": out.batch["ref_log_prob"]}))
+
+
+def compute_teacher_log_probs(groups: WorkerGroups, batch: DataProto) -> dict[str, float]:
+    """On-policy distillation: each row's teacher scores the student's sample (``teacher_log_probs``)."""
+    return groups.teachers.log_probs(batch)
 
 
 def compute_values(groups: WorkerGroups, batch: DataProto) -> None:
@@ -205,9 +216,11 @@ def compute_values(groups: WorkerGroups, batch: DataProto) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- advantage
-def compute_advantages(batch: DataProto, algorithm_config, plan: StepPlan, kl_ctrl) -> tuple[DataProto, dict[str, float]]:
+def compute_advantages(batch: DataProto, algorithm_config, plan: StepPlan, kl_ctrl,
+                       estimator: str | None = None) -> tuple[DataProto, dict[str, float]]:
     """``token_level_rewards`` (scores minus the KL penalty when KL is in the reward) then advantages/returns.
 
+    ``estimator`` replaces ``algorithm.adv_estimator`` (a recipe's own advantage, e.g. PRIME's).
     Returns the batch to continue with: PF-PPO (``algorithm.use_pf_ppo``) resamples it.
     """
     from hybridflow.algorithms import apply_kl_penalty, compute_advantage
@@ -221,7 +234,7 @@ def compute_advantages(batch: DataProto, algorithm_config, plan: StepPlan, kl_ct
     batch.meta_info.setdefault("global_steps", 0)
     batch = compute_advantage(
         batch,
-        adv_estimator=algorithm_config.adv_estimator,
+        adv_estimator=estimator or algorithm_config.adv_estimator,
         gamma=algorithm_config.gamma,
         lam=algorithm_config.lam,
         num_repeat=plan.n,
@@ -263,12 +276,14 @@ __all__ = [
     "compute_advantages",
     "compute_old_log_prob",
     "compute_ref_log_prob",
+    "compute_teacher_log_probs",
     "compute_reward",
     "compute_values",
     "generate",
     "generate_remax_baseline",
     "merge_generation_output",
     "prompts_from_loader",
+    "refresh_reference",
     "split_generation_input",
     "sync_rollout_weights",
     "timed",

@@ -30,6 +30,7 @@ from hybridflow.algorithms.batch_ops import (
     ROLLOUT_CORRECTION_BYPASS,
 )
 from hybridflow.algorithms.bypass_loss import compute_policy_loss_bypass_mode
+from hybridflow.algorithms.distillation import DISTILLATION_SETTINGS, TEACHER_LOG_PROBS, compute_distillation_loss
 from hybridflow.algorithms.aggregation import agg_loss, check_loss_agg_mode, count_loss_normalizers
 from hybridflow.algorithms.kl import kl_penalty
 from hybridflow.algorithms.loss_config import with_global_batch_info
@@ -213,6 +214,9 @@ class PPOActor:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in data.batch:
             keys.append("rollout_is_weights")
+        distill = data.meta_info.get(DISTILLATION_SETTINGS)  # on-policy distillation: the teachers' log-probs
+        if distill is not None:
+            keys.append(TEACHER_LOG_PROBS)
         batch = _model_inputs(data, keys)
         global_step = int(data.meta_info.get("global_steps", 0))
         metrics: dict[str, list[float]] = defaultdict(list)
@@ -228,7 +232,7 @@ class PPOActor:
                 for i, mini_batch in enumerate(batch_e.split(self.mini_batch_size)):
                     # Only the first forward pass runs before an optimiser step, i.e. at pi_old.
                     at_pi_old = diagnose and epoch == 0 and i == 0
-                    self._train_mini_batch(mini_batch, temperature, metrics, from_update, at_pi_old, bypass)
+                    self._train_mini_batch(mini_batch, temperature, metrics, from_update, at_pi_old, bypass, distill)
         metrics["actor/lr"].append(self.engine.lr_scheduler_step())
         return dict(metrics)
 
@@ -254,7 +258,7 @@ class PPOActor:
 
     def _train_mini_batch(
         self, mini_batch: DataProto, temperature: float, metrics: dict[str, list[float]], from_update: bool = False,
-        at_pi_old: bool = False, bypass=None,
+        at_pi_old: bool = False, bypass=None, distill=None,
     ) -> None:
         cfg = self.config
         micro_batches, _ = split_micro_batches(mini_batch, self.update_spec, sp=self.engine.parallel_dims.sp)
@@ -297,6 +301,13 @@ class PPOActor:
                 )
             loss = pg_loss
             acc.add("actor/pg_loss", pg_loss)
+            if distill is not None:  # the task's loss (kept or dropped) plus the teacher's term
+                distill_term, distill_metrics = compute_distillation_loss(
+                    old_log_prob, log_prob, b[TEACHER_LOG_PROBS], mask, cfg.loss_agg_mode, view, distill)
+                loss = distill.task_coef * pg_loss + distill.coef * distill_term
+                acc.add("distillation/loss", distill_term)
+                if has_tokens:
+                    acc.observe(distill_metrics)
             if want_entropy:
                 entropy_term = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
                 acc.add("actor/entropy", entropy_term)

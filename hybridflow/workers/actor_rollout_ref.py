@@ -6,8 +6,10 @@ arXiv:2409.19256): the ``hf`` rollout engine generates with the very ``nn.Module
 so after every update the rollout already sees the new weights -- nothing is copied.  With FSDP over
 several ranks the module is unsharded once for the whole generation (``TrainEngine.full_params``).
 
-The reference policy is a separate frozen model, or -- when the actor trains LoRA adapters -- the
-actor itself with its adapters disabled (no second copy of the base weights).
+The reference policy is a separate frozen model -- the actor's starting point, or another checkpoint named by
+``actor_rollout_ref.ref.model.path`` -- or, when the actor trains LoRA adapters and no other reference is named,
+the actor itself with its adapters disabled (no second copy of the base weights).  ``refresh_reference`` copies
+the actor's current weights into it (``trainer.ref_update_freq``, SPIN's moving opponent).
 
 The actor and the reference each run on a ``ParallelDims`` layout (data parallel x Ulysses sequence parallel,
 ``*.ulysses_sequence_parallel_size``): their log-prob and update methods use the controller's mesh-aware dispatch,
@@ -73,7 +75,7 @@ class ActorRolloutRefWorker(Worker):
         self._lora = int(config.model.lora_rank) > 0 or config.model.lora_adapter_path is not None
         # dp x sp x tp (ep inside dp): Ulysses sp and, with strategy=megatron, the megatron node's tp / ep
         self._actor_dims = ParallelDims.for_role(self.world_size, config.actor, "actor_rollout_ref.actor")
-        if self._lora and self._is_actor:  # the reference is the actor without its adapters: same layout
+        if self._lora and self._is_actor and not config.ref.model:  # the reference is the actor without its adapters
             self._ref_dims = self._actor_dims
         else:
             self._ref_dims = ParallelDims.for_role(self.world_size, config.ref, "actor_rollout_ref.ref")
@@ -89,8 +91,17 @@ class ActorRolloutRefWorker(Worker):
         self._weight_sync = None  # split placement: the checkpoint engine to standalone replicas (rank 0)
 
     # ------------------------------------------------------------------ construction
-    def _load_policy_module(self, fsdp_config, trainable: bool):
+    def _load_policy_module(self, fsdp_config, trainable: bool, reference: bool = False):
         mc = self.config.model
+        ref_model = self.config.ref.model if reference else None
+        if ref_model:  # a reference of its own (actor_rollout_ref.ref.model.path)
+            module = load_causal_lm(
+                ref_model["path"], dtype=fsdp_config.model_dtype,
+                trust_remote_code=bool(ref_model.get("trust_remote_code", mc.trust_remote_code)),
+                override_config=ref_model.get("override_config") or {}, field="actor_rollout_ref.ref.model.path",
+            )
+            module.requires_grad_(False)
+            return module
         module = load_causal_lm(
             mc.path, dtype=fsdp_config.model_dtype, trust_remote_code=mc.trust_remote_code,
             override_config=mc.override_config, field="actor_rollout_ref.model.path", hf_config_path=mc.hf_config_path,
@@ -134,12 +145,24 @@ class ActorRolloutRefWorker(Worker):
                 from hybridflow.engine.forward import ALIGNED
 
                 self.actor.packed = ALIGNED
-        if self._is_ref and not (self._lora and self._is_actor):
-            module = self._load_policy_module(self.config.ref.fsdp_config, trainable=False)
+        if self._is_ref and not (self._lora and self._is_actor and not self.config.ref.model):
+            if self.config.ref.model:
+                self._check_reference_vocab(self.config.ref.model)
+            module = self._load_policy_module(self.config.ref.fsdp_config, trainable=False, reference=True)
             self.ref_engine = TrainEngine(module, self.config.ref.fsdp_config, None, role="ref",
                                           parallel_dims=self._ref_dims)
         if self._is_rollout and self.config.hybrid_engine:  # hybrid_engine=false: standalone server replicas
             self._build_rollout()
+
+    def _check_reference_vocab(self, ref_model: dict) -> None:
+        """The reference scores the policy's token ids: its tokenizer must map them to the same tokens."""
+        other = load_tokenizer(ref_model["path"], bool(ref_model.get("trust_remote_code", False)),
+                               require_chat_template=False, field="actor_rollout_ref.ref.model.path")
+        if other.get_vocab() != self.tokenizer.get_vocab():
+            raise ValueError(
+                f"actor_rollout_ref.ref.model.path={ref_model['path']!r} has another vocabulary than the policy "
+                f"({self.config.model.path!r}): its log-probs of the policy's token ids would score other tokens; use "
+                "a reference (or teacher) of the same tokenizer family")
 
     def _build_rollout(self) -> None:
         """The rank's rollout engine: ``hf`` generates with the actor's own module (nothing to sync); ``vllm``
@@ -451,7 +474,41 @@ class ActorRolloutRefWorker(Worker):
                                               use_torch_compile=compile_)["log_probs"]
         return DataProto.from_dict({"ref_log_prob": log_probs}, meta_info={"temperature": temperature})
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def refresh_reference(self) -> float:
+        """The reference takes the actor's current weights (``trainer.ref_update_freq``); seconds spent.
+
+        Both models are sharded the same way over the same ranks, so each rank copies its own shards."""
+        if self.ref_engine is None or self.actor_engine is None or self.actor is None:
+            raise RuntimeError("refresh_reference needs the actor and a reference model of its own in this worker "
+                               f"(role {self.role!r}, LoRA reference: {self.ref_engine is None})")
+        start = time.perf_counter()
+        actor_params = dict(self.actor_engine.module.named_parameters())
+        ref_params = dict(self.ref_engine.module.named_parameters())
+        if actor_params.keys() != ref_params.keys():
+            missing = sorted(set(actor_params) ^ set(ref_params))[:3]
+            raise ValueError(f"trainer.ref_update_freq: the reference model ({self.config.ref.model or 'the actor start'}) "
+                             f"does not have the actor's parameters (first differences: {missing}); refresh only a "
+                             "reference of the actor's architecture")
+        with torch.no_grad(), self.actor_engine.on_device(), self.ref_engine.on_device():
+            for name, param in actor_params.items():
+                ref_params[name].data.copy_(param.data)
+        return time.perf_counter() - start
+
     # ------------------------------------------------------------------ update
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
+    def update_actor_dpo(self, data: DataProto) -> DataProto:
+        """SPIN's DPO update on pair-ordered rows (``workers/dpo_actor.py``); metrics in ``meta_info``."""
+        from hybridflow.workers.dpo_actor import update_policy_dpo
+
+        if self.actor is None:
+            raise RuntimeError(f"update_actor_dpo needs a role with 'actor' (this worker is {self.role!r})")
+        data.meta_info.setdefault("temperature", self.config.rollout.temperature)
+        start = time.perf_counter()
+        metrics: dict[str, Any] = update_policy_dpo(self.actor, data)
+        metrics["perf/update_actor_s"] = time.perf_counter() - start
+        return DataProto(meta_info={"metrics": metrics})
+
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
     def update_actor(self, data: DataProto) -> DataProto:
         """One PPO update on this rank's share; metrics in ``meta_info["metrics"]`` (verl names)."""

@@ -54,7 +54,8 @@ class RewardModelWorker(Worker):
         self.engine: TrainEngine | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
+    def init_model(self, total_training_steps: int | None = None) -> None:
+        """Load the frozen RM (``total_training_steps`` is the trainer's common call: the RM has no schedule)."""
         if self.world_size > 1:  # joined here: every rank exists once init_model runs
             self.init_distributed()
         mc = self.config.model

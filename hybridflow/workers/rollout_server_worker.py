@@ -78,9 +78,10 @@ class RolloutServerWorker(Worker):
 
     # ------------------------------------------------------------------ data plane
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def rollout_replica(self) -> RolloutReplica:
-        """The handle agent loops use to reach this replica (picklable under Ray)."""
-        return replica_for_server(self._server(), "rollout_stream")
+    def rollout_replica(self, host_role: str | None = None) -> RolloutReplica:
+        """The handle agent loops use to reach this replica (picklable under Ray); ``host_role``: the role this
+        worker has in a colocated host (a judge beside the actor)."""
+        return replica_for_server(self._server(), "rollout_stream", host_role)
 
     def rollout_stream(self, requests):
         """Data plane (not dispatched): serve ``requests``, yielding outputs as they finish."""

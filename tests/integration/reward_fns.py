@@ -39,3 +39,9 @@ def compute_score_half_constant(data_source, solution_str, ground_truth, extra_i
     if int(str(ground_truth).strip() or 0) % 2 == 0:
         return 1.0
     return compute_score_spread(data_source, solution_str, ground_truth, extra_info)
+
+
+def compute_digit_share(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """The share of digits alone (a float in [0, 1]): PRIME takes it as the outcome label of the sample."""
+    text = solution_str.strip()
+    return sum(ch.isdigit() for ch in text) / max(len(text), 1)

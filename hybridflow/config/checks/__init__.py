@@ -26,14 +26,17 @@ from typing import Any, Callable
 
 from hybridflow.config.checks.algorithms import check_algorithms, check_group_size, check_rollout_correction
 from hybridflow.config.checks.batch import check_batch_sizes, check_legacy_micro, n_devices
+from hybridflow.config.checks.distillation import check_distillation
 from hybridflow.config.checks.exact import check_exact_log_probs
 from hybridflow.config.checks.extensions import check_import_modules
+from hybridflow.config.checks.judge import check_judge
 from hybridflow.config.checks.megatron import check_megatron
 from hybridflow.config.checks.normalise import check_mirrors, normalise_deprecated
 from hybridflow.config.checks.parallel import check_sequence_parallel
 from hybridflow.config.checks.placement import check_async_config
 from hybridflow.config.checks.policy import check_inert_keys, check_refused_keys
 from hybridflow.config.checks.ranges import check_value_ranges
+from hybridflow.config.checks.recipes import check_recipes
 from hybridflow.config.checks.rewards import check_async_reward, check_reward_manager
 from hybridflow.config.checks.v1 import check_v1_config
 from hybridflow.config.checks.values import (
@@ -109,7 +112,10 @@ CONFIG_CHECKS: tuple[Check, ...] = (
     Check("algorithms", check_algorithms),              # estimator / policy-loss names (registries)
     Check("rollout_correction", check_rollout_correction),
     Check("exact_log_probs", check_exact_log_probs),    # rollout.exact_log_probs: hf, calculate_log_probs, sp=1
+    Check("recipes", check_recipes),                    # SPIN / SPPO / PRIME keys (PRIME sets data.gen_batch_size)
+    Check("distillation", check_distillation),          # teachers, their pools and the distillation loss
     Check("reward_manager", check_reward_manager),      # manager name (registry) or importlib source
+    Check("judge", check_judge),                        # reward_model.rollout.* (a judge) and the RM's own pool
     Check("placement", check_async_config),             # split placement and async modes
     Check("v1_trainer", check_v1_config),               # trainer.use_v1 / trainer.v1.* (verl 0.9's V1 trainer)
     Check("batch_sizes", check_batch_sizes),            # prompts, trajectories, micro-batches per device

@@ -1,0 +1,200 @@
+"""``hybridflow quickstart --task judge``: RLAIF on this CPU -- a small judge model, trained by SFT at run time,
+scores the policy's answers, and GRPO on the judge's scores raises held-out accuracy measured by an exact rule.
+
+1. the ``addition_fixed`` task of the addition quickstart (``"07+45="`` -> ``"052"``), a tiny char-level policy
+   warmed up with a short SFT (``policy_sft_steps``) so it is often but not usually right;
+2. a judge of the same size, trained by the project's SFT (``judge_sft_steps``) to read a question with a
+   candidate answer (``"07+45=052"``) and reply ``1`` (right) or ``0`` (wrong); its negatives are near misses of
+   the true sum (one digit changed, +-1, +-10, two digits swapped), the mistakes a half-trained policy makes;
+   its agreement with the rule is measured on held-out questions before RL (``judge_heldout_agreement``);
+3. GRPO through the framework with the judge on the rollout service (``reward_model.rollout.name=hf``,
+   colocated) and this file's :func:`judge_score` as the reward function: every training sample is scored by
+   the judge's greedy verdict (``judge.chat``), never by the answer key; the exact rule is computed beside it only
+   to log how often the judge agrees (``reward_extra/agree/mean``).  Validation (the held-out prompts, greedy)
+   is scored by the exact rule;
+4. ``summary.json``: held-out accuracy before / after RL, the judge's held-out agreement and its agreement with the
+   rule on the samples it scored during RL, steps, seconds (warm-ups included).
+
+Measured numbers are in ``benchmarks/RESULTS.md`` and ``docs/data-and-rewards.md`` ("RLAIF on CPU").
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+TASK = "addition_fixed"
+VAL_KEY = f"val-core/synthetic/{TASK}/reward/mean@1"
+AGREE_KEY = "reward_extra/agree/mean"
+VERDICT_PATTERN = r"^\d{3}([01])"  # the judge recomputes the sum, then gives its verdict
+
+
+async def judge_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                      judge=None, **kwargs: Any) -> dict[str, float]:
+    """Training samples: the judge's verdict (1 right, 0 wrong) on question + answer; held-out rows (``split`` test):
+    the exact rule.  ``rule`` and ``agree`` are logged beside the judge's score."""
+    info = extra_info or {}
+    answer = solution_str.strip()
+    rule = float(answer == str(ground_truth))
+    if info.get("split") == "test":
+        return {"score": rule}
+    from hybridflow.rewards.judge import parse_score
+
+    reply = await judge.chat([{"role": "user", "content": f"{info['question']}{answer}"}], max_tokens=4,
+                             temperature=0.0)
+    verdict = parse_score(reply, VERDICT_PATTERN)
+    return {"score": verdict, "rule": rule, "agree": float(verdict == rule)}
+
+
+def near_misses(answer: str, rng: random.Random) -> str:
+    """A wrong 3-digit answer close to ``answer``."""
+    value = int(answer)
+    while True:
+        kind = rng.randrange(4)
+        if kind == 0:
+            i = rng.randrange(3)
+            wrong = answer[:i] + rng.choice([d for d in "0123456789" if d != answer[i]]) + answer[i + 1:]
+        elif kind == 1:
+            wrong = f"{max(0, min(999, value + rng.choice((-1, 1)))):03d}"
+        elif kind == 2:
+            wrong = f"{max(0, min(999, value + rng.choice((-10, 10)))):03d}"
+        else:
+            i = rng.randrange(2)
+            wrong = answer[:i] + answer[i + 1] + answer[i] + answer[i + 2:]
+        if wrong != answer:
+            return wrong
+
+
+def judge_rows(rows: list[dict], seed: int, negatives: int = 1) -> list[dict]:
+    """SFT rows for the judge: each question with its right answer and ``negatives`` near misses; the judge's
+    reply is the sum worked out again followed by the verdict (``"052" + "1"`` right, ``+ "0"`` wrong)."""
+    rng = random.Random(f"judge:{seed}")
+    out = []
+    for row in rows:
+        question, answer = row["prompt"][0]["content"], row["reward_model"]["ground_truth"]
+        out.append({"prompt": [{"role": "user", "content": question + answer}], "response": answer + "1"})
+        for _ in range(negatives):
+            out.append({"prompt": [{"role": "user", "content": question + near_misses(answer, rng)}],
+                        "response": answer + "0"})
+    rng.shuffle(out)
+    return out
+
+
+def train_judge(base: str, rows: list[dict], out_dir: Path, steps: int, seed: int, lr: float) -> tuple[str, float]:
+    from hybridflow.sft.trainer import load_sft_config, run_sft
+
+    cfg = load_sft_config([
+        f"model.partial_pretrain={base}", "data.train_batch_size=128", "data.micro_batch_size_per_gpu=128",
+        "data.max_length=32", f"optim.lr={lr}", "optim.lr_scheduler=constant", "optim.weight_decay=0.0",
+        f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={out_dir}", f"trainer.seed={seed}",
+    ])
+
+    def show(step: int, m: dict[str, float]) -> None:
+        if step % 100 == 0 or step == steps:
+            print(f"[judge sft] step {step}/{steps}  loss {m['train/loss']:.3f}", flush=True)
+
+    result = run_sft(cfg, rows=rows, on_step=show)
+    return result.hf_dir, result.seconds
+
+
+def judge_agreement(judge_dir: str, rows: list[dict]) -> float:
+    """How often the judge's greedy verdict (the 4th character it writes) equals the label of ``rows``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(judge_dir)
+    model = AutoModelForCausalLM.from_pretrained(judge_dir).eval()
+    texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
+    right = 0
+    with torch.no_grad():
+        for start in range(0, len(texts), 256):
+            enc = tok(texts[start:start + 256], return_tensors="pt", padding=True, padding_side="left",
+                      add_special_tokens=False)
+            new = model.generate(**enc, max_new_tokens=4, do_sample=False,
+                                 pad_token_id=tok.pad_token_id)[:, enc["input_ids"].shape[1]:]
+            for ids, row in zip(new.tolist(), rows[start:start + 256]):
+                right += int(tok.decode(ids, skip_special_tokens=True)[3:4] == row["response"][3])
+    return right / max(len(rows), 1)
+
+
+def judge_overrides(judge_dir: str) -> list[str]:
+    """The judge on the rollout service, asked by :func:`judge_score` (what a user would type)."""
+    return [
+        "reward_model.enable=true", f"reward_model.model.path={judge_dir}", "reward_model.rollout.name=hf",
+        "reward_model.rollout.prompt_length=16", "reward_model.rollout.response_length=4",
+        "reward_model.rollout.max_num_seqs=256", "reward_model.rollout.temperature=0.0",
+        "reward_model.judge.request_timeout_s=60", "reward_model.timeout_s=120", "reward_model.num_workers=1",
+        f"custom_reward_function.path={Path(__file__).resolve()}", "custom_reward_function.name=judge_score",
+    ]
+
+
+def _with_questions(rows: list[dict]) -> list[dict]:
+    for row in rows:
+        row["extra_info"] = {**row["extra_info"], "question": row["prompt"][0]["content"]}
+    return rows
+
+
+def run_judge_quickstart(output_dir: str = "outputs/quickstart_judge", backend: str = "local", seed: int = 1,
+                         policy_sft_steps: int = 250, judge_sft_steps: int = 800, rl_steps: int = 150,
+                         train_size: int = 4000, test_size: int = 200, sft_lr: float = 1e-3, rl_lr: float = 5e-5,
+                         test_freq: int = 25, max_seconds: float | None = None,
+                         overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run the whole demo; returns the summary written to ``output_dir/summary.json``."""
+    from hybridflow.config import load_config
+    from hybridflow.quickstart.addition import LiveLogger, build_base_model, grpo_overrides, held_out_rows, \
+        prepare_output, warm_up
+    from hybridflow.tracking import Tracking
+    from hybridflow.tracking.report import write_report
+    from hybridflow.trainer.main_ppo import train_ppo
+
+    t0 = time.perf_counter()
+    train_rows, test_rows = held_out_rows(train_size, test_size, seed)
+    _with_questions(train_rows)
+    _with_questions(test_rows)
+    out, data_dir = prepare_output(output_dir, train_rows, test_rows)
+    base = build_base_model(out / "base_model", seed)
+    print(f"[quickstart] tiny policy + judge + addition task ready in {out}", flush=True)
+    policy_dir, policy_sft_s = warm_up(base, train_rows, out / "sft", policy_sft_steps, seed, sft_lr)
+    judge_base = build_base_model(out / "judge_base", seed + 1000)
+    judge_dir, judge_sft_s = train_judge(judge_base, judge_rows(train_rows, seed), out / "judge_sft", judge_sft_steps,
+                                         seed, sft_lr)
+    heldout_agreement = judge_agreement(judge_dir, judge_rows(test_rows, seed + 1))
+    print(f"[quickstart] judge agrees with the exact rule on {100 * heldout_agreement:.1f}% of held-out "
+          "(question, candidate answer) pairs", flush=True)
+    config = load_config(grpo_overrides(policy_dir, data_dir, out, backend, rl_steps, seed, rl_lr, test_freq)
+                         + judge_overrides(judge_dir) + ["trainer.experiment_name=addition_fixed_judge_grpo"]
+                         + list(overrides))
+    rl_start = time.perf_counter()
+    tracking = Tracking("quickstart", "addition_fixed_judge_grpo", default_backend=["file"], output_dir=out,
+                        total_steps=rl_steps)
+    stop = None if max_seconds is None else (lambda: time.perf_counter() - rl_start > max_seconds)
+    history = train_ppo(config, logger=LiveLogger(tracking, rl_steps, rl_start, tag="grpo+judge",
+                                                  extra=((AGREE_KEY, "judge agrees"),)), should_stop=stop)
+    vals = [m for m in history.metrics if VAL_KEY in m]
+    agree = [m[AGREE_KEY] for m in history.metrics if AGREE_KEY in m]
+    summary = {
+        "before": {"accuracy": vals[0][VAL_KEY], "step": vals[0]["step"]},
+        "after": {"accuracy": vals[-1][VAL_KEY], "step": vals[-1]["step"]},
+        "judge_heldout_agreement": heldout_agreement,
+        "judge_agreement_during_rl": sum(agree) / len(agree) if agree else None,
+        "steps": int(history.metrics[-1]["step"]) if history.metrics else 0,
+        "seconds": time.perf_counter() - t0,
+        "policy_sft_seconds": policy_sft_s,
+        "judge_sft_seconds": judge_sft_s,
+        "rl_seconds": time.perf_counter() - rl_start,
+        "backend": backend,
+        "seed": seed,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_report(out, history.metrics, history.samples, summary=summary,
+                 title="hybridflow quickstart: GRPO on a judge's scores (RLAIF)")
+    print(f"[quickstart] held-out accuracy (greedy, exact rule): before RL {100 * summary['before']['accuracy']:.1f}%"
+          f"  ->  after {100 * summary['after']['accuracy']:.1f}%   judge agreement during RL "
+          f"{100 * (summary['judge_agreement_during_rl'] or 0):.1f}%   ({summary['seconds']:.0f}s total)", flush=True)
+    return summary
+
+
+__all__ = ["run_judge_quickstart", "judge_score", "judge_rows", "near_misses", "judge_agreement"]

@@ -1,0 +1,1 @@
+"""verl-recipe's PRIME under hybridflow (see ``main_prime.py``)."""

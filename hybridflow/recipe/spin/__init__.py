@@ -1,0 +1,1 @@
+"""verl-recipe's SPIN under hybridflow (see ``main_spin.py``)."""

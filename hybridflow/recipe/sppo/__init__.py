@@ -1,0 +1,1 @@
+"""verl-recipe's SPPO under hybridflow (see ``main_sppo.py``)."""

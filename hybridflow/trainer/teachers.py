@@ -1,0 +1,144 @@
+"""On-policy distillation's teachers: their worker groups and the routing of rows to them (``distillation.*``).
+
+Each teacher of ``distillation.teacher_models`` is a worker group of its own running the reference-policy role of
+``ActorRolloutRefWorker`` on the teacher's checkpoint (``model_path``: any Hugging Face folder or hub name whose
+tokenizer maps the student's token ids to the same tokens -- checked at start).  Its one job is
+``compute_ref_log_prob``: the teacher's log-probs of the tokens the student sampled, at the rollout temperature
+(``inference.temperature``), which the actor turns into the per-token distillation term
+(``algorithms/distillation.py``).
+
+Placement: with ``distillation.nnodes=0`` the teachers are roles of the colocated host, in the actor's own
+processes (one per device, run one after another like the reference); otherwise each teacher gets a pool of its
+own, ``num_replicas x tensor_model_parallel_size x data_parallel_size`` processes of the
+``distillation.nnodes x n_gpus_per_node`` teacher pool (one in this process with ``trainer.backend=local``).
+
+Routing (``distillation.teacher_key``, default ``data_source``): one teacher serves every row; several serve the
+rows whose ``teacher_key`` column equals their ``key``, and a row no teacher serves stops the step naming it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybridflow.algorithms.distillation import TEACHER_LOG_PROBS, DistillationSettings
+from hybridflow.config.checks.distillation import TeacherEntry, teacher_entries
+from hybridflow.protocol import DataProto
+
+__all__ = ["Teacher", "TeacherRouter", "teacher_worker_config", "colocated_teacher_roles", "start_teacher_pools",
+           "distillation_settings"]
+
+
+@dataclass
+class Teacher:
+    entry: TeacherEntry
+    group: Any  # worker group (or colocated view) of the teacher's reference-role workers
+
+
+def teacher_worker_config(actor_rollout_ref: Any, entry: TeacherEntry) -> Any:
+    """The ``ActorRolloutRefConfig`` a teacher worker runs with: the student's (its tokenizer, micro-batching,
+    precision) with the reference model replaced by the teacher's checkpoint."""
+    cfg = copy.deepcopy(actor_rollout_ref)
+    cfg.ref.model = {"path": entry.model_path}
+    cfg.ref.fsdp_config.dtype = entry.dtype
+    return cfg
+
+
+def _role(entry: TeacherEntry) -> str:
+    return f"teacher_{entry.name}"
+
+
+def colocated_teacher_roles(config) -> dict[str, tuple[Any, TeacherEntry]]:
+    """``{role: (worker config, entry)}`` of the teachers placed in the actor's processes (``nnodes=0``)."""
+    dist = config.distillation
+    if not dist.enabled or int(dist.nnodes) > 0:
+        return {}
+    entries, _ = teacher_entries(dist)
+    return {_role(e): (teacher_worker_config(config.actor_rollout_ref, e), e) for e in entries}
+
+
+def start_teacher_pools(config, use_gpu: bool, closers: list, pool_options: dict) -> list[Teacher]:
+    """One pool and worker group per teacher (``distillation.nnodes > 0``); models not loaded yet."""
+    from hybridflow.controller import ClassWithInitArgs, create_resource_pool, create_worker_group
+    from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+    dist = config.distillation
+    if not dist.enabled or int(dist.nnodes) == 0:
+        return []
+    backend = config.trainer.backend
+    entries, _ = teacher_entries(dist)
+    teachers = []
+    for entry in entries:
+        nodes = [1] if backend == "local" else [int(entry.world_size)]
+        kwargs = dict(pool_options)
+        if backend == "ray":
+            kwargs["name_prefix"] = f"hybridflow_{_role(entry)}"
+        pool = create_resource_pool(backend, nodes, use_gpu=use_gpu, **kwargs)
+        release = getattr(pool, "release", None)
+        if callable(release):
+            closers.append(release)
+        cls = ClassWithInitArgs(ActorRolloutRefWorker, teacher_worker_config(config.actor_rollout_ref, entry), "ref")
+        group = create_worker_group(backend, pool, cls, role=_role(entry))
+        closers.append(group.shutdown)
+        teachers.append(Teacher(entry, group))
+    return teachers
+
+
+class TeacherRouter:
+    """Sends each row to its teacher and gathers ``teacher_log_probs`` (B, R) in the batch's row order."""
+
+    def __init__(self, teachers: list[Teacher], teacher_key: str):
+        if not teachers:
+            raise ValueError("distillation.enabled=true but no teacher worker group was started")
+        self.teachers = teachers
+        self.teacher_key = teacher_key
+
+    def init_models(self) -> None:
+        for t in self.teachers:
+            t.group.init_model()
+
+    def _rows(self, batch: DataProto) -> dict[int, torch.Tensor]:
+        """Teacher index -> row indices it serves."""
+        if len(self.teachers) == 1:
+            return {0: torch.arange(len(batch))}
+        column = batch.non_tensor_batch.get(self.teacher_key)
+        if column is None:
+            raise KeyError(f"distillation.teacher_key={self.teacher_key!r}: the batch has no such column to route rows "
+                           f"to teachers by (columns: {sorted(batch.non_tensor_batch)})")
+        by_key = {t.entry.key: i for i, t in enumerate(self.teachers)}
+        unknown = sorted({str(v) for v in column if str(v) not in by_key})
+        if unknown:
+            raise ValueError(f"no teacher serves {self.teacher_key}={unknown[0]!r} (rows with {unknown}); teachers: "
+                             f"{sorted(by_key)} -- add a distillation.teacher_models entry with that key")
+        rows: dict[int, list[int]] = {}
+        for row, value in enumerate(column):
+            rows.setdefault(by_key[str(value)], []).append(row)
+        return {i: torch.tensor(r) for i, r in rows.items()}
+
+    def log_probs(self, batch: DataProto) -> dict[str, float]:
+        """Put ``teacher_log_probs`` into ``batch``; returns the rows each teacher scored."""
+        out = torch.zeros(batch.batch["responses"].shape, dtype=torch.float32)
+        counts = {}
+        for index, rows in self._rows(batch).items():
+            teacher = self.teachers[index]
+            part = batch.select_idxs(rows)
+            part.meta_info["temperature"] = teacher.entry.temperature
+            scored = teacher.group.compute_ref_log_prob(part)
+            out[rows] = scored.batch["ref_log_prob"].float()
+            counts[f"distillation/rows/{teacher.entry.key}"] = float(len(rows))
+        batch.batch[TEACHER_LOG_PROBS] = out
+        return counts
+
+
+def distillation_settings(config) -> DistillationSettings:
+    loss = config.distillation.distillation_loss
+    return DistillationSettings(
+        loss_mode=loss.loss_mode, use_task_rewards=bool(loss.use_task_rewards),
+        distillation_loss_coef=float(loss.distillation_loss_coef), loss_max_clamp=loss.loss_max_clamp,
+        log_prob_min_clamp=loss.log_prob_min_clamp, use_policy_gradient=bool(loss.use_policy_gradient),
+        clip_ratio=float(loss.clip_ratio), clip_ratio_low=float(loss.clip_ratio_low),
+        clip_ratio_high=float(loss.clip_ratio_high),
+    )
