@@ -159,16 +159,15 @@ def test_all_problems_of_a_stage_are_reported_at_once(dry_run_assets, bad_files)
     assert "data.train_files" in err and "custom_reward_function.path=" in err and "multi_turn.format" in err
 
 
-def test_a_refusal_for_a_seq_cls_reward_model_names_a_fix_that_runs(dry_run_assets, tmp_path):
-    """verl 0.9 serves a sequence-classification reward model through its rollout keys; the refusal says to delete
-    them, and the same command line without them passes every check."""
+def test_a_served_seq_cls_reward_model_runs_on_the_reward_model_worker(dry_run_assets, tmp_path):
+    """verl 0.9 serves a sequence-classification reward model through its rollout keys; here the reward-model worker
+    scores it (the same score), the command line passes every check, and the note says the engine keys are not read."""
     rm = ["reward.reward_model.enable=true"]
     served = ["reward.reward_model.rollout.name=vllm", "reward.reward_model.rollout.tensor_model_parallel_size=1",
               "reward.reward_model.rollout.gpu_memory_utilization=0.5"]
     rc, err = dry_run([*dry_run_assets, *GOOD, *rm, *served], tmp_path)
-    assert rc == 2 and "drop every reward_model.rollout.*" in err, err
-    rc, err = dry_run([*dry_run_assets, *GOOD, *rm], tmp_path)
     assert rc == 0, err
+    assert "discriminative (sequence-classification) reward model" in err and "not read" in err, err
 
 
 def test_prefix_grouper_passes_the_checks(dry_run_assets, tmp_path):

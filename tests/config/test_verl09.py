@@ -216,7 +216,7 @@ REFUSED_SCRIPTS = {
     "mtp_trainer/run_mimo_7b_mtp_megatron.sh": _PIPELINE,
     "mtp_trainer/run_mimo_7b_mtp_rl_vllm_sgl_megatron.sh": r"model\.mtp\.enable=True",
     "on_policy_distillation_trainer/run_qwen3_0.6b_opd_veomni.sh": r"VeOmni",
-    "on_policy_distillation_trainer/run_qwen3_8b_megatron.sh": r"distillation\.enabled=True",
+    "on_policy_distillation_trainer/run_qwen3_8b_megatron.sh": r"loss_mode=forward_kl_topk needs the teacher.s top-k",
     "on_policy_distillation_trainer/run_qwen3_8b_mopd_veomni.sh": r"VeOmni",
     "ppo_trainer/run_qwen3_8b_megatron.sh": _PIPELINE,
     "rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": r"rollout_rs_threshold='0.6_1.6,2.5'",
