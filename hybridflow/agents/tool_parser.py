@@ -4,38 +4,5 @@ The parsers live in :mod:`hybridflow.agents.tool_parsers` (one module per family
 keeps the import path the agent loop and verl's ``experimental.agent_loop.tool_parser`` use.
 """
 
-from hybridflow.agents.tool_parsers import (
-    DeepSeekV4ToolParser,
-    FunctionCall,
-    GLMToolParser,
-    Gemma4ToolParser,
-    GptOssToolParser,
-    HermesToolParser,
-    KimiToolParser,
-    MiniMaxToolParser,
-    ParsedItem,
-    Qwen3XMLToolParser,
-    SeedToolParser,
-    ToolCallExtraction,
-    ToolCallParseError,
-    ToolParser,
-    make_call,
-)
-
-__all__ = [
-    "DeepSeekV4ToolParser",
-    "FunctionCall",
-    "GLMToolParser",
-    "Gemma4ToolParser",
-    "GptOssToolParser",
-    "HermesToolParser",
-    "KimiToolParser",
-    "MiniMaxToolParser",
-    "ParsedItem",
-    "Qwen3XMLToolParser",
-    "SeedToolParser",
-    "ToolCallExtraction",
-    "ToolCallParseError",
-    "ToolParser",
-    "make_call",
-]
+from hybridflow.agents.tool_parsers import *  # noqa: F401,F403 - the package's public names
+from hybridflow.agents.tool_parsers import __all__  # noqa: F401

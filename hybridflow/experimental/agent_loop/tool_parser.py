@@ -1,29 +1,4 @@
 """verl's ``verl.experimental.agent_loop.tool_parser`` module path: the parser registry and every format."""
 
-from hybridflow.agents.tool_parser import (
-    DeepSeekV4ToolParser,
-    FunctionCall,
-    GLMToolParser,
-    Gemma4ToolParser,
-    GptOssToolParser,
-    HermesToolParser,
-    KimiToolParser,
-    MiniMaxToolParser,
-    Qwen3XMLToolParser,
-    SeedToolParser,
-    ToolParser,
-)
-
-__all__ = [
-    "DeepSeekV4ToolParser",
-    "FunctionCall",
-    "GLMToolParser",
-    "Gemma4ToolParser",
-    "GptOssToolParser",
-    "HermesToolParser",
-    "KimiToolParser",
-    "MiniMaxToolParser",
-    "Qwen3XMLToolParser",
-    "SeedToolParser",
-    "ToolParser",
-]
+from hybridflow.agents.tool_parsers import *  # noqa: F401,F403 - the parsers' public names
+from hybridflow.agents.tool_parsers import __all__  # noqa: F401
