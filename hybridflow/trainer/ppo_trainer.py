@@ -370,7 +370,6 @@ class PPOTrainer:
         moved = stages.sync_rollout_weights(self.groups)
         if moved is not None:
             timing["update_weights"] = moved
-            metrics.update(getattr(self.groups.rollout.fleet, "last_metrics", None) or {})
             metrics.update(stages.weight_sync_metrics(self.groups))
 
     def finish_step_metrics(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:

@@ -251,11 +251,6 @@ class ActorRolloutRefWorker(Worker):
         return {"seconds": seconds, **host.last_sync}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def rollout_sync_metrics(self) -> dict[str, float]:
-        """``weight_sync/*`` of this rank's last ``sync_rollout_weights`` (empty for the shared hf engine)."""
-        return dict(self._rollout_host().last_sync)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def abort_rollout(self) -> None:
         """Interrupt this rank's in-flight requests (they return with finish_reason 'abort')."""
         self._rollout_host().abort()

@@ -82,8 +82,9 @@ class HybridFleet(RolloutFleet):
         return max(seconds) if seconds else None
 
     def sync_metrics(self) -> dict[str, float]:
-        """``weight_sync/*`` of the last update (rank 0's engine; empty when the engine shares the module)."""
-        return dict(self.group.rollout_sync_metrics()[0])
+        """The ``weight_sync/*`` and ``update_weights/*`` numbers of the last update, as :meth:`update_weights` got
+        them from the ranks (empty when the engine shares the module): no second call to the workers."""
+        return dict(self.last_metrics)
 
     def abort_all(self) -> None:
         self.group.abort_rollout()
