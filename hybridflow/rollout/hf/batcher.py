@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import logging
 import threading
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -37,12 +34,13 @@ from hybridflow.engine.transformers_adapter import (
 )
 from hybridflow.rollout.base import TokenOutput, engine_failure
 from hybridflow.rollout.hf.attention_masks import EngineMasks
+from hybridflow.rollout.hf.exact import exact_next_tokens
 from hybridflow.rollout.hf.fast_decode import fast_decoder_for
 from hybridflow.rollout.hf.prefill import PrefillJob, run_prefill
-from hybridflow.rollout.hf.vision import VisionRequest
 from hybridflow.rollout.hf.kv_cache import KVGeometry, SlotKVCache
 from hybridflow.rollout.hf.prefix_pool import ParkedSequence, PrefixPool
-from hybridflow.rollout.sampling_params import SamplingParams
+from hybridflow.rollout.hf.requests import BatcherLimits, GenerationRequest
+from hybridflow.rollout.hf.weights_stamp import WeightsStamp
 from hybridflow.rollout.hf.token_sampler import RowSampling, sample_next_tokens
 
 __all__ = ["BatcherLimits", "ContinuousBatcher", "GenerationRequest"]
@@ -66,51 +64,8 @@ def _report_fallback(model: torch.nn.Module, reason: str) -> None:
                    "of the fast decode step: %s", key[0], reason)
 
 
-@dataclass
-class GenerationRequest:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    on_done: Callable[[TokenOutput], None]
-    on_error: Callable[[BaseException], None]
-    vision: VisionRequest | None = None  # pixel inputs + M-RoPE positions of an image prompt (hf_vision.py)
-
-
-@dataclass(frozen=True)
-class BatcherLimits:
-    """The sizing knobs, named after verl's ``actor_rollout_ref.rollout`` keys."""
-
-    max_num_seqs: int = 256  # rows of the cache: requests decoding at once (+ parked prefixes)
-    max_model_len: int | None = None  # prompt + response tokens of one request
-    max_num_batched_tokens: int = 8192  # tokens (padded) of one prefill forward; longer prompts are chunked
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = 0.5  # CUDA: share of the free device memory the KV cache may take
-
-    def __post_init__(self):
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2 (a prompt token and a response token), got "
-                             f"{self.max_model_len}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-
-
 def _round_up(x: int, quantum: int = _COLUMN_QUANTUM) -> int:
     return -(-x // quantum) * quantum
-
-
-_PLAIN = (torch.nn.Parameter, torch.Tensor)
-
-
-def _stamp_params(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
-    """(module, attribute) of the first, a middle and the last trainable parameter (all parameters when
-    none is trainable), read afresh at every stamp: FSDP swaps the tensors behind the same attributes."""
-    named = [(m, n, p) for m in model.modules() for n, p in m.named_parameters(recurse=False)]
-    pool = [x for x in named if x[2].requires_grad] or named
-    return [(pool[i][0], pool[i][1]) for i in sorted({0, len(pool) // 2, len(pool) - 1})]
 
 
 class ContinuousBatcher:
@@ -150,8 +105,7 @@ class ContinuousBatcher:
         # exact mode never reads the cache for logits: nothing to gain from parking prefixes
         self.pool = PrefixPool() if limits.enable_prefix_caching and not self.exact else None
         self._pool_stamp: int | None = None
-        self._step_stamp: int | None = None
-        self._stamp_params = _stamp_params(model)
+        self.stamp = WeightsStamp(model)  # tells when the weights changed under parked prefixes
         self.counters: collections.Counter[str] = collections.Counter()
         self.out_tokens = torch.empty(0)
         self.out_log_probs = torch.empty(0)
@@ -194,7 +148,7 @@ class ContinuousBatcher:
         Whatever raises inside (a forward, the sampler, non-finite logits) is handed, as an
         :class:`~hybridflow.rollout.base.EngineError` naming this step's phase and carrying the original
         traceback, to every request in flight or waiting -- and raised."""
-        self._step_stamp = None
+        self.stamp.new_step()
         with torch.inference_mode(), self._autocast():
             try:
                 self._admit()
@@ -281,19 +235,6 @@ class ContinuousBatcher:
         self.kv_len = 0  # columns the next decode forward attends over (>= max write column + 1)
         self.n_dead = 0
 
-    def _weights_stamp(self) -> int:
-        """Changes when the weights change: storage and version counter (bumped by every in-place update:
-        optimizer step, load) of the first, a middle and the last trainable parameter -- an optimizer step
-        updates them all -- plus a few of their values (fused optimizer kernels do not bump version
-        counters).  Computed at most once per step.  The engine's hooks (update_weights, sleep, wake_up)
-        drop parked prefixes explicitly; this catches a weight change that bypassed them."""
-        if self._step_stamp is None:
-            params = [getattr(module, name) for module, name in self._stamp_params]
-            params = [getattr(p, "_local_tensor", p) if type(p) not in _PLAIN else p for p in params]  # DTensor
-            probe = [v for p in params for v in p.detach().reshape(-1)[:2].tolist()]
-            self._step_stamp = hash((tuple((p.data_ptr(), p._version) for p in params), tuple(probe)))
-        return self._step_stamp
-
     # ------------------------------------------------------------------ memory
     def _bytes_per_token(self) -> int | None:
         if self.cache is not None and self.cache.bytes_per_token():
@@ -322,7 +263,7 @@ class ContinuousBatcher:
         if not self.pending:
             return
         self.doing = "admission"
-        if self.pool is not None and len(self.pool) and self._weights_stamp() != self._pool_stamp:
+        if self.pool is not None and len(self.pool) and self.stamp.value() != self._pool_stamp:
             self.drop_prefixes()  # the weights changed since these rows were computed
         live = len(self.reqs) - self.n_dead
         room = self.limits.max_num_seqs - live
@@ -407,7 +348,8 @@ class ContinuousBatcher:
         sampling = RowSampling.build(params, row_logits.shape[-1], dev)
         zeros = torch.zeros(m, dtype=torch.long, device=dev)
         if self.exact:
-            tokens, log_probs = self._exact_step([list(r.prompt_ids) for r in reqs], params, sampling, zeros)
+            tokens, log_probs = exact_next_tokens(self.model, [list(r.prompt_ids) for r in reqs], params, sampling,
+                                                  self.generator, zeros, self.suppress, self.pad_token_id)
         else:
             tokens, log_probs = sample_next_tokens(row_logits, sampling, self.generator, zeros, self.suppress)
 
@@ -549,18 +491,6 @@ class ContinuousBatcher:
         self._ensure_output_width(max(r.params.max_tokens for r in reqs))
 
     # ------------------------------------------------------------------ decode
-    def _exact_step(self, sequences, params, sampling: RowSampling, steps: torch.Tensor):
-        """Sample from the actor's own arithmetic (see :mod:`hybridflow.rollout.hf.exact`): the scaled logits
-        of a full forward per row, drawn from with unit temperature, log-probs by the actor's function."""
-        from hybridflow.rollout.hf.exact import exact_log_probs, exact_scaled_logits
-
-        temps = [p.logprob_temperature if p is not None else 1.0 for p in params]
-        vocab = text_config(self.model.config).vocab_size
-        scaled = exact_scaled_logits(self.model, sequences, temps, self.pad_token_id, self.device, vocab)
-        unit = dataclasses.replace(sampling, inv_temperature=torch.ones_like(sampling.inv_temperature))
-        tokens, _ = sample_next_tokens(scaled, unit, self.generator, steps, self.suppress)
-        return tokens, exact_log_probs(scaled, tokens)
-
     def _exact_decode(self) -> None:
         rows = self.rows
         alive, gen_len = rows["alive"].tolist(), rows["gen_len"].tolist()
@@ -568,8 +498,9 @@ class ContinuousBatcher:
                      else list(req.prompt_ids) + self.out_tokens[i, :gen_len[i]].tolist()
                      for i, req in enumerate(self.reqs)]
         self.doing = f"exact decode of {sum(alive)} row(s)"
-        tokens, log_probs = self._exact_step(sequences, [r.params if r is not None else None for r in self.reqs],
-                                             self.sampling, rows["gen_len"])
+        params = [r.params if r is not None else None for r in self.reqs]
+        tokens, log_probs = exact_next_tokens(self.model, sequences, params, self.sampling, self.generator,
+                                              rows["gen_len"], self.suppress, self.pad_token_id)
         rows["write_col"] += rows["alive"]
         rows["next_token"] = tokens
         self.kv_len = min(self.kv_len + 1, self.cache.capacity)
@@ -585,7 +516,7 @@ class ContinuousBatcher:
         try:
             if self.fast is not None and self.fast.usable():
                 # the fingerprint reads weight values (a host sync on CUDA): only when packed copies need it
-                stamp = self._weights_stamp() if self.fast.packed.enabled else None
+                stamp = self.stamp.value() if self.fast.packed.enabled else None
                 logits = self.fast.step(rows["next_token"], positions, cache, mask, stamp)
             else:
                 logits = forward_with_cache(self.model, cache, input_ids=rows["next_token"][:, None],
@@ -637,7 +568,7 @@ class ContinuousBatcher:
         self.rows["alive"][idx] = False
         park = self.pool is not None
         if park:
-            stamp = self._weights_stamp()
+            stamp = self.stamp.value()
             if stamp != self._pool_stamp:
                 self.drop_prefixes()
                 self._pool_stamp = stamp

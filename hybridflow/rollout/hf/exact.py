@@ -20,12 +20,16 @@ of linear); ``benchmarks/RESULTS.md`` has the numbers.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from typing import Sequence
 
 import torch
 
-__all__ = ["LENGTH_QUANTUM", "exact_scaled_logits", "exact_log_probs"]
+from hybridflow.engine.transformers_adapter import text_config
+from hybridflow.rollout.hf.token_sampler import RowSampling, sample_next_tokens
+
+__all__ = ["LENGTH_QUANTUM", "exact_log_probs", "exact_next_tokens", "exact_scaled_logits"]
 
 LENGTH_QUANTUM = 16  # fewer than 8 rows take another sgemm kernel on CPU; 16 keeps every product above that
 
@@ -65,3 +69,16 @@ def exact_log_probs(scaled: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     from hybridflow.algorithms.entropy import logprobs_from_logits
 
     return logprobs_from_logits(scaled, tokens)
+
+
+def exact_next_tokens(model: torch.nn.Module, sequences: Sequence[Sequence[int] | None], params: Sequence,
+                      sampling: RowSampling, generator: torch.Generator, steps: torch.Tensor,
+                      suppress: torch.Tensor | None, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step in exact mode: sample each live row's next token from the actor's own arithmetic (the
+    scaled logits of a full forward, drawn from at unit temperature) and return ``(tokens, log_probs)``."""
+    temps = [p.logprob_temperature if p is not None else 1.0 for p in params]
+    device = next(model.parameters()).device
+    scaled = exact_scaled_logits(model, sequences, temps, pad_token_id, device, text_config(model.config).vocab_size)
+    unit = dataclasses.replace(sampling, inv_temperature=torch.ones_like(sampling.inv_temperature))
+    tokens, _ = sample_next_tokens(scaled, unit, generator, steps, suppress)
+    return tokens, exact_log_probs(scaled, tokens)
