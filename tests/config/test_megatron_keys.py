@@ -68,8 +68,9 @@ def test_the_batch_is_split_over_data_parallel_groups_of_tp_ranks():
     ([f"{A}.actor.megatron.use_distributed_optimizer=false"], "use_distributed_optimizer=false: a replicated "
                                                               "optimizer is not offered"),
     ([f"{A}.actor.megatron.tensor_model_parallel_size=3"], "tensor_model_parallel_size=3 must divide the 4 ranks"),
-    ([f"{A}.actor.megatron.tensor_model_parallel_size=2", f"{A}.actor.megatron.expert_model_parallel_size=4"],
-     "expert_model_parallel_size=4 must divide the data-parallel size dp = world / (sp x tp) = 4 / (1 x 2) = 2"),
+    ([f"{A}.actor.megatron.tensor_model_parallel_size=2", f"{A}.actor.megatron.expert_model_parallel_size=8"],
+     "expert_model_parallel_size=8 must divide the data-parallel size dp = world / (sp x tp) = 4 / (1 x 2) = 2 "
+     "(expert groups inside the data-parallel ranks), or be a multiple k x 2 of"),
     ([f"{A}.actor.megatron.context_parallel_size=2", f"{A}.actor.ulysses_sequence_parallel_size=4"],
      "context_parallel_size=2 and actor_rollout_ref.actor.ulysses_sequence_parallel_size=4 both split the sequence"),
     ([f"{A}.actor.megatron.tensor_model_parallel_size=2", f"{A}.model.lora_rank=8"], "with LoRA"),

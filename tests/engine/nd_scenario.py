@@ -50,6 +50,10 @@ CASES = {
         "ep2xtp2-deepseek_v3": ("deepseek_v3", 2, 2, 1, "actor"),
         "ep2xedp2-qwen3_moe": ("qwen3_moe", 1, 2, 1, "actor"),
         "ep4-qwen3_moe": ("qwen3_moe", 1, 4, 1, "actor"),
+        # expert groups over dp x tp (ep 4 does not divide dp 2): Megatron's layout of verl's Qwen3-30B lines
+        "ep4xtp2-qwen3_moe": ("qwen3_moe", 2, 4, 1, "actor"),
+        "ep4xsp2xtp2-qwen3_moe": ("qwen3_moe", 2, 4, 2, "actor"),  # groups over sp x tp (dp 1)
+        "ep4xsp2-qwen3_moe": ("qwen3_moe", 1, 4, 2, "actor"),  # groups over dp 2 x sp 2
         "sp2xtp2-qwen2": ("qwen2", 2, 1, 2, "actor"),
     },
 }
@@ -193,7 +197,16 @@ def _break_expert_gradient_scale():
     """The experts' gradients averaged over their FSDP ranks only (the ep factor forgotten)."""
     import hybridflow.engine.train_engine as te
 
-    return _patch(te, "expert_gradient_divide_factor", lambda fsdp_size, ep: fsdp_size)
+    return _patch(te, "expert_gradient_divide_factor", lambda fsdp_size, ep, tp_in_ep=1: fsdp_size)
+
+
+def _break_expert_token_split():
+    """Expert groups over dp x tp without the token split: every tp rank sends all of its (shared) tokens, so each
+    token reaches its experts tp times."""
+    import hybridflow.engine.split_model as sm
+
+    real = sm.apply_expert_parallel
+    return _patch(sm, "apply_expert_parallel", lambda module, mesh, key, tp_split=None: real(module, mesh, key))
 
 
 def _break_shared_rotary_key():
@@ -210,6 +223,7 @@ BREAKS = {
     "expert_choice": (_break_expert_choice, "ep2-qwen3_moe"),
     "expert_gradient_scale": (_break_expert_gradient_scale, "ep2-deepseek_v3"),
     "shared_rotary_key": (_break_shared_rotary_key, "tp2-deepseek_v3"),
+    "expert_token_split": (_break_expert_token_split, "ep4xtp2-qwen3_moe"),
 }
 
 

@@ -58,9 +58,25 @@ def test_layout_of_tp_and_ep_inside_dp():
     assert ParallelDims(world=4, sp=2).names == ("dp", "sp") and not ParallelDims(world=4, sp=2).nd
 
 
+def test_expert_groups_over_dp_and_tp_when_ep_does_not_divide_dp():
+    # verl's Qwen3-30B line: tp 2, ep 8 on 8 ranks -- each expert group is 4 dp indices x the 2 tp ranks
+    dims = ParallelDims(world=8, tp=2, ep=8)
+    assert dims.ep_beyond_dp and (dims.dp, dims.ep_dp, dims.edp) == (4, 4, 1)
+    assert [dims.full_coordinate(r)["ep"] for r in range(8)] == list(range(8))
+    assert "ep=8 over dp x sp x tp" in dims.describe()
+    # with Ulysses too (verl's Qwen3-VL-30B line: tp 2, cp 2, ep 8 on 8 ranks): groups over dp x sp x tp
+    cp = ParallelDims(world=8, sp=2, tp=2, ep=8)
+    assert cp.ep_beyond_dp and (cp.dp, cp.ep_dp, cp.edp) == (2, 2, 1)
+    assert [cp.full_coordinate(r)["ep"] for r in range(8)] == list(range(8))
+    four = ParallelDims(world=8, tp=2, ep=4)  # ep divides dp: the groups stay inside the data-parallel ranks
+    assert not four.ep_beyond_dp and four.edp == 1 and four.full_coordinate(5)["ep"] == 2
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(world=4, tp=3), "must divide the 4 ranks"),
-    (dict(world=4, sp=2, tp=2, ep=2), r"expert_model_parallel_size=2 must divide the data-parallel size dp .* = 1"),
+    (dict(world=4, sp=2, tp=2, ep=2), r"expert_model_parallel_size=2 must divide the data-parallel size dp .* = 1 .*"
+                                      r"or be a multiple k x 4 of ulysses_sequence_parallel_size x "),
+    (dict(world=8, tp=2, ep=6), r"or be a multiple k x 2 of .* = 1 x 2 with k dividing dp"),
     (dict(world=2, tp=0), "must be >= 1"),
 ])
 def test_impossible_layouts_are_refused_naming_the_key(kwargs, match):
@@ -141,7 +157,7 @@ def two_ranks(nd_models, two_ranks_dir):
 
 @pytest.fixture(scope="module")
 def four_ranks(nd_models, four_ranks_dir):
-    return run_scenario(4, nd_models, four_ranks_dir)
+    return run_scenario(4, nd_models, four_ranks_dir, only="breaks")
 
 
 def _assert_equal_to_unsharded(name: str, r: dict) -> None:
@@ -170,9 +186,10 @@ def test_four_ranks_equal_the_unsharded_model(case, four_ranks):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sabotage", sorted(_scenario().BREAKS))
-def test_each_sabotage_breaks_the_equality(sabotage, two_ranks):
+def test_each_sabotage_breaks_the_equality(sabotage, request):
     case = _scenario().BREAKS[sabotage][1]
-    r = two_ranks[f"{sabotage}:{case}"]
+    world = 2 if case in _scenario().CASES[2] else 4
+    r = request.getfixturevalue("two_ranks" if world == 2 else "four_ranks")[f"{sabotage}:{case}"]
     print(f"\n{sabotage} on {case}: " + json.dumps({k: float(f"{v:.3g}") for k, v in r.items()}))
     assert max(r.get(k, 0.0) for k in ("out", "entropy", "grad")) > 1e-3, r  # 100 x the tolerance
 
