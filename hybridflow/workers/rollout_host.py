@@ -109,8 +109,10 @@ class RolloutHost:
             def load(bucket):
                 self.server.call(lambda: self.engine.update_weights(bucket), what="weights")
 
+            # an engine serving LoRA loads the adapter (vLLM); a plain copy gets the weights with it merged (hf)
+            lora = "adapter" if int(getattr(self.engine, "lora_rank", 0) or 0) > 0 else "merge"
             with self.train_engine.on_device():
-                stats = reshard_in_buckets(self.train_engine.module, load, self.bucket_bytes)
+                stats = reshard_in_buckets(self.train_engine.module, load, self.bucket_bytes, lora=lora)
             self.last_sync = stats.as_metrics()
             return stats.seconds
         from hybridflow.rollout.weights.delta import ChecksumMismatch

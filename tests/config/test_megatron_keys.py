@@ -73,7 +73,6 @@ def test_the_batch_is_split_over_data_parallel_groups_of_tp_ranks():
      "(expert groups inside the data-parallel ranks), or be a multiple k x 2 of"),
     ([f"{A}.actor.megatron.context_parallel_size=2", f"{A}.actor.ulysses_sequence_parallel_size=4"],
      "context_parallel_size=2 and actor_rollout_ref.actor.ulysses_sequence_parallel_size=4 both split the sequence"),
-    ([f"{A}.actor.megatron.tensor_model_parallel_size=2", f"{A}.model.lora_rank=8"], "with LoRA"),
     ([f"{A}.actor.megatron.use_dist_checkpointing=true"], "Megatron's distributed checkpoint format"),
     ([f"{A}.actor.optim.lr_decay_style=WSD"], "lr_decay_style=WSD: only constant and cosine"),
 ])
@@ -101,3 +100,9 @@ def test_run_stage_checks_the_split_against_the_model(nano_model_dir):
         errors: list[str] = []
         check_megatron_model(cfg, errors)
         assert (wanted is None and not errors) or (wanted and wanted in errors[0]), errors
+
+
+def test_lora_trains_on_a_tensor_parallel_actor():
+    cfg = _load(["model_engine=megatron", f"{A}.actor.megatron.tensor_model_parallel_size=2", f"{A}.model.lora_rank=8"])
+    assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == 2
+    assert cfg.actor_rollout_ref.model.lora_rank == 8

@@ -164,7 +164,7 @@ def _assert_equal_to_unsharded(name: str, r: dict) -> None:
     print(f"\n{name}: " + json.dumps({k: float(f"{v:.3g}") for k, v in r.items()}))
     assert r["params"] > 20 and r["grad_scale"] > 1e-2, (name, r)  # gradients exist and are not ~0
     assert r["step_size"] > 1e-4, (name, r)  # the step moved the weights: the comparison after it means something
-    for key in ("out", "entropy", "grad", "grad_norm_diff", "param_after_step"):
+    for key in ("out", "entropy", "grad", "grad_norm_diff", "param_after_step", "sync", "adapter"):
         if key in r:
             assert r[key] <= TOLERANCE, f"{name} {key}: max abs diff {r[key]:.3g} > {TOLERANCE}"
 

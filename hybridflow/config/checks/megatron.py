@@ -94,9 +94,9 @@ def _layout(prefix: str, node: Any, fsdp: Any, lora: bool, errors: list[str], no
         if getattr(m, name) and not getattr(fsdp, name):
             setattr(fsdp, name, True)
     if int(m.tensor_model_parallel_size) > 1 and lora:
-        errors.append(f"{key}.tensor_model_parallel_size={m.tensor_model_parallel_size} with LoRA "
-                      "(actor_rollout_ref.model.lora_rank > 0): the adapters' low-rank layers have no tensor-parallel "
-                      "split; train LoRA with tensor_model_parallel_size=1 (FSDP2 and expert parallelism work)")
+        notes.append(f"{key}.tensor_model_parallel_size={m.tensor_model_parallel_size} with LoRA: each adapter follows "
+                     "its projection's split (column-wise: B split, A whole; row-wise: A split, B whole); adapters on "
+                     "the embedding, the LM head or MoE experts are refused when the model is split")
 
 
 def _layout_errors(cfg: Any, errors: list[str]) -> None:
