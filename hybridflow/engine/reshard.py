@@ -136,11 +136,14 @@ def _named_full_tensors(module: nn.Module, lora: str) -> Iterator[tuple[str, tor
 
 
 def gathered_buckets(module: nn.Module, bucket_bytes: int, device: torch.device | str = "cpu",
-                     stats: ReshardStats | None = None, lora: str = "merge") -> Iterator[Bucket]:
+                     stats: ReshardStats | None = None, lora: str = "merge",
+                     group_of: Callable[[str], object] | None = None) -> Iterator[Bucket]:
     """The module's full tensors, gathered one parameter at a time and yielded in buckets of ``bucket_bytes``
     (a tensor larger than that forms its own bucket).  Every rank of the module's meshes must iterate to the end.
     A tensor stored under two names (tied embeddings) comes once, under its first name.  ``lora``: how a peft
-    model's adapters travel (module docstring); ``"adapter"`` yields a single bucket."""
+    model's adapters travel (module docstring); ``"adapter"`` yields a single bucket.  ``group_of(name)``: tensors
+    of one group (consecutive in the state dict) never straddle two buckets -- vLLM fuses q/k/v and gate/up into
+    one parameter and a reload of part of it leaves the rest undefined -- so a bucket may overrun by one group."""
     if lora not in ("merge", "adapter"):
         raise ValueError(f"lora={lora!r}: 'merge' (plain weights, adapters merged) or 'adapter' (adapter tensors)")
     if lora == "adapter" and _lora_layers(module):
@@ -150,7 +153,8 @@ def gathered_buckets(module: nn.Module, bucket_bytes: int, device: torch.device 
     for name, full in _named_full_tensors(module, lora):
         full = full.detach().to(device)
         nbytes = full.numel() * full.element_size()
-        if bucket and size + nbytes > bucket_bytes:
+        same_group = bool(bucket) and group_of is not None and group_of(name) == group_of(bucket[-1][0])
+        if bucket and size + nbytes > bucket_bytes and not same_group:
             yield bucket
             bucket, size = [], 0
         bucket.append((name, full))
@@ -164,7 +168,8 @@ def gathered_buckets(module: nn.Module, bucket_bytes: int, device: torch.device 
 
 
 def reshard_in_buckets(module: nn.Module, load: Callable[[Bucket], object], bucket_bytes: int,
-                       device: torch.device | str = "cpu", lora: str = "merge") -> ReshardStats:
+                       device: torch.device | str = "cpu", lora: str = "merge",
+                       group_of: Callable[[str], object] | None = None) -> ReshardStats:
     """Gather ``module`` bucket by bucket and ``load`` each (copy it into the rollout engine's weights); returns the
     stats of the transition.  Collective: every rank calls it with the same module layout."""
     stats = ReshardStats()
@@ -172,7 +177,7 @@ def reshard_in_buckets(module: nn.Module, load: Callable[[Bucket], object], buck
     before = _rss_bytes() if measured else None
     start = time.perf_counter()
     with torch.no_grad():
-        for bucket in gathered_buckets(module, bucket_bytes, device, stats, lora):
+        for bucket in gathered_buckets(module, bucket_bytes, device, stats, lora, group_of):
             load(bucket)
             stats.buckets += 1
             del bucket

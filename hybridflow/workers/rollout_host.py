@@ -109,10 +109,14 @@ class RolloutHost:
             def load(bucket):
                 self.server.call(lambda: self.engine.update_weights(bucket), what="weights")
 
-            # an engine serving LoRA loads the adapter (vLLM); a plain copy gets the weights with it merged (hf)
+            from hybridflow.rollout.weights.delta import vllm_load_group
+
+            # an engine serving LoRA loads the adapter (vLLM); a plain copy gets the weights with it merged (hf);
+            # the tensors vLLM fuses into one parameter (q/k/v, gate/up) stay in one bucket
             lora = "adapter" if int(getattr(self.engine, "lora_rank", 0) or 0) > 0 else "merge"
             with self.train_engine.on_device():
-                stats = reshard_in_buckets(self.train_engine.module, load, self.bucket_bytes, lora=lora)
+                stats = reshard_in_buckets(self.train_engine.module, load, self.bucket_bytes, lora=lora,
+                                           group_of=vllm_load_group)
             self.last_sync = stats.as_metrics()
             return stats.seconds
         from hybridflow.rollout.weights.delta import ChecksumMismatch

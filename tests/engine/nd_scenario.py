@@ -71,7 +71,8 @@ CHECKPOINTS = {
     4: {
         "ckpt-dp2xtp2-qwen3": ("qwen3", {"tp": 2}, {"same": {"tp": 2}, "tp1": {}, "sp2": {"sp": 2}, "single": None}),
         "ckpt-ep2xtp2-qwen3_moe": ("qwen3_moe", {"tp": 2, "ep": 2}, {"same": {"tp": 2, "ep": 2}, "ep4": {"ep": 4},
-                                                                    "tp2": {"tp": 2}}),
+                                                                    "tp2": {"tp": 2},
+                                                                    "ep4xtp2": {"tp": 2, "ep": 4}}),
     },
 }
 

@@ -90,3 +90,18 @@ def test_the_adapter_alone_travels_in_one_bucket_under_peft_names():
     names = [n for n, _ in buckets[0]]
     assert len(buckets) == 1 and names and all(".lora_A." in n or ".lora_B." in n for n in names)
     assert len(names) == sum(1 for n, _ in source.named_parameters() if ".lora_" in n)
+
+
+def test_a_group_of_tensors_never_straddles_two_buckets():
+    from hybridflow.rollout.weights.delta import vllm_load_group
+
+    buckets = list(gathered_buckets(_model(), 10_000, group_of=vllm_load_group))
+    where: dict[str, set[int]] = {}
+    for i, bucket in enumerate(buckets):
+        for name, _ in bucket:
+            where.setdefault(vllm_load_group(name), set()).add(i)
+    fused = {g: b for g, b in where.items() if g.endswith((".self_attn", ".mlp"))}  # q/k/v+o, gate/up+down
+    assert len(buckets) > 2 and fused and all(len(b) == 1 for b in fused.values())
+    # without the grouping the same size cuts q/k/v apart
+    plain = [{vllm_load_group(n) for n, _ in b} for b in gathered_buckets(_model(), 10_000)]
+    assert any(len([b for b in plain if g in b]) > 1 for g in fused)

@@ -92,8 +92,9 @@ def main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
         host.close()
         from hybridflow.rollout.vllm.engine import VLLMRolloutEngine
 
+        # (its engine core in a child process, as the synced one: in this process it would join the gloo group)
         disk = VLLMRolloutEngine(os.path.join(out_dir, "hf"), engine_args=ENGINE_ARGS, tokenizer=tokenizer, seed=0,
-                                 multiprocess=False, name="disk")
+                                 name="disk")
         try:
             result["disk"] = [o.token_ids for o in disk.generate_batch(prompts, greedy)]
         finally:
