@@ -151,7 +151,7 @@ def _check_lora_targets(model: nn.Module, key: str) -> None:
     for name, module in base.named_modules():
         if not hasattr(module, "lora_A") or not hasattr(module, "base_layer"):
             continue
-        if module.base_layer is emb or module.base_layer is head:
+        if any(m is not None and (module is m or module.base_layer is m) for m in (emb, head)):
             raise TensorParallelError(
                 f"{key}>1 with a LoRA adapter on {name}: the embedding and the LM head are split over the vocabulary "
                 "and their adapters have no split here; leave them out of actor_rollout_ref.model.target_modules "

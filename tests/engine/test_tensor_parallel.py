@@ -87,6 +87,22 @@ def test_impossible_layouts_are_refused_naming_the_key(kwargs, match):
         ParallelDims(**kwargs)
 
 
+@pytest.mark.parametrize("targets,match", [(["q_proj", "lm_head"], "LoRA adapter on lm_head"),
+                                           (["q_proj", "embed_tokens"], "LoRA adapter on model.embed_tokens")])
+def test_lora_on_the_vocabulary_split_modules_is_refused_naming_the_module(targets, match):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hybridflow.engine.model_loader import apply_lora
+    from hybridflow.engine.tensor_parallel import TensorParallelError, _check_lora_targets
+
+    cfg = AutoConfig.for_model("qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                               num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    model = apply_lora(AutoModelForCausalLM.from_config(cfg), 2, 4.0, targets)
+    with pytest.raises(TensorParallelError, match=match):
+        _check_lora_targets(model, "megatron.tensor_model_parallel_size")
+    _check_lora_targets(apply_lora(AutoModelForCausalLM.from_config(cfg), 2, 4.0, "all-linear"), "tp")  # accepted
+
+
 def test_role_layout_reads_the_megatron_node_only_with_the_megatron_strategy():
     from types import SimpleNamespace as NS
 
