@@ -56,7 +56,6 @@ CASES = {
         # expert groups over dp x tp (ep 4 does not divide dp 2): Megatron's layout of verl's Qwen3-30B lines
         "ep4xtp2-qwen3_moe": ("qwen3_moe", 2, 4, 1, "actor"),
         "ep4xsp2xtp2-qwen3_moe": ("qwen3_moe", 2, 4, 2, "actor"),  # groups over sp x tp (dp 1)
-        "ep4xsp2-qwen3_moe": ("qwen3_moe", 1, 4, 2, "actor"),  # groups over dp 2 x sp 2
         "sp2xtp2-qwen2": ("qwen2", 2, 1, 2, "actor"),
     },
 }

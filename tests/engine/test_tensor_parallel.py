@@ -5,7 +5,7 @@ world size).
 For every case -- TP=2 on Qwen2 (tied embeddings), Llama, Qwen3 (per-head norms), Mistral, Qwen3-MoE and
 DeepSeek-V3 (latent attention); EP=2 on Qwen3-MoE and DeepSeek-V3; a TP=2 critic; LoRA on a TP=2 Qwen3; FSDP2 x TP
 (dp 2 x tp 2); EP x TP; EP with expert data parallelism; EP=4; expert groups wider than dp (ep 4 over dp 2 x tp 2,
-over sp 2 x tp 2, over dp 2 x sp 2); Ulysses SP x TP -- the response log-probs, the entropies and every
+over sp 2 x tp 2); Ulysses SP x TP -- the response log-probs, the entropies and every
 parameter's gradient equal a plain single-process forward/backward of the whole batch within 1e-5 (fp32), and so
 do the global gradient norm and the parameters after one clipped AdamW step (LoRA also: the log-probs of the hf
 rollout copy refilled from the split actor, adapters merged, and of the saved PEFT adapter).  Eight sabotaged
