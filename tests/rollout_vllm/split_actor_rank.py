@@ -80,7 +80,7 @@ def main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
         rollout = VLLMRolloutEngine(model_dir, engine_args=ENGINE_ARGS, tokenizer=tokenizer, seed=0, name="split")
     else:
         rollout = create_rollout_engine("hf", model=load_causal_lm(model_dir).eval(), tokenizer=tokenizer)
-    host = RolloutHost(rollout, engine, name=f"rank{rank}", shares_weights=False, delta=False, bucket_bytes=64 << 10)
+    host = RolloutHost(rollout, engine, name=f"rank{rank}", shares_weights=False, bucket_bytes=64 << 10)
     before = [o.token_ids for o in rollout.generate_batch(prompts, greedy)]
     _train_one_step(engine, len(tokenizer))
     host.sync_weights()
