@@ -14,7 +14,7 @@ experts, and the rollout transition into a plain bf16 copy both ways -- bucketed
 state dict -- with its seconds and peak-memory rise.
 
     python benchmarks/gpu/bench_tp_ep.py                       # dense tp2, MoE ep2 (2 GPUs)
-    python benchmarks/gpu/bench_tp_ep.py --layouts dp2xtp2,ep2xtp2   # 4 GPUs
+    python benchmarks/gpu/bench_tp_ep.py --layouts dp2xtp2,ep2xtp2,ep4xtp2   # 4 GPUs
     python benchmarks/gpu/bench_tp_ep.py --cpu-smoke           # CPU, nano shapes: the code path only
 """
 
@@ -42,8 +42,9 @@ SHAPES = {
                 num_experts_per_tok=4, moe_intermediate_size=512),
 }
 # name -> (world, tp, ep, model)
+# ep4xtp2: expert groups over dp x tp (ep does not divide dp = 2), the shape of verl's Qwen3-30B tp 2 / ep 8 line
 LAYOUTS = {"tp2": (2, 2, 1, "dense"), "ep2": (2, 1, 2, "moe"), "dp2xtp2": (4, 2, 1, "dense"),
-           "ep2xtp2": (4, 2, 2, "moe")}
+           "ep2xtp2": (4, 2, 2, "moe"), "ep4xtp2": (4, 2, 4, "moe")}
 
 
 def _free_port() -> int:

@@ -237,7 +237,8 @@ INERT: tuple[KeyRule, ...] = (
             "MoE expert-load metrics of the rollout engine are not computed"),
     KeyRule("{actor_rollout_ref.model,critic.model}.lora.merge",
             "how LoRA weights reach the rollout (merged into the base weights, or as adapters): the hf engine runs "
-            "the actor's adapters in place and vLLM receives the adapters, which gives the same numbers as merging"),
+            "the actor's adapters in place (its own copy next to a tp/ep-split actor gets them merged) and vLLM "
+            "receives the adapters, which gives the same numbers as merging"),
     KeyRule("actor_rollout_ref.rollout.engine_kwargs.trtllm",
             "engine arguments of TensorRT-LLM, which has no adapter here (rollout.name=trtllm is refused)"),
     KeyRule("actor_rollout_ref.rollout.{mtp,qat}",
@@ -268,9 +269,10 @@ ACTS: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{tensor_model_parallel_size,expert_model_parallel_size,expert_tensor_parallel_size,"
             "pipeline_model_parallel_size,context_parallel_size,param_offload,optimizer_offload,"
             "use_distributed_optimizer}",
-            "with <role>.strategy=megatron: the tp / ep dimensions of the role's mesh, context parallelism as "
-            "Ulysses, offload through the role's fsdp_config; pipeline > 1, expert tensor parallelism > 1 and a "
-            "replicated optimizer are refused with the reason (config/checks/megatron.py, docs/parallelism.md)"),
+            "with <role>.strategy=megatron: the tp / ep dimensions of the role's mesh (ep inside dp, or over "
+            "dp x cp x tp blocks as Megatron when it does not divide dp), context parallelism as Ulysses, offload "
+            "through the role's fsdp_config; pipeline > 1, expert tensor parallelism > 1 and a replicated optimizer "
+            "are refused with the reason (config/checks/megatron.py, docs/parallelism.md)"),
     KeyRule("{actor_rollout_ref.actor,critic}.optim.{lr_decay_style,min_lr}",
             "Megatron's spelling of the schedule: lr_decay_style constant | cosine sets lr_scheduler_type, min_lr sets "
             "min_lr_ratio = min_lr / lr; other decay styles are refused (config/checks/megatron.py)"),

@@ -19,10 +19,16 @@ so is this one: the all-to-all splits are as uneven as the routing.  The all-to-
 backward sends gradients along the reverse route), so a token's gradient comes back to the rank that holds it,
 and an expert's gradient sums the contributions of every rank's tokens.
 
+Expert groups over dp x sp x tp (``ParallelDims.ep_beyond_dp``, Megatron's layout for ep wider than dp): the tp
+ranks of a group hold the same tokens, so before step 1 each keeps its 1/tp slice of them (and of their routing) and after
+step 4 the outputs are all-gathered over tp.  Backward mirrors it: the slice gathers its rows' gradients from the
+tp group, the gather keeps the rank's rows (the gradient of a replicated activation is the same on every tp rank).
+
 Gradient scale: each expert's gradient already sums over the ep group's tokens, then FSDP2 reduces it over the
 ``efsdp`` ranks (edp x sp x tp) that hold the same experts, while the dense parameters average over the
 dp x sp ranks.  The experts' FSDP units therefore divide by efsdp x ep (:func:`expert_gradient_divide_factor`),
-which makes both the same average over the data.
+which makes both the same average over the data; when the groups span tp no token is counted tp times, and the
+factor is efsdp x ep / tp (= dp).
 """
 
 from __future__ import annotations
@@ -67,8 +73,10 @@ def expert_parallel_problem(num_experts: int | None, ep: int, key: str) -> str |
     return None
 
 
-def expert_gradient_divide_factor(expert_fsdp_size: int, ep: int) -> int:
-    return int(expert_fsdp_size) * int(ep)
+def expert_gradient_divide_factor(expert_fsdp_size: int, ep: int, tp_in_ep: int = 1) -> int:
+    """efsdp x ep, over ``tp_in_ep`` when the expert groups span tp (its ranks then send each token once, not once
+    per tp rank, so the experts' gradients hold no tp copies to average away)."""
+    return int(expert_fsdp_size) * int(ep) // int(tp_in_ep)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -113,8 +121,62 @@ def expert_forward(x: torch.Tensor, counts: list[int], gate_up: torch.Tensor, do
     return torch.cat(outs) if outs else x.new_zeros((0, down.shape[1]))
 
 
+class _TakeRows(torch.autograd.Function):
+    """This tp rank's rows ``[lo, hi)`` of a tensor every tp rank holds whole; backward gathers the rows' gradients
+    from the group, so every rank gets the whole (identical) gradient, as for any replicated activation."""
+
+    @staticmethod
+    def forward(ctx, x, lo, hi, chunk, group):
+        ctx.shape, ctx.chunk, ctx.group = x.shape, chunk, group
+        return x[lo:hi]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_rows(grad, ctx.shape[0], ctx.chunk, ctx.group), None, None, None, None
+
+
+class _GatherRows(torch.autograd.Function):
+    """The tp ranks' row slices put back together (every rank gets all ``n`` rows); backward keeps this rank's
+    rows of the gradient (which is the same on every rank)."""
+
+    @staticmethod
+    def forward(ctx, x, n, lo, hi, chunk, group):
+        ctx.lo, ctx.hi = lo, hi
+        return _gather_rows(x, n, chunk, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[ctx.lo:ctx.hi], None, None, None, None, None
+
+
+def _gather_rows(x: torch.Tensor, n: int, chunk: int, group) -> torch.Tensor:
+    """All-gather slices of at most ``chunk`` rows (the last ones may be shorter: padded for the collective)."""
+    x = x.contiguous()
+    padded = torch.cat([x, x.new_zeros((chunk - x.shape[0],) + tuple(x.shape[1:]))]) if x.shape[0] < chunk else x
+    parts = [torch.empty_like(padded) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat(parts)[:n]
+
+
 def _ep_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-    """The experts module's forward under expert parallelism (installed by :func:`apply_expert_parallel`)."""
+    """The experts module's forward under expert parallelism (installed by :func:`apply_expert_parallel`).
+
+    When the expert group spans the tp ranks (which hold the same tokens), each dispatches only its slice of the
+    tokens and the outputs are gathered over tp afterwards: every token reaches its experts once."""
+    split = self._hybridflow_ep.get("tp_split")
+    if split is None:
+        return _dispatch(self, hidden_states, top_k_index, top_k_weights)
+    group, tp, index = split
+    n = hidden_states.shape[0]
+    chunk = -(-n // tp)
+    lo, hi = min(index * chunk, n), min((index + 1) * chunk, n)
+    out = _dispatch(self, _TakeRows.apply(hidden_states, lo, hi, chunk, group), top_k_index[lo:hi],
+                    _TakeRows.apply(top_k_weights, lo, hi, chunk, group))
+    return _GatherRows.apply(out, n, lo, hi, chunk, group)
+
+
+def _dispatch(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+    """Route the rows to their experts' ranks and back (all-to-all over the expert group)."""
     spec = self._hybridflow_ep
     group, ep, local = spec["group"], spec["ep"], spec["local"]
     tokens, k = top_k_index.shape
@@ -142,9 +204,11 @@ def _ep_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, to
     return out.index_add(0, token_of, (back * weights).to(out.dtype))
 
 
-def apply_expert_parallel(model: nn.Module, ep_mesh, key: str = "megatron.expert_model_parallel_size") -> list[nn.Module]:
+def apply_expert_parallel(model: nn.Module, ep_mesh, key: str = "megatron.expert_model_parallel_size",
+                          tp_split=None) -> list[nn.Module]:
     """Split every MoE experts module of ``model`` over ``ep_mesh`` (in place) and install the all-to-all forward;
-    returns the experts modules (FSDP2 shards them over their own mesh)."""
+    returns the experts modules (FSDP2 shards them over their own mesh).  ``tp_split``: ``(tp group, tp, tp
+    index)`` when the expert group spans the tensor-parallel ranks (``ParallelDims.expert_token_split``)."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
     ep = ep_mesh.size()
@@ -160,6 +224,7 @@ def apply_expert_parallel(model: nn.Module, ep_mesh, key: str = "megatron.expert
     modules = []
     for _, module, layout in found:
         _split(module, layout, ep_mesh, ep, distribute_tensor, Shard)
+        module._hybridflow_ep["tp_split"] = tp_split
         modules.append(module)
     return modules
 

@@ -15,6 +15,11 @@ dimensions say what they split::
   ``ep`` consecutive dp indices of one ep group hold different rows and split the experts of every MoE layer
   between them; tokens travel to their experts' rank and back with all-to-all (``engine/expert_parallel.py``).
   ``edp = dp / ep`` is what is left of data parallelism for the expert weights.
+  When ep does not divide dp, an expert group may also take in whole sp x tp blocks, as Megatron's expert groups
+  over dp x cp x tp do (``expert_tensor_parallel_size = 1``): ``ep = ep_dp x sp x tp`` with ``ep_dp`` dividing
+  dp (``ep_beyond_dp``; then ``edp = dp / ep_dp``).  The sp ranks hold different tokens already; the tp ranks of
+  a group hold the same tokens, so in a MoE layer each dispatches its 1/tp of them and the outputs are gathered
+  over tp again.
 
 Ranks are laid out row-major with the last dimension fastest::
 
@@ -25,8 +30,8 @@ an sp group.  FSDP2 shards what is left over the ranks that hold the same parame
 
 * dense parameters -- over every (dp, sp) rank of a tp index: the ``fsdp`` dimension (edp x ep x sp flattened),
   on top of the tp split;
-* expert weights -- over the ``efsdp`` dimension (edp x sp x tp flattened) on top of the ep split (experts are
-  whole on every tp rank: ``expert_tensor_parallel_size = 1``).
+* expert weights -- over the ``efsdp`` dimension (edp x sp x tp flattened; edp alone when the expert groups reach
+  beyond dp) on top of the ep split (experts are never split by tp: ``expert_tensor_parallel_size = 1``).
 
 Everything a worker needs to know about the layout comes from here, so a dimension is added to this class without
 touching the worker code:
@@ -89,12 +94,24 @@ class ParallelDims:
                 f"{self.key}={self.sp} x {self.tp_key}={self.tp} must divide the {self.world} ranks of the group "
                 f"(world = dp x sp x tp); choose sizes whose product divides {self.world} or change "
                 "trainer.n_gpus_per_node x trainer.nnodes")
-        if self.dp % self.ep:
-            raise ParallelDimsError(
-                f"{self.ep_key}={self.ep} must divide the data-parallel size dp = world / (sp x tp) = "
-                f"{self.world} / ({self.sp} x {self.tp}) = {self.dp}: expert-parallel ranks hold different rows "
-                "(ep is carved out of dp here; Megatron can also fold the tensor-parallel ranks into the experts' groups, "
-                "which is not built); lower it or add ranks")
+        if self.dp % self.ep and not self._ep_can_reach_beyond_dp():
+            raise ParallelDimsError(self._ep_refusal())
+
+    def _ep_can_reach_beyond_dp(self) -> bool:
+        """Whether expert groups can take in the sp and tp ranks (Megatron's expert groups over dp x cp x tp):
+        ep = k x sp x tp with k dividing dp."""
+        inner = self.sp * self.tp
+        return inner > 1 and self.ep % inner == 0 and self.dp % (self.ep // inner) == 0
+
+    def _ep_refusal(self) -> str:
+        why = (f"{self.ep_key}={self.ep} must divide the data-parallel size dp = world / (sp x tp) = "
+               f"{self.world} / ({self.sp} x {self.tp}) = {self.dp} (expert groups inside the data-parallel ranks)")
+        inner = self.sp * self.tp
+        if inner == 1:
+            return f"{why}; lower it or add ranks"
+        return (f"{why}, or be a multiple k x {inner} of {self.key} x {self.tp_key} = {self.sp} x {self.tp} with k "
+                "dividing dp (expert groups over whole dp x sp x tp blocks of ranks, as Megatron builds them over "
+                "dp x cp x tp); lower it or add ranks")
 
     # ------------------------------------------------------------------ sizes and coordinates (no process group)
     @property
@@ -103,9 +120,20 @@ class ParallelDims:
         return self.world // (self.sp * self.tp)
 
     @property
+    def ep_beyond_dp(self) -> bool:
+        """Whether the expert groups take in the sp and tp ranks (ep = ep_dp x sp x tp; chosen only when ep does not
+        divide dp): the tp ranks of a group then split their (shared) tokens between them in the MoE layers."""
+        return self.ep > 1 and self.dp % self.ep != 0
+
+    @property
+    def ep_dp(self) -> int:
+        """How many data-parallel indices one expert group spans (ep, or ep / (sp x tp) beyond dp)."""
+        return self.ep // (self.sp * self.tp) if self.ep_beyond_dp else self.ep
+
+    @property
     def edp(self) -> int:
-        """Data parallelism left for the expert weights (dp / ep)."""
-        return self.dp // self.ep
+        """Data parallelism left for the expert weights (dp / ep_dp)."""
+        return self.dp // self.ep_dp
 
     @property
     def nd(self) -> bool:
@@ -137,8 +165,9 @@ class ParallelDims:
     def full_coordinate(self, rank: int) -> dict[str, int]:
         """All five indices of ``rank``: dp (= edp x ep + ep), edp, ep, sp, tp."""
         c = self.coordinate(rank)
-        dp = c["dp"]
-        return {"dp": dp, "edp": dp // self.ep, "ep": dp % self.ep, "sp": c["sp"], "tp": c.get("tp", 0)}
+        dp, tp = c["dp"], c.get("tp", 0)
+        ep = ((dp % self.ep_dp) * self.sp + c["sp"]) * self.tp + tp if self.ep_beyond_dp else dp % self.ep
+        return {"dp": dp, "edp": dp // self.ep_dp, "ep": ep, "sp": c["sp"], "tp": tp}
 
     def dp_rank(self, rank: int) -> int:
         """Which chunk of a data-parallel batch ``rank`` processes (shared by its sp and tp peers)."""
@@ -175,14 +204,21 @@ class ParallelDims:
             self._mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.names)
             return self
         # The N-D mesh: every dimension named, then the flattened views the engine uses.
-        mesh = init_device_mesh(device_type, (self.edp, self.ep, self.sp, self.tp),
-                                mesh_dim_names=("edp", "ep", "sp", "tp"))
+        # the dp indices of an expert group: "ep" itself, or "epd" when the group also spans sp x tp (then "ep" is
+        # the flattened epd x sp x tp view, and the experts' FSDP dimension is what is left: edp)
+        epd = "epd" if self.ep_beyond_dp else "ep"
+        mesh = init_device_mesh(device_type, (self.edp, self.ep_dp, self.sp, self.tp),
+                                mesh_dim_names=("edp", epd, "sp", "tp"))
         self._mesh = mesh
         self._meshes = {
-            "dp": mesh["edp", "ep"]._flatten("dp"),
-            "fsdp": mesh["edp", "ep", "sp"]._flatten("fsdp"),
-            "efsdp": mesh["edp", "sp", "tp"]._flatten("efsdp"),
+            "dp": mesh["edp", epd]._flatten("dp"),
+            "fsdp": mesh["edp", epd, "sp"]._flatten("fsdp"),
         }
+        if self.ep_beyond_dp:
+            self._meshes["ep"] = mesh[epd, "sp", "tp"]._flatten("ep")
+            self._meshes["efsdp"] = mesh["edp"]
+        else:
+            self._meshes["efsdp"] = mesh["edp", "sp", "tp"]._flatten("efsdp")
         return self
 
     @property
@@ -218,11 +254,22 @@ class ParallelDims:
     @property
     def ep_mesh(self):
         """1-D mesh of this rank's expert-parallel peers; ``None`` when ep = 1 or unbuilt."""
-        return self._mesh["ep"] if self._mesh is not None and self.ep > 1 else None
+        if self._mesh is None or self.ep == 1:
+            return None
+        return self._meshes["ep"] if "ep" in self._meshes else self._mesh["ep"]
+
+    @property
+    def expert_token_split(self):
+        """``(tp group, tp, tp index)`` when the expert groups span tp (the tp ranks hold the same tokens and each
+        dispatches its slice of them), else ``None``."""
+        if not self.ep_beyond_dp or self.tp == 1 or self._mesh is None:
+            return None
+        return self._mesh["tp"].get_group(), self.tp, self._mesh["tp"].get_local_rank()
 
     @property
     def expert_fsdp_mesh(self):
-        """The mesh FSDP2 shards expert weights over (edp x sp x tp flattened); ``None`` unless ep > 1."""
+        """The mesh FSDP2 shards expert weights over (edp x sp x tp flattened, or edp when the expert groups reach
+        beyond dp); ``None`` unless ep > 1."""
         return self._meshes.get("efsdp") if self.ep > 1 else None
 
     def fsdp_mesh(self, device_type: str, fsdp_size: int | None = -1):
@@ -259,10 +306,12 @@ class ParallelDims:
         return self._fsdp_mesh
 
     def describe(self) -> str:
-        parts = [f"dp={self.dp}" + (f" (ep={self.ep})" if self.ep > 1 else ""), f"sp={self.sp}"]
+        parts = [f"dp={self.dp}" + (f" (ep={self.ep})" if self.ep > 1 and not self.ep_beyond_dp else ""),
+                 f"sp={self.sp}"]
         if self.tp > 1:
             parts.append(f"tp={self.tp}")
-        return " x ".join(parts)
+        text = " x ".join(parts)
+        return f"{text} (ep={self.ep} over dp x sp x tp)" if self.ep_beyond_dp else text
 
     @classmethod
     def for_role(cls, world: int, node: Any, prefix: str) -> "ParallelDims":

@@ -13,6 +13,13 @@ it).
 :class:`ReshardStats` says what moved: tensors, bytes gathered, buckets, the largest bucket, seconds, and the
 rise of the process's peak resident memory during the transition (Linux ``VmHWM``, reset before it starts).
 ``benchmarks/bench_reshard.py`` measures it against the full gather.
+
+A LoRA actor (a peft model) is sent one of two ways, as the engine loads it (``lora``):
+
+* ``"merge"`` -- the base weights with the adapters merged in (``W + scaling B A``, from the gathered ``W``, ``A``
+  and ``B``), under the plain model's names: an engine holding a plain copy of the model (``hf``);
+* ``"adapter"`` -- the adapter tensors only, under the peft names, all in one bucket (an engine that loads an
+  adapter as a whole: vLLM with LoRA); the frozen base weights never move.
 """
 
 from __future__ import annotations
@@ -77,24 +84,77 @@ def _rss_bytes() -> int | None:
     return None
 
 
-def gathered_buckets(module: nn.Module, bucket_bytes: int, device: torch.device | str = "cpu",
-                     stats: ReshardStats | None = None) -> Iterator[Bucket]:
-    """The module's full tensors, gathered one parameter at a time and yielded in buckets of ``bucket_bytes``
-    (a tensor larger than that forms its own bucket).  Every rank of the module's meshes must iterate to the end.
-    A tensor stored under two names (tied embeddings) comes once, under its first name."""
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _lora_layers(module: nn.Module) -> dict[str, nn.Module]:
+    """``{name: peft LoRA layer}`` of a peft model (``{}`` for a plain model)."""
+    if not hasattr(module, "peft_config"):
+        return {}
+    return {name: m for name, m in module.named_modules()
+            if hasattr(m, "base_layer") and isinstance(getattr(m, "lora_A", None), nn.ModuleDict)}
+
+
+def _merged(weight: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    """``weight`` plus the layer's active adapters' ``scaling x B A`` (gathered: a collective per adapter)."""
+    out = weight.float()
+    for name in layer.lora_A:
+        if name not in layer.active_adapters:
+            continue
+        delta = _full(layer.lora_B[name].weight).float() @ _full(layer.lora_A[name].weight).float()
+        out = out + (delta.T if getattr(layer, "fan_in_fan_out", False) else delta) * layer.scaling[name]
+    return out.to(weight.dtype)
+
+
+def _named_full_tensors(module: nn.Module, lora: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) in state-dict order, each gathered when reached; tied tensors once (first name)."""
+    layers = _lora_layers(module)
     seen: set[int] = set()
-    bucket: Bucket = []
-    size = 0
     for name, tensor in module.state_dict().items():
         local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
         key = local.data_ptr()
         if key and key in seen:
             continue
         seen.add(key)
-        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        if not layers:
+            yield name, _full(tensor)
+            continue
+        is_adapter = ".lora_A." in name or ".lora_B." in name
+        if lora == "adapter":
+            if is_adapter:
+                yield name, _full(tensor)
+            continue
+        if is_adapter:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        owner = owner.removesuffix(".base_layer")
+        full = _full(tensor)
+        if leaf == "weight" and owner in layers and name.endswith(".base_layer.weight"):
+            full = _merged(full, layers[owner])
+        yield f"{owner}.{leaf}".removeprefix("base_model.model."), full
+
+
+def gathered_buckets(module: nn.Module, bucket_bytes: int, device: torch.device | str = "cpu",
+                     stats: ReshardStats | None = None, lora: str = "merge",
+                     group_of: Callable[[str], object] | None = None) -> Iterator[Bucket]:
+    """The module's full tensors, gathered one parameter at a time and yielded in buckets of ``bucket_bytes``
+    (a tensor larger than that forms its own bucket).  Every rank of the module's meshes must iterate to the end.
+    A tensor stored under two names (tied embeddings) comes once, under its first name.  ``lora``: how a peft
+    model's adapters travel (module docstring); ``"adapter"`` yields a single bucket.  ``group_of(name)``: tensors
+    of one group (consecutive in the state dict) never straddle two buckets -- vLLM fuses q/k/v and gate/up into
+    one parameter and a reload of part of it leaves the rest undefined -- so a bucket may overrun by one group."""
+    if lora not in ("merge", "adapter"):
+        raise ValueError(f"lora={lora!r}: 'merge' (plain weights, adapters merged) or 'adapter' (adapter tensors)")
+    if lora == "adapter" and _lora_layers(module):
+        bucket_bytes = 1 << 62  # the engine loads the adapter as a whole
+    bucket: Bucket = []
+    size = 0
+    for name, full in _named_full_tensors(module, lora):
         full = full.detach().to(device)
         nbytes = full.numel() * full.element_size()
-        if bucket and size + nbytes > bucket_bytes:
+        same_group = bool(bucket) and group_of is not None and group_of(name) == group_of(bucket[-1][0])
+        if bucket and size + nbytes > bucket_bytes and not same_group:
             yield bucket
             bucket, size = [], 0
         bucket.append((name, full))
@@ -108,7 +168,8 @@ def gathered_buckets(module: nn.Module, bucket_bytes: int, device: torch.device 
 
 
 def reshard_in_buckets(module: nn.Module, load: Callable[[Bucket], object], bucket_bytes: int,
-                       device: torch.device | str = "cpu") -> ReshardStats:
+                       device: torch.device | str = "cpu", lora: str = "merge",
+                       group_of: Callable[[str], object] | None = None) -> ReshardStats:
     """Gather ``module`` bucket by bucket and ``load`` each (copy it into the rollout engine's weights); returns the
     stats of the transition.  Collective: every rank calls it with the same module layout."""
     stats = ReshardStats()
@@ -116,7 +177,7 @@ def reshard_in_buckets(module: nn.Module, load: Callable[[Bucket], object], buck
     before = _rss_bytes() if measured else None
     start = time.perf_counter()
     with torch.no_grad():
-        for bucket in gathered_buckets(module, bucket_bytes, device, stats):
+        for bucket in gathered_buckets(module, bucket_bytes, device, stats, lora, group_of):
             load(bucket)
             stats.buckets += 1
             del bucket

@@ -19,7 +19,8 @@ __all__ = ["split_model"]
 
 def split_model(module: nn.Module, dims: ParallelDims) -> list[nn.Module]:
     """Apply expert and tensor parallelism to ``module`` in place; returns its expert-parallel experts modules."""
-    experts = apply_expert_parallel(module, dims.ep_mesh, dims.ep_key) if dims.ep > 1 else []
+    experts = (apply_expert_parallel(module, dims.ep_mesh, dims.ep_key, dims.expert_token_split)
+               if dims.ep > 1 else [])
     if dims.tp > 1:
         apply_tensor_parallel(module, dims.tp_mesh, dims.tp_key)
     return experts

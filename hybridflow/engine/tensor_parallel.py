@@ -17,6 +17,12 @@ The ``tp`` ranks of a group hold the same rows and split every layer's weights:
   (``engine/vocab_parallel.py``);
 * everything else (norms, the critic's score head) is whole on every rank and computes the same thing there.
 
+LoRA adapters (peft) on a split projection follow its split, so that ``base(x) + B(A(x))`` stays a sum of two
+pieces laid out alike: on a column-wise projection ``A`` is whole on every rank and ``B`` is split on its output
+features like the base weight; on a row-wise one ``A`` is split on its input features (its product is summed over
+the group) and ``B`` is whole.  An adapter on a projection that stays whole is whole too.  Adapters on the
+vocabulary-split embedding or LM head, and on MoE experts, are refused (no split is built for them).
+
 The backward needs no code of its own: the column-wise layers' input redistribution sums the partial input
 gradients over the group (Megatron's "f"), the row-wise layers' output all-reduce passes its gradient through
 (Megatron's "g").  The per-head norms' weights (Qwen3) see only the rank's heads, so they are declared sharded
@@ -42,6 +48,7 @@ from hybridflow.engine.transformers_adapter import (
     decoder_layer_split,
     decoder_stack,
     embedding_and_head,
+    moe_experts,
     text_config,
 )
 
@@ -77,30 +84,82 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, key: str = "megatron.tensor
     from torch.distributed.tensor import Replicate, Shard
 
 
-    if hasattr(model, "peft_config"):
-        raise TensorParallelError(f"{key}>1 with LoRA adapters is not supported (the adapters' low-rank layers would "
-                                  "need a split of their own); train LoRA with tensor_model_parallel_size=1")
     problem = tensor_parallel_problem(model.config, tp_mesh.size(), key)
     if problem:
         raise TensorParallelError(problem)
+    _check_lora_targets(model, key)
+    # the styles re-register each weight as a new Parameter, which (for the per-head norms) forgets a frozen one
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     for layer in decoder_stack(model).layers:
         split = decoder_layer_split(layer)
-        plan: dict[str, Any] = {name: ColwiseParallel() for name in split.colwise}
-        plan.update({name: _ROWWISE() for name in split.rowwise})
+        plan: dict[str, Any] = {}
+        for name in split.colwise:
+            plan.update(_colwise(layer, name))
+        for name in split.rowwise:
+            plan.update(_rowwise(layer, name))
         # per-head norms see (batch, seq, heads/tp, head_dim): sharded on the head dimension, weight whole
         plan.update({name: SequenceParallel(sequence_dim=2, use_local_output=True) for name in split.head_norms})
         parallelize_module(layer, tp_mesh, plan)
         for name, first in split.shared_columns:
             layer.get_submodule(name).register_forward_hook(_sum_gradient_of_columns(first, tp_mesh.get_group()))
+    base = _hf_model(model)
     emb_name, head_name, tied = embedding_and_head(model)
     plan = {emb_name: RowwiseParallel(input_layouts=Replicate())}
     if head_name is not None:
         plan[head_name] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
-    parallelize_module(model, tp_mesh, plan)
+    parallelize_module(base, tp_mesh, plan)
     if tied:  # parallelize_module gives each module a Parameter of its own: share the one DTensor again
-        head = model.get_submodule(head_name)
-        head.weight = model.get_submodule(emb_name).weight
+        head = base.get_submodule(head_name)
+        head.weight = base.get_submodule(emb_name).weight
+    for name, p in model.named_parameters():
+        if name in frozen:
+            p.requires_grad_(False)
     return model
+
+
+def _hf_model(model: nn.Module) -> nn.Module:
+    get_base = getattr(model, "get_base_model", None)  # a peft PeftModel
+    return get_base() if callable(get_base) else model
+
+
+def _is_lora(module: nn.Module) -> bool:
+    return hasattr(module, "base_layer") and isinstance(getattr(module, "lora_A", None), nn.ModuleDict)
+
+
+def _colwise(layer: nn.Module, name: str) -> dict[str, Any]:
+    """Plan of a column-wise projection: the weight (and a LoRA adapter's B) split on the output features."""
+    module = layer.get_submodule(name)
+    if not _is_lora(module):
+        return {name: ColwiseParallel()}
+    return {f"{name}.base_layer": ColwiseParallel(), **{f"{name}.lora_B.{a}": ColwiseParallel() for a in module.lora_B}}
+
+
+def _rowwise(layer: nn.Module, name: str) -> dict[str, Any]:
+    """Plan of a row-wise projection: the weight (and a LoRA adapter's A) split on the input features."""
+    module = layer.get_submodule(name)
+    if not _is_lora(module):
+        return {name: _ROWWISE()}
+    return {f"{name}.base_layer": _ROWWISE(), **{f"{name}.lora_A.{a}": _ROWWISE() for a in module.lora_A}}
+
+
+def _check_lora_targets(model: nn.Module, key: str) -> None:
+    """LoRA adapters tensor parallelism has no split for: on the embedding / LM head (split over the vocabulary) or
+    inside a MoE experts module."""
+    base = _hf_model(model)
+    emb, head = base.get_input_embeddings(), base.get_output_embeddings()
+    experts = [name for name, _, _ in moe_experts(base)]
+    for name, module in base.named_modules():
+        if not hasattr(module, "lora_A") or not hasattr(module, "base_layer"):
+            continue
+        if any(m is not None and (module is m or module.base_layer is m) for m in (emb, head)):
+            raise TensorParallelError(
+                f"{key}>1 with a LoRA adapter on {name}: the embedding and the LM head are split over the vocabulary "
+                "and their adapters have no split here; leave them out of actor_rollout_ref.model.target_modules "
+                "(or add them to exclude_modules)")
+        if any(name == e or name.startswith(e + ".") for e in experts):
+            raise TensorParallelError(
+                f"{key}>1 with a LoRA adapter on the MoE experts ({name}): adapters on experts are not built with "
+                "tensor or expert parallelism; target the attention / shared-expert projections only")
 
 
 class _SumGradient(torch.autograd.Function):

@@ -119,7 +119,8 @@ class TrainEngine:
                     buf.data = buf.data.to(buffers)
         if experts:
             apply_expert_fsdp2(experts, pd.expert_fsdp_mesh,
-                               expert_gradient_divide_factor(pd.expert_fsdp_mesh.size(), pd.ep),
+                               expert_gradient_divide_factor(pd.expert_fsdp_mesh.size(), pd.ep,
+                                                            pd.tp if pd.ep_beyond_dp else 1),
                                param_dtype=compute, reduce_dtype=reduce,
                                reshard_after_forward=bool(fsdp_config.reshard_after_forward),
                                cpu_offload=bool(fsdp_config.offload_policy))

@@ -53,6 +53,7 @@ __all__ = [
     "TransformersAdapterError",
     "decoder_layer_split",
     "embedding_and_head",
+    "is_linear",
     "moe_experts",
     "attention_head_counts",
     "attention_implementation",
@@ -249,8 +250,13 @@ _STANDARD_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 _DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
 
 
+def is_linear(module: Any) -> bool:
+    """An ``nn.Linear``, or one wrapped by a LoRA adapter layer (peft keeps it as ``base_layer``)."""
+    return isinstance(module, nn.Linear) or isinstance(getattr(module, "base_layer", None), nn.Linear)
+
+
 def _mlp_split(prefix: str, mlp: nn.Module) -> tuple[list[str], list[str]]:
-    if all(isinstance(getattr(mlp, n, None), nn.Linear) for n in _DENSE_MLP):
+    if all(is_linear(getattr(mlp, n, None)) for n in _DENSE_MLP):
         return [f"{prefix}.gate_proj", f"{prefix}.up_proj"], [f"{prefix}.down_proj"]
     return [], []
 
@@ -264,13 +270,13 @@ def decoder_layer_split(layer: nn.Module) -> LayerSplit:
     if attn is None:
         raise TransformersAdapterError(f"{type(layer).__name__} has no self_attn module: tensor parallelism does not "
                                        "know how to split its attention")
-    if all(isinstance(getattr(attn, n, None), nn.Linear) for n in _STANDARD_ATTENTION):
+    if all(is_linear(getattr(attn, n, None)) for n in _STANDARD_ATTENTION):
         colwise = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
         rowwise = ["self_attn.o_proj"]
         norms = tuple(f"self_attn.{n}" for n in ("q_norm", "k_norm") if getattr(attn, n, None) is not None)
         shared = ()
-    elif isinstance(getattr(attn, "kv_b_proj", None), nn.Linear) and isinstance(getattr(attn, "o_proj", None), nn.Linear):
-        q = "q_b_proj" if isinstance(getattr(attn, "q_b_proj", None), nn.Linear) else "q_proj"
+    elif is_linear(getattr(attn, "kv_b_proj", None)) and is_linear(getattr(attn, "o_proj", None)):
+        q = "q_b_proj" if is_linear(getattr(attn, "q_b_proj", None)) else "q_proj"
         colwise, rowwise, norms = [f"self_attn.{q}", "self_attn.kv_b_proj"], ["self_attn.o_proj"], ()
         # kv_a_proj_with_mqa's output is [latent (kv_lora_rank) | rotary key (qk_rope_head_dim)]: the latent goes
         # through kv_b_proj (split by heads), the rotary key is expanded to every head as is

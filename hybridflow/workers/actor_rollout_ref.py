@@ -178,9 +178,12 @@ class ActorRolloutRefWorker(Worker):
             self.actor_engine = TrainEngine(module, self.config.actor.fsdp_config, None, role="rollout")
         name = f"{self.role}/rank{self.rank}"
         # an actor split by tensor / expert parallelism cannot generate with its own module (its layers run over
-        # several ranks): the hf engine gets a module of its own, filled bucket by bucket after every update
-        own_copy = rc.name == "hf" and self.actor_engine.parallel_dims.nd
-        bucket_bytes = int(rc.checkpoint_engine.update_weights_bucket_megabytes) << 20 if own_copy else None
+        # several ranks): the hf engine gets a module of its own; it and vLLM are filled bucket by bucket after
+        # every update, each rank gathering one bucket of the split weights at a time
+        split = self.actor_engine.parallel_dims.nd
+        own_copy = rc.name == "hf" and split
+        streamed = split and rc.name in ("hf", "vllm")
+        bucket_bytes = int(rc.checkpoint_engine.update_weights_bucket_megabytes) << 20 if streamed else None
         if rc.name == "hf":
             model = self.actor_engine.module
             if own_copy:

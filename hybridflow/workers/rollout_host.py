@@ -16,10 +16,11 @@ requests in flight short before the engine goes to sleep for an update; they wai
 arriving meanwhile, which :meth:`stream` then accepts while asleep -- and continue on the new weights after
 :meth:`wake_up` and :meth:`resume`.  Never interrupted, the gate stays open and costs nothing.  An engine with its own
 copy of the weights (vLLM) gets the full, unsharded actor weights pushed into it, and the seconds spent
-are returned for ``timing_s/update_weights``.  ``bucket_bytes`` (an ``hf`` engine with its own module, next to an
-actor split by tensor / expert parallelism) streams them instead: each rank gathers the actor's pieces a bucket
-at a time and copies each bucket into the engine (``engine/reshard.py``), never holding a second full copy; the
-transition's stats (bytes, buckets, peak memory rise) are kept in :attr:`RolloutHost.last_sync`.
+are returned for ``timing_s/update_weights``.  ``bucket_bytes`` (an ``hf`` engine with its own module or vLLM, next
+to an actor split by tensor / expert parallelism) streams them instead: each rank gathers the actor's pieces a
+bucket at a time and loads each bucket into the engine (``engine/reshard.py``), never holding a second full copy;
+a bucket whose tensors the engine already holds is not loaded (delta, per bucket); the transition's stats (bytes,
+buckets, peak memory rise, ``weight_sync/*``) are kept in :attr:`RolloutHost.last_sync`.
 """
 
 from __future__ import annotations
@@ -104,15 +105,7 @@ class RolloutHost:
         if self.shares_weights:
             return None
         if self.bucket_bytes is not None:
-            from hybridflow.engine.reshard import reshard_in_buckets
-
-            def load(bucket):
-                self.server.call(lambda: self.engine.update_weights(bucket), what="weights")
-
-            with self.train_engine.on_device():
-                stats = reshard_in_buckets(self.train_engine.module, load, self.bucket_bytes)
-            self.last_sync = stats.as_metrics()
-            return stats.seconds
+            return self._sync_in_buckets()
         from hybridflow.rollout.weights.delta import ChecksumMismatch
 
         start = time.perf_counter()
@@ -129,6 +122,46 @@ class RolloutHost:
         self.last_sync = {**self.delta.stats.metrics(), "weight_sync/checksum_mismatch": float(mismatch),
                           "weight_sync/checksum_mismatch_total": float(self.checksum_mismatches)}
         return time.perf_counter() - start
+
+    def _sync_in_buckets(self) -> float:
+        """The split actor's weights gathered a bucket at a time (``engine/reshard.py``, a collective over the
+        actor's ranks); a bucket whose tensors the engine already holds is not loaded again (delta, judged per
+        bucket: every rank still takes part in its gathers).  A bucket the engine refused (checksum mismatch) is
+        written and loaded once more from memory, so the ranks' gathers stay in step."""
+        from hybridflow.engine.reshard import reshard_in_buckets
+        from hybridflow.rollout.weights.delta import ChecksumMismatch, vllm_load_group
+
+        failed: list[BaseException] = []
+        mismatches = [0]
+
+        def load(bucket):
+            if failed or not self.delta.bucket_changed(bucket):
+                return
+            try:
+                try:
+                    self.server.call(lambda: self.engine.update_weights(bucket), what="weights")
+                except ChecksumMismatch:
+                    mismatches[0] += 1
+                    self.server.call(lambda: self.engine.update_weights(bucket), what="weights")
+            except BaseException as e:  # raised after the gathers: the other ranks must not wait in one
+                failed.append(e)
+
+        # an engine serving LoRA loads the adapter (vLLM); a plain copy gets the weights with it merged (hf);
+        # the tensors vLLM fuses into one parameter (q/k/v, gate/up) stay in one bucket
+        lora = "adapter" if int(getattr(self.engine, "lora_rank", 0) or 0) > 0 else "merge"
+        self.delta.begin()
+        with self.train_engine.on_device():
+            stats = reshard_in_buckets(self.train_engine.module, load, self.bucket_bytes, lora=lora,
+                                       group_of=vllm_load_group)
+        if failed:
+            self.delta.forget()
+            raise failed[0]
+        self.delta.commit()
+        self.checksum_mismatches += mismatches[0]
+        self.last_sync = {**stats.as_metrics(), **self.delta.stats.metrics(),
+                          "weight_sync/checksum_mismatch": float(mismatches[0] > 0),
+                          "weight_sync/checksum_mismatch_total": float(self.checksum_mismatches)}
+        return stats.seconds
 
     def _push(self, module, full: bool) -> None:
         tensors = list(self.delta.select(module.state_dict().items(), full))

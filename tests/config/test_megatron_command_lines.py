@@ -42,7 +42,8 @@ SCRIPTS = {
     "gpg_trainer/run_qwen3_8b_megatron.sh": ("verl09", 2, 1, []),
     "ppo_trainer/run_qwen3_8b_megatron.sh": ("verl09", 2, 1, []),  # PPO: the critic on the megatron strategy too
     "grpo_trainer/run_qwen3_30b_a3b_megatron.sh": ("verl09", 2, 2, []),  # MoE: tp x ep, offload, recompute keys
-    "gspo_trainer/run_qwen3_30b_a3b_megatron.sh": ("verl09", 2, 2, []),
+    # the recorded layout's shape (tp 2, ep 8 = 4 x tp on 8 GPUs): expert groups over dp x tp
+    "gspo_trainer/run_qwen3_30b_a3b_megatron.sh": ("verl09", 2, 4, []),
     "grpo_trainer/run_deepseek_v3_671b_megatron.sh": ("verl09", 1, 2, []),
     "grpo_trainer/run_moonlight_16b_a3b_megatron.sh": ("verl09", 1, 2, []),
     "grpo_trainer/run_qwen3_vl_8b_megatron.sh": ("verl09", 2, 1, []),
@@ -103,6 +104,7 @@ def test_scaled_megatron_command_line_validates_and_lays_out_the_mesh(name):
     assert actor.strategy == "megatron"
     dims = ParallelDims.for_role(4, actor, f"{A}.actor")
     assert (dims.tp, dims.ep, dims.dp) == (tp, ep, 4 // (tp * dims.sp))
+    assert dims.ep_beyond_dp == (dims.dp % ep != 0)
     if cfg.use_critic:
         assert cfg.critic.strategy == "megatron"
 

@@ -68,11 +68,11 @@ def test_the_batch_is_split_over_data_parallel_groups_of_tp_ranks():
     ([f"{A}.actor.megatron.use_distributed_optimizer=false"], "use_distributed_optimizer=false: a replicated "
                                                               "optimizer is not offered"),
     ([f"{A}.actor.megatron.tensor_model_parallel_size=3"], "tensor_model_parallel_size=3 must divide the 4 ranks"),
-    ([f"{A}.actor.megatron.tensor_model_parallel_size=2", f"{A}.actor.megatron.expert_model_parallel_size=4"],
-     "expert_model_parallel_size=4 must divide the data-parallel size dp = world / (sp x tp) = 4 / (1 x 2) = 2"),
+    ([f"{A}.actor.megatron.tensor_model_parallel_size=2", f"{A}.actor.megatron.expert_model_parallel_size=8"],
+     "expert_model_parallel_size=8 must divide the data-parallel size dp = world / (sp x tp) = 4 / (1 x 2) = 2 "
+     "(expert groups inside the data-parallel ranks), or be a multiple k x 2 of"),
     ([f"{A}.actor.megatron.context_parallel_size=2", f"{A}.actor.ulysses_sequence_parallel_size=4"],
      "context_parallel_size=2 and actor_rollout_ref.actor.ulysses_sequence_parallel_size=4 both split the sequence"),
-    ([f"{A}.actor.megatron.tensor_model_parallel_size=2", f"{A}.model.lora_rank=8"], "with LoRA"),
     ([f"{A}.actor.megatron.use_dist_checkpointing=true"], "Megatron's distributed checkpoint format"),
     ([f"{A}.actor.optim.lr_decay_style=WSD"], "lr_decay_style=WSD: only constant and cosine"),
 ])
@@ -100,3 +100,9 @@ def test_run_stage_checks_the_split_against_the_model(nano_model_dir):
         errors: list[str] = []
         check_megatron_model(cfg, errors)
         assert (wanted is None and not errors) or (wanted and wanted in errors[0]), errors
+
+
+def test_lora_trains_on_a_tensor_parallel_actor():
+    cfg = _load(["model_engine=megatron", f"{A}.actor.megatron.tensor_model_parallel_size=2", f"{A}.model.lora_rank=8"])
+    assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == 2
+    assert cfg.actor_rollout_ref.model.lora_rank == 8

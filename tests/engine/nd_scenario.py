@@ -41,6 +41,9 @@ CASES = {
         "ep2-qwen3_moe": ("qwen3_moe", 1, 2, 1, "actor"),
         "ep2-deepseek_v3": ("deepseek_v3", 1, 2, 1, "actor"),
         "tp2-critic-qwen2": ("qwen2", 2, 1, 1, "critic"),
+        # LoRA on every linear of the decoder layers (q/k/v/gate/up column-wise, o/down row-wise): the adapters'
+        # gradients, the sync of the merged weights into an hf rollout engine and the saved PEFT adapter
+        "tp2-lora-qwen3": ("qwen3", 2, 1, 1, "lora"),
     },
     4: {
         "dp2xtp2-qwen2": ("qwen2", 2, 1, 1, "actor"),
@@ -50,6 +53,9 @@ CASES = {
         "ep2xtp2-deepseek_v3": ("deepseek_v3", 2, 2, 1, "actor"),
         "ep2xedp2-qwen3_moe": ("qwen3_moe", 1, 2, 1, "actor"),
         "ep4-qwen3_moe": ("qwen3_moe", 1, 4, 1, "actor"),
+        # expert groups over dp x tp (ep 4 does not divide dp 2): Megatron's layout of verl's Qwen3-30B lines
+        "ep4xtp2-qwen3_moe": ("qwen3_moe", 2, 4, 1, "actor"),
+        "ep4xsp2xtp2-qwen3_moe": ("qwen3_moe", 2, 4, 2, "actor"),  # groups over sp x tp (dp 1)
         "sp2xtp2-qwen2": ("qwen2", 2, 1, 2, "actor"),
     },
 }
@@ -64,7 +70,8 @@ CHECKPOINTS = {
     4: {
         "ckpt-dp2xtp2-qwen3": ("qwen3", {"tp": 2}, {"same": {"tp": 2}, "tp1": {}, "sp2": {"sp": 2}, "single": None}),
         "ckpt-ep2xtp2-qwen3_moe": ("qwen3_moe", {"tp": 2, "ep": 2}, {"same": {"tp": 2, "ep": 2}, "ep4": {"ep": 4},
-                                                                    "tp2": {"tp": 2}}),
+                                                                    "tp2": {"tp": 2},
+                                                                    "ep4xtp2": {"tp": 2, "ep": 4}}),
     },
 }
 
@@ -113,8 +120,16 @@ def _max_diff(a: dict, b: dict) -> float:
 
 
 def _load_module(model_dir: str, role: str):
-    from hybridflow.engine.model_loader import load_causal_lm, load_value_model
+    from hybridflow.engine.model_loader import apply_lora, load_causal_lm, load_value_model
 
+    if role == "lora":  # both copies get the same adapters, B non-zero (peft starts it at 0: A would get no gradient)
+        module = apply_lora(load_causal_lm(model_dir), 4, 8.0, "all-linear")
+        g = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for name, p in module.named_parameters():
+                if ".lora_" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+        return module
     if role == "critic":
         torch.manual_seed(0)  # the value head is freshly initialised: the same seed gives both copies the same
         return load_value_model(model_dir)
@@ -193,7 +208,16 @@ def _break_expert_gradient_scale():
     """The experts' gradients averaged over their FSDP ranks only (the ep factor forgotten)."""
     import hybridflow.engine.train_engine as te
 
-    return _patch(te, "expert_gradient_divide_factor", lambda fsdp_size, ep: fsdp_size)
+    return _patch(te, "expert_gradient_divide_factor", lambda fsdp_size, ep, tp_in_ep=1: fsdp_size)
+
+
+def _break_expert_token_split():
+    """Expert groups over dp x tp without the token split: every tp rank sends all of its (shared) tokens, so each
+    token reaches its experts tp times."""
+    import hybridflow.engine.split_model as sm
+
+    real = sm.apply_expert_parallel
+    return _patch(sm, "apply_expert_parallel", lambda module, mesh, key, tp_split=None: real(module, mesh, key))
 
 
 def _break_shared_rotary_key():
@@ -203,6 +227,22 @@ def _break_shared_rotary_key():
     return _patch(tp, "_sum_gradient_of_columns", lambda first, group: (lambda m, a, out: out))
 
 
+def _break_lora_rowwise_sum():
+    """The LoRA A of the row-wise projections split on its input features, its partial products not summed."""
+    from torch.distributed.tensor import Partial
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    import hybridflow.engine.tensor_parallel as tp
+
+    real = tp._rowwise
+
+    def rowwise(layer, name):
+        plan = real(layer, name)
+        return {k: (RowwiseParallel(output_layouts=Partial()) if ".lora_A." in k else v) for k, v in plan.items()}
+
+    return _patch(tp, "_rowwise", rowwise)
+
+
 BREAKS = {
     "head_norm_placement": (_break_head_norm_placement, "tp2-qwen3"),
     "missing_allreduce": (_break_missing_allreduce, "tp2-qwen2"),
@@ -210,6 +250,8 @@ BREAKS = {
     "expert_choice": (_break_expert_choice, "ep2-qwen3_moe"),
     "expert_gradient_scale": (_break_expert_gradient_scale, "ep2-deepseek_v3"),
     "shared_rotary_key": (_break_shared_rotary_key, "tp2-deepseek_v3"),
+    "expert_token_split": (_break_expert_token_split, "ep4xtp2-qwen3_moe"),
+    "lora_rowwise_sum": (_break_lora_rowwise_sum, "tp2-lora-qwen3"),
 }
 
 
@@ -270,7 +312,41 @@ def check_case(model_dir: str, tp: int, ep: int, sp: int, role: str, batches) ->
     after_ref = _params(ref.module)
     result["param_after_step"] = _max_diff(after_ref, _params(engine.module))
     result["step_size"] = max(float((after_ref[k] - before[k]).abs().max()) for k in before) if (before := _INIT) else 0.0
+    if role == "lora":
+        result.update(_lora_sync_and_adapter(model_dir, ref.module, engine, dict(b)))
     return result
+
+
+def _lora_sync_and_adapter(model_dir: str, trained, engine, batch) -> dict[str, float]:
+    """After the step: the split LoRA actor's weights resharded in buckets into an hf rollout engine's plain copy
+    (adapters merged), and its adapter saved as a PEFT folder, each against the single-process LoRA model's
+    log-probs."""
+    from peft import PeftModel
+
+    from hybridflow.engine.engine_checkpoint import export_hf_model
+    from hybridflow.engine.forward import response_log_probs
+    from hybridflow.engine.model_loader import load_causal_lm, load_tokenizer
+    from hybridflow.engine.reshard import reshard_in_buckets
+    from hybridflow.rollout.base import create_rollout_engine
+
+    def log_probs(module):
+        with torch.no_grad():
+            return response_log_probs(module.eval(), dict(batch), 1.0, packed=False)[0]
+
+    mask = batch["response_mask"].float()
+    expected = log_probs(trained)
+    rollout = create_rollout_engine("hf", model=load_causal_lm(model_dir).eval(), tokenizer=load_tokenizer(model_dir))
+    stats = reshard_in_buckets(engine.module, rollout.update_weights, 40_000)
+    out = {"sync": float(((log_probs(rollout.model) - expected) * mask).abs().max()), "sync_buckets": stats.buckets}
+    folder = Path(os.environ["ND_OUT"]) / "lora_export"
+    export_hf_model(engine, str(folder))
+    if dist.get_rank() == 0:
+        adapter = PeftModel.from_pretrained(load_causal_lm(model_dir), str(folder / "lora_adapter"))
+        out["adapter"] = float(((log_probs(adapter) - expected) * mask).abs().max())
+    else:
+        out["adapter"] = 0.0
+    dist.barrier()
+    return out
 
 
 def _max_over_ranks(result: dict[str, float]) -> dict[str, float]:
@@ -280,17 +356,18 @@ def _max_over_ranks(result: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, t.tolist()))
 
 
-def main(rank: int, world: int, port: int, models: dict[str, str], out_json: str, only: str | None = None) -> None:
+def main(rank: int, world: int, port: int, models: dict[str, str], out_json: str, only: str = "") -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HYBRIDFLOW_DEVICE="cpu")
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HYBRIDFLOW_DEVICE="cpu",
+                      ND_OUT=str(Path(out_json).parent))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=300))
     batches = _load("hf_test_batches", "batches.py")
     results = {}
-    if only == "breaks":
+    if only == "breaks" or only.startswith("break:"):  # "break:NAME" runs that sabotage alone (by hand)
         for name, (sabotage, case) in BREAKS.items():
-            if case not in CASES[world]:
+            if case not in CASES[world] or only not in ("breaks", f"break:{name}"):
                 continue
             family, tp, ep, sp, role = CASES[world][case]
             undo = sabotage()
@@ -317,4 +394,4 @@ def main(rank: int, world: int, port: int, models: dict[str, str], out_json: str
 
 if __name__ == "__main__":
     r, w, port = (int(x) for x in sys.argv[1:4])
-    main(r, w, port, json.loads(Path(sys.argv[4]).read_text()), sys.argv[5], sys.argv[6] if len(sys.argv) > 6 else None)
+    main(r, w, port, json.loads(Path(sys.argv[4]).read_text()), sys.argv[5], sys.argv[6] if len(sys.argv) > 6 else "")

@@ -52,3 +52,56 @@ def test_reshard_fills_another_copy_and_reports_what_moved():
     assert metrics["update_weights/bytes"] == stats.bytes and "update_weights/seconds" not in metrics
     if reset_peak_rss():
         assert peak_rss_bytes() > 0 and stats.peak_rss_rise_bytes is not None
+
+
+def _lora_model():
+    from hybridflow.engine.model_loader import apply_lora
+
+    model = apply_lora(_model(), 4, 8.0, "all-linear")
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:  # peft starts B at 0 (the adapter would change nothing)
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return model
+
+
+def test_a_lora_actor_reaches_a_plain_copy_with_its_adapters_merged():
+    source, target = _lora_model(), _model()
+    own = dict(target.state_dict())
+
+    def load(bucket):
+        for name, tensor in bucket:
+            own[name].copy_(tensor)
+
+    stats = reshard_in_buckets(source, load, 10_000)
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected, got = source(input_ids=ids).logits, target(input_ids=ids).logits
+    assert float((expected - got).abs().max()) < 1e-5
+    with torch.no_grad(), source.disable_adapter():  # the adapters matter: without them the logits differ
+        assert float((source(input_ids=ids).logits - got).abs().max()) > 1e-2
+    assert stats.buckets > 1
+
+
+def test_the_adapter_alone_travels_in_one_bucket_under_peft_names():
+    source = _lora_model()
+    buckets = list(gathered_buckets(source, 1_000, lora="adapter"))
+    names = [n for n, _ in buckets[0]]
+    assert len(buckets) == 1 and names and all(".lora_A." in n or ".lora_B." in n for n in names)
+    assert len(names) == sum(1 for n, _ in source.named_parameters() if ".lora_" in n)
+
+
+def test_a_group_of_tensors_never_straddles_two_buckets():
+    from hybridflow.rollout.weights.delta import vllm_load_group
+
+    buckets = list(gathered_buckets(_model(), 10_000, group_of=vllm_load_group))
+    where: dict[str, set[int]] = {}
+    for i, bucket in enumerate(buckets):
+        for name, _ in bucket:
+            where.setdefault(vllm_load_group(name), set()).add(i)
+    fused = {g: b for g, b in where.items() if g.endswith((".self_attn", ".mlp"))}  # q/k/v+o, gate/up+down
+    assert len(buckets) > 2 and fused and all(len(b) == 1 for b in fused.values())
+    # without the grouping the same size cuts q/k/v apart
+    plain = [{vllm_load_group(n) for n, _ in b} for b in gathered_buckets(_model(), 10_000)]
+    assert any(len([b for b in plain if g in b]) > 1 for g in fused)

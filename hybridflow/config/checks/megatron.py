@@ -6,12 +6,14 @@ verl selects its Megatron-LM backend three ways -- ``--config-name=ppo_megatron_
 FSDP2 engine as ``fsdp2``, laid out by its ``megatron`` node:
 
 * ``tensor_model_parallel_size`` / ``expert_model_parallel_size``: the tp / ep dimensions of the role's mesh
-  (``engine/parallel_dims.py``; tp splits heads, MLP columns and the vocabulary, ep the MoE experts);
+  (``engine/parallel_dims.py``; tp splits heads, MLP columns and the vocabulary, ep the MoE experts -- over
+  data-parallel ranks, or over whole dp x cp x tp blocks when ep does not divide dp, as Megatron lays them out);
+  LoRA adapters follow the tensor-parallel split of their projections;
 * ``context_parallel_size``: runs as Ulysses sequence parallelism over that many ranks (written into
   ``<role>.ulysses_sequence_parallel_size``; an explicit, different Ulysses size is a conflict);
 * ``param_offload`` / ``optimizer_offload``: written into the role's ``fsdp_config`` (the engine moves parameters /
   Adam moments to the CPU between phases);
-* ``expert_tensor_parallel_size``: experts stay whole inside a tensor-parallel group, so only 1 (or null) is
+* ``expert_tensor_parallel_size``: experts are never split by tensor parallelism, so only 1 (or null) is
   accepted; ``pipeline_model_parallel_size`` > 1 is refused (pipelining is not built);
   ``use_distributed_optimizer=false`` is refused (FSDP2 always shards the optimizer state over the data ranks).
 
@@ -72,8 +74,8 @@ def _layout(prefix: str, node: Any, fsdp: Any, lora: bool, errors: list[str], no
     etp = m.expert_tensor_parallel_size
     if etp is not None and int(etp) != 1:
         errors.append(f"{key}.expert_tensor_parallel_size={etp}: experts are split over "
-                      f"{key}.expert_model_parallel_size only and each tensor-parallel rank keeps its experts whole; "
-                      "set it to 1 (or null)")
+                      f"{key}.expert_model_parallel_size only (whose groups may take in the tensor-parallel ranks) and "
+                      "no expert is split by tensor parallelism; set it to 1 (or null)")
     if not m.use_distributed_optimizer:
         errors.append(f"{key}.use_distributed_optimizer=false: a replicated optimizer is not offered; FSDP2 shards "
                       "parameters, gradients and the optimizer state over the data-parallel ranks (what verl's "
@@ -94,13 +96,14 @@ def _layout(prefix: str, node: Any, fsdp: Any, lora: bool, errors: list[str], no
         if getattr(m, name) and not getattr(fsdp, name):
             setattr(fsdp, name, True)
     if int(m.tensor_model_parallel_size) > 1 and lora:
-        errors.append(f"{key}.tensor_model_parallel_size={m.tensor_model_parallel_size} with LoRA "
-                      "(actor_rollout_ref.model.lora_rank > 0): the adapters' low-rank layers have no tensor-parallel "
-                      "split; train LoRA with tensor_model_parallel_size=1 (FSDP2 and expert parallelism work)")
+        notes.append(f"{key}.tensor_model_parallel_size={m.tensor_model_parallel_size} with LoRA: each adapter follows "
+                     "its projection's split (column-wise: B split, A whole; row-wise: A split, B whole); adapters on "
+                     "the embedding, the LM head or MoE experts are refused when the model is split")
 
 
 def _layout_errors(cfg: Any, errors: list[str]) -> None:
-    """The sizes against the devices of the role: world = dp x sp x tp, ep divides dp (ParallelDims' own rules)."""
+    """The sizes against the devices of the role: world = dp x sp x tp, ep divides dp or is k x sp x tp with k
+    dividing dp (ParallelDims' own rules)."""
     from hybridflow.config.checks.parallel import _n_devices
     from hybridflow.engine.parallel_dims import ParallelDims, ParallelDimsError
 

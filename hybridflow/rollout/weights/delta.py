@@ -148,6 +148,25 @@ class DeltaTracker:
                 self._pending[name] = d
                 yield name, tensor
 
+    def begin(self) -> None:
+        """Start a sync that is judged bucket by bucket (:meth:`bucket_changed`)."""
+        self._pending, self.stats = {}, DeltaStats()
+
+    def bucket_changed(self, bucket: list[tuple[str, torch.Tensor]], full: bool = False) -> bool:
+        """Whether ``bucket`` must travel: any of its tensors differs from what the receivers hold (all of them
+        with ``full`` or delta off).  A bucket travels whole, so the groups it keeps together (fused vLLM
+        parameters) stay whole; counts into :attr:`stats`."""
+        digests = {name: digest(t) if self.enabled else b"" for name, t in bucket}
+        nbytes = sum(t.numel() * t.element_size() for _, t in bucket)
+        self.stats.tensors_total += len(bucket)
+        self.stats.bytes_total += nbytes
+        if self.enabled and not full and all(self.held.get(n) == d for n, d in digests.items()):
+            return False
+        self.stats.tensors_sent += len(bucket)
+        self.stats.bytes_sent += nbytes
+        self._pending.update(digests)
+        return True
+
     def commit(self) -> None:
         """The receivers verified the last sync: they hold what was sent."""
         if self.enabled:
