@@ -233,7 +233,7 @@ def long_tail_lengths(short: int = 4, long_max: int = 64, long_share: float = 0.
 
 
 # ------------------------------------------------------------------------------------------------ calibration
-def calibrate(samples: int = 512, threads: int = 1) -> dict:
+def calibrate(samples: int = 512, threads: int = 1, sft_steps: int = 20) -> dict:
     """Measure this machine's costs on bench_async's shape: the SFT checkpoint's response lengths (sampled,
     temperature 1), the hf engine's decode step time at two occupancies (-> t0, t1), the actor's training time per
     sample (forward + backward + optimizer step on batches of the sampled lengths) and a weight sync (the engine's
@@ -252,12 +252,12 @@ def calibrate(samples: int = 512, threads: int = 1) -> dict:
     from hybridflow.rollout.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
-    model_path, data = prepare(C.DEFAULT_WORKDIR, train_size=4000, sft_steps=300)
+    model_path, data = prepare(C.DEFAULT_WORKDIR, train_size=4000, sft_steps=sft_steps)
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, attn_implementation="sdpa", dtype=torch.float32)
     rows = read_rows(str(data / "train.parquet"))[:samples]
-    prompts = [tok.apply_chat_template(r["prompt"], tokenize=True, add_generation_prompt=True) for r in rows]
-    prompts = [list(p["input_ids"]) if isinstance(p, dict) else list(p) for p in prompts]
+    prompts = [tok.encode(tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True),
+                          add_special_tokens=False) for r in rows]
     engine = HFRolloutEngine(model, tok, seed=0)
     outs = engine.generate_batch(prompts, SamplingParams(max_tokens=RESPONSE_LENGTH, temperature=1.0))
     lengths = tuple(len(o.token_ids) for o in outs)
@@ -298,10 +298,10 @@ def calibrate(samples: int = 512, threads: int = 1) -> dict:
         if rep:
             spent += time.perf_counter() - t
     train_s_per_sample = spent / (reps * batch_n)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = {k: v.detach().clone() for k, v in model.named_parameters()}
     t = time.perf_counter()
     for _ in range(5):
-        engine.update_weights(state.items()) if hasattr(engine, "update_weights") else model.load_state_dict(state)
+        engine.update_weights(state.items())
     sync_s = (time.perf_counter() - t) / 5
     return {"lengths": lengths, "t0": t0, "t1": t1, "train_s_per_sample": train_s_per_sample, "sync_s": sync_s,
             "mean_length": sum(lengths) / len(lengths), "max_length": max(lengths),
@@ -313,15 +313,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibrate", action="store_true", help="measure the costs on this machine (bench_async's shape)")
     p.add_argument("--costs", type=Path, help="a JSON file of costs (what --calibrate writes with --save)")
     p.add_argument("--save", type=Path, help="write the calibrated costs here")
+    p.add_argument("--sft-steps", type=int, default=20, help="--calibrate: bench_async's SFT checkpoint to measure")
     p.add_argument("--rollout-devices", type=int, default=8)
     p.add_argument("--train-devices", type=int, default=8)
     p.add_argument("--batch", type=int, default=512, help="samples per training step (prompts x group)")
     p.add_argument("--slots", type=int, default=64, help="sequences per rollout device")
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--train-scale", type=float, default=1.0,
+                   help="multiply the training cost per sample (what-if: a generation-heavy workload)")
+    p.add_argument("--length-scale", type=float, default=1.0,
+                   help="multiply every response length (what-if: longer responses, same shape of tail)")
     args = p.parse_args(argv)
     if args.calibrate:
-        measured = calibrate()
+        measured = calibrate(sft_steps=args.sft_steps)
         if args.save:
             args.save.write_text(json.dumps(measured))
     elif args.costs:
@@ -329,8 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         measured = {"lengths": long_tail_lengths(), "t0": 2.0e-3, "t1": 2.0e-5, "train_s_per_sample": 6.0e-3,
                     "sync_s": 0.01}
-    costs = Costs(lengths=tuple(measured["lengths"]), t0=measured["t0"], t1=measured["t1"], slots=args.slots,
-                  train_s_per_sample=measured["train_s_per_sample"], sync_s=measured["sync_s"])
+    costs = Costs(lengths=tuple(max(1, round(x * args.length_scale)) for x in measured["lengths"]), t0=measured["t0"],
+                  t1=measured["t1"], slots=args.slots, train_s_per_sample=measured["train_s_per_sample"] * args.train_scale,
+                  sync_s=measured["sync_s"])
     shown = {k: (v if k != "lengths" else f"{len(v)} samples") for k, v in measured.items()}
     print(f"costs: {shown}")
     n = args.rollout_devices + args.train_devices
@@ -344,7 +350,19 @@ def main(argv: list[str] | None = None) -> int:
     for name, dev, r in rows:
         print(f"{name:34s} {str(dev):>8s} {r.samples_per_s:10.1f} {r.samples_per_s / sync.samples_per_s:8.3f} "
               f"{r.gen_s:10.4f} {r.train_s:8.4f} {r.staleness_mean:10.2f} {r.staleness_max:4d} {r.dropped:7d}")
+    # the same N devices split otherwise (a train-heavy workload wants more training devices)
+    splits = {r: simulate_async(costs, r, n - r, args.batch, args.max_staleness, steps=args.steps)
+              for r in range(1, n)}
+    r_best = max(splits, key=lambda r: splits[r].samples_per_s)
+    print(f"best split of the {n} devices at staleness <= {args.max_staleness}: {r_best} rollout + {n - r_best} train, "
+          f"{splits[r_best].samples_per_s:.1f} samples/s ({splits[r_best].samples_per_s / sync.samples_per_s:.3f}x sync)")
+    gen_ideal = _device_gen_s([round(sum(costs.lengths) / len(costs.lengths))] * (args.batch // n), costs)
+    print(f"sync step: generation {sync.gen_s:.4f} s ({sync.gen_s / (sync.gen_s + sync.train_s + costs.sync_s):.0%} "
+          f"of the step; {sync.gen_s / gen_ideal:.2f}x what every response at the mean length would take), training "
+          f"{sync.train_s:.4f} s; overlap bound (gen + train) / max(gen, train) = "
+          f"{(sync.gen_s + sync.train_s) / max(sync.gen_s, sync.train_s):.3f}")
     best = max((r for name, _, r in rows[1:] if f"<= {args.max_staleness}" in name), key=lambda r: r.samples_per_s)
+    print(f"sim_ratio_best_split={splits[r_best].samples_per_s / sync.samples_per_s:.3f}")
     print(f"sim_ratio_samples_per_s={best.samples_per_s / sync.samples_per_s:.3f}")
     return 0
 
