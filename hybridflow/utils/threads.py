@@ -13,12 +13,15 @@ threads that nobody joins:
 * :func:`run_async` -- ``asyncio.run`` whose default executor is a :class:`DaemonExecutor` and whose
   shutdown does not wait for it;
 * :func:`settle` -- resolve a ``concurrent.futures.Future`` unless something else already did (a watchdog
-  and the real result may race).
+  and the real result may race);
+* :class:`LoopPoster` -- run callbacks posted from other threads on an event loop, one wake-up per burst (an
+  engine step that finishes 128 requests wakes the loop once, not 128 times).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import itertools
 import queue
@@ -26,7 +29,7 @@ import threading
 import weakref
 from typing import Any, Awaitable, Callable, TypeVar
 
-__all__ = ["CallTimeout", "DaemonExecutor", "call_with_timeout", "run_async", "settle"]
+__all__ = ["CallTimeout", "DaemonExecutor", "LoopPoster", "call_with_timeout", "run_async", "settle"]
 
 T = TypeVar("T")
 
@@ -45,6 +48,43 @@ def settle(future: concurrent.futures.Future, result: Any = None, error: BaseExc
         return True
     except concurrent.futures.InvalidStateError:
         return False
+
+
+class LoopPoster:
+    """Runs callbacks posted from any thread on ``loop``, in posting order; posts that arrive before the loop
+    runs the pending ones share one ``call_soon_threadsafe`` (one self-pipe write and one wake-up per burst
+    instead of one per callback: 1-2 us of syscall and a loop iteration each, at 128 finished requests a
+    step).  A callback that raises is reported to the loop's exception handler; the others still run."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: collections.deque[Callable[[], Any]] = collections.deque()
+        self._scheduled = False
+
+    def post(self, fn: Callable[[], Any]) -> None:
+        with self._lock:
+            self._pending.append(fn)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody is left to run them
+            with self._lock:
+                self._scheduled = False
+                self._pending.clear()
+            raise
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, collections.deque()
+            self._scheduled = False
+        for fn in batch:
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - one bad callback must not drop the rest
+                self.loop.call_exception_handler({"message": "LoopPoster callback failed", "exception": exc})
 
 
 class _Shared:

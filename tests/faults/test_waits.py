@@ -16,7 +16,7 @@ import pytest
 from hybridflow.rewards.custom_function import ScoreFnSpec
 from hybridflow.rewards.pool import ERROR, OK, TIMEOUT, ScoringPool
 from hybridflow.utils import stopping
-from hybridflow.utils.threads import CallTimeout, DaemonExecutor, call_with_timeout, run_async, settle
+from hybridflow.utils.threads import CallTimeout, DaemonExecutor, LoopPoster, call_with_timeout, run_async, settle
 
 
 def test_a_process_whose_daemon_executor_is_stuck_still_exits():
@@ -60,6 +60,37 @@ def test_settle_never_overwrites():
     f = concurrent.futures.Future()
     assert settle(f, 1) and not settle(f, error=RuntimeError("late"))
     assert f.result() == 1
+
+
+def test_loop_poster_runs_every_post_in_order_with_one_wake_up_per_burst():
+    """Callbacks posted from another thread all run on the loop, in order; a burst posted while the loop is busy
+    costs one call_soon_threadsafe; a callback that raises does not drop the ones after it."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        poster, seen, wakeups = LoopPoster(loop), [], []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a: (wakeups.append(1), real(*a))[1]
+        errors = []
+        loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx["exception"]))
+
+        def burst(start):
+            for i in range(start, start + 50):
+                poster.post(lambda i=i: seen.append((threading.get_ident(), i)))
+            poster.post(lambda: 1 / 0)
+
+        thread = threading.Thread(target=burst, args=(0,))
+        thread.start()
+        thread.join()  # the loop is blocked here: the whole burst is pending
+        await asyncio.sleep(0.01)
+        burst(100)  # from the loop's own thread: still deferred to the next iteration
+        assert [i for _, i in seen] == list(range(50))
+        await asyncio.sleep(0.01)
+        return seen, wakeups, errors, threading.get_ident()
+
+    seen, wakeups, errors, loop_thread = run_async(main())
+    assert [i for _, i in seen] == list(range(50)) + list(range(100, 150))
+    assert {t for t, _ in seen} == {loop_thread}
+    assert len(wakeups) == 2 and len(errors) == 2 and all(isinstance(e, ZeroDivisionError) for e in errors)
 
 
 def test_run_async_does_not_wait_for_a_thread_stuck_in_user_code():

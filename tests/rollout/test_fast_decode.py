@@ -68,7 +68,7 @@ def test_packed_linears_follow_every_kind_of_weight_change():
 
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 96)
-    packed = PackedLinears([layer])
+    packed = PackedLinears([layer], min_elements=0)
     assert packed.enabled, "the pinned CPU torch has oneDNN: the decode step's packed path must be on"
     x = torch.randn(5, 1, 64)
 
@@ -92,3 +92,19 @@ def test_packed_linears_follow_every_kind_of_weight_change():
     check()
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 compute keeps the plain (autocast) matmul
         assert packed.linear(layer, x).dtype == torch.bfloat16
+
+
+def test_small_weights_stay_on_f_linear():
+    """Below PACK_MIN_ELEMENTS the packed call costs more than F.linear (measured, see fast_decode.py): such weights
+    are left unpacked (bit-equal to F.linear), and a set with nothing to pack is off (no weights fingerprint)."""
+    from hybridflow.rollout.hf.fast_decode import PACK_MIN_ELEMENTS, PackedLinears
+
+    torch.manual_seed(0)
+    small, big = torch.nn.Linear(192, 640), torch.nn.Linear(512, PACK_MIN_ELEMENTS // 512)
+    assert not PackedLinears([small]).enabled
+    packed = PackedLinears([small, big])
+    assert packed.enabled
+    packed.refresh("w0")
+    assert set(packed._packed) == {id(big)}
+    x = torch.randn(7, 1, 192)
+    assert torch.equal(packed.linear(small, x), F.linear(x, small.weight, small.bias))

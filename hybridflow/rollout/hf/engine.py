@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from typing import Iterable, Sequence
 
 import torch
@@ -39,7 +40,7 @@ from hybridflow.rollout.hf.vision import VisionPreparer
 from hybridflow.rollout.multi_modal import images_of
 from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.utils.registry import closest
-from hybridflow.utils.threads import DaemonExecutor
+from hybridflow.utils.threads import DaemonExecutor, LoopPoster
 
 __all__ = ["HFRolloutEngine", "rollout_compute_dtype"]
 
@@ -169,6 +170,8 @@ class HFRolloutEngine(RolloutEngine):
         # a daemon thread: a forward that never returns must not keep the process from exiting
         self._executor = DaemonExecutor(max_workers=1, name="hf-rollout")
         self._driver: asyncio.Task | None = None
+        # per event loop: delivers results from the stepping thread (weak: run_async makes a loop per call)
+        self._posters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPoster] = weakref.WeakKeyDictionary()
         self._asleep = False
         self._abort_waiting = threading.Event()  # set while abort_all() waits for the step under way
 
@@ -196,12 +199,15 @@ class HFRolloutEngine(RolloutEngine):
                 prompt_ids, sampling_params, request_id, lambda out: None, lambda exc: None, multi_modal_data))
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
+        poster = self._posters.get(loop)
+        if poster is None:
+            poster = self._posters[loop] = LoopPoster(loop)
 
-        def on_done(out: TokenOutput) -> None:
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(out))
+        def on_done(out: TokenOutput) -> None:  # the stepping thread: a step's finished requests wake the loop once
+            poster.post(lambda: future.done() or future.set_result(out))
 
         def on_error(exc: BaseException) -> None:
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_exception(exc))
+            poster.post(lambda: future.done() or future.set_exception(exc))
 
         if request is None:
             request = self._request(prompt_ids, sampling_params, request_id, on_done, on_error)

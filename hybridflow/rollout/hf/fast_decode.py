@@ -21,7 +21,8 @@ Equality with the ``forward`` path is tested (tokens, and log-probs within 1e-5)
 On CPU in fp32 the step's Linear layers run on oneDNN with the weights reordered ("prepacked") once into
 its blocked layout (:class:`PackedLinears`), as vLLM's CPU backend does: torch's ``F.linear`` goes through
 MKL sgemm and repacks its operand on every call, which at decode shapes (a few to a few hundred rows) costs
-1.1-1.8x the packed matmul (``benchmarks/bench_engines.py``). The packed copies are refreshed when a weight
+1.1-1.8x the packed matmul (``benchmarks/bench_engines.py``) -- for weights of 2^18 elements and more; smaller
+ones (hidden sizes below ~400) stay on ``F.linear``, which is faster there. The packed copies are refreshed when a weight
 changes (its version counter or storage moves, i.e. after every optimizer step of the shared actor module),
 so the step always reads the current weights; outputs equal ``F.linear``'s to ~1e-6 relative.
 """
@@ -105,15 +106,24 @@ def _onednn_linear_available() -> bool:
             and hasattr(mkldnn, "_linear_pointwise"))
 
 
+# Weights with fewer elements stay on F.linear: the packed oneDNN call has a fixed cost of ~15-20 us that only
+# a large enough matmul repays.  Measured per call, one thread, 16 and 128 rows (2026-11-25, this VM): packed /
+# F.linear 1.1-4.6x at 64x64 .. 192x576 (the 1 M-parameter step-shape model: every weight), ~1.0 at 384x384,
+# 0.73-0.95 at 512x512 and above; a repack after each optimizer step costs 0.1-0.5 ms per weight on top.
+PACK_MIN_ELEMENTS = 1 << 18
+
+
 class PackedLinears:
     """oneDNN-prepacked copies of a set of CPU fp32 ``nn.Linear`` weights, repacked when a weight changes.
 
-    ``linear(module, x)`` is ``F.linear(x, module.weight, module.bias)``; modules outside the set, or any
-    call when packing is off, go through ``F.linear``.
+    ``linear(module, x)`` is ``F.linear(x, module.weight, module.bias)``; modules outside the set, modules whose
+    weight has fewer than ``min_elements`` elements (see :data:`PACK_MIN_ELEMENTS`), or any call when packing is
+    off, go through ``F.linear``.  ``enabled`` is False when no module is packed.
     """
 
-    def __init__(self, modules: list[nn.Module], rows_hint: int = 64):
-        self.enabled = _onednn_linear_available() and all(
+    def __init__(self, modules: list[nn.Module], rows_hint: int = 64, min_elements: int = PACK_MIN_ELEMENTS):
+        modules = [m for m in modules if m.weight.numel() >= min_elements]
+        self.enabled = bool(modules) and _onednn_linear_available() and all(
             m.weight.device.type == "cpu" and m.weight.dtype == torch.float32 for m in modules)
         self.rows_hint = rows_hint
         self._modules = modules if self.enabled else []

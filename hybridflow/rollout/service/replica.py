@@ -18,6 +18,7 @@ that finishes early is delivered at once, so continuous batching across turns is
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sys
 from abc import ABC, abstractmethod
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from hybridflow.rollout.base import EngineError, TokenOutput
 from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.rollout.service.server import GenerateRequest, RolloutServer
+from hybridflow.utils.threads import LoopPoster
 
 __all__ = ["RolloutReplica", "InProcessReplica", "RayActorReplica", "ReplicaError", "replica_for_server",
            "RAY_ROLLOUT_CONCURRENCY_GROUP"]
@@ -97,19 +99,23 @@ class InProcessReplica(_TickBatching):
                 if not waiter.done():
                     waiter.set_exception(error)
             return
+        # results come back through one poster per batch: the requests an engine step finishes together wake
+        # this loop once (no task, wrapped future and self-pipe write per request)
+        poster = LoopPoster(asyncio.get_running_loop())
         for (_, waiter), future in zip(batch, futures):
-            asyncio.ensure_future(_relay(future, waiter))
+            future.add_done_callback(lambda f, w=waiter: poster.post(lambda: _relay(f, w)))
+            waiter.add_done_callback(lambda w, f=future: f.cancel() if w.cancelled() else None)  # a cancelled trajectory
 
 
-async def _relay(source, target: asyncio.Future) -> None:
-    try:
-        result = await asyncio.wrap_future(source)
-    except Exception as exc:  # noqa: BLE001 - handed to the waiting trajectory
-        if not target.done():
-            target.set_exception(exc)
+def _relay(source: concurrent.futures.Future, target: asyncio.Future) -> None:
+    if target.done():  # the trajectory was cancelled meanwhile
         return
-    if not target.done():
-        target.set_result(result)
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:  # handed to the waiting trajectory
+        target.set_exception(source.exception())
+    else:
+        target.set_result(source.result())
 
 
 class RayActorReplica(_TickBatching):
