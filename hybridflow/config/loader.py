@@ -316,9 +316,29 @@ def _check_override_keys(overrides: list[str], cfg_dir: Path, name: str) -> list
     return out
 
 
+_BASE_TREES: dict[tuple, DictConfig | None] = {}
+
+
+def _yaml_stamp(*dirs: Path) -> tuple:
+    """Every YAML file under ``dirs`` with its modification time: a cached tree is reused only while none of
+    the files it may have been composed from changed."""
+    return tuple(sorted((str(p), p.stat().st_mtime_ns) for d in dirs for p in Path(d).rglob("*.yaml")))
+
+
 def _base_tree(cfg_dir: Path, name: str) -> DictConfig | None:
-    """The key tree overrides apply to: our defaults file, or the named config composed without overrides
-    (``--config-path/--config-name``: its own keys and those its defaults list brings in)."""
+    """The key tree overrides apply to (read-only, cached per config file and its YAML files' times): our
+    defaults file, or the named config composed without overrides (``--config-path/--config-name``: its own keys
+    and those its defaults list brings in)."""
+    key = (str(cfg_dir), name, _yaml_stamp(cfg_dir, CONFIG_DIR))
+    if key not in _BASE_TREES:
+        tree = _compose_base_tree(cfg_dir, name)
+        if tree is not None:
+            OmegaConf.set_readonly(tree, True)
+        _BASE_TREES[key] = tree
+    return _BASE_TREES[key]
+
+
+def _compose_base_tree(cfg_dir: Path, name: str) -> DictConfig | None:
     stem = name.removesuffix(".yaml")
     if cfg_dir == CONFIG_DIR and stem == DEFAULT_CONFIG_NAME:
         return OmegaConf.load(CONFIG_DIR / f"{DEFAULT_CONFIG_NAME}.yaml")

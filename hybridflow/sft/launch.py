@@ -14,6 +14,8 @@ import socket
 from datetime import timedelta
 from typing import Any, Callable
 
+from hybridflow.controller.worker import ENV_LOCAL_RANKS
+
 __all__ = ["run_ranks", "select_device", "world_size"]
 
 
@@ -63,6 +65,7 @@ def _spawned_rank(rank: int, fn: Callable[[Any], Any], config: Any, world: int, 
 
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)})
+    os.environ.pop(ENV_LOCAL_RANKS, None)  # these ranks are launched: the parent's local-backend marker is not theirs
     if dev.is_cuda():
         torch.cuda.set_device(rank)
     timeout = timedelta(seconds=600)
@@ -82,7 +85,8 @@ def world_size(config: Any, environ: dict | None = None) -> tuple[int, bool]:
     env = os.environ if environ is None else environ
     t = config.trainer
     configured = None if t.n_gpus_per_node is None and t.nnodes is None else (t.n_gpus_per_node or 1) * (t.nnodes or 1)
-    if "WORLD_SIZE" in env and "RANK" in env:
+    # a local-backend run earlier in this process wrote RANK/WORLD_SIZE for itself: no launcher started us
+    if "WORLD_SIZE" in env and "RANK" in env and env.get(ENV_LOCAL_RANKS) != "1":
         launched = int(env["WORLD_SIZE"])
         if configured is not None and configured != launched:
             raise ValueError(f"the launcher started {launched} processes but trainer.n_gpus_per_node x trainer.nnodes "

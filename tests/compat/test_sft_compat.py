@@ -155,6 +155,11 @@ def test_the_world_size_comes_from_torchrun_or_the_config():
     assert world_size(load_sft_config(["trainer.n_gpus_per_node=3"]), {}) == (3, False)
     with pytest.raises(ValueError, match="torchrun --nnodes=2"):
         world_size(load_sft_config(["trainer.nnodes=2"]), {})
+    # a local-backend PPO run earlier in the same process (a notebook) wrote RANK=0/WORLD_SIZE=1 for itself
+    from hybridflow.controller.worker import ENV_LOCAL_RANKS
+
+    local = {"WORLD_SIZE": "1", "RANK": "0", ENV_LOCAL_RANKS: "1"}
+    assert world_size(load_sft_config(["trainer.n_gpus_per_node=2"]), local) == (2, False)
 
 
 @pytest.mark.slow

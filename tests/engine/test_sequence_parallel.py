@@ -148,7 +148,8 @@ def run_scenario(world: int, sp: int, lm_dir: str, vlm_dir: str, out_dir: Path) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world,sp", [(2, 2), (4, 4), (4, 2)], ids=["sp2", "sp4", "dp2xsp2"])
+# sp=2 alone (world 2) is covered by dp2xsp2 (two sp groups of 2) and sp4 (an all-to-all over more than 2 ranks)
+@pytest.mark.parametrize("world,sp", [(4, 4), (4, 2)], ids=["sp4", "dp2xsp2"])
 def test_sequence_parallel_equals_the_unsharded_model(world, sp, varied_lm_dir, varied_vlm_dir, tmp_path):
     results = run_scenario(world, sp, varied_lm_dir, varied_vlm_dir, tmp_path)
     print(f"\nworld={world} sp={sp}: " + json.dumps(results))

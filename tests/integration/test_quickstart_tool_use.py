@@ -138,21 +138,34 @@ def test_cli_refuses_options_the_tool_task_does_not_take(capsys):
 
 @pytest.mark.slow
 def test_grpo_through_the_tool_agent_learns_to_use_the_calculator(tmp_path, capsys):
-    """A shortened run (fewer RL steps, smaller held-out set) still shows the claim with margin: the tool arm
-    gains over its own start and ends far above the no-tool baseline with the same budget.  Seeded: the
-    numbers below were the same on every run; the margins leave room for a slightly different machine."""
+    """A shortened run (fewer RL steps, smaller held-out set, no no-tool arm) still shows the claim with margin: the
+    tool arm gains over its own start and calls the tool far more often.  Seeded: the numbers below were the same
+    on every run; the margins leave room for a slightly different machine.  (The no-tool arm with the same budget
+    ends at 0-10%: docs/quickstart.md; its plumbing is the next test.)"""
     from hybridflow.quickstart.tool_use import run_tool_use_quickstart
 
-    summary = run_tool_use_quickstart(str(tmp_path), seed=1, test_size=100, rl_steps=30, test_freq=15)
+    summary = run_tool_use_quickstart(str(tmp_path), seed=1, test_size=100, rl_steps=15, test_freq=15, baseline=False)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(summary))
-    before, after, plain = summary["before"], summary["after"], summary["no_tool_baseline"]
-    assert after["step"] == 30 and before["step"] == 0
+    before, after = summary["before"], summary["after"]
+    assert after["step"] == 15 and before["step"] == 0 and "no_tool_baseline" not in summary
     assert after["accuracy"] >= before["accuracy"] + 0.20
-    assert after["accuracy"] >= plain["accuracy"] + 0.40
+    assert after["accuracy"] >= 0.50
     assert after["tool_call_rate"] >= before["tool_call_rate"] + 0.20
-    assert plain["accuracy"] <= 0.10  # without the tool the model cannot multiply
     report = (tmp_path / "report.html").read_text()
     assert "<span class='call'>&lt;tool_call&gt;" in report and "<span class='obs'" in report
     out = capsys.readouterr().out
-    assert "[tool] step  30/30" in out and "[no_tool] step  30/30" in out and "no-tool baseline" in out
+    assert "[tool] step  15/15" in out and "[no_tool]" not in out
+
+
+def test_the_no_tool_baseline_arm_trains_on_the_same_budget_without_the_tool(tmp_path, capsys):
+    """The comparison arm: same base model, demonstrations without calls, no tool agent; reported next to the
+    tool arm (a toy budget: the plumbing, not the learning)."""
+    from hybridflow.quickstart.tool_use import run_tool_use_quickstart
+
+    summary = run_tool_use_quickstart(str(tmp_path), seed=1, train_size=64, test_size=8, demos=16, sft_steps=4,
+                                      rl_steps=1, test_freq=1, batch_size=4, n=2)
+    plain = summary["no_tool_baseline"]
+    assert plain["step"] == 1 and "before_accuracy" in plain and "tool_call_rate" not in plain
+    out = capsys.readouterr().out
+    assert "[tool] step   1/1" in out and "[no_tool] step   1/1" in out and "no-tool baseline" in out
