@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync-step", type=int, default=2, help="fully async trigger_parameter_sync_step")
     parser.add_argument("--sft-steps", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="budget 120 s per mode")
-    parser.add_argument("--smoke", action="store_true", help="tiny: every mode on the local backend, 5 s each")
+    parser.add_argument("--smoke", action="store_true", help="tiny: three modes on the local backend, 3 s each")
     parser.add_argument("--local", action="store_true", help="run the Ray modes on the local backend (threads)")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         args.budget_s = 120.0
     modes = args.modes.split(",")
     if args.smoke:
-        args.budget_s, args.prompts, args.group, args.sft_steps, args.local = 5.0, 4, 4, 20, True
+        args.budget_s, args.prompts, args.group, args.sft_steps, args.local = 3.0, 4, 4, 4, True
         if args.modes == ",".join(MODES):
             modes = ["sync_local", "one_step_off", "fully_async"]
     unknown = sorted(set(modes) - set(MODES))
