@@ -71,7 +71,9 @@ def test_local_run_with_an_engine_fault_exits_naming_the_cause(fault, tmp_path, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["admission", "nan_decode", "stall_decode"])
+# an exception raised in the engine (admission; nan_decode takes the same path once it is an EngineError, and is run
+# locally above) and a stuck engine caught by the watchdog: the two ways a fault leaves a Ray worker
+@pytest.mark.parametrize("fault", ["admission", "stall_decode"])
 def test_ray_run_with_an_engine_fault_exits_naming_the_cause(fault, tmp_path, nano_model_dir, fault_data):
     proc, after = _run_with_fault(fault, "ray", tmp_path, nano_model_dir, fault_data)
     _check(proc, after, fault)
