@@ -179,10 +179,11 @@ def test_disk_full_during_a_save_says_so_and_keeps_the_previous_checkpoint(tmp_p
     driver = tmp_path / "driver.py"
     driver.write_text(DISK_FULL_DRIVER.format(repo=repo, tests=str(Path(repo) / "tests"), root=str(mount),
                                               model=nano_model_dir, train=str(fault_data / "train.parquet")))
-    # The preflight's free-space check would refuse a disk too small for two checkpoints: fill it after it ran,
-    # from inside the run, by giving the run's first save a companion file.
+    # The preflight's free-space check would refuse a disk too small for two checkpoints: fill it after it ran, as
+    # soon as the first save appears (the watcher waits up to 4 minutes: start-up alone can take over 100 s when the
+    # machine is loaded).
     script = (f"mount -t tmpfs -o size=16m tmpfs {mount} && "
-              f"(for i in $(seq 2000); do [ -d {mount}/ckpt/global_step_1 ] && break; sleep 0.05; done; "
+              f"(for i in $(seq 12000); do [ -d {mount}/ckpt/global_step_1 ] && break; sleep 0.02; done; "
               f"avail=$(df -k --output=avail {mount} | tail -1); "
               f"head -c $(( (avail - 300) * 1024 )) /dev/zero > {mount}/filler) & "
               f"{sys.executable} {driver}; wait; "
