@@ -18,7 +18,9 @@ def test_the_judge_is_asked_in_two_turns_and_its_verdict_parsed():
 
     assert reversed_sum("052") == "250"
     assert solve_prompt("07+45=") == [{"role": "user", "content": "07+45="}]
-    assert verdict_prompt("07+45=", "250", "053") == [{"role": "user", "content": "07+45=250=053"}]
+    assert verdict_prompt("07+45=", "250", "053") == [{"role": "user", "content": "07+45="},
+                                                      {"role": "assistant", "content": "250"},
+                                                      {"role": "user", "content": "=053"}]
     assert parse_score("1", VERDICT_PATTERN) == 1.0 and parse_score("0", VERDICT_PATTERN) == 0.0
     with pytest.raises(JudgeParseError):
         parse_score("+", VERDICT_PATTERN)
@@ -30,17 +32,14 @@ def test_judge_rows_are_balanced_near_misses_of_the_true_sum():
 
     train, _ = held_out_rows(300, 20, seed=4)
     rows = judge_rows(train, seed=4)
-    assert len(rows) == 3 * len(train)
-    for r in rows:
-        text = r["prompt"][0]["content"]
-        a, b = int(text[:2]), int(text[3:5])
-        truth = f"{a + b:03d}"
-        if len(text) == 6:  # first turn: the question alone -> the sum, digits reversed
-            assert r["response"] == truth[::-1]
-        else:  # second turn: question, the judge's reference, candidate -> verdict
-            assert text[6:10] == truth[::-1] + "="
-            assert r["response"] == ("1" if text[10:] == truth else "0")
-    verdicts = [r["response"] for r in rows if len(r["prompt"][0]["content"]) > 6]
+    assert len(rows) == 2 * len(train)
+    for r in rows:  # question -> the sum, digits reversed; "=" + candidate -> verdict
+        question, reference, candidate, verdict = (m["content"] for m in r["messages"])
+        assert [m["role"] for m in r["messages"]] == ["user", "assistant", "user", "assistant"]
+        truth = f"{int(question[:2]) + int(question[3:5]):03d}"
+        assert reference == truth[::-1] and candidate[0] == "="
+        assert verdict == ("1" if candidate[1:] == truth else "0")
+    verdicts = [r["messages"][-1]["content"] for r in rows]
     assert verdicts.count("1") == verdicts.count("0") == len(train)  # balanced classes
     rng = random.Random(0)
     others = ["123", "052"]
