@@ -206,7 +206,7 @@ def _with_questions(rows: list[dict]) -> list[dict]:
 
 
 def run_judge_quickstart(output_dir: str = "outputs/quickstart_judge", backend: str = "local", seed: int = 1,
-                         policy_sft_steps: int = 250, judge_sft_steps: int = 1200, rl_steps: int = 100,
+                         policy_sft_steps: int = 250, judge_sft_steps: int = 2500, rl_steps: int = 100,
                          train_size: int = 4000, test_size: int = 200, sft_lr: float = 1e-3, rl_lr: float = 5e-5,
                          test_freq: int = 25, max_seconds: float | None = None, min_judge_agreement: float = 0.9,
                          overrides: tuple[str, ...] = ()) -> dict[str, Any]:
