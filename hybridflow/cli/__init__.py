@@ -102,9 +102,13 @@ def cmd_quickstart(argv: list[str]) -> int:
     if args.max_seconds is not None:
         kwargs["max_seconds"] = args.max_seconds
     if args.task == "judge":
-        from hybridflow.quickstart.judge import run_judge_quickstart
+        from hybridflow.quickstart.judge import JudgeTooWeak, run_judge_quickstart
 
-        run_judge_quickstart(output_dir=args.output_dir or "outputs/quickstart_judge", **kwargs)
+        try:
+            run_judge_quickstart(output_dir=args.output_dir or "outputs/quickstart_judge", **kwargs)
+        except JudgeTooWeak as exc:
+            print(f"hybridflow quickstart --task judge: stopped before RL: {exc}", file=sys.stderr)
+            return 1
         return 0
     if args.task == "vision":
         from hybridflow.quickstart.vision import run_vision_quickstart

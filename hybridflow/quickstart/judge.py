@@ -3,19 +3,29 @@ scores the policy's answers, and GRPO on the judge's scores raises held-out accu
 
 1. the ``addition_fixed`` task of the addition quickstart (``"07+45="`` -> ``"052"``), a tiny char-level policy
    warmed up with a short SFT (``policy_sft_steps``) so it is often but not usually right;
-2. a judge of the same size, trained by the project's SFT (``judge_sft_steps``) to read a question with a
-   candidate answer (``"07+45=052"``) and reply ``1`` (right) or ``0`` (wrong); its negatives are near misses of
-   the true sum (one digit changed, +-1, +-10, two digits swapped), the mistakes a half-trained policy makes;
-   its agreement with the rule is measured on held-out questions before RL (``judge_heldout_agreement``);
+2. a judge of the same size, trained by the project's SFT (``judge_sft_steps``) to grade in two turns, the
+   reference-guided way of Zheng et al. 2023 (MT-Bench, section 3.4: the judge answers the question on its own first,
+   then grades with its own answer as the reference): (a) given the question alone (``"07+45="``) it writes the sum
+   least significant digit first (``"250"``); (b) given the question, that reference and the candidate
+   (``"07+45=250=052"``) it replies ``1`` (right) or ``0`` (wrong).  Its negatives are near misses (one digit
+   changed, +-1, +-10, two digits swapped, a digit dropped or added, the right answer to another question), balanced
+   with the positives.  Its agreement with the rule is measured on held-out questions before RL
+   (``judge_heldout_agreement``); below ``min_judge_agreement`` the run stops (:class:`JudgeTooWeak`);
 3. GRPO through the framework with the judge on the rollout service (``reward_model.rollout.name=hf``,
    colocated) and this file's :func:`judge_score` as the reward function: every training sample is scored by
    the judge's greedy verdict (``judge.chat``), never by the answer key; the exact rule is computed beside it only
    to log how often the judge agrees (``reward_extra/agree/mean``).  Validation (the held-out prompts, greedy)
    is scored by the exact rule;
 4. ``summary.json``: held-out accuracy before / after RL, the judge's held-out agreement and its agreement with the
-   rule on the samples it scored during RL, steps, seconds (warm-ups included).
+   rule on the samples it scored during RL, steps, seconds and CPU seconds (warm-ups included).
 
-Measured numbers are in ``benchmarks/RESULTS.md`` and ``docs/data-and-rewards.md`` ("RLAIF on CPU").
+Why this judge (measured 2026-11-25, seed 1, ``benchmarks/RESULTS.md``): a one-turn judge that read question and
+candidate and worked the sum out most significant digit first agreed with the rule on 72-76 % of held-out pairs, and
+GRPO on its scores *lowered* held-out accuracy (39 % -> 6 %, 44.5 % -> 29 %).  Working the sum out least
+significant digit first made it 96 % accurate, yet the policy still found its blind spot within 40 steps (units
+digits off by 2 accepted: the judge, seeing the candidate, drifted towards it) and accuracy fell again after a
++19.5-point rise.  With the candidate hidden while the judge solves the question, nothing pulls its sum towards
+the policy's answer.
 """
 
 from __future__ import annotations
@@ -29,13 +39,36 @@ from typing import Any
 TASK = "addition_fixed"
 VAL_KEY = f"val-core/synthetic/{TASK}/reward/mean@1"
 AGREE_KEY = "reward_extra/agree/mean"
-VERDICT_PATTERN = r"^\d{3}([01])"  # the judge recomputes the sum, then gives its verdict
+VERDICT_PATTERN = r"^([01])"  # the judge's second turn: 1 right, 0 wrong
+
+
+def solve_prompt(question: str) -> list[dict]:
+    """The judge's first turn: the question alone; it answers with the sum, digits reversed (:func:`reversed_sum`)."""
+    return [{"role": "user", "content": question}]
+
+
+def verdict_prompt(question: str, reference: str, candidate: str) -> list[dict]:
+    """The judge's second turn: the first turn (question, its own answer ``reference``) and the candidate; with the
+    bare-text chat template it reads ``"07+45=250=052"``."""
+    return solve_prompt(question) + [{"role": "assistant", "content": reference},
+                                     {"role": "user", "content": f"={candidate}"}]
+
+
+def reversed_sum(answer: str) -> str:
+    """How the judge writes a sum: least significant digit first (``"052"`` -> ``"250"``).  In that order each digit
+    depends only on the digits already written and one carry, so the 0.4M-parameter judge learns it almost exactly,
+    while the policy writes the most significant digit first and must foresee the carry."""
+    return answer[::-1]
+
+
+_OWN_ANSWERS: dict[str, str] = {}  # question -> the judge's first-turn answer (greedy, and the judge is frozen)
 
 
 async def judge_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
                       judge=None, **kwargs: Any) -> dict[str, float]:
-    """Training samples: the judge's verdict (1 right, 0 wrong) on question + answer; held-out rows (``split`` test):
-    the exact rule.  ``rule`` and ``agree`` are logged beside the judge's score."""
+    """Training samples: the judge's verdict (1 right, 0 wrong), asked in two turns (:func:`solve_prompt`, then
+    :func:`verdict_prompt`); held-out rows (``split`` test): the exact rule.  ``rule`` and ``agree`` are logged beside
+    the judge's score; the answer key is never shown to the judge."""
     info = extra_info or {}
     answer = solution_str.strip()
     rule = float(answer == str(ground_truth))
@@ -43,17 +76,21 @@ async def judge_score(data_source: str, solution_str: str, ground_truth: str, ex
         return {"score": rule}
     from hybridflow.rewards.judge import parse_score
 
-    reply = await judge.chat([{"role": "user", "content": f"{info['question']}{answer}"}], max_tokens=4,
-                             temperature=0.0)
+    question = info["question"]
+    if question not in _OWN_ANSWERS:
+        own = await judge.chat(solve_prompt(question), max_tokens=3, temperature=0.0)
+        _OWN_ANSWERS[question] = own.strip()
+    reply = await judge.chat(verdict_prompt(question, _OWN_ANSWERS[question], answer), max_tokens=1, temperature=0.0)
     verdict = parse_score(reply, VERDICT_PATTERN)
     return {"score": verdict, "rule": rule, "agree": float(verdict == rule)}
 
 
-def near_misses(answer: str, rng: random.Random) -> str:
-    """A wrong 3-digit answer close to ``answer``."""
+def near_misses(answer: str, rng: random.Random, other_answers: list[str] | None = None) -> str:
+    """A wrong answer close to ``answer``: one digit changed, +-1, +-10, two digits swapped, a digit dropped or added,
+    or (with ``other_answers``) the right answer to a different question."""
     value = int(answer)
     while True:
-        kind = rng.randrange(4)
+        kind = rng.randrange(7 if other_answers else 6)
         if kind == 0:
             i = rng.randrange(3)
             wrong = answer[:i] + rng.choice([d for d in "0123456789" if d != answer[i]]) + answer[i + 1:]
@@ -61,24 +98,33 @@ def near_misses(answer: str, rng: random.Random) -> str:
             wrong = f"{max(0, min(999, value + rng.choice((-1, 1)))):03d}"
         elif kind == 2:
             wrong = f"{max(0, min(999, value + rng.choice((-10, 10)))):03d}"
-        else:
+        elif kind == 3:
             i = rng.randrange(2)
             wrong = answer[:i] + answer[i + 1] + answer[i] + answer[i + 2:]
+        elif kind == 4:
+            i = rng.randrange(3)
+            wrong = answer[:i] + answer[i + 1:]
+        elif kind == 5:
+            i = rng.randrange(4)
+            wrong = answer[:i] + rng.choice("0123456789") + answer[i:]
+        else:
+            wrong = rng.choice(other_answers)
         if wrong != answer:
             return wrong
 
 
-def judge_rows(rows: list[dict], seed: int, negatives: int = 1) -> list[dict]:
-    """SFT rows for the judge: each question with its right answer and ``negatives`` near misses; the judge's
-    reply is the sum worked out again followed by the verdict (``"052" + "1"`` right, ``+ "0"`` wrong)."""
+def judge_rows(rows: list[dict], seed: int) -> list[dict]:
+    """Multi-turn SFT rows for the judge, two per question: the question, the reversed sum (first turn), then the right
+    answer -> ``1`` or a :func:`near_misses` one -> ``0`` (second turn; balanced classes).  Both turns are learnt."""
     rng = random.Random(f"judge:{seed}")
+    answers = [row["reward_model"]["ground_truth"] for row in rows]
     out = []
     for row in rows:
         question, answer = row["prompt"][0]["content"], row["reward_model"]["ground_truth"]
-        out.append({"prompt": [{"role": "user", "content": question + answer}], "response": answer + "1"})
-        for _ in range(negatives):
-            out.append({"prompt": [{"role": "user", "content": question + near_misses(answer, rng)}],
-                        "response": answer + "0"})
+        reference = reversed_sum(answer)
+        for candidate, verdict in ((answer, "1"), (near_misses(answer, rng, answers), "0")):
+            out.append({"messages": verdict_prompt(question, reference, candidate)
+                        + [{"role": "assistant", "content": verdict}]})
     rng.shuffle(out)
     return out
 
@@ -88,8 +134,9 @@ def train_judge(base: str, rows: list[dict], out_dir: Path, steps: int, seed: in
 
     cfg = load_sft_config([
         f"model.partial_pretrain={base}", "data.train_batch_size=128", "data.micro_batch_size_per_gpu=128",
-        "data.max_length=32", f"optim.lr={lr}", "optim.lr_scheduler=constant", "optim.weight_decay=0.0",
-        f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={out_dir}", f"trainer.seed={seed}",
+        "data.max_length=32", "data.multiturn.enable=true", "data.multiturn.messages_key=messages", f"optim.lr={lr}",
+        "optim.lr_scheduler=constant", "optim.weight_decay=0.0", f"trainer.total_training_steps={steps}",
+        f"trainer.default_local_dir={out_dir}", f"trainer.seed={seed}",
     ])
 
     def show(step: int, m: dict[str, float]) -> None:
@@ -100,31 +147,52 @@ def train_judge(base: str, rows: list[dict], out_dir: Path, steps: int, seed: in
     return result.hf_dir, result.seconds
 
 
-def judge_agreement(judge_dir: str, rows: list[dict]) -> float:
-    """How often the judge's greedy verdict (the 4th character it writes) equals the label of ``rows``."""
+def _greedy(model, tok, texts: list[str], max_new_tokens: int) -> list[str]:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(judge_dir)
-    model = AutoModelForCausalLM.from_pretrained(judge_dir).eval()
-    texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
-    right = 0
+    replies = []
     with torch.no_grad():
         for start in range(0, len(texts), 256):
             enc = tok(texts[start:start + 256], return_tensors="pt", padding=True, padding_side="left",
                       add_special_tokens=False)
-            new = model.generate(**enc, max_new_tokens=4, do_sample=False,
+            new = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tok.pad_token_id)[:, enc["input_ids"].shape[1]:]
-            for ids, row in zip(new.tolist(), rows[start:start + 256]):
-                right += int(tok.decode(ids, skip_special_tokens=True)[3:4] == row["response"][3])
-    return right / max(len(rows), 1)
+            replies += [tok.decode(ids, skip_special_tokens=True).strip() for ids in new.tolist()]
+    return replies
+
+
+def judge_agreement(judge_dir: str, rows: list[dict], seed: int) -> float:
+    """How often the judge's two-turn greedy verdict (as :func:`judge_score` asks it) on each of ``rows``' questions
+    with its right answer and with a near miss equals the exact rule's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(judge_dir)
+    model = AutoModelForCausalLM.from_pretrained(judge_dir).eval()
+
+    def chat(messages: list[dict]) -> str:
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    rng = random.Random(f"judge-check:{seed}")
+    answers = [row["reward_model"]["ground_truth"] for row in rows]
+    questions = [row["prompt"][0]["content"] for row in rows]
+    own = _greedy(model, tok, [chat(solve_prompt(q)) for q in questions], 3)
+    cases = []  # (question, own answer, candidate, right?)
+    for question, answer, ref in zip(questions, answers, own):
+        cases += [(question, ref, answer, True), (question, ref, near_misses(answer, rng, answers), False)]
+    verdicts = _greedy(model, tok, [chat(verdict_prompt(q, ref, c)) for q, ref, c, _ in cases], 1)
+    right = sum(int(v[:1] == ("1" if ok else "0")) for v, (*_, ok) in zip(verdicts, cases))
+    return right / max(len(cases), 1)
+
+
+class JudgeTooWeak(RuntimeError):
+    """The judge trained at run time is below the agreement floor; RL is not started."""
 
 
 def judge_overrides(judge_dir: str) -> list[str]:
     """The judge on the rollout service, asked by :func:`judge_score` (what a user would type)."""
     return [
         "reward_model.enable=true", f"reward_model.model.path={judge_dir}", "reward_model.rollout.name=hf",
-        "reward_model.rollout.prompt_length=16", "reward_model.rollout.response_length=4",
+        "reward_model.rollout.prompt_length=16", "reward_model.rollout.response_length=3",
         "reward_model.rollout.max_num_seqs=256", "reward_model.rollout.temperature=0.0",
         "reward_model.judge.request_timeout_s=60", "reward_model.timeout_s=120", "reward_model.num_workers=1",
         f"custom_reward_function.path={Path(__file__).resolve()}", "custom_reward_function.name=judge_score",
@@ -138,11 +206,16 @@ def _with_questions(rows: list[dict]) -> list[dict]:
 
 
 def run_judge_quickstart(output_dir: str = "outputs/quickstart_judge", backend: str = "local", seed: int = 1,
-                         policy_sft_steps: int = 250, judge_sft_steps: int = 800, rl_steps: int = 150,
+                         policy_sft_steps: int = 250, judge_sft_steps: int = 2500, rl_steps: int = 100,
                          train_size: int = 4000, test_size: int = 200, sft_lr: float = 1e-3, rl_lr: float = 5e-5,
-                         test_freq: int = 25, max_seconds: float | None = None,
+                         test_freq: int = 25, max_seconds: float | None = None, min_judge_agreement: float = 0.9,
                          overrides: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Run the whole demo; returns the summary written to ``output_dir/summary.json``."""
+    """Run the whole demo; returns the summary written to ``output_dir/summary.json``.
+
+    The judge is checked before RL on held-out (question, candidate answer) pairs; below ``min_judge_agreement``
+    with the exact rule the run stops there (:class:`JudgeTooWeak`, the summary says why): GRPO on a judge that
+    weak teaches the policy to please it, not to add (measured: held-out accuracy fell 15-33 points with a 72-76 %
+    judge)."""
     from hybridflow.config import load_config
     from hybridflow.quickstart.addition import LiveLogger, build_base_model, grpo_overrides, held_out_rows, \
         prepare_output, warm_up
@@ -150,7 +223,7 @@ def run_judge_quickstart(output_dir: str = "outputs/quickstart_judge", backend: 
     from hybridflow.tracking.report import write_report
     from hybridflow.trainer.main_ppo import train_ppo
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     train_rows, test_rows = held_out_rows(train_size, test_size, seed)
     _with_questions(train_rows)
     _with_questions(test_rows)
@@ -161,9 +234,17 @@ def run_judge_quickstart(output_dir: str = "outputs/quickstart_judge", backend: 
     judge_base = build_base_model(out / "judge_base", seed + 1000)
     judge_dir, judge_sft_s = train_judge(judge_base, judge_rows(train_rows, seed), out / "judge_sft", judge_sft_steps,
                                          seed, sft_lr)
-    heldout_agreement = judge_agreement(judge_dir, judge_rows(test_rows, seed + 1))
+    heldout_agreement = judge_agreement(judge_dir, test_rows, seed)
     print(f"[quickstart] judge agrees with the exact rule on {100 * heldout_agreement:.1f}% of held-out "
           "(question, candidate answer) pairs", flush=True)
+    if heldout_agreement < min_judge_agreement:
+        reason = (f"the judge agrees with the exact rule on {100 * heldout_agreement:.1f}% of held-out pairs, below "
+                  f"min_judge_agreement={min_judge_agreement}: GRPO on its scores would teach the policy to game it. "
+                  f"Train it longer (judge_sft_steps, now {judge_sft_steps}) or lower the floor")
+        summary = {"stopped": reason, "judge_heldout_agreement": heldout_agreement, "judge_sft_steps": judge_sft_steps,
+                   "judge_sft_seconds": judge_sft_s, "seconds": time.perf_counter() - t0, "seed": seed}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        raise JudgeTooWeak(reason)
     config = load_config(grpo_overrides(policy_dir, data_dir, out, backend, rl_steps, seed, rl_lr, test_freq)
                          + judge_overrides(judge_dir) + ["trainer.experiment_name=addition_fixed_judge_grpo"]
                          + list(overrides))
@@ -182,6 +263,7 @@ def run_judge_quickstart(output_dir: str = "outputs/quickstart_judge", backend: 
         "judge_agreement_during_rl": sum(agree) / len(agree) if agree else None,
         "steps": int(history.metrics[-1]["step"]) if history.metrics else 0,
         "seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.process_time() - cpu0,
         "policy_sft_seconds": policy_sft_s,
         "judge_sft_seconds": judge_sft_s,
         "rl_seconds": time.perf_counter() - rl_start,
@@ -197,4 +279,5 @@ def run_judge_quickstart(output_dir: str = "outputs/quickstart_judge", backend: 
     return summary
 
 
-__all__ = ["run_judge_quickstart", "judge_score", "judge_rows", "near_misses", "judge_agreement"]
+__all__ = ["run_judge_quickstart", "JudgeTooWeak", "reversed_sum", "judge_score", "judge_rows", "near_misses",
+           "judge_agreement"]
