@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-__all__ = ["ReshardStats", "gathered_buckets", "peak_rss_bytes", "reset_peak_rss", "reshard_in_buckets"]
+__all__ = ["ReshardStats", "distinct_state_items", "gathered_buckets", "peak_rss_bytes", "reset_peak_rss", "reshard_in_buckets"]
 
 Bucket = list[tuple[str, torch.Tensor]]
 
@@ -107,9 +107,9 @@ def _merged(weight: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     return out.to(weight.dtype)
 
 
-def _named_full_tensors(module: nn.Module, lora: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) in state-dict order, each gathered when reached; tied tensors once (first name)."""
-    layers = _lora_layers(module)
+def distinct_state_items(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The module's state dict in order (sharded tensors as they are), a tensor shared under two names (tied
+    embeddings) once, under its first name."""
     seen: set[int] = set()
     for name, tensor in module.state_dict().items():
         local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
@@ -117,6 +117,13 @@ def _named_full_tensors(module: nn.Module, lora: str) -> Iterator[tuple[str, tor
         if key and key in seen:
             continue
         seen.add(key)
+        yield name, tensor
+
+
+def _named_full_tensors(module: nn.Module, lora: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) in state-dict order, each gathered when reached; tied tensors once (first name)."""
+    layers = _lora_layers(module)
+    for name, tensor in distinct_state_items(module):
         if not layers:
             yield name, _full(tensor)
             continue

@@ -173,23 +173,16 @@ def _router_host(config) -> str:
 
 def _judge_pool(config, jcfg, use_gpu: bool, closers: list, pool_options: dict):
     from hybridflow.agents.loop_manager import rollout_stream_threads
-    from hybridflow.controller import ClassWithInitArgs, create_resource_pool, create_worker_group
+    from hybridflow.controller import ClassWithInitArgs
     from hybridflow.rollout.service.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
+    from hybridflow.trainer.role_pools import own_pool_group
     from hybridflow.workers.rollout_server_worker import RolloutServerWorker
 
-    rm, backend = config.reward_model, config.trainer.backend
-    nodes = [1] if backend == "local" else [int(rm.n_gpus_per_node)] * int(rm.nnodes)
-    kwargs = dict(pool_options)
-    if backend == "ray":
-        kwargs["name_prefix"] = "hybridflow_judge_pool"
-    pool = create_resource_pool(backend, nodes, use_gpu=use_gpu, **kwargs)
-    release = getattr(pool, "release", None)
-    if callable(release):
-        closers.append(release)
+    rm = config.reward_model
     cls = ClassWithInitArgs(RolloutServerWorker, jcfg)
     cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: rollout_stream_threads(config)}
-    group = create_worker_group(backend, pool, cls, role=JUDGE_ROLE)
-    closers.append(group.shutdown)
+    group = own_pool_group(config.trainer.backend, [int(rm.n_gpus_per_node)] * int(rm.nnodes), cls, JUDGE_ROLE,
+                           use_gpu, closers, pool_options)
     local = getattr(group, "worker", None)
     if local is not None:
         closers.append(local.release)

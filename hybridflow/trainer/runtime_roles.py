@@ -53,20 +53,11 @@ def extra_colocated_roles(config) -> tuple[dict[str, Any], dict]:
 def reward_model_pool(config, use_gpu: bool, closers: list, options: dict):
     """``reward_model.enable_resource_pool``: the reward model's worker group on ``reward_model.nnodes x
     n_gpus_per_node`` processes of its own (one in this process with the local backend)."""
-    from hybridflow.controller import create_resource_pool, create_worker_group
+    from hybridflow.trainer.role_pools import own_pool_group
 
-    rm, backend = config.reward_model, config.trainer.backend
-    nodes = [1] if backend == "local" else [int(rm.n_gpus_per_node)] * int(rm.nnodes)
-    kwargs = dict(options)
-    if backend == "ray":
-        kwargs["name_prefix"] = "hybridflow_reward_model_pool"
-    pool = create_resource_pool(backend, nodes, use_gpu=use_gpu, **kwargs)
-    release = getattr(pool, "release", None)
-    if callable(release):
-        closers.append(release)
-    group = create_worker_group(backend, pool, reward_model_class(config), role="reward_model")
-    closers.append(group.shutdown)
-    return group
+    rm = config.reward_model
+    return own_pool_group(config.trainer.backend, [int(rm.n_gpus_per_node)] * int(rm.nnodes), reward_model_class(config),
+                          "reward_model", use_gpu, closers, options)
 
 
 def start_pooled_roles(config, views: dict, colocated_teachers: dict, use_gpu: bool, closers: list,

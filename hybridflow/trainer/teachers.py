@@ -62,7 +62,8 @@ def colocated_teacher_roles(config) -> dict[str, tuple[Any, TeacherEntry]]:
 
 def start_teacher_pools(config, use_gpu: bool, closers: list, pool_options: dict) -> list[Teacher]:
     """One pool and worker group per teacher (``distillation.nnodes > 0``); models not loaded yet."""
-    from hybridflow.controller import ClassWithInitArgs, create_resource_pool, create_worker_group
+    from hybridflow.controller import ClassWithInitArgs
+    from hybridflow.trainer.role_pools import own_pool_group
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
     dist = config.distillation
@@ -72,17 +73,8 @@ def start_teacher_pools(config, use_gpu: bool, closers: list, pool_options: dict
     entries, _ = teacher_entries(dist)
     teachers = []
     for entry in entries:
-        nodes = [1] if backend == "local" else [int(entry.world_size)]
-        kwargs = dict(pool_options)
-        if backend == "ray":
-            kwargs["name_prefix"] = f"hybridflow_{_role(entry)}"
-        pool = create_resource_pool(backend, nodes, use_gpu=use_gpu, **kwargs)
-        release = getattr(pool, "release", None)
-        if callable(release):
-            closers.append(release)
         cls = ClassWithInitArgs(ActorRolloutRefWorker, teacher_worker_config(config.actor_rollout_ref, entry), "ref")
-        group = create_worker_group(backend, pool, cls, role=_role(entry))
-        closers.append(group.shutdown)
+        group = own_pool_group(backend, [int(entry.world_size)], cls, _role(entry), use_gpu, closers, pool_options)
         teachers.append(Teacher(entry, group))
     return teachers
 

@@ -106,13 +106,9 @@ def free_port() -> int:
 def full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The module's state dict as full tensors (an FSDP2 ``DTensor`` is gathered: a collective, so every rank
     of the module's group must iterate too).  A tensor shared under two names (tied embeddings) comes once."""
-    seen: set[int] = set()
-    for name, tensor in module.state_dict().items():
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        key = local.data_ptr()
-        if key and key in seen:
-            continue
-        seen.add(key)
+    from hybridflow.engine.reshard import distinct_state_items
+
+    for name, tensor in distinct_state_items(module):
         yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach()
 
 
