@@ -185,10 +185,17 @@ class AgentLoopManager:
         self.workers, self.scorer = [], None
 
 
+TRAJECTORIES_PER_AGENT_WORKER = 256
+
+
 def agent_worker_count(configured: int | None, backend: str, trajectories: int | None = None) -> int:
-    """``rollout.agent.num_workers``, or when null: min(8, CPUs, ``trajectories``) -- verl's 8 on a node with CPUs
-    to spare, fewer on a laptop, where each worker process (tokenizer, torch: ~250 MB, seconds of start-up) would
-    only wait, and never more than the trajectories that can run at once (a worker without rows only waits)."""
+    """``rollout.agent.num_workers``, or when null: min(8, CPUs, ceil(``trajectories`` / 256)).
+
+    verl starts 8 workers whatever the batch; each Ray worker is a process (tokenizer, torch: ~250 MB and 2-3 CPU
+    seconds of start-up), and one worker's event loop keeps a few hundred trajectories in flight at ~0.1 ms of
+    its CPU each per turn.  So: one worker per 256 trajectories that can run at once, never more than the
+    cluster's CPUs or verl's 8 (a 1,024 x 8 GRPO batch gets 8; a 32-trajectory test run gets 1).
+    """
     if configured is not None:
         if int(configured) < 1:
             raise ValueError(f"actor_rollout_ref.rollout.agent.num_workers={configured}: need at least 1")
@@ -199,7 +206,8 @@ def agent_worker_count(configured: int | None, backend: str, trajectories: int |
         import ray
 
         cpus = int(ray.cluster_resources().get("CPU", 1))
-    return max(1, min(8, cpus, trajectories or 8))
+    wanted = -(-int(trajectories) // TRAJECTORIES_PER_AGENT_WORKER) if trajectories else 8
+    return max(1, min(8, cpus, wanted))
 
 
 def concurrent_trajectories(config) -> int:

@@ -307,7 +307,7 @@ class MultiTurnConfig:
 
 @dataclass(**KW)
 class AgentLoopConfig:
-    num_workers: Optional[int]  # null: min(8, CPUs) -- see hybridflow.agents.loop_manager.agent_worker_count
+    num_workers: Optional[int]  # null: min(8, CPUs, one per 256 trajectories) -- see hybridflow.agents.loop_manager.agent_worker_count
     default_agent_loop: str
     agent_loop_config_path: Optional[str]
     custom_async_server: PathName

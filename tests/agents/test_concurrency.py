@@ -47,3 +47,12 @@ def test_fully_async_counts_the_rollouters_budget():
 def test_agent_workers_never_outnumber_the_trajectories():
     assert agent_worker_count(None, "local", trajectories=1) == 1
     assert agent_worker_count(3, "local", trajectories=1) == 3  # a configured count is kept
+
+
+def test_agent_workers_scale_with_the_trajectories_in_flight(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    assert agent_worker_count(None, "local", trajectories=32) == 1  # a small run: one worker
+    assert agent_worker_count(None, "local", trajectories=257) == 2
+    assert agent_worker_count(None, "local", trajectories=1024 * 8) == 8  # verl's 8 at scale
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert agent_worker_count(None, "local", trajectories=1024 * 8) == 2  # never more than the CPUs
