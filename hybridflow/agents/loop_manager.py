@@ -64,8 +64,10 @@ class AgentLoopManager:
         if backend == "local":
             self.workers: list[Any] = [AgentLoopWorker(config, fleet.replicas, tokenizer, processor, scorer=client)
                                        for _ in range(num_workers)]
-        else:
+        else:  # the scorer's process starts while the workers' do; both are waited for here
             self.workers = _start_ray_workers(config, fleet.replicas, num_workers, client)
+            if self.scorer is not None:
+                _wait_ready([self.scorer], "reward_loop", "TrajectoryScorer")
 
     # ------------------------------------------------------------------ generation
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -257,24 +259,24 @@ def _start_scorer(config, backend: str, reward_manager) -> Any:
         return TrajectoryScorer(manager=reward_manager)
     import ray
 
+    return ray.remote(num_cpus=0, max_restarts=0)(TrajectoryScorer).remote(config)  # waited for by the caller
+
+
+def _wait_ready(actors: list[Any], group: str, class_name: str) -> None:
+    """Wait until Ray has constructed ``actors`` (a constructor's error is raised naming the class and rank)."""
     from hybridflow.controller.ray_worker_group import wait_for_outputs
     from hybridflow.controller.worker_group import CallInfo
 
-    scorer = ray.remote(num_cpus=0, max_restarts=0)(TrajectoryScorer).remote(config)
-    wait_for_outputs([scorer.ready.remote()], CallInfo("reward_loop", "TrajectoryScorer", "__init__", (0,)))
-    return scorer
+    wait_for_outputs([a.ready.remote() for a in actors], CallInfo(group, class_name, "__init__",
+                                                                  tuple(range(len(actors)))))
 
 
 def _start_ray_workers(config, replicas, num_workers: int, scorer) -> list[Any]:
     import ray
 
-    from hybridflow.controller.ray_worker_group import wait_for_outputs
-    from hybridflow.controller.worker_group import CallInfo
-
     remote = ray.remote(num_cpus=0, max_restarts=0)(AgentLoopWorker)
     workers = [remote.options(name=None).remote(config, list(replicas), scorer=scorer) for _ in range(num_workers)]
-    info = CallInfo("agent_loop", "AgentLoopWorker", "__init__", tuple(range(num_workers)))
-    wait_for_outputs([w.ready.remote() for w in workers], info)
+    _wait_ready(workers, "agent_loop", "AgentLoopWorker")
     return workers
 
 
