@@ -50,7 +50,7 @@ def gsm8k_dir():
     """The real GSM8K jsonl shipped beside the repo (../shared/data/gsm8k; HYBRIDFLOW_SHARED overrides)."""
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = [os.path.join(os.environ["HYBRIDFLOW_SHARED"], "data", "gsm8k")] if "HYBRIDFLOW_SHARED" in os.environ else []
-    candidates += [os.path.abspath(os.path.join(here, "..", "..", "shared", "data", "gsm8k")), "/work/shared/data/gsm8k"]
+    candidates.append(os.path.abspath(os.path.join(here, "..", "..", "shared", "data", "gsm8k")))
     for path in candidates:
         if os.path.isdir(path):
             return path

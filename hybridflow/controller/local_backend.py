@@ -44,7 +44,7 @@ class LocalWorkerGroup(WorkerGroup):
         self.resource_pool = resource_pool
         # torchrun-like env: the controller process is rank 0 of 1 (a stale MASTER_PORT is kept: it is ours).
         os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                           ENV_LOCAL_RANKS: "1"})
+                           ENV_LOCAL_RANKS: str(os.getpid())})
         os.environ[ENV_DEVICE] = "cuda" if resource_pool.use_gpu else "cpu"
         info = CallInfo(self.role, self._worker_cls.__name__, "__init__", (0,))
         self._worker = self._guard(info, 0, lambda: cls_with_init.user_cls(*cls_with_init.args, **cls_with_init.kwargs))

@@ -23,7 +23,8 @@ from hybridflow.utils.rendezvous_bind import free_port, pin_gloo_to_loopback, re
 __all__ = ["Worker", "ENV_DEVICE", "ENV_NUM_THREADS", "ENV_ROLE", "find_free_port", "node_ip_address"]
 
 ENV_DEVICE = "HYBRIDFLOW_DEVICE"  # "cpu" or "cuda", set by the worker group from the resource pool
-# "1" while RANK/WORLD_SIZE in this process were written by the local backend (rank 0 of 1), not by a launcher
+# The pid of the process whose RANK/WORLD_SIZE the local backend wrote (rank 0 of 1), not a launcher: a child
+# process inherits the variables (and torchrun's children get their own RANK/WORLD_SIZE), never the pid
 ENV_LOCAL_RANKS = "HYBRIDFLOW_LOCAL_RANKS"
 ENV_NUM_THREADS = "HYBRIDFLOW_NUM_THREADS"  # torch intra-op threads = CPUs reserved for this process
 ENV_ROLE = "HYBRIDFLOW_ROLE"  # worker-group name, for logs

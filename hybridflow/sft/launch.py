@@ -85,8 +85,9 @@ def world_size(config: Any, environ: dict | None = None) -> tuple[int, bool]:
     env = os.environ if environ is None else environ
     t = config.trainer
     configured = None if t.n_gpus_per_node is None and t.nnodes is None else (t.n_gpus_per_node or 1) * (t.nnodes or 1)
-    # a local-backend run earlier in this process wrote RANK/WORLD_SIZE for itself: no launcher started us
-    if "WORLD_SIZE" in env and "RANK" in env and env.get(ENV_LOCAL_RANKS) != "1":
+    # a local-backend run earlier in this process wrote RANK/WORLD_SIZE for itself: no launcher started us (a
+    # process started from that one inherits the marker, not the pid in it: torchrun's children are launched)
+    if "WORLD_SIZE" in env and "RANK" in env and env.get(ENV_LOCAL_RANKS) != str(os.getpid()):
         launched = int(env["WORLD_SIZE"])
         if configured is not None and configured != launched:
             raise ValueError(f"the launcher started {launched} processes but trainer.n_gpus_per_node x trainer.nnodes "

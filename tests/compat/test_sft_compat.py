@@ -158,8 +158,11 @@ def test_the_world_size_comes_from_torchrun_or_the_config():
     # a local-backend PPO run earlier in the same process (a notebook) wrote RANK=0/WORLD_SIZE=1 for itself
     from hybridflow.controller.worker import ENV_LOCAL_RANKS
 
-    local = {"WORLD_SIZE": "1", "RANK": "0", ENV_LOCAL_RANKS: "1"}
+    local = {"WORLD_SIZE": "1", "RANK": "0", ENV_LOCAL_RANKS: str(os.getpid())}
     assert world_size(load_sft_config(["trainer.n_gpus_per_node=2"]), local) == (2, False)
+    # ... and a process started from that notebook (torchrun's children) inherits the marker but is launched
+    inherited = {"WORLD_SIZE": "2", "RANK": "1", ENV_LOCAL_RANKS: str(os.getppid())}
+    assert world_size(load_sft_config([]), inherited) == (2, True)
 
 
 @pytest.mark.slow
@@ -193,9 +196,13 @@ def test_the_module_path_runs_as_a_command(gsm8k_like, bpe_model_dir, tmp_path):
 @pytest.mark.slow
 def test_verls_torchrun_line_runs(gsm8k_like, bpe_model_dir, tmp_path):
     """``torchrun --standalone --nnodes=1 --nproc_per_node=2 -m hybridflow.trainer.fsdp_sft_trainer ...`` (verl's
-    launch line with the module renamed): two gloo ranks, sized by torchrun alone."""
+    launch line with the module renamed): two gloo ranks, sized by torchrun alone -- also when started from a
+    process where a local-backend run wrote its own RANK / WORLD_SIZE (a notebook; this test process, often)."""
+    from hybridflow.controller.worker import ENV_LOCAL_RANKS
+
     torchrun = Path(sys.executable).with_name("torchrun")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+           "RANK": "0", "WORLD_SIZE": "1", ENV_LOCAL_RANKS: str(os.getpid())}
     proc = subprocess.run([str(torchrun), "--standalone", "--nnodes=1", "--nproc_per_node=2",
                            "-m", "hybridflow.trainer.fsdp_sft_trainer",
                            *peft_script(gsm8k_like, bpe_model_dir, tmp_path / "ckpt"), "trainer.device=cpu"],
