@@ -98,9 +98,10 @@ def varied_vlm_dir(tmp_path_factory):
 # main thread (xdist runs tests in a worker thread), count the
 # machine's processes or threads, or start a `ray start` cluster of their own: `make test` runs them after the
 # parallel part, alone on the machine (`-m serial`), so a neighbour's load cannot make them fail. The benchmark
-# scripts' smoke tests (tests/benchmarks) assert no timings and run in the parallel part.
+# scripts' smoke tests (tests/benchmarks) assert no timings and run in the parallel part, as does the two-node
+# `ray start` cluster of controller/test_ray_cli_cluster.py (its own ports, temp dir and token; no timings).
 SERIAL = ("faults/", "controller/test_init_ray.py", "controller/test_ray_failures.py",
-          "controller/test_multinode.py", "controller/test_ray_cli_cluster.py", "integration/test_ray_footprint.py",
+          "controller/test_multinode.py", "integration/test_ray_footprint.py",
           "rollout/test_engine_faults.py", "rollout/test_stall_watchdog.py", "rollout/test_checkpoint_engine_faults.py",
           "tools/test_mcp_tool.py", "tools/test_executor.py", "test_quiet_console.py", "rollout_vllm/",
           "integration/test_async_reward_run.py")

@@ -58,14 +58,17 @@ class AgentLoopManager:
         self.processor = processor
         num_workers = agent_worker_count(self.rollout_config.agent.num_workers, backend,
                                          concurrent_trajectories(config))
-        self.scorer = _start_scorer(config, backend, reward_manager) if reward_loop_applies(config) else None
+        scoring = reward_loop_applies(config)
+        # On Ray, one worker scores in its own process (one process less to start); several share a scorer actor.
+        own_scorer = scoring and backend != "local" and num_workers == 1
+        self.scorer = _start_scorer(config, backend, reward_manager) if scoring and not own_scorer else None
         client = ScorerClient(self.scorer) if self.scorer is not None else None
         self._next_worker = 0
         if backend == "local":
             self.workers: list[Any] = [AgentLoopWorker(config, fleet.replicas, tokenizer, processor, scorer=client)
                                        for _ in range(num_workers)]
         else:  # the scorer's process starts while the workers' do; both are waited for here
-            self.workers = _start_ray_workers(config, fleet.replicas, num_workers, client)
+            self.workers = _start_ray_workers(config, fleet.replicas, num_workers, client, own_scorer)
             if self.scorer is not None:
                 _wait_ready([self.scorer], "reward_loop", "TrajectoryScorer")
 
@@ -271,11 +274,12 @@ def _wait_ready(actors: list[Any], group: str, class_name: str) -> None:
                                                                   tuple(range(len(actors)))))
 
 
-def _start_ray_workers(config, replicas, num_workers: int, scorer) -> list[Any]:
+def _start_ray_workers(config, replicas, num_workers: int, scorer, own_scorer: bool = False) -> list[Any]:
     import ray
 
     remote = ray.remote(num_cpus=0, max_restarts=0)(AgentLoopWorker)
-    workers = [remote.options(name=None).remote(config, list(replicas), scorer=scorer) for _ in range(num_workers)]
+    workers = [remote.options(name=None).remote(config, list(replicas), scorer=scorer, own_scorer=own_scorer)
+               for _ in range(num_workers)]
     _wait_ready(workers, "agent_loop", "AgentLoopWorker")
     return workers
 

@@ -67,7 +67,8 @@ class AgentLoopWorker:
     when not given (in a Ray actor, where nothing is shared with the trainer).
     """
 
-    def __init__(self, config, replicas: list[RolloutReplica], tokenizer=None, processor=None, scorer=None):
+    def __init__(self, config, replicas: list[RolloutReplica], tokenizer=None, processor=None, scorer=None,
+                 own_scorer: bool = False):
         from omegaconf import OmegaConf
 
         from hybridflow.config import config_to_dict
@@ -95,6 +96,10 @@ class AgentLoopWorker:
         if self.rollout_config.agent.agent_loop_config_path:
             load_agent_loop_config(self.rollout_config.agent.agent_loop_config_path)
         self._reported_error = False
+        if own_scorer:  # the run's only worker on Ray: the reward loop's scorer lives in this process
+            from hybridflow.agents.reward_loop import ScorerClient, TrajectoryScorer
+
+            scorer = ScorerClient(TrajectoryScorer(config))
         self.scorer = scorer  # a ScorerClient when the agent loops score their own trajectories
 
     def ready(self) -> bool:

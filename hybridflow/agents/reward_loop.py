@@ -8,7 +8,8 @@ then only reads ``rm_scores`` and the extra columns.  Validation batches keep sc
 (the validation manager prints examples).
 
 One :class:`TrajectoryScorer` serves all agent-loop workers of a run -- in the trainer's process for
-``trainer.backend=local``, or as one Ray actor -- so the reward manager's scoring processes exist once.
+``trainer.backend=local``, as one Ray actor for several Ray workers, inside the worker's process when a Ray run has
+one -- so the reward manager's scoring processes exist once.
 Trajectories finishing in the same event-loop tick are scored in one call (the manager spreads them over
 its processes).
 """

@@ -58,15 +58,27 @@ def test_training_is_the_same_with_and_without_the_reward_loop(tiny_model_dir, a
 @pytest.mark.slow
 @pytest.mark.ray
 def test_reward_loop_on_ray_uses_one_scorer_actor(tiny_model_dir, addition_rows, tmp_path):
+    """Two agent-loop workers share one scorer actor; a run with one worker scores in that worker's process (no
+    scorer actor at all); both score and train alike."""
     ray = pytest.importorskip("ray")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    def scorer_actors() -> int:  # the GCS keeps dead actors too: every scorer actor the runs ever started
+        return sum(a.get("ActorClassName") == "TrajectoryScorer" for a in ray._private.state.actors().values())
+
     try:
-        history = run(small_overrides(tiny_model_dir, addition_rows, tmp_path, backend="ray",
-                                      extra=["actor_rollout_ref.rollout.agent.num_workers=2", *DENSE]), tmp_path)
+        two = run(small_overrides(tiny_model_dir, addition_rows, tmp_path / "two", backend="ray",
+                                  extra=["actor_rollout_ref.rollout.agent.num_workers=2", *DENSE]), tmp_path / "two")
+        assert scorer_actors() == 1
+        one = run(small_overrides(tiny_model_dir, addition_rows, tmp_path / "one", backend="ray", extra=DENSE),
+                  tmp_path / "one")
+        assert scorer_actors() == 1  # the one-worker run started none
     finally:
         ray.shutdown()
-    steps = [m for m in history.metrics if "timing_s/step" in m]
-    assert len(steps) == 2 and all(m["reward/error_count"] == 0 and "reward_extra/acc/mean" in m for m in steps)
+    for history in (two, one):
+        steps = [m for m in history.metrics if "timing_s/step" in m]
+        assert len(steps) == 2 and all(m["reward/error_count"] == 0 and "reward_extra/acc/mean" in m for m in steps)
+    assert _scores(one) == _scores(two)
 
 
 class _EchoScorer:
