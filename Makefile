@@ -81,10 +81,11 @@ comma := ,
 
 # Two parts: most tests on two xdist workers (they mostly wait on Ray, process start-up and gloo, so two at a time
 # use the cores better), then the `serial` ones alone (wall-clock bounds, machine-wide state: tests/conftest.py).
-# Fails if either part fails.
+# `--dist loadfile` keeps a file's tests on one worker, so a module-scoped fixture (a Ray instance, a multi-rank
+# equality run) is built once, not once per worker. Fails if either part fails.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	@rc=0; $(PYTHON) -m pytest -q -n $(TEST_WORKERS) -m "not serial" tests || rc=$$?; \
+	@rc=0; $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" tests || rc=$$?; \
 	$(PYTHON) -m pytest -q -m serial tests || rc=$$?; exit $$rc
 
 test-fast: $(STAMP)
