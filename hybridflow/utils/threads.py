@@ -55,11 +55,18 @@ def settle(future: concurrent.futures.Future, result: Any = None, error: BaseExc
         return False
 
 
+_HELD = threading.local()  # .posters: the LoopPosters a LoopPoster.held() block of this thread posted to
+
+
 class LoopPoster:
     """Runs callbacks posted from any thread on ``loop``, in posting order; posts that arrive before the loop
     runs the pending ones share one ``call_soon_threadsafe`` (one self-pipe write and one wake-up per burst
     instead of one per callback: 1-2 us of syscall and a loop iteration each, at 128 finished requests a
-    step).  A callback that raises is reported to the loop's exception handler; the others still run."""
+    step).  A callback that raises is reported to the loop's exception handler; the others still run.
+
+    Inside :meth:`held` the posts of the calling thread wait for the end of the block, which wakes each loop
+    once: an engine step that finishes requests one by one (each post would otherwise wake the loop, which
+    then competes with the step for the GIL) and then reports its own end costs one wake-up."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
@@ -68,11 +75,26 @@ class LoopPoster:
         self._scheduled = False
 
     def post(self, fn: Callable[[], Any]) -> None:
+        held = getattr(_HELD, "posters", None)
         with self._lock:
             self._pending.append(fn)
             if self._scheduled:
                 return
+            if held is not None:
+                held[id(self)] = self
+                return
             self._scheduled = True
+        self._wake()
+
+    def flush(self) -> None:
+        """Wake the loop for the callbacks posted so far, unless a wake-up is on its way already."""
+        with self._lock:
+            if self._scheduled or not self._pending:
+                return
+            self._scheduled = True
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop is closed: nobody is left to run them
@@ -80,6 +102,25 @@ class LoopPoster:
                 self._scheduled = False
                 self._pending.clear()
             raise
+
+    @staticmethod
+    @contextlib.contextmanager
+    def held():
+        """Posts made by this thread inside the block reach their loops when it ends, one wake-up per loop
+        (a loop closed meanwhile is skipped: nobody is left to run them)."""
+        if getattr(_HELD, "posters", None) is not None:  # nested: the outer block flushes
+            yield
+            return
+        _HELD.posters = {}
+        try:
+            yield
+        finally:
+            posters, _HELD.posters = _HELD.posters, None
+            for poster in posters.values():
+                try:
+                    poster.flush()
+                except RuntimeError:
+                    pass
 
     def _drain(self) -> None:
         with self._lock:

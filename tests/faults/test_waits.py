@@ -93,6 +93,36 @@ def test_loop_poster_runs_every_post_in_order_with_one_wake_up_per_burst():
     assert len(wakeups) == 2 and len(errors) == 2 and all(isinstance(e, ZeroDivisionError) for e in errors)
 
 
+def test_loop_poster_holds_the_posts_of_a_block_until_its_end():
+    """Inside ``LoopPoster.held()`` a thread's posts (to any number of loops) wait for the end of the block, which
+    wakes each loop once; a nested block leaves the flush to the outer one."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        poster, seen, wakeups = LoopPoster(loop), [], []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a: (wakeups.append(1), real(*a))[1]
+        in_block = []
+
+        def worker():
+            with LoopPoster.held():
+                for i in range(20):
+                    poster.post(lambda i=i: seen.append(i))
+                with LoopPoster.held():
+                    poster.post(lambda: seen.append("nested"))
+                time.sleep(0.05)  # the loop is idle: a post would have run by now
+                in_block.append(list(seen))
+            poster.post(lambda: seen.append("after"))
+
+        await asyncio.to_thread(worker)
+        await asyncio.sleep(0.05)
+        return seen, in_block, wakeups
+
+    seen, in_block, wakeups = run_async(main())
+    assert in_block == [[]]  # nothing ran while the block was open
+    assert seen == list(range(20)) + ["nested", "after"]
+    assert len(wakeups) <= 3  # the block's flush, the post after it (and to_thread's own completion)
+
+
 def test_run_async_does_not_wait_for_a_thread_stuck_in_user_code():
     """``asyncio.run`` joins its default executor: a tool's sync function stuck in ``asyncio.to_thread`` kept the
     agent-loop generation from ever returning, even after the tool's own timeout had fired."""
