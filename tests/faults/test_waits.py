@@ -219,6 +219,28 @@ def test_in_process_scoring_times_out_like_a_worker_and_goes_on(tmp_path):
         pooled.close()
 
 
+def test_in_process_scoring_hands_a_batch_to_its_thread_at_once(tmp_path, monkeypatch):
+    """The scoring thread takes the whole batch (one hand-over and one wake-up of the caller, not one per sample),
+    in order, in one thread."""
+    path = tmp_path / "scores.py"
+    path.write_text("import threading\nseen = []\n"
+                    "def score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+                    "    seen.append((solution_str, threading.current_thread().name))\n"
+                    "    return float(solution_str)\n")
+    pool = ScoringPool(ScoreFnSpec(path=str(path), name="score"), num_workers=0, timeout_s=5)
+    submits = []
+    real = DaemonExecutor.submit
+    monkeypatch.setattr(DaemonExecutor, "submit", lambda self, *a, **k: (submits.append(self.name), real(self, *a, **k))[1])
+    try:
+        got = pool.run([dict(data_source="d", solution_str=str(i), ground_truth="1") for i in range(12)])
+        assert [r.value for r in got] == [float(i) for i in range(12)] and {r.status for r in got} == {OK}
+        assert submits == ["reward-inline"]
+        seen = pool._fn.__globals__["seen"]
+        assert [s for s, _ in seen] == [str(i) for i in range(12)] and len({t for _, t in seen}) == 1
+    finally:
+        pool.close()
+
+
 def test_in_process_scoring_is_given_up_after_a_stop_request(tmp_path, short_grace):
     path = tmp_path / "scores.py"
     path.write_text("import time\ndef score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
