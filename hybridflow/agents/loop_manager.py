@@ -29,6 +29,7 @@ from hybridflow.config.v1 import v1_settings
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.base import EngineError
 from hybridflow.rollout.service.fleet import RolloutFleet
+from hybridflow.rollout.service.replica import InProcessReplica
 from hybridflow.rollout.service.server_manager import derive_seed
 from hybridflow.utils.threads import CallTimeout, call_with_timeout, run_async
 
@@ -43,7 +44,8 @@ class AgentLoopManager:
     """Runs agent loops for the trainer on ``fleet``'s replicas.
 
     ``backend``: ``"ray"`` starts ``rollout.agent.num_workers`` worker actors (CPU-free: they wait on the
-    engines and on tools); ``"local"`` runs the workers in this process on one event loop.  With verl's
+    engines and on tools); ``"local"`` runs the workers in this process on one event loop -- the in-process rollout
+    server's own (:meth:`RolloutServer.run`), so that their requests reach the engine without crossing threads.  With verl's
     reward loop on (``reward_model.use_reward_loop``, see :mod:`hybridflow.agents.reward_loop`) training
     trajectories are scored as they finish, by ``reward_manager`` (in this process) or by a scorer actor.
     """
@@ -134,6 +136,9 @@ class AgentLoopManager:
             async def run_all():
                 return await asyncio.gather(*(w.run_trajectories(c) for w, c in zip(self.workers, chunks)))
 
+            server = self._home_server()
+            if server is not None:  # on the engine's own loop: a request reaches the engine without a thread hop
+                return list(server.run(run_all()))
             # a tool or scorer thread stuck in user code must not keep the loop from closing
             return list(run_async(run_all(), name="agent-loops"))
         from hybridflow.controller.errors import WorkerError
@@ -148,6 +153,12 @@ class AgentLoopManager:
             if isinstance(err.remote_cause, EngineError):  # the engine's own message, with its traceback
                 raise EngineError(str(err.remote_cause)) from err
             raise
+
+    def _home_server(self):
+        """The in-process server whose loop the local agent loops run on (the first replica's), or None when the
+        replicas live elsewhere (their own processes)."""
+        replica = self.fleet.replicas[0] if self.fleet.replicas else None
+        return replica.server if isinstance(replica, InProcessReplica) else None
 
     def _sleep_after_failure(self) -> None:
         """Put the replicas back to sleep after a failed generation, without letting a stuck or dead engine

@@ -37,12 +37,25 @@ from hybridflow.protocol import DataProto
 __all__ = ["outputs_to_batch"]
 
 
+_NUMPY = {torch.long: np.int64, torch.float32: np.float32}
+
+
 def _left(rows: Sequence[Sequence[int]], width: int, fill: int) -> torch.Tensor:
-    return torch.tensor([[fill] * (width - len(r)) + list(r) for r in rows], dtype=torch.long).reshape(len(rows), width)
+    out = np.full((len(rows), width), fill, dtype=np.int64)  # filled row by row: half the cost of nested lists
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, width - len(r):] = r
+    return torch.from_numpy(out)
 
 
 def _right(rows: Sequence[Sequence], width: int, fill, dtype) -> torch.Tensor:
-    return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype).reshape(len(rows), width)
+    if dtype not in _NUMPY:
+        return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype).reshape(len(rows), width)
+    out = np.full((len(rows), width), fill, dtype=_NUMPY[dtype])
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, : len(r)] = r
+    return torch.from_numpy(out)
 
 
 def outputs_to_batch(outputs: Sequence[AgentLoopOutput], prompt_length: int, response_length: int,

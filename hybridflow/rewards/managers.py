@@ -103,8 +103,9 @@ class RewardManager:
         responses = data.batch["responses"]
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
         positions = reward_positions(data.batch.get("response_mask"), decoded.valid_lengths)
-        for i, score in enumerate(scores):
-            reward_tensor[i, positions[i]] = score
+        if scores:  # one scatter, not a tensor write per sample
+            reward_tensor[torch.arange(len(scores)), torch.tensor(positions)] = torch.tensor(scores,
+                                                                                             dtype=torch.float32)
         self._examine(decoded, scores)
         out = {
             "reward_tensor": reward_tensor,
@@ -137,6 +138,10 @@ class RewardManager:
                     f"{sorted(nt)}. Check data.reward_fn_key and that the parquet has a 'reward_model' column."
                 )
         out = Decoded([], [], [], [], [], [])
+        # the lengths and columns once (a tensor index per sample and field cost a few us each)
+        resp_lengths, prompt_lengths = resp_lengths.tolist(), prompt_lengths.tolist()
+        sources, models = nt[self.reward_fn_key], nt["reward_model"]
+        extras = nt["extra_info"] if "extra_info" in nt else None
         for i in range(len(responses)):
             n_resp, n_prompt = int(resp_lengths[i]), int(prompt_lengths[i])
             out.solution_strs.append(self.tokenizer.decode(responses[i, :n_resp].tolist(), skip_special_tokens=True))
@@ -145,9 +150,9 @@ class RewardManager:
                 if i < self.num_examine else ""
             )
             out.valid_lengths.append(n_resp)
-            out.data_sources.append(str(nt[self.reward_fn_key][i]))
-            out.ground_truths.append(_ground_truth(nt["reward_model"][i]))
-            extra = nt["extra_info"][i] if "extra_info" in nt else None
+            out.data_sources.append(str(sources[i]))
+            out.ground_truths.append(_ground_truth(models[i]))
+            extra = extras[i] if extras is not None else None
             out.extra_infos.append(_with_trajectory_info(dict(extra) if isinstance(extra, dict) else {}, nt, i))
         return out
 
@@ -173,8 +178,9 @@ def reward_positions(response_mask: torch.Tensor | None, valid_lengths: list[int
     if response_mask is None:
         return fallback
     mask = response_mask.bool()
-    last = mask.shape[1] - 1 - torch.flip(mask, dims=[1]).long().argmax(dim=1)
-    return [int(last[i]) if bool(mask[i].any()) else fallback[i] for i in range(mask.shape[0])]
+    last = (mask.shape[1] - 1 - torch.flip(mask, dims=[1]).long().argmax(dim=1)).tolist()
+    has_model_token = mask.any(dim=1).tolist()
+    return [last[i] if has_model_token[i] else fallback[i] for i in range(mask.shape[0])]
 
 
 # What the agent loop learned about a trajectory, passed to scorers in ``extra_info`` as verl passes it.

@@ -10,8 +10,10 @@ loading the user file) is not charged to any task.
 ``num_workers=0`` scores in the calling process, one sample at a time in a daemon thread of its own, with the
 same per-sample timeout: a call that overruns it scores as a timeout (as in a worker) and is left running in
 its thread (a thread cannot be killed; nothing waits for it, so it cannot keep the run alive, but a scorer
-stuck in a CPU loop keeps costing CPU: prefer worker processes for scorers that may hang).  Breakpoints in
-the function still work; raise ``timeout_s`` while you sit in one.
+stuck in a CPU loop keeps costing CPU: prefer worker processes for scorers that may hang); the samples after it
+go on in a fresh thread.  The thread takes a whole batch at once and the caller wakes up when it is done (or a
+sample overran), not once per sample.  Breakpoints in the function still work; raise ``timeout_s`` while you
+sit in one.
 
 Every wait here gives up the step when a stop was requested and the scorer does not answer within a few
 seconds (:mod:`hybridflow.utils.stopping`), so a signal ends a run even while a scorer is stuck.
@@ -26,11 +28,11 @@ unfinished tasks time out.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import os
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import weakref
@@ -40,7 +42,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from hybridflow.rewards.custom_function import ScoreFnSpec, call_score_fn
-from hybridflow.utils.stopping import check_stop, wait_future
+from hybridflow.utils.stopping import check_stop
 from hybridflow.utils.threads import DaemonExecutor
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
@@ -147,7 +149,7 @@ class ScoringPool:
         if self.concurrent:
             return self._run_concurrent(tasks)
         if self.num_workers == 0:
-            return [self._run_inline(kwargs) for kwargs in tasks]
+            return self._run_inline(tasks)
         while len(self._workers) < min(self.num_workers, len(tasks)):
             self._workers.append(_Worker(self.spec, self.start_timeout_s))
         results: list[TaskResult | None] = [None] * len(tasks)
@@ -225,20 +227,48 @@ class ScoringPool:
             self._replace(slot)
         return [r for r in results if r is not None]
 
-    def _run_inline(self, kwargs: dict[str, Any]) -> TaskResult:
-        if self._inline is None:
-            self._inline = DaemonExecutor(max_workers=1, name="reward-inline")
-        future = self._inline.submit(call_score_fn, self._fn, kwargs)
-        try:
-            return TaskResult(OK, wait_future(future, self.timeout_s, "the reward function"))
-        except concurrent.futures.TimeoutError:
-            self._inline.shutdown(wait=False)  # its thread stays stuck in the call: the next sample gets a new one
+    def _run_inline(self, tasks: list[dict[str, Any]]) -> list[TaskResult]:
+        """``tasks`` one after the other in the in-process scoring thread, each within ``timeout_s``."""
+        results: list[TaskResult | None] = [None] * len(tasks)
+        first = 0
+        while first < len(tasks):
+            if self._inline is None:
+                self._inline = DaemonExecutor(max_workers=1, name="reward-inline")
+            batch = _InlineBatch(time.monotonic(), first)
+            self._inline.submit(_score_in_turn, self._fn, tasks, first, results, batch)
+            overran = self._wait_inline(batch)
+            if overran is None:
+                break
+            # its thread stays stuck in the call: the samples after it go on in a new one
+            self._inline.shutdown(wait=False)
             self._inline = None
             self.abandoned += 1
-            return TaskResult(TIMEOUT, error=f"scoring exceeded timeout_s={self.timeout_s} (in-process; the call was "
-                                             "left running in its thread)")
-        except Exception:
-            return TaskResult(ERROR, error=traceback.format_exc())
+            results[overran] = TaskResult(TIMEOUT, error=f"scoring exceeded timeout_s={self.timeout_s} (in-process; the "
+                                                          "call was left running in its thread)")
+            first = overran + 1
+        return results  # type: ignore[return-value]
+
+    def _wait_inline(self, batch: "_InlineBatch") -> int | None:
+        """Wait for the scoring thread to finish ``batch``: None, or the index of the sample that overran
+        ``timeout_s`` (the thread then scores nothing more of this batch).  A stop request gives up the step."""
+        try:
+            while True:
+                with batch.lock:
+                    index, started = batch.index, batch.started
+                left = started + self.timeout_s - time.monotonic()
+                if batch.done.wait(max(0.0, min(_STOP_POLL_S, left))):
+                    if batch.raised is not None:  # not an Exception (SystemExit ...): the caller's to handle
+                        raise batch.raised
+                    return None
+                with batch.lock:
+                    if batch.index == index and time.monotonic() >= batch.started + self.timeout_s:
+                        batch.given_up = True
+                        return max(index, batch.first)
+                check_stop("the reward function")
+        except BaseException:
+            with batch.lock:
+                batch.given_up = True
+            raise
 
     def _receive(self, slot: int) -> TaskResult:
         worker = self._workers[slot]
@@ -253,6 +283,45 @@ class ScoringPool:
     def _replace(self, slot: int) -> None:
         self._workers[slot].kill()
         self._workers[slot] = _Worker(self.spec, self.start_timeout_s)
+
+
+class _InlineBatch:
+    """One batch of in-process scoring, shared by the scoring thread and the waiting caller.  ``index`` is the
+    sample under way (-1 before the first) and ``started`` when it (or the batch) started; once ``given_up`` the
+    thread records and starts nothing more."""
+
+    def __init__(self, now: float, first: int):
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.first = first
+        self.index = -1
+        self.started = now
+        self.given_up = False
+        self.raised: BaseException | None = None
+
+
+def _score_in_turn(fn, tasks: list[dict[str, Any]], first: int, results: list, batch: _InlineBatch) -> None:
+    """The scoring thread's side of :meth:`ScoringPool._run_inline`: ``tasks[first:]`` in order."""
+    for i in range(first, len(tasks)):
+        with batch.lock:
+            if batch.given_up:
+                return
+            batch.index, batch.started = i, time.monotonic()
+        try:
+            result = TaskResult(OK, call_score_fn(fn, tasks[i]))
+        except Exception:  # noqa: BLE001 - the sample scores as an error, with the traceback
+            result = TaskResult(ERROR, error=traceback.format_exc())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+            with batch.lock:
+                if not batch.given_up:
+                    batch.raised = exc
+            batch.done.set()
+            return
+        with batch.lock:
+            if batch.given_up:
+                return
+            results[i] = result
+    batch.done.set()
 
 
 def run_tasks_concurrently(fn, tasks: list[tuple[int, dict[str, Any]]], timeout_s: float) -> list[tuple[str, Any, Any]]:

@@ -12,6 +12,8 @@ threads that nobody joins:
   ``timeout_s``, with :class:`CallTimeout` raised to the caller;
 * :func:`run_async` -- ``asyncio.run`` whose default executor is a :class:`DaemonExecutor` and whose
   shutdown does not wait for it;
+* :class:`LoopRuns` -- the same for a loop that a thread of its own serves forever: other threads run
+  coroutines there and wait for them, and what a coroutine started is cancelled when it ends;
 * :func:`settle` -- resolve a ``concurrent.futures.Future`` unless something else already did (a watchdog
   and the real result may race);
 * :class:`LoopPoster` -- run callbacks posted from other threads on an event loop, one wake-up per burst (an
@@ -23,13 +25,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
+import contextvars
 import itertools
 import queue
 import threading
 import weakref
 from typing import Any, Awaitable, Callable, TypeVar
 
-__all__ = ["CallTimeout", "DaemonExecutor", "LoopPoster", "call_with_timeout", "run_async", "settle"]
+__all__ = ["CallTimeout", "DaemonExecutor", "LoopPoster", "LoopRuns", "call_with_timeout", "outside_runs",
+           "run_async", "settle"]
 
 T = TypeVar("T")
 
@@ -50,11 +55,18 @@ def settle(future: concurrent.futures.Future, result: Any = None, error: BaseExc
         return False
 
 
+_HELD = threading.local()  # .posters: the LoopPosters a LoopPoster.held() block of this thread posted to
+
+
 class LoopPoster:
     """Runs callbacks posted from any thread on ``loop``, in posting order; posts that arrive before the loop
     runs the pending ones share one ``call_soon_threadsafe`` (one self-pipe write and one wake-up per burst
     instead of one per callback: 1-2 us of syscall and a loop iteration each, at 128 finished requests a
-    step).  A callback that raises is reported to the loop's exception handler; the others still run."""
+    step).  A callback that raises is reported to the loop's exception handler; the others still run.
+
+    Inside :meth:`held` the posts of the calling thread wait for the end of the block, which wakes each loop
+    once: an engine step that finishes requests one by one (each post would otherwise wake the loop, which
+    then competes with the step for the GIL) and then reports its own end costs one wake-up."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
@@ -63,11 +75,26 @@ class LoopPoster:
         self._scheduled = False
 
     def post(self, fn: Callable[[], Any]) -> None:
+        held = getattr(_HELD, "posters", None)
         with self._lock:
             self._pending.append(fn)
             if self._scheduled:
                 return
+            if held is not None:
+                held[id(self)] = self
+                return
             self._scheduled = True
+        self._wake()
+
+    def flush(self) -> None:
+        """Wake the loop for the callbacks posted so far, unless a wake-up is on its way already."""
+        with self._lock:
+            if self._scheduled or not self._pending:
+                return
+            self._scheduled = True
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop is closed: nobody is left to run them
@@ -75,6 +102,25 @@ class LoopPoster:
                 self._scheduled = False
                 self._pending.clear()
             raise
+
+    @staticmethod
+    @contextlib.contextmanager
+    def held():
+        """Posts made by this thread inside the block reach their loops when it ends, one wake-up per loop
+        (a loop closed meanwhile is skipped: nobody is left to run them)."""
+        if getattr(_HELD, "posters", None) is not None:  # nested: the outer block flushes
+            yield
+            return
+        _HELD.posters = {}
+        try:
+            yield
+        finally:
+            posters, _HELD.posters = _HELD.posters, None
+            for poster in posters.values():
+                try:
+                    poster.flush()
+                except RuntimeError:
+                    pass
 
     def _drain(self) -> None:
         with self._lock:
@@ -237,3 +283,140 @@ def run_async(main: Awaitable[T], name: str = "hybridflow-loop") -> T:
             executor.shutdown(wait=False)
             asyncio.set_event_loop(None)
             loop.close()
+
+
+# The tasks of the LoopRuns.run call a task was created under (a task inherits its creator's context).
+_RUN_TASKS: contextvars.ContextVar[weakref.WeakSet | None] = contextvars.ContextVar("hybridflow_run_tasks",
+                                                                                    default=None)
+_CANCEL_WAIT_S = 5.0  # a finished run waits this long at most for the tasks it cancels to end
+
+
+class LoopRuns:
+    """An event loop served forever by a thread of its own, on which other threads run coroutines and wait for
+    them -- :meth:`run`, which behaves as :func:`run_async` does on a loop of its own:
+
+    * the loop's default executor is a :class:`DaemonExecutor` (``asyncio.to_thread`` work stuck in user code
+      never keeps the process alive);
+    * when the coroutine ends, the tasks it started (directly or not) that are still pending are cancelled, and
+      waited for at most 5 s; when the waiting thread leaves early (KeyboardInterrupt) they are cancelled without
+      a wait;
+    * a KeyboardInterrupt or SystemExit raised in any task of a run (asyncio lets it leave ``run_forever``) ends
+      that run with it, in the waiting thread; the loop goes on serving.
+
+    :meth:`fail` ends every waiting run with an error from any thread, even when the loop's thread is stuck in a
+    coroutine and they could never end.  Tasks started inside :func:`outside_runs` belong to no run."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, name: str = "hybridflow-loop"):
+        self.loop = loop
+        loop.set_default_executor(DaemonExecutor(max_workers=32, name=f"{name}-executor", join_timeout_s=0.0))
+        loop.set_task_factory(self._task)
+        self._lock = threading.Lock()
+        self._waiting: dict[int, tuple[concurrent.futures.Future, weakref.WeakSet]] = {}
+        self._thread_id: int | None = None  # the thread serving the loop
+
+    @staticmethod
+    def _task(loop, coro, context=None):
+        task = asyncio.Task(coro, loop=loop, context=context)
+        tasks = context.get(_RUN_TASKS) if context is not None else _RUN_TASKS.get()
+        if tasks is not None:
+            tasks.add(task)
+        return task
+
+    def serve_forever(self) -> None:
+        """The loop's thread: run it until it is stopped."""
+        self._thread_id = threading.get_ident()
+        while True:
+            try:
+                self.loop.run_forever()
+                return
+            except BaseException as exc:  # noqa: BLE001 - a task's KeyboardInterrupt / SystemExit: its run's
+                self._deliver(exc)
+
+    def _deliver(self, exc: BaseException) -> None:
+        with self._lock:
+            waiting = list(self._waiting.values())
+        for done, tasks in waiting:
+            if any(t.done() and not t.cancelled() and t.exception() is exc for t in list(tasks)):
+                settle(done, error=exc)
+
+    def fail(self, error: BaseException) -> None:
+        """End every run waiting now with ``error`` (their tasks are then cancelled)."""
+        with self._lock:
+            waiting = [done for done, _ in self._waiting.values()]
+        for done in waiting:
+            settle(done, error=error)
+
+    def run(self, main: Awaitable[T]) -> T:
+        """Run ``main`` on the loop and wait for its result in this thread (see the class docstring)."""
+        loop = self.loop
+        if threading.get_ident() == self._thread_id:  # it would wait for itself forever
+            if asyncio.iscoroutine(main):
+                main.close()
+            raise RuntimeError("LoopRuns.run() called from the loop's own thread (a coroutine on this loop can await "
+                               "the work directly)")
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        tasks: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()  # touched on the loop's thread only
+        context = contextvars.copy_context()
+        context.run(_RUN_TASKS.set, tasks)
+        started: list[asyncio.Task] = []
+
+        def report(task: asyncio.Task) -> None:
+            if task.cancelled():
+                settle(done, error=asyncio.CancelledError())
+            elif task.exception() is not None:
+                settle(done, error=task.exception())
+            else:
+                settle(done, task.result())
+
+        def finished(task: asyncio.Task) -> None:
+            left = _cancel_pending(tasks)
+            if not left:
+                report(task)
+                return
+            timer = loop.call_later(_CANCEL_WAIT_S, report, task)
+            asyncio.gather(*left, return_exceptions=True).add_done_callback(lambda _: (timer.cancel(), report(task)))
+
+        def start() -> None:
+            task = loop.create_task(main)  # type: ignore[arg-type]
+            started.append(task)
+            task.add_done_callback(finished)
+
+        key = id(done)
+        with self._lock:
+            self._waiting[key] = (done, tasks)
+        try:
+            try:
+                loop.call_soon_threadsafe(start, context=context)
+            except RuntimeError:  # the loop is closed
+                if asyncio.iscoroutine(main):
+                    main.close()
+                raise
+            return done.result()
+        finally:
+            with self._lock:
+                self._waiting.pop(key, None)
+            if not (started and started[0].done()):  # left early: interrupted, failed, or the loop is stuck
+                try:
+                    loop.call_soon_threadsafe(_cancel_pending, tasks)
+                except RuntimeError:  # the loop is closed: nothing is left to run them
+                    pass
+
+
+@contextlib.contextmanager
+def outside_runs():
+    """Tasks created inside the block (by the current task) belong to no :meth:`LoopRuns.run` call, so that
+    the end of one does not cancel them: a service's own tasks (an engine's stepping driver, started by
+    whichever request came first) outlive the run that happened to start them."""
+    token = _RUN_TASKS.set(None)
+    try:
+        yield
+    finally:
+        _RUN_TASKS.reset(token)
+
+
+def _cancel_pending(tasks: weakref.WeakSet) -> list[asyncio.Task]:
+    """Cancel the tasks of ``tasks`` not done yet (on their loop's thread); returns them."""
+    left = [t for t in list(tasks) if not t.done()]
+    for task in left:
+        task.cancel()
+    return left

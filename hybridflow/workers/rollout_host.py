@@ -81,9 +81,12 @@ class RolloutHost:
             if self.shares_weights:
                 module = stack.enter_context(self.train_engine.full_params())
                 stack.enter_context(eval_mode(module))
-            self.server.call(self.engine.wake_up, what="wake_up")
-            if seed is not None:
-                self.server.call(lambda: self.engine.reseed(seed), what="reseed")
+            def wake_up() -> None:  # one call to the server's loop, not two
+                self.engine.wake_up()
+                if seed is not None:
+                    self.engine.reseed(seed)
+
+            self.server.call(wake_up, what="wake_up")
         except BaseException:
             stack.close()
             raise

@@ -93,6 +93,36 @@ def test_loop_poster_runs_every_post_in_order_with_one_wake_up_per_burst():
     assert len(wakeups) == 2 and len(errors) == 2 and all(isinstance(e, ZeroDivisionError) for e in errors)
 
 
+def test_loop_poster_holds_the_posts_of_a_block_until_its_end():
+    """Inside ``LoopPoster.held()`` a thread's posts (to any number of loops) wait for the end of the block, which
+    wakes each loop once; a nested block leaves the flush to the outer one."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        poster, seen, wakeups = LoopPoster(loop), [], []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a: (wakeups.append(1), real(*a))[1]
+        in_block = []
+
+        def worker():
+            with LoopPoster.held():
+                for i in range(20):
+                    poster.post(lambda i=i: seen.append(i))
+                with LoopPoster.held():
+                    poster.post(lambda: seen.append("nested"))
+                time.sleep(0.05)  # the loop is idle: a post would have run by now
+                in_block.append(list(seen))
+            poster.post(lambda: seen.append("after"))
+
+        await asyncio.to_thread(worker)
+        await asyncio.sleep(0.05)
+        return seen, in_block, wakeups
+
+    seen, in_block, wakeups = run_async(main())
+    assert in_block == [[]]  # nothing ran while the block was open
+    assert seen == list(range(20)) + ["nested", "after"]
+    assert len(wakeups) <= 3  # the block's flush, the post after it (and to_thread's own completion)
+
+
 def test_run_async_does_not_wait_for_a_thread_stuck_in_user_code():
     """``asyncio.run`` joins its default executor: a tool's sync function stuck in ``asyncio.to_thread`` kept the
     agent-loop generation from ever returning, even after the tool's own timeout had fired."""
@@ -187,6 +217,28 @@ def test_in_process_scoring_times_out_like_a_worker_and_goes_on(tmp_path):
     finally:
         inline.close()
         pooled.close()
+
+
+def test_in_process_scoring_hands_a_batch_to_its_thread_at_once(tmp_path, monkeypatch):
+    """The scoring thread takes the whole batch (one hand-over and one wake-up of the caller, not one per sample),
+    in order, in one thread."""
+    path = tmp_path / "scores.py"
+    path.write_text("import threading\nseen = []\n"
+                    "def score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+                    "    seen.append((solution_str, threading.current_thread().name))\n"
+                    "    return float(solution_str)\n")
+    pool = ScoringPool(ScoreFnSpec(path=str(path), name="score"), num_workers=0, timeout_s=5)
+    submits = []
+    real = DaemonExecutor.submit
+    monkeypatch.setattr(DaemonExecutor, "submit", lambda self, *a, **k: (submits.append(self.name), real(self, *a, **k))[1])
+    try:
+        got = pool.run([dict(data_source="d", solution_str=str(i), ground_truth="1") for i in range(12)])
+        assert [r.value for r in got] == [float(i) for i in range(12)] and {r.status for r in got} == {OK}
+        assert submits == ["reward-inline"]
+        seen = pool._fn.__globals__["seen"]
+        assert [s for s, _ in seen] == [str(i) for i in range(12)] and len({t for _, t in seen}) == 1
+    finally:
+        pool.close()
 
 
 def test_in_process_scoring_is_given_up_after_a_stop_request(tmp_path, short_grace):

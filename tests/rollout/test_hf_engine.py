@@ -114,6 +114,30 @@ def test_async_concurrent_requests_equal_batch_results(model_and_tokenizer, prom
     assert (a.token_ids, b.token_ids) == (ref[0].token_ids, ref[1].token_ids)
 
 
+def test_each_step_wakes_the_waiting_loop_once(model_and_tokenizer, prompts, monkeypatch):
+    """The requests a step finishes and the step's own end reach the event loop in one wake-up (one
+    ``call_soon_threadsafe``), not one per finished request plus one for the step."""
+    model, tok = model_and_tokenizer
+    engine = HFRolloutEngine(model, tok, seed=5)
+    steps = []
+    real_step = HFRolloutEngine._step_and_report
+    monkeypatch.setattr(HFRolloutEngine, "_step_and_report", lambda self, *a: (steps.append(1), real_step(self, *a)))
+    params = SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True)
+    prompts = prompts * 4
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        wakeups = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a, **k: (wakeups.append(1), real(*a, **k))[1]
+        outs = await asyncio.gather(*(engine.generate(p, params, f"r{i}") for i, p in enumerate(prompts)))
+        return outs, len(wakeups)
+
+    outs, wakeups = asyncio.run(run())
+    assert [len(o.token_ids) for o in outs] == [5] * len(prompts)
+    assert len(steps) >= 2 and wakeups == len(steps), (wakeups, len(steps))
+
+
 def test_bad_requests_are_explained(model_and_tokenizer):
     model, tok = model_and_tokenizer
     engine = HFRolloutEngine(model, tok)

@@ -29,10 +29,28 @@ def test_cache_is_sized_by_the_batch_not_by_max_num_seqs(model_and_tokenizer, pr
     stats = engine.stats()
     geometry = KVGeometry.from_config(model.config, torch.float32)
     assert stats["kv_cache_rows"] == 8  # 6 requests, rounded up to 8 rows -- not 1024
-    assert stats["kv_cache_columns"] == 64  # longest prompt + 10 tokens, rounded up to 64
+    assert stats["kv_cache_columns"] == 64  # longest prompt (24) + 10 tokens, rounded up to a power of two
     assert stats["kv_cache_bytes"] == 8 * 64 * geometry.bytes_per_token == engine.kv_cache_bytes
     # 2 layers x (K, V) x 2 kv heads x 16 head_dim x 4 bytes
     assert geometry.bytes_per_token == 2 * 2 * 2 * 16 * 4
+
+
+def test_short_sequences_get_a_narrow_cache_that_grows_when_longer_ones_come(model_and_tokenizer, prompts):
+    """Widths: a power of two from 16 to 64, then multiples of 64 (the cache is zero-filled at every allocation:
+    128 rows of 12-token sequences do not pay for 64 columns)."""
+    from hybridflow.rollout.hf.batcher import _cache_columns
+
+    assert [_cache_columns(n) for n in (1, 12, 16, 17, 33, 64, 65, 130)] == [16, 16, 16, 32, 64, 64, 128, 192]
+    model, tok = model_and_tokenizer
+    engine = HFRolloutEngine(model, tok)
+    short = [p[:4] for p in prompts]
+    outs = engine.generate_batch(short, greedy(4))
+    assert engine.stats()["kv_cache_columns"] == 16
+    longer = engine.generate_batch(short, greedy(30))  # the same rows need 34 columns now
+    assert engine.stats()["kv_cache_columns"] == 64
+    ref = HFRolloutEngine(model, tok, max_num_seqs=64)
+    assert [o.token_ids for o in outs] == [o.token_ids[:4] for o in longer]
+    assert [o.token_ids for o in longer] == [o.token_ids for o in ref.generate_batch(short, greedy(30))]
 
 
 def test_rows_grow_while_requests_join_and_are_bounded_by_max_num_seqs(model_and_tokenizer, prompts):
@@ -105,7 +123,7 @@ def test_memory_budget_bounds_rows_and_explains_a_row_that_cannot_fit(model_and_
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
     engine.sleep()
     engine.wake_up()
-    monkeypatch.setattr(batcher, "_budget_bytes", lambda: per_row // 2)
+    monkeypatch.setattr(batcher, "_budget_bytes", lambda: per_row // 8)  # less than the narrowest row (16 columns)
     with pytest.raises(MemoryError, match="gpu_memory_utilization"):
         engine.generate_batch(prompts[:1], greedy(12))
 

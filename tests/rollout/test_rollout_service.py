@@ -236,3 +236,126 @@ def test_one_replica_serves_two_event_loops_at_once(engine):
         assert results["b_seconds"] < 10, results["b_seconds"]  # answered, not woken by the 30 s timeout
     finally:
         server.close()
+
+
+def test_coroutines_run_on_the_servers_loop_reach_the_engine_without_a_thread_hop(engine, monkeypatch):
+    """The local backend runs its agent loops on the server's own loop (``RolloutServer.run``): a replica call
+    made there goes straight to the engine (no ``submit_many``, no future per request), with the same tokens."""
+    eng, tok = engine
+    server = RolloutServer(eng, name="t")
+    try:
+        manager = AsyncLLMServerManager([InProcessReplica(server)], default_max_tokens=5)
+        prompts = [_ids(tok, f"{i}+{i}=") for i in range(6)]
+        submitted = []
+        real = server.submit_many
+        monkeypatch.setattr(server, "submit_many", lambda requests: (submitted.append(len(requests)), real(requests))[1])
+
+        async def many():
+            assert threading.current_thread() is server._thread
+            return await asyncio.gather(*(manager.generate(f"t{i}", prompt_ids=p, sampling_params=GREEDY)
+                                          for i, p in enumerate(prompts)))
+
+        outs = server.run(many())
+        assert submitted == []
+        assert [o.token_ids for o in outs] == [e.token_ids for e in eng.generate_batch(prompts, GREEDY)]
+        assert server._local == {} and server._runs._waiting == {}
+    finally:
+        server.close()
+
+
+def test_a_run_on_the_servers_loop_cancels_what_it_left_behind(engine):
+    """As ``run_async`` on a loop of its own: when the coroutine ends (here with an error), the tasks it started
+    are cancelled before ``run`` returns; the loop keeps serving."""
+    eng, tok = engine
+    server = RolloutServer(eng, name="t")
+    left = []
+    try:
+        async def failing():
+            async def forever():
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    left.append("cancelled")
+                    raise
+
+            asyncio.ensure_future(forever())
+            await asyncio.sleep(0)
+            raise ValueError("trajectory bug")
+
+        with pytest.raises(ValueError, match="trajectory bug"):
+            server.run(failing())
+        assert left == ["cancelled"]
+
+        async def one():
+            return await InProcessReplica(server).generate("x", _ids(tok, "1+1="), GREEDY)
+
+        assert server.run(one()).token_ids == eng.generate_batch([_ids(tok, "1+1=")], GREEDY)[0].token_ids
+    finally:
+        server.close()
+
+
+def test_the_engine_keeps_stepping_for_other_callers_when_the_run_that_started_it_ends(engine):
+    """A run on the server's loop may be the one whose request started the engine's stepping driver; ending the run
+    cancels what the run started, but not that driver: a request of another caller still in flight completes."""
+    eng, tok = engine
+    server = RolloutServer(eng, name="t")
+    try:
+        long = GenerateRequest("other", _ids(tok, "9+9="), SamplingParams(do_sample=False, max_tokens=48,
+                                                                          ignore_eos=True))
+
+        async def short_run():
+            short = asyncio.ensure_future(InProcessReplica(server).generate("mine", _ids(tok, "1+1="), GREEDY))
+            await asyncio.sleep(0)  # the driver now exists, started by this run's request
+            other = server.submit_many([long])[0]  # another caller's (another thread's) request
+            await short
+            return other
+
+        other = server.run(short_run())
+        assert len(other.result(timeout=30).token_ids) == 48
+    finally:
+        server.close()
+
+
+def test_a_keyboard_interrupt_raised_in_a_run_reaches_the_caller_and_the_loop_keeps_serving(engine):
+    """A stop request abandons a step stuck in a reward function by raising StepAbandoned (a KeyboardInterrupt) in
+    the scoring call; in an agent loop on the server's loop, asyncio lets it leave the loop's ``run_forever``.  The
+    ``run`` waiting on it must raise it (not hang), and the server must go on serving."""
+    from hybridflow.utils.stopping import StepAbandoned
+
+    eng, tok = engine
+    server = RolloutServer(eng, name="t")
+    try:
+        async def abandoned():
+            waiting = asyncio.get_running_loop().create_future()
+
+            async def scorer():  # as the reward loop's flush: its trajectories wait on a future it never sets
+                raise StepAbandoned("a stop was requested and the reward function has not answered")
+
+            asyncio.ensure_future(scorer())
+            await waiting
+
+        with pytest.raises(StepAbandoned, match="reward function"):
+            server.run(abandoned())
+
+        async def one():
+            return await InProcessReplica(server).generate("x", _ids(tok, "1+1="), GREEDY)
+
+        assert server.run(one()).token_ids == eng.generate_batch([_ids(tok, "1+1=")], GREEDY)[0].token_ids
+    finally:
+        server.close()
+
+
+def test_a_run_asked_for_from_the_servers_own_loop_is_refused_not_deadlocked(engine):
+    eng, _ = engine
+    server = RolloutServer(eng, name="t")
+    try:
+        async def nested():
+            async def inner():
+                return 1
+
+            return server.run(inner())
+
+        with pytest.raises(RuntimeError, match="loop's own thread"):
+            server.run(nested())
+    finally:
+        server.close()

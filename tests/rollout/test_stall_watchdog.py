@@ -182,3 +182,70 @@ def test_server_watch_stops_a_server_whose_tokens_stand_still():
     watch.check(100.0)
     watch.check(200.0)
     assert not b.stopped
+
+
+def test_a_stuck_decode_fails_requests_served_on_the_servers_own_loop(engine, model_and_tokenizer, monkeypatch):
+    """The local backend's agent loops run on the server's loop (``RolloutServer.run``) and reach the engine with
+    ``serve``: a stalled engine fails them with the watchdog's error too, and the ``run`` waiting on them raises
+    it at once."""
+    import asyncio
+
+    from hybridflow.rollout.service.replica import InProcessReplica
+
+    _, tok = model_and_tokenizer
+    _slow_decode(monkeypatch, 4.0, from_call=2, only_once=True)
+    server = RolloutServer(engine, name="replica-6", stall_timeout_s=LIMIT_S)
+    replica = InProcessReplica(server)
+    try:
+        seen = []
+
+        async def one(r):
+            try:
+                return await replica.generate(r.request_id, r.prompt_ids, r.sampling_params)
+            except BaseException as exc:
+                seen.append(exc)
+                raise
+
+        async def trajectories():
+            return await asyncio.gather(*(one(r) for r in _requests(tok)))
+
+        start = time.monotonic()
+        with pytest.raises(GenerationStalled) as raised:
+            server.run(trajectories())
+        assert time.monotonic() - start < 3.0
+        assert "rollout replica 'replica-6' made no progress" in str(raised.value)
+        assert "4 request(s) in flight" in str(raised.value)
+        deadline = time.monotonic() + 2.0
+        while len(seen) < 4 and time.monotonic() < deadline:  # handed to them on the loop's thread
+            time.sleep(0.01)
+        assert len(seen) == 4 and all(e is raised.value for e in seen), seen  # no request is left waiting
+    finally:
+        server.close()
+
+
+def test_a_loop_blocked_by_user_code_fails_the_run_waiting_on_it(engine, model_and_tokenizer, monkeypatch):
+    """A coroutine that blocks the server's loop (user code calling ``time.sleep`` in an agent loop) while a request
+    is in flight stops the engine's driver: the watchdog fails the waiting ``run`` instead of leaving it hung."""
+    import asyncio
+
+    from hybridflow.rollout.service.replica import InProcessReplica
+
+    _, tok = model_and_tokenizer
+    _slow_decode(monkeypatch, 0.02)  # 64 tokens take > 1 s: the request is still in flight when the loop blocks
+    server = RolloutServer(engine, name="replica-7", stall_timeout_s=LIMIT_S)
+    replica = InProcessReplica(server)
+    request = _requests(tok, 1, max_tokens=64)[0]
+    try:
+        async def blocking():
+            task = asyncio.ensure_future(replica.generate(request.request_id, request.prompt_ids,
+                                                          request.sampling_params))
+            await asyncio.sleep(0.05)  # in the engine, driver started
+            time.sleep(5)  # the loop's thread is stuck here
+            return await task
+
+        start = time.monotonic()
+        with pytest.raises(GenerationStalled, match="replica-7"):
+            server.run(blocking())
+        assert time.monotonic() - start < 4.5
+    finally:
+        server.close()

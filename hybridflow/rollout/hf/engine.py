@@ -199,9 +199,7 @@ class HFRolloutEngine(RolloutEngine):
                 prompt_ids, sampling_params, request_id, lambda out: None, lambda exc: None, multi_modal_data))
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
-        poster = self._posters.get(loop)
-        if poster is None:
-            poster = self._posters[loop] = LoopPoster(loop)
+        poster = self._poster(loop)
 
         def on_done(out: TokenOutput) -> None:  # the stepping thread: a step's finished requests wake the loop once
             poster.post(lambda: future.done() or future.set_result(out))
@@ -218,15 +216,36 @@ class HFRolloutEngine(RolloutEngine):
             self._driver = loop.create_task(self._drive(loop))
         return await future
 
+    def _poster(self, loop: asyncio.AbstractEventLoop) -> LoopPoster:
+        poster = self._posters.get(loop)
+        if poster is None:
+            poster = self._posters[loop] = LoopPoster(loop)
+        return poster
+
     async def _drive(self, loop: asyncio.AbstractEventLoop) -> None:
         """Step the batcher while work remains, yielding to the loop between steps so that requests
         submitted meanwhile join the next step."""
+        poster = self._poster(loop)
         while self._batcher.has_work():
             await asyncio.sleep(0)
+            stepped: asyncio.Future = loop.create_future()
+            self._executor.submit(self._step_and_report, poster, stepped)
             try:
-                await loop.run_in_executor(self._executor, self._locked_step)
+                await stepped
             except Exception:  # already delivered to every affected request by fail_all
                 continue
+
+    def _step_and_report(self, poster: LoopPoster, stepped: asyncio.Future) -> None:
+        """One step in the stepping thread.  The requests it finishes and its own end reach the driver's loop
+        together, in one wake-up after the step (not one per finished request, each competing with the rest of
+        the step for the GIL)."""
+        with LoopPoster.held():
+            try:
+                self._locked_step()
+            except BaseException as exc:  # noqa: BLE001 - the driver learns it (its requests were told already)
+                poster.post(lambda exc=exc: stepped.done() or stepped.set_exception(exc))
+            else:
+                poster.post(lambda: stepped.done() or stepped.set_result(None))
 
     def _locked_step(self) -> None:
         while self._abort_waiting.is_set():  # let abort_all() take the lock before the next step

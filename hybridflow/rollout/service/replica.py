@@ -83,12 +83,20 @@ class _TickBatching(RolloutReplica):
 
 
 class InProcessReplica(_TickBatching):
-    """A server in this process; requests cross threads only."""
+    """A server in this process.  A request made on the server's own loop (the local backend's agent loops run
+    there: :meth:`RolloutServer.run`) goes straight to the engine; from any other loop it crosses threads, the
+    requests of one tick together."""
 
     def __init__(self, server: RolloutServer, name: str | None = None):
         self.server = server
         self.name = name or server.name
         self._reset_batching()
+
+    async def generate(self, request_id, prompt_ids, sampling_params, multi_modal_data=None) -> TokenOutput:
+        if asyncio.get_running_loop() is self.server.loop:
+            return await self.server.serve(GenerateRequest(request_id, list(prompt_ids), sampling_params,
+                                                           multi_modal_data))
+        return await super().generate(request_id, prompt_ids, sampling_params, multi_modal_data)
 
     async def _send(self, batch) -> None:
         try:

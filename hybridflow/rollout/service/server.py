@@ -8,7 +8,9 @@ with ``trainer.backend=local`` -- can accept requests from anywhere:
 * :meth:`submit` / :meth:`submit_many` from any thread, returning ``concurrent.futures.Future`` s;
 * :meth:`stream` from a (Ray) thread: submit a list of requests and yield their outputs in completion
   order, grouped by what finished together (one Ray streaming call carries many requests);
-* :meth:`call` runs a function on the loop thread, serialised with generation (e.g. ``sleep``).
+* :meth:`call` runs a function on the loop thread, serialised with generation (e.g. ``sleep``);
+* :meth:`run` runs a coroutine -- the agent loops of ``trainer.backend=local`` -- on the loop itself, where
+  :meth:`serve` takes their requests with no thread hop (an ``InProcessReplica`` called on this loop uses it).
 
 Requests submitted together are scheduled in one loop callback, so they reach the engine before its next
 step and share its prefill.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -31,7 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 from hybridflow.rollout.base import EngineError, RolloutEngine, TokenOutput
 from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.rollout.service.watchdog import StallWatchdog
-from hybridflow.utils.threads import settle
+from hybridflow.utils.threads import LoopRuns, outside_runs, settle
 
 __all__ = ["GenerateRequest", "RolloutServer"]
 
@@ -55,11 +58,14 @@ class RolloutServer:
         self.engine = engine
         self.name = name
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-loop", daemon=True)
+        self._runs = LoopRuns(self._loop, name)  # run(): coroutines of other threads on this loop
+        self._thread = threading.Thread(target=self._runs.serve_forever, name=f"{name}-loop", daemon=True)
         self._thread.start()
         self._closed = False
         self._lock = threading.Lock()
         self._inflight: dict[int, concurrent.futures.Future] = {}
+        # requests served on the loop itself (serve): [task awaiting it, the error it must raise when cancelled]
+        self._local: dict[int, list] = {}
         self._calls: dict[int, tuple[concurrent.futures.Future, str]] = {}
         self._finished = 0  # requests and control calls that ended (the watchdog's progress signal)
         self.failed: EngineError | None = None  # set by the watchdog: the server refuses new work
@@ -89,7 +95,8 @@ class RolloutServer:
                 task = self._loop.create_task(self._generate(request))
                 task.add_done_callback(lambda t, f=future: self._copy_result(t, f))
 
-        self._loop.call_soon_threadsafe(start)
+        # a fresh context: the request's task is the server's, not part of a run of the caller's (RolloutServer.run)
+        self._loop.call_soon_threadsafe(start, context=contextvars.Context())
         return futures
 
     def _ended(self, future: concurrent.futures.Future) -> None:
@@ -113,6 +120,69 @@ class RolloutServer:
             if f"'{self.name}'" not in str(exc):
                 exc.args = (f"rollout replica '{self.name}': {exc}",)
         return exc
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the engine is served on (its own daemon thread)."""
+        return self._loop
+
+    async def serve(self, request: GenerateRequest) -> TokenOutput:
+        """One request from a coroutine running on this server's own loop (:meth:`run`): the engine's output,
+        with no thread hop and no future per request.  It fails as submitted requests do: an engine error names
+        the server; the watchdog and :meth:`close` fail it with their ``EngineError``."""
+        self._check_open()
+        if self.failed is not None:
+            raise self.failed
+        entry = [asyncio.current_task(), None]
+        key = id(entry)
+        with self._lock:
+            self._local[key] = entry
+        try:
+            with outside_runs():  # what the engine starts to serve it (its driver) outlives the caller's run
+                return await self._generate(request)
+        except asyncio.CancelledError:
+            if entry[1] is None:  # the caller's own cancellation
+                raise
+            entry[0].uncancel()
+            raise entry[1] from None
+        except BaseException as exc:
+            self._tagged(exc)
+            raise
+        finally:
+            with self._lock:
+                self._local.pop(key, None)
+                self._finished += 1
+
+    def run(self, main):
+        """Run the coroutine ``main`` on this server's loop and wait for it in the calling thread, as
+        ``asyncio.run`` would on a loop of its own (see :class:`~hybridflow.utils.threads.LoopRuns`: what it started
+        is cancelled when it ends).  The watchdog and :meth:`close` fail the call too, even when the loop's thread
+        is stuck in a coroutine and ``main`` can never end."""
+        if self._closed or self.failed is not None:
+            if asyncio.iscoroutine(main):
+                main.close()
+            self._check_open()
+            raise self.failed
+        return self._runs.run(main)
+
+    def _fail_local(self, error: EngineError) -> None:
+        """Make every request served on the loop raise ``error`` (thread-safe: its tasks are cancelled there)."""
+        with self._lock:
+            entries = list(self._local.values())
+            for entry in entries:
+                entry[1] = error
+        if not entries:
+            return
+
+        def cancel() -> None:
+            for task, _ in entries:
+                if task is not None and not task.done():
+                    task.cancel()
+
+        try:
+            self._loop.call_soon_threadsafe(cancel)
+        except RuntimeError:  # the loop is closed: its tasks are gone already
+            pass
 
     async def _generate(self, request: GenerateRequest) -> TokenOutput:
         kwargs = {"multi_modal_data": request.multi_modal_data} if request.multi_modal_data else {}
@@ -160,7 +230,8 @@ class RolloutServer:
     # ------------------------------------------------------------------ watchdog
     def _watch_state(self) -> tuple[int, list[str], int, bool]:
         with self._lock:
-            return len(self._inflight), [what for _, what in self._calls.values()], self._finished, self._paused()
+            inflight = len(self._inflight) + len(self._local)
+            return inflight, [what for _, what in self._calls.values()], self._finished, self._paused()
 
     def _paused(self) -> bool:
         """Requests held back on purpose (an interrupted server): no progress is expected from them."""
@@ -173,6 +244,8 @@ class RolloutServer:
             waiting = list(self._inflight.values()) + [f for f, _ in self._calls.values()]
         for future in waiting:
             settle(future, error=error)
+        self._fail_local(error)
+        self._runs.fail(error)
 
     def close(self) -> None:
         """Stop the loop thread; requests still in flight fail with an ``EngineError``."""
@@ -180,11 +253,13 @@ class RolloutServer:
             return
         self._closed = True
         self.watchdog.stop()
+        closed = EngineError(f"rollout server '{self.name}' was closed while a request or call was in flight")
         with self._lock:
             waiting = list(self._inflight.values()) + [f for f, _ in self._calls.values()]
         for future in waiting:
-            settle(future, error=EngineError(f"rollout server '{self.name}' was closed while a request or call "
-                                             "was in flight"))
+            settle(future, error=closed)
+        self._fail_local(closed)
+        self._runs.fail(closed)
 
         async def stop() -> None:
             tasks = [t for t in asyncio.all_tasks(self._loop) if t is not asyncio.current_task()]

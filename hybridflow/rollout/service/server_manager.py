@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-from dataclasses import replace
 from typing import Any, Sequence
 
 from hybridflow.rollout.base import TokenOutput
@@ -44,6 +43,8 @@ class AsyncLLMServerManager:
     ``rollout.response_length``); ``max_sticky`` bounds the request-id map.
     """
 
+    _TEMPLATES_MAX = 64  # distinct sampling dicts (seed aside) whose converted SamplingParams are kept
+
     def __init__(self, replicas: Sequence[RolloutReplica], default_max_tokens: int, max_sticky: int = 10000):
         if not replicas:
             raise ValueError("AsyncLLMServerManager needs at least one rollout replica")
@@ -53,6 +54,9 @@ class AsyncLLMServerManager:
         self.outstanding = [0] * len(self.replicas)
         self.served = [0] * len(self.replicas)
         self._sticky: collections.OrderedDict[str, list[int]] = collections.OrderedDict()  # id -> [replica, calls]
+        # verl's sampling dict (its items but the seed) -> its SamplingParams without a seed: every trajectory of a
+        # batch sends the same dict but for its seed, and converting and checking it cost ~2.5 us a request
+        self._templates: dict[tuple, SamplingParams] = {}
 
     # ------------------------------------------------------------------ routing
     def _route(self, request_id: str) -> tuple[int, int]:
@@ -78,6 +82,19 @@ class AsyncLLMServerManager:
         """verl's sampling dict (or a ``SamplingParams``) as the engines' value object."""
         if isinstance(sampling_params, SamplingParams):
             return sampling_params
+        seed = sampling_params.get("seed")
+        try:
+            key = tuple(sorted((k, type(v).__name__, v) for k, v in sampling_params.items() if k != "seed"))
+            template = self._templates.get(key)
+        except TypeError:  # an unhashable value (a list of stop ids): convert it afresh
+            key, template = None, None
+        if template is None:
+            template = self._convert({k: v for k, v in sampling_params.items() if k != "seed"})
+            if key is not None and len(self._templates) < self._TEMPLATES_MAX:
+                self._templates[key] = template
+        return template if seed is None else template._copy_with(seed=seed)
+
+    def _convert(self, sampling_params: dict[str, Any]) -> SamplingParams:
         params = dict(sampling_params)
         penalty = params.pop("repetition_penalty", 1.0)
         if penalty not in (None, 1.0):
@@ -114,7 +131,7 @@ class AsyncLLMServerManager:
         params = self.to_sampling_params(sampling_params)
         index, call = self._route(request_id)
         if params.seed is not None and call > 0:
-            params = replace(params, seed=derive_seed(params.seed, call))
+            params = params._copy_with(seed=derive_seed(params.seed, call))
         multi_modal = {k: v for k, v in (("images", image_data), ("videos", video_data)) if v is not None} or None
         self.outstanding[index] += 1
         try:
