@@ -119,7 +119,14 @@ def _vision_columns(outputs: Sequence[AgentLoopOutput], tensors: dict, non_tenso
         return
     from hybridflow.data.mrope import spec_from_processor, vlm_position_ids
 
-    inputs = [dict(processor.image_processor(images=imgs, return_tensors="pt")) if imgs else {} for imgs in images]
+    # the n samples of a prompt carry the same image objects: each distinct list is processed once
+    processed: dict[tuple[int, ...], dict] = {}
+    inputs = []
+    for imgs in images:
+        key = tuple(id(img) for img in imgs)
+        if imgs and key not in processed:
+            processed[key] = dict(processor.image_processor(images=imgs, return_tensors="pt"))
+        inputs.append(dict(processed[key]) if imgs else {})
     non_tensors["multi_modal_inputs"] = _column(inputs)
     spec = spec_from_processor(processor)
     if spec is not None:
