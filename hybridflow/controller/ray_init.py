@@ -12,7 +12,10 @@ Which Ray a run uses:
   cluster with other resources, other settings and other users' actors; hybridflow passes ``address="local"``,
   which makes Ray start a new instance whatever that file says.
 
-A private instance gets lean defaults (no dashboard: ~1 s and ~150 MB on a laptop) and a quiet start: Ray's
+A private instance gets lean defaults (no dashboard: ~1 s and ~150 MB on a laptop), a start that survives a busy
+machine (Ray waits 30 s for its GCS server to publish its port and then gives up; on a 2-core laptop or CI runner
+also busy with tests or model workers the GCS can need longer, so hybridflow allows :data:`LOCAL_START_WAIT_S`
+through Ray's own ``RAY_gcs_server_port_wait_time_s``, unless the user set that variable) and a quiet start: Ray's
 notices that ask nothing of the user are left out (see :data:`RAY_NOTICES_DROPPED`); an attached cluster keeps
 its own settings.  Failures raise :class:`RayInitError` repeating what was asked.
 
@@ -34,7 +37,11 @@ from typing import Any, Iterator
 
 from hybridflow.controller.errors import RayInitError
 
-__all__ = ["init_ray", "RAY_NOTICES_DROPPED"]
+__all__ = ["init_ray", "RAY_NOTICES_DROPPED", "LOCAL_START_WAIT_S"]
+
+# How long a new local instance may take to start its GCS server (Ray's default: 30 s) -- a bound, not a delay:
+# a healthy start still takes ~1-2 s.
+LOCAL_START_WAIT_S = 120
 
 # Ray's start-up warnings that ask nothing of a hybridflow user: (the logger that emits it, its text), with why.
 RAY_NOTICES_DROPPED = (
@@ -104,6 +111,7 @@ def init_ray(ray_init_kwargs: dict[str, Any] | None = None) -> None:
         kwargs["address"] = "local"  # never the cluster in Ray's address file
         kwargs.setdefault("include_dashboard", False)
         kwargs.setdefault("logging_level", logging.WARNING)  # hybridflow says what started (below)
+        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(LOCAL_START_WAIT_S))
         with _quiet_start():
             _connect(kwargs, "a new local Ray instance")
         resources = ray.cluster_resources()

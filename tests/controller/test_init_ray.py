@@ -32,6 +32,30 @@ def test_bad_ray_init_argument_is_named():
     assert not ray.is_initialized()
 
 
+@pytest.mark.parametrize("user_value", [None, "45"])
+def test_a_local_start_may_take_longer_than_rays_30_s_unless_the_user_says_otherwise(monkeypatch, user_value):
+    """A busy 2-core machine (CI running tests beside it) can keep Ray's GCS server from publishing its port within
+    Ray's default 30 s; init_ray allows LOCAL_START_WAIT_S, and a value the user exported wins."""
+    from hybridflow.controller.ray_init import LOCAL_START_WAIT_S
+
+    var = "RAY_gcs_server_port_wait_time_s"
+    monkeypatch.setenv(var, "x")  # remembered, so the teardown restores what was there
+    monkeypatch.delenv(var)
+    if user_value is not None:
+        monkeypatch.setenv(var, user_value)
+    seen = {}
+
+    def fake_init(**kwargs):
+        seen["wait"] = os.environ.get(var)
+        raise RuntimeError("stopped before starting anything")
+
+    monkeypatch.setattr(ray, "init", fake_init)
+    with pytest.raises(RayInitError, match="stopped before starting anything"):
+        init_ray({})
+    assert seen["wait"] == (user_value or str(LOCAL_START_WAIT_S))
+    assert LOCAL_START_WAIT_S > 30
+
+
 # ------------------------------------------------------------------------------------------------ leftover cluster
 def _free_port() -> int:
     import socket
