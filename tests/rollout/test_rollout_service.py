@@ -263,6 +263,14 @@ def test_coroutines_run_on_the_servers_loop_reach_the_engine_without_a_thread_ho
         server.close()
 
 
+def _still_serves(server, eng, tok) -> None:
+    """After a failed run the server's loop answers the next one exactly as the engine alone would."""
+    async def one():
+        return await InProcessReplica(server).generate("x", _ids(tok, "1+1="), GREEDY)
+
+    assert server.run(one()).token_ids == eng.generate_batch([_ids(tok, "1+1=")], GREEDY)[0].token_ids
+
+
 def test_a_run_on_the_servers_loop_cancels_what_it_left_behind(engine):
     """As ``run_async`` on a loop of its own: when the coroutine ends (here with an error), the tasks it started
     are cancelled before ``run`` returns; the loop keeps serving."""
@@ -285,11 +293,7 @@ def test_a_run_on_the_servers_loop_cancels_what_it_left_behind(engine):
         with pytest.raises(ValueError, match="trajectory bug"):
             server.run(failing())
         assert left == ["cancelled"]
-
-        async def one():
-            return await InProcessReplica(server).generate("x", _ids(tok, "1+1="), GREEDY)
-
-        assert server.run(one()).token_ids == eng.generate_batch([_ids(tok, "1+1=")], GREEDY)[0].token_ids
+        _still_serves(server, eng, tok)
     finally:
         server.close()
 
@@ -336,11 +340,7 @@ def test_a_keyboard_interrupt_raised_in_a_run_reaches_the_caller_and_the_loop_ke
 
         with pytest.raises(StepAbandoned, match="reward function"):
             server.run(abandoned())
-
-        async def one():
-            return await InProcessReplica(server).generate("x", _ids(tok, "1+1="), GREEDY)
-
-        assert server.run(one()).token_ids == eng.generate_batch([_ids(tok, "1+1=")], GREEDY)[0].token_ids
+        _still_serves(server, eng, tok)
     finally:
         server.close()
 
