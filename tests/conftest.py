@@ -14,8 +14,8 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # Tests start their own Ray instances (address="local"); a RAY_ADDRESS left in the shell would point hybridflow's
 # runs at an outside cluster instead (an explicit RAY_ADDRESS is honoured by init_ray).
 os.environ.pop("RAY_ADDRESS", None)
-# What init_ray gives a new local instance (LOCAL_START_WAIT_S), for the tests that call ray.init themselves: on a
-# busy 2-core runner Ray's GCS server can need more than Ray's default 30 s to publish its port.
+# For the tests that call ray.init themselves (init_ray allows LOCAL_START_WAIT_S and tries a failed start once
+# more): on a busy 2-core runner Ray's GCS server can need more than Ray's default 30 s to publish its port.
 os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
 
 import pytest

@@ -91,6 +91,9 @@ class RayCliCluster:
             env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_path))
         else:
             env["RAY_AUTH_MODE"] = "disabled"
+            # a refused driver retries once per second for as many seconds as this says (tests/conftest.py sets
+            # it for slow local starts): Ray's own ~20 attempts are enough to see the refusal
+            env.pop("RAY_gcs_server_port_wait_time_s", None)
         return env
 
     def _node_ports(self, block: range) -> list[str]:

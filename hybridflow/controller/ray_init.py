@@ -15,7 +15,8 @@ Which Ray a run uses:
 A private instance gets lean defaults (no dashboard: ~1 s and ~150 MB on a laptop), a start that survives a busy
 machine (Ray waits 30 s for its GCS server to publish its port and then gives up; on a 2-core laptop or CI runner
 also busy with tests or model workers the GCS can need longer, so hybridflow allows :data:`LOCAL_START_WAIT_S`
-through Ray's own ``RAY_gcs_server_port_wait_time_s``, unless the user set that variable) and a quiet start: Ray's
+through Ray's own ``RAY_gcs_server_port_wait_time_s``, unless the user set that variable, and a start whose GCS
+never came up is cleaned away and tried once more, saying what its GCS process did) and a quiet start: Ray's
 notices that ask nothing of the user are left out (see :data:`RAY_NOTICES_DROPPED`); an attached cluster keeps
 its own settings.  Failures raise :class:`RayInitError` repeating what was asked.
 
@@ -41,7 +42,7 @@ __all__ = ["init_ray", "RAY_NOTICES_DROPPED", "LOCAL_START_WAIT_S"]
 
 # How long a new local instance may take to start its GCS server (Ray's default: 30 s) -- a bound, not a delay:
 # a healthy start still takes ~1-2 s.
-LOCAL_START_WAIT_S = 120
+LOCAL_START_WAIT_S = 60
 
 # Ray's start-up warnings that ask nothing of a hybridflow user: (the logger that emits it, its text), with why.
 RAY_NOTICES_DROPPED = (
@@ -81,6 +82,22 @@ def _quiet_start() -> Iterator[None]:
             logging.getLogger(name).removeFilter(notice_filter)
 
 
+@contextmanager
+def _patient_local_start() -> Iterator[None]:
+    """Give a new local instance's GCS server :data:`LOCAL_START_WAIT_S` to start (Ray's
+    ``RAY_gcs_server_port_wait_time_s``, read while ``ray.init`` starts the node) unless the user set the variable;
+    restored afterwards, so a later connection from this process to a cluster keeps Ray's own retry count."""
+    var = "RAY_gcs_server_port_wait_time_s"
+    if var in os.environ:
+        yield
+        return
+    os.environ[var] = str(LOCAL_START_WAIT_S)
+    try:
+        yield
+    finally:
+        os.environ.pop(var, None)
+
+
 def _say(line: str) -> None:
     print(f"hybridflow: {line}", file=sys.stderr, flush=True)
 
@@ -111,9 +128,8 @@ def init_ray(ray_init_kwargs: dict[str, Any] | None = None) -> None:
         kwargs["address"] = "local"  # never the cluster in Ray's address file
         kwargs.setdefault("include_dashboard", False)
         kwargs.setdefault("logging_level", logging.WARNING)  # hybridflow says what started (below)
-        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(LOCAL_START_WAIT_S))
-        with _quiet_start():
-            _connect(kwargs, "a new local Ray instance")
+        with _quiet_start(), _patient_local_start():
+            _start_local(kwargs)
         resources = ray.cluster_resources()
         gpus = int(resources.get("GPU", 0))
         _say(f"started a private Ray instance ({int(resources.get('CPU', 0))} CPUs"
@@ -147,6 +163,51 @@ def _connect(kwargs: dict[str, Any], where: str) -> None:
             f"ray.init failed while connecting to {where} with arguments {kwargs}: {type(e).__name__}: {e}. "
             "Check ray_kwargs.ray_init (address, num_cpus, num_gpus) or run `ray status` on the cluster." + hint
         ) from e
+
+
+def _start_local(kwargs: dict[str, Any], attempts: int = 2) -> None:
+    """Start a new local instance; a start whose GCS server never came up is cleaned away and tried once more.
+
+    Seen on busy 2-core machines (a Ray GCS process that never wrote its port file nor a line of its log); what
+    happened to that process -- exited with a code, or still running -- is said, and only a second failure is an
+    error."""
+    for attempt in range(1, attempts + 1):
+        try:
+            _connect(kwargs, "a new local Ray instance")
+            return
+        except RayInitError as e:
+            state = _failed_gcs_start(e.__cause__)
+            if state is None or attempt == attempts:
+                if state is not None:
+                    e.args = (f"{e.args[0]} ({state})",)
+                raise
+            _say(f"Ray's GCS server did not start ({state}); starting a new local instance again "
+                 f"(attempt {attempt + 1} of {attempts})")
+
+
+def _failed_gcs_start(error: BaseException | None) -> str | None:
+    """If ``error`` is Ray's wait for a new node's GCS port that ran out, kill that node's processes and say what its
+    GCS process did; None for any other failure (those are not retried)."""
+    if error is None or "gcs_server_port" not in str(error):
+        return None
+    tb, node = error.__traceback__, None
+    while tb is not None:  # the half-started Node is the `self` of a frame of the failed start
+        candidate = tb.tb_frame.f_locals.get("self")
+        if type(candidate).__name__ == "Node" and hasattr(candidate, "all_processes"):
+            node = candidate
+        tb = tb.tb_next
+    if node is None:
+        return "its GCS process could not be inspected"
+    gcs = [info.process for info in node.all_processes.get("gcs_server", [])]
+    code = gcs[0].poll() if gcs else None
+    what = ("no GCS process was started" if not gcs else
+            f"its GCS process (pid {gcs[0].pid}) exited with code {code}" if code is not None else
+            f"its GCS process (pid {gcs[0].pid}) was still running without having published its port")
+    try:
+        node.kill_all_processes(check_alive=False, allow_graceful=False)
+    except Exception:  # noqa: BLE001 - best effort: the reaper Ray spawned kills them when this process ends
+        pass
+    return f"{what} after {os.environ.get('RAY_gcs_server_port_wait_time_s', 30)} s"
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0, field: str = "ray_kwargs.ray_init.address") -> None:

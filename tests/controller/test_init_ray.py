@@ -53,7 +53,35 @@ def test_a_local_start_may_take_longer_than_rays_30_s_unless_the_user_says_other
     with pytest.raises(RayInitError, match="stopped before starting anything"):
         init_ray({})
     assert seen["wait"] == (user_value or str(LOCAL_START_WAIT_S))
+    assert os.environ.get(var) == user_value  # only for the start: a later connection keeps Ray's retry count
     assert LOCAL_START_WAIT_S > 30
+
+
+GCS_NEVER_UP = """
+import psutil
+from hybridflow.controller import RayInitError, init_ray
+try:
+    init_ray({"num_cpus": 1})
+    print("STARTED")
+except RayInitError as e:
+    print("ERROR", e)
+left = [p.pid for p in psutil.Process().children(recursive=True) if "gcs_server" in " ".join(p.cmdline())]
+print("GCS LEFT", left)
+"""
+
+
+def test_a_gcs_that_never_publishes_its_port_is_named_cleaned_away_and_tried_once_more():
+    """RAY_gcs_server_port_wait_time_s=0 (the user's value wins): every start gives up on its GCS at once, as a GCS
+    that never starts would; init_ray says what the GCS process did, kills that node's processes, tries once more,
+    and then fails naming both."""
+    env = {**os.environ, "RAY_gcs_server_port_wait_time_s": "0", "PYTHONPATH": str(REPO)}
+    out = _python(GCS_NEVER_UP, env)
+    text = out.stdout + out.stderr
+    assert "Ray's GCS server did not start (its GCS process (pid" in text, text[-3000:]
+    assert "starting a new local instance again (attempt 2 of 2)" in text, text[-3000:]
+    assert "ERROR ray.init failed while connecting to a new local Ray instance" in out.stdout, text[-3000:]
+    assert "without having published its port after 0 s)" in out.stdout, text[-3000:]
+    assert "GCS LEFT []" in out.stdout, text[-3000:]
 
 
 # ------------------------------------------------------------------------------------------------ leftover cluster

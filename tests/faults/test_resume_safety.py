@@ -158,8 +158,20 @@ DISK_FULL_DRIVER = r"""
 import sys
 sys.path[:0] = [{repo!r}, {tests!r}]
 from faults.conftest import base_args, invoke_cli
-import os, pathlib
+import os, pathlib, shutil
+from hybridflow.trainer import run_checkpoint as ckpt
 root = pathlib.Path({root!r})
+rotate = ckpt.rotate_checkpoints
+
+def fill_after_the_first_save(folder, component, keep):
+    removed = rotate(folder, component, keep)
+    filler = root / "filler"
+    if not filler.exists():  # leave 300 KiB: the next save runs out of space half-way
+        with open(filler, "wb") as f:
+            f.write(bytes(max(0, shutil.disk_usage(root).free - 300 * 1024)))
+    return removed
+
+ckpt.rotate_checkpoints = fill_after_the_first_save
 args = base_args({model!r}, pathlib.Path({train!r}), root, steps=4,
                  extra=["trainer.save_freq=1", "trainer.total_epochs=10", "trainer.max_actor_ckpt_to_keep=1"])
 result = invoke_cli(args, root)
@@ -169,8 +181,9 @@ print(result.message[-3000:])
 
 
 def test_disk_full_during_a_save_says_so_and_keeps_the_previous_checkpoint(tmp_path, nano_model_dir, fault_data):
-    """A small tmpfs: once the first checkpoint (1.1 MiB for the nano model) is there, a filler leaves 300 KiB,
-    so the second save runs out of space half-way."""
+    """A small tmpfs: once the first checkpoint (1.1 MiB for the nano model) is saved, the driver fills the disk up
+    to 300 KiB (in the run's own process, right after that save: no race with the trainer), so the second save runs
+    out of space half-way."""
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "true"]).returncode != 0:
         pytest.skip("needs user namespaces (unshare -Urm) to mount a small tmpfs without root")
     mount = tmp_path / "small"
@@ -179,14 +192,8 @@ def test_disk_full_during_a_save_says_so_and_keeps_the_previous_checkpoint(tmp_p
     driver = tmp_path / "driver.py"
     driver.write_text(DISK_FULL_DRIVER.format(repo=repo, tests=str(Path(repo) / "tests"), root=str(mount),
                                               model=nano_model_dir, train=str(fault_data / "train.parquet")))
-    # The preflight's free-space check would refuse a disk too small for two checkpoints: fill it after it ran, as
-    # soon as the first save appears (the watcher waits up to 4 minutes: start-up alone can take over 100 s when the
-    # machine is loaded).
-    script = (f"mount -t tmpfs -o size=16m tmpfs {mount} && "
-              f"(for i in $(seq 12000); do [ -d {mount}/ckpt/global_step_1 ] && break; sleep 0.02; done; "
-              f"avail=$(df -k --output=avail {mount} | tail -1); "
-              f"head -c $(( (avail - 300) * 1024 )) /dev/zero > {mount}/filler) & "
-              f"{sys.executable} {driver}; wait; "
+    # the preflight's free-space check would refuse a disk too small for two checkpoints: it is filled after it ran
+    script = (f"mount -t tmpfs -o size=16m tmpfs {mount} && {sys.executable} {driver}; "
               f"ls {mount}/ckpt; cat {mount}/ckpt/latest_checkpointed_iteration.txt")
     proc = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": repo})
