@@ -84,6 +84,16 @@ def test_a_gcs_that_never_publishes_its_port_is_named_cleaned_away_and_tried_onc
     assert "GCS LEFT []" in out.stdout, text[-3000:]
 
 
+@pytest.mark.parametrize("user_value", [None, "1"])
+def test_importing_hybridflow_turns_grpcs_fork_handlers_off_unless_the_user_chose(user_value):
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    if user_value is not None:
+        env["GRPC_ENABLE_FORK_SUPPORT"] = user_value
+    env["PYTHONPATH"] = str(REPO)
+    out = _python("import os, hybridflow; print('GRPC', os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))", env)
+    assert f"GRPC {user_value or 'false'}" in out.stdout, out.stderr[-2000:]
+
+
 # ------------------------------------------------------------------------------------------------ leftover cluster
 def _free_port() -> int:
     import socket
