@@ -4,17 +4,7 @@ One Python controller writes the RL dataflow; each model role runs as an SPMD wo
 (FSDP2 training, an inference engine for generation) on Ray -- or all in one process for debugging.
 """
 
-import os as _os
-
 __version__ = "0.1.0"
-
-# Fork and gRPC: grpcio (imported by Ray) registers its C core's fork handlers by default. In a long-lived driver
-# that had run many Ray sessions (the test suite's worker processes), the child forked to exec Ray's GCS died with
-# SIGSEGV inside pthread_join before exec (kernel log: "python[pid]: segfault ... in libc.so.6"; hybridflow said
-# "its GCS process ... exited with code -11"): a fork handler touching a thread of the parent. hybridflow's forked
-# children exec at once or never use gRPC, so gRPC's fork handling is switched off unless the user chose otherwise.
-# grpc reads the variable when it is first imported: set here, before Ray is.
-_os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 __all__ = ["DataProto", "__version__"]
 

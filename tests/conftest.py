@@ -17,9 +17,6 @@ os.environ.pop("RAY_ADDRESS", None)
 # For the tests that call ray.init themselves (init_ray allows LOCAL_START_WAIT_S and tries a failed start once
 # more): on a busy 2-core runner Ray's GCS server can need more than Ray's default 30 s to publish its port.
 os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
-# What `import hybridflow` sets (hybridflow/__init__.py): gRPC's fork handlers off. Here too because a test module
-# may import ray (and so grpc) before hybridflow.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import pytest
 import torch

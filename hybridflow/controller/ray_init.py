@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -46,8 +48,9 @@ LOCAL_START_WAIT_S = 60
 
 # Ray's start-up warnings that ask nothing of a hybridflow user: (the logger that emits it, its text), with why.
 RAY_NOTICES_DROPPED = (
-    # ray.init runs on hybridflow's start-up thread (it overlaps data loading), where Ray does not install its own
-    # SIGTERM handler -- which is what hybridflow wants: its handler finishes the step and checkpoints.
+    # ray.init called off the main thread (a user's or a test's) does not install Ray's SIGTERM handler -- which is
+    # what hybridflow wants: its handler finishes the step and checkpoints (on the main thread the handler in
+    # place before ray.init is put back, see _connect).
     ("ray._private.worker", "SIGTERM handler is not set because current thread is not the main thread"),
     # Ray 2.60 turns token authentication on for a new local instance (it listens on the node's address) and
     # says so when RAY_AUTH_MODE is unset; keeping that protection needs no action.  The opposite notice
@@ -152,6 +155,10 @@ def _driver_signal_handling() -> None:
 def _connect(kwargs: dict[str, Any], where: str) -> None:
     import ray
 
+    # On the main thread ray.init replaces the SIGTERM handler with one that exits at once; the run's own
+    # (hybridflow's: finish the step, checkpoint, exit 143) or the default stays instead.
+    on_main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if on_main else None
     try:
         ray.init(**kwargs)
     except Exception as e:  # noqa: BLE001 - re-raised with the request attached
@@ -163,6 +170,9 @@ def _connect(kwargs: dict[str, Any], where: str) -> None:
             f"ray.init failed while connecting to {where} with arguments {kwargs}: {type(e).__name__}: {e}. "
             "Check ray_kwargs.ray_init (address, num_cpus, num_gpus) or run `ray status` on the cluster." + hint
         ) from e
+    finally:
+        if on_main and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def _start_local(kwargs: dict[str, Any], attempts: int = 2) -> None:

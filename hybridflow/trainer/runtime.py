@@ -76,11 +76,12 @@ def pool_options(config) -> dict[str, Any]:
     return options
 
 
-def create_workers(config) -> Runtime:
+def create_workers(config, owns_ray: bool = False) -> Runtime:
     """Start the backend and the role worker processes, without loading any model yet.
 
     With Ray this is the slow part of start-up (``ray.init``, then one process per rank that imports torch),
-    which is why :func:`train_ppo` runs it in a background thread while it builds data and rewards; the
+    which is why :func:`train_ppo` runs it in a background thread while it builds data and rewards (after
+    starting Ray itself on its own thread, ``owns_ray``: see :class:`RuntimeStart`); the
     models are loaded afterwards by :func:`init_models`, once the LR horizon is known. On failure everything
     started so far is released before the error propagates, so no Ray instance or worker is left behind.
     """
@@ -96,7 +97,7 @@ def create_workers(config) -> Runtime:
 
             from hybridflow.controller.ray_init import init_ray
 
-            started_here = not ray.is_initialized()
+            started_here = owns_ray or not ray.is_initialized()  # owns_ray: the caller started it for this run
             init_ray(dict(config.ray_kwargs.ray_init))
             if started_here:
                 runtime._closers.append(ray.shutdown)
@@ -210,14 +211,17 @@ class RuntimeStart:
 
     Ray's start-up (``ray.init``: GCS, raylet and agent processes; then each worker process importing torch)
     takes several seconds and needs nothing the driver builds next (tokenizer, datasets, reward managers), so
-    the two overlap. ``result()`` waits and re-raises a start-up error unchanged (the same
-    ``RayInitError`` / ``ResourceUnavailableError`` / ``WorkerError`` a sequential start raises);
-    ``abandon()`` is for the driver failing first: it waits for the thread (a ``ray.init`` cannot be
-    interrupted) and releases whatever it started, so no Ray instance or worker outlives the run.
+    the worker processes start in a background thread while the driver goes on. ``result()`` waits and
+    re-raises a start-up error unchanged (the same ``RayInitError`` / ``ResourceUnavailableError`` /
+    ``WorkerError`` a sequential start raises); ``abandon()`` is for the driver failing first: it waits for the
+    thread and releases whatever it started, so no Ray instance or worker outlives the run.
 
-    The thread that ran ``ray.init`` stays parked until the runtime is closed: Ray starts its GCS and raylet
-    with ``PR_SET_PDEATHSIG``, which Linux fires when the *thread* that forked them exits, so a thread that
-    returned after ``ray.init`` would take the cluster down with it.
+    ``ray.init`` itself runs here, on the calling thread, before the background thread starts. Ray forks its GCS
+    and raylet from the thread that calls it, with ``PR_SET_PDEATHSIG`` (Linux fires it when that *thread*
+    exits), and a fork from a secondary thread of a long-lived driver crashed in the child before exec (SIGSEGV
+    in ``pthread_join``, seen repeatedly at the end of the test suite's worker processes; a fork from the main
+    thread of the same processes never did). The background thread still stays parked until the runtime is
+    closed, so nothing it started can lose its parent thread early.
     """
 
     def __init__(self, config):
@@ -227,17 +231,28 @@ class RuntimeStart:
         self._release = threading.Event()
         self._thread: threading.Thread | None = None
         if config.trainer.backend == "ray":
-            self._thread = threading.Thread(target=self._run, args=(config, True), name="hybridflow-startup",
-                                            daemon=True)
+            import ray
+
+            from hybridflow.controller.ray_init import init_ray
+
+            owns_ray = not ray.is_initialized()
+            try:
+                init_ray(dict(config.ray_kwargs.ray_init))
+            except BaseException as e:  # noqa: BLE001 - raised by result(), as from the thread
+                self._error = e
+                self._ready.set()
+                return
+            self._thread = threading.Thread(target=self._run, args=(config, True, owns_ray),
+                                            name="hybridflow-startup", daemon=True)
             self._thread.start()
         else:  # in-process backend: nothing slow to overlap, and breakpoints stay in the main thread
             self._run(config, False)
             if self._error is not None:  # nothing runs concurrently here, so fail at once
                 raise self._error
 
-    def _run(self, config, linger: bool) -> None:
+    def _run(self, config, linger: bool, owns_ray: bool = False) -> None:
         try:
-            self._runtime = create_workers(config)
+            self._runtime = create_workers(config, owns_ray=owns_ray)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread by result()
             self._error = e
             return

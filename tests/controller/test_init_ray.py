@@ -84,14 +84,24 @@ def test_a_gcs_that_never_publishes_its_port_is_named_cleaned_away_and_tried_onc
     assert "GCS LEFT []" in out.stdout, text[-3000:]
 
 
-@pytest.mark.parametrize("user_value", [None, "1"])
-def test_importing_hybridflow_turns_grpcs_fork_handlers_off_unless_the_user_chose(user_value):
-    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
-    if user_value is not None:
-        env["GRPC_ENABLE_FORK_SUPPORT"] = user_value
-    env["PYTHONPATH"] = str(REPO)
-    out = _python("import os, hybridflow; print('GRPC', os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))", env)
-    assert f"GRPC {user_value or 'false'}" in out.stdout, out.stderr[-2000:]
+KEEPS_SIGTERM = """
+import signal
+from hybridflow.controller import init_ray
+def mine(signum, frame):
+    pass
+signal.signal(signal.SIGTERM, mine)
+init_ray({"num_cpus": 1})
+print("SIGTERM KEPT", signal.getsignal(signal.SIGTERM) is mine)
+import ray
+ray.shutdown()
+"""
+
+
+def test_a_start_on_the_main_thread_keeps_the_runs_sigterm_handler():
+    """ray.init on the main thread installs Ray's exit-at-once SIGTERM handler; hybridflow's (finish the step,
+    checkpoint, exit 143) must stay."""
+    out = _python(KEEPS_SIGTERM, {**os.environ, "PYTHONPATH": str(REPO)})
+    assert "SIGTERM KEPT True" in out.stdout, (out.stdout + out.stderr)[-3000:]
 
 
 # ------------------------------------------------------------------------------------------------ leftover cluster

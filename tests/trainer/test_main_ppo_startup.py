@@ -1,4 +1,4 @@
-"""Start-up of ``train_ppo``: Ray starts in a background thread, errors and clean-up behave as a serial start.
+"""Start-up of ``train_ppo``: the workers start in a background thread, errors and clean-up behave as a serial start.
 
 One real Ray instance for the module (``test_background_start_survives_its_thread_and_is_released``); the
 other tests fail before any Ray process exists.
@@ -77,10 +77,13 @@ def _ray_pids() -> list[int]:
 
 
 def test_background_start_survives_its_thread_and_is_released(tiny_model_dir):
-    """Ray's GCS/raylet die with the *thread* that forked them (PR_SET_PDEATHSIG), so the start-up thread
-    must stay parked while the run uses Ray; ``abandon()`` (the driver failed first) releases it all."""
+    """Ray starts on the calling thread (its GCS/raylet die with the *thread* that forked them, PR_SET_PDEATHSIG,
+    and a fork from a secondary thread of a long-lived process crashed before exec), the worker processes in the
+    background thread, which stays parked while the run uses Ray; ``abandon()`` (the driver failed first)
+    releases it all."""
     pytest.importorskip("psutil")
     start = RuntimeStart(_config(tiny_model_dir, "ray_kwargs.ray_init.num_cpus=1"))
+    assert ray.is_initialized()  # before result(): ray.init ran on this (the main) thread
     runtime = start.result()
     gcs = _ray_pids()
     assert gcs, "no gcs_server child process: Ray was not started by this run"
