@@ -238,7 +238,7 @@ class RuntimeStart:
             owns_ray = not ray.is_initialized()
             try:
                 init_ray(dict(config.ray_kwargs.ray_init))
-            except BaseException as e:  # noqa: BLE001 - raised by result(), as from the thread
+            except Exception as e:  # noqa: BLE001 - raised by result(), as from the thread (Ctrl-C: at once)
                 self._error = e
                 self._ready.set()
                 return
