@@ -38,9 +38,9 @@ def test_cache_is_sized_by_the_batch_not_by_max_num_seqs(model_and_tokenizer, pr
 def test_short_sequences_get_a_narrow_cache_that_grows_when_longer_ones_come(model_and_tokenizer, prompts):
     """Widths: a power of two from 16 to 64, then multiples of 64 (the cache is zero-filled at every allocation:
     128 rows of 12-token sequences do not pay for 64 columns)."""
-    from hybridflow.rollout.hf.batcher import _cache_columns
+    from hybridflow.rollout.hf.kv_cache import cache_columns
 
-    assert [_cache_columns(n) for n in (1, 12, 16, 17, 33, 64, 65, 130)] == [16, 16, 16, 32, 64, 64, 128, 192]
+    assert [cache_columns(n) for n in (1, 12, 16, 17, 33, 64, 65, 130)] == [16, 16, 16, 32, 64, 64, 128, 192]
     model, tok = model_and_tokenizer
     engine = HFRolloutEngine(model, tok)
     short = [p[:4] for p in prompts]

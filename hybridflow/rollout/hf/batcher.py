@@ -37,7 +37,7 @@ from hybridflow.rollout.hf.attention_masks import EngineMasks
 from hybridflow.rollout.hf.exact import exact_next_tokens
 from hybridflow.rollout.hf.fast_decode import fast_decoder_for
 from hybridflow.rollout.hf.prefill import PrefillJob, run_prefill
-from hybridflow.rollout.hf.kv_cache import KVGeometry, SlotKVCache
+from hybridflow.rollout.hf.kv_cache import KVGeometry, SlotKVCache, cache_columns
 from hybridflow.rollout.hf.prefix_pool import ParkedSequence, PrefixPool
 from hybridflow.rollout.hf.requests import BatcherLimits, GenerationRequest
 from hybridflow.rollout.hf.weights_stamp import WeightsStamp
@@ -47,10 +47,9 @@ __all__ = ["BatcherLimits", "ContinuousBatcher", "GenerationRequest"]
 
 logger = logging.getLogger(__name__)
 
-_COLUMN_QUANTUM = 64  # cache (past 64 columns) and output widths are rounded up so that growth is rare
+_COLUMN_QUANTUM = 64  # output widths are rounded up so that growth is rare (cache widths: kv_cache.cache_columns)
 _ROW_QUANTUM = 8
 _MAX_MODEL_LEN_KEY = "actor_rollout_ref.rollout.max_model_len"
-logger = logging.getLogger(__name__)
 _REPORTED: set[tuple[str, str]] = set()  # (model type, reason) already reported in this process
 
 
@@ -66,16 +65,6 @@ def _report_fallback(model: torch.nn.Module, reason: str) -> None:
 
 def _round_up(x: int, quantum: int = _COLUMN_QUANTUM) -> int:
     return -(-x // quantum) * quantum
-
-
-def _cache_columns(x: int) -> int:
-    """KV-cache width for sequences of up to ``x`` tokens: a power of two from 16 to 64, then a multiple of 64.
-    Short sequences get a narrow cache: the cache is zero-filled at allocation (and reallocated after every
-    ``sleep`` that frees it), which for 128 rows of 12 tokens in 64 columns cost more than the decode steps'
-    attention; growth past 64 columns stays rare."""
-    if x <= _COLUMN_QUANTUM:
-        return max(16, 1 << (max(x, 1) - 1).bit_length())
-    return _round_up(x)
 
 
 class ContinuousBatcher:
@@ -265,7 +254,7 @@ class ContinuousBatcher:
         limit = self.limits.max_num_seqs
         per_token = self._bytes_per_token()
         if budget is not None and per_token:
-            limit = min(limit, budget // (_cache_columns(cols) * per_token))
+            limit = min(limit, budget // (cache_columns(cols) * per_token))
         return limit
 
     # ------------------------------------------------------------------ admission
@@ -294,7 +283,7 @@ class ContinuousBatcher:
                     if rows == 1:
                         self.pending.popleft()
                         req.on_error(MemoryError(
-                            f"request {req.request_id}: one KV-cache row of {_cache_columns(need)} columns does not fit "
+                            f"request {req.request_id}: one KV-cache row of {cache_columns(need)} columns does not fit "
                             f"in gpu_memory_utilization={self.limits.gpu_memory_utilization} of the free device "
                             f"memory; raise actor_rollout_ref.rollout.gpu_memory_utilization or lower "
                             f"{_MAX_MODEL_LEN_KEY} / the response length"))
@@ -401,7 +390,7 @@ class ContinuousBatcher:
         k = keep.shape[0] if keep is not None else len(self.reqs)
         n_decode = k + extra_rows
         cur_rows, cur_cols = (cache.max_rows, cache.capacity) if cache is not None else (0, 0)
-        new_cols = cur_cols if cols <= cur_cols else _cache_columns(cols)
+        new_cols = cur_cols if cols <= cur_cols else cache_columns(cols)
         realloc = cache is None or new_cols != cur_cols or n_decode > cur_rows
         new_rows = cur_rows
         if realloc:
