@@ -97,16 +97,21 @@ def varied_vlm_dir(tmp_path_factory):
                                         initializer_range=0.2))
 
 
-# Tests that assert on wall-clock bounds (a fault reported within seconds, a signal answered in time), need the
-# main thread (xdist runs tests in a worker thread), count the
-# machine's processes or threads, or start a `ray start` cluster of their own: `make test` runs them after the
-# parallel part, alone on the machine (`-m serial`), so a neighbour's load cannot make them fail. The benchmark
-# scripts' smoke tests (tests/benchmarks) assert no timings and run in the parallel part, as does the two-node
-# `ray start` cluster of controller/test_ray_cli_cluster.py (its own ports, temp dir and token; no timings).
-SERIAL = ("faults/", "controller/test_init_ray.py", "controller/test_ray_failures.py",
+# Tests that assert on wall-clock bounds (a fault reported within seconds, a signal answered in time, a sandbox
+# timeout of a few seconds), kill a process at a chosen moment, count the machine's processes or threads, or
+# start a Ray cluster of their own (`ray start`, the GCS start-up tests): `make test` runs them after the parallel
+# part, alone on the machine (`-m serial`), so a neighbour's load cannot make them fail. The other fault tests
+# (bad input, silent runs, an engine fault exiting with its cause, SIGTERM to a run, a full disk) assert what a
+# run says and how it exits, with timeouts of minutes, and run in the parallel part, as do the benchmark scripts'
+# smoke tests (tests/benchmarks: no timings) and the two-node `ray start` cluster of
+# controller/test_ray_cli_cluster.py (its own ports, temp dir and token; no timings). xdist runs each test on
+# its worker's main thread, so signal handlers can be installed there.
+SERIAL = ("faults/test_waits.py", "faults/test_sandbox.py", "faults/test_sandbox_server.py",
+          "faults/test_code_reward_hacks.py", "faults/test_stuck_user_code.py", "faults/test_checkpoint_kill.py",
+          "faults/test_worker_kill.py", "controller/test_init_ray.py", "controller/test_ray_failures.py",
           "controller/test_multinode.py", "integration/test_ray_footprint.py",
           "rollout/test_engine_faults.py", "rollout/test_stall_watchdog.py", "rollout/test_checkpoint_engine_faults.py",
-          "tools/test_mcp_tool.py", "tools/test_executor.py", "test_quiet_console.py", "rollout_vllm/",
+          "tools/test_mcp_tool.py", "tools/test_executor.py", "rollout_vllm/",
           "integration/test_async_reward_run.py")
 
 

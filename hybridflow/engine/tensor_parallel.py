@@ -41,7 +41,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from hybridflow.engine.transformers_adapter import (
     attention_head_counts,
@@ -54,7 +53,10 @@ from hybridflow.engine.transformers_adapter import (
 
 __all__ = ["TensorParallelError", "apply_tensor_parallel", "tensor_parallel_problem"]
 
-_ROWWISE = RowwiseParallel  # the style of the layers' row-wise projections (the tests' sabotage swaps it)
+# The style of the layers' row-wise projections; None is torch's RowwiseParallel (the tests' sabotage sets it).
+# torch.distributed.tensor is imported where a model is split, not with this module: it takes ~0.7 s, which every
+# worker process would pay at start-up although most runs have tensor_model_parallel_size=1.
+_ROWWISE: type | None = None
 
 
 class TensorParallelError(ValueError):
@@ -82,7 +84,7 @@ def tensor_parallel_problem(config: Any, tp: int, key: str) -> str | None:
 def apply_tensor_parallel(model: nn.Module, tp_mesh, key: str = "megatron.tensor_model_parallel_size") -> nn.Module:
     """Split ``model`` over ``tp_mesh`` in place (before FSDP2 shards it over the data dimensions)."""
     from torch.distributed.tensor import Replicate, Shard
-
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
     problem = tensor_parallel_problem(model.config, tp_mesh.size(), key)
     if problem:
@@ -128,6 +130,8 @@ def _is_lora(module: nn.Module) -> bool:
 
 def _colwise(layer: nn.Module, name: str) -> dict[str, Any]:
     """Plan of a column-wise projection: the weight (and a LoRA adapter's B) split on the output features."""
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
     module = layer.get_submodule(name)
     if not _is_lora(module):
         return {name: ColwiseParallel()}
@@ -136,10 +140,13 @@ def _colwise(layer: nn.Module, name: str) -> dict[str, Any]:
 
 def _rowwise(layer: nn.Module, name: str) -> dict[str, Any]:
     """Plan of a row-wise projection: the weight (and a LoRA adapter's A) split on the input features."""
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    style = _ROWWISE or RowwiseParallel
     module = layer.get_submodule(name)
     if not _is_lora(module):
-        return {name: _ROWWISE()}
-    return {f"{name}.base_layer": _ROWWISE(), **{f"{name}.lora_A.{a}": _ROWWISE() for a in module.lora_A}}
+        return {name: style()}
+    return {f"{name}.base_layer": style(), **{f"{name}.lora_A.{a}": style() for a in module.lora_A}}
 
 
 def _check_lora_targets(model: nn.Module, key: str) -> None:
