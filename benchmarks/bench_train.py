@@ -9,10 +9,12 @@ attention term, Kaplan et al. 2020 / the PaLM MFU definition), counted on the *v
 padding shows up as lost efficiency. The peak is the best fp32 ``n×n`` matmul rate measured in the same
 process with the same thread count. Variants compared side by side (alternating):
 
-* ``packed``   -- rows concatenated into one (no pad tokens computed), forced with ``PPOActor.packed=True``:
-  what ``model.use_remove_padding=true`` ran on CPU before the layout became device-dependent
-* ``default``  -- ``model.use_remove_padding=true`` as the defaults run it: on CPU (no varlen attention
-  kernel) ``engine.forward.use_packed_layout`` picks the trimmed padded layout
+* ``packed``   -- rows concatenated into one (no pad tokens computed), forced with ``PPOActor.packed=True``;
+  attention runs on a right-padded copy of the sequences (``engine/padded_attention.py``)
+* ``trimmed``  -- the padded layout with the columns that are padding in every row cut off, forced with
+  ``PPOActor.packed=False``: what the defaults ran on CPU before padded attention
+* ``default``  -- ``model.use_remove_padding=true`` as the defaults run it (``engine.forward.use_packed_layout``:
+  packed for a text model running sdpa)
 * ``dynamic``  -- default + ``actor.use_dynamic_bsz=true`` (micro-batches by token budget)
 * ``default+old_lp`` / ``default-in-update`` -- the actor's whole share of an on-policy step: the separate
   ``compute_log_prob`` forward followed by the update (before), vs the update alone taking the old
@@ -47,6 +49,7 @@ class Variant(NamedTuple):  # not a dataclass: the smoke test loads this file wi
 
 VARIANTS = {
     "packed": Variant((RMPAD,), packed=True),
+    "trimmed": Variant((RMPAD,), packed=False),
     "default": Variant((RMPAD,)),
     "dynamic": Variant((RMPAD, "actor_rollout_ref.actor.use_dynamic_bsz=true")),
     "default+old_lp": Variant((RMPAD,), old_log_prob="forward"),
@@ -169,12 +172,12 @@ def main(argv: list[str] | None = None) -> int:
                    "fraction of peak (CPU time)"], out_rows)
     print("(FLOP/s of the two last rows count the update only: the old log-prob forward is extra work)")
     med = {r[0]: r[5] for r in out_rows}
-    print(f"padding_cost={med['default'] / med['packed']:.3f}  (default -- trimmed padded on CPU -- / packed update CPU time)")
+    print(f"padding_cost={med['trimmed'] / med['packed']:.3f}  (trimmed padded layout / packed update CPU time)")
     print(f"dynamic_cost={med['dynamic'] / med['default']:.3f}  (dynamic bsz / fixed micro-batches CPU time)")
     print(f"old_lp_cost={med['default-in-update'] / med['default+old_lp']:.3f}  "
           "(update taking old log-probs from its pass / old log-prob forward + update, CPU time)")
     print(f"mfu_packed={out_rows[0][8]:.3f}  (wall clock; CPU-time based {out_rows[0][9]:.3f})")
-    print(f"mfu_default={out_rows[1][8]:.3f}  (wall clock; CPU-time based {out_rows[1][9]:.3f})")
+    print(f"mfu_trimmed={out_rows[1][8]:.3f}  (wall clock; CPU-time based {out_rows[1][9]:.3f})")
     return 0
 
 

@@ -11,11 +11,12 @@ Rows arrive as ``[left pad | prompt | response | right pad]`` (``input_ids``, ``
 * **trimmed** (``use_remove_padding=False``, or models whose attention ignores packing): the columns
   that are padding in every row are cut off, so at most the ragged part of the batch is padding.
 
-Packing only pays off with a variable-length attention kernel (flash-attention's varlen path), which
-attends within each sequence.  Without one (CPU, or sdpa/eager on GPU) transformers turns the packed row
-into a dense block-diagonal N x N mask: attention does O(N^2) work instead of O(sum L_i^2) and loses
-sdpa's ``is_causal`` fast path.  ``use_packed_layout`` therefore uses the trimmed layout there even when
-``use_remove_padding=True``; see its docstring for the measurements.
+Packing pays off where attention can stay within each sequence: flash-attention's varlen path on GPU, and
+elsewhere (CPU; sdpa on GPU) :mod:`hybridflow.engine.padded_attention`, which pads only inside attention (a
+right-padded batch with sdpa's ``is_causal``) while every other layer sees the packed row.  Without either (eager
+attention, sliding-window or soft-capped models, VLMs) transformers would turn the packed row into a dense
+block-diagonal N x N mask -- O(N^2) attention work instead of O(sum L_i^2), and no ``is_causal`` fast path -- so
+``use_packed_layout`` keeps the trimmed layout there; see its docstring for the measurements.
 
 Vision-language batches (``data/multimodal.py``) add per-row ``multi_modal_inputs`` (pixel patches and grids,
 concatenated over the micro-batch's rows in order, which is the order of their image tokens in either layout)
@@ -42,6 +43,7 @@ import torch
 from torch import nn
 
 from hybridflow.data.mrope import model_position_ids
+from hybridflow.engine.padded_attention import padded_attention, supports_padded_attention
 from hybridflow.engine.transformers_adapter import attention_implementation
 from hybridflow.engine.ulysses_forward import SequenceParallel, sequence_parallel_outputs
 from hybridflow.engine.vision import merge_multi_modal_inputs, vision_in_every_step
@@ -131,22 +133,27 @@ def logprob_entropy(
 _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
 
 
-def use_packed_layout(module: nn.Module, device: torch.device, use_remove_padding: bool) -> bool:
-    """Pack the micro-batch into one row only where a varlen attention kernel makes that cheaper.
+def _has_varlen_kernel(module: nn.Module, device: torch.device) -> bool:
+    config = getattr(module, "config", None)
+    return device.type == "cuda" and config is not None and attention_implementation(config) in _VARLEN_ATTENTION
 
-    With flash-attention on CUDA the packed row costs sum L_i^2 attention work and no padding at all.
-    Without it (CPU sdpa, or sdpa/eager on GPU) the packed row gets a dense block-diagonal N x N mask
-    (N = all valid tokens of the micro-batch), so attention costs N^2 and cannot use the causal fast
-    path, while the trimmed padded batch runs B x L_max^2 with ``is_causal``.  Measured on this project's
-    CPU VM (``benchmarks/bench_train.py``, ``medium`` model, 16 rows of 32 + 32..128 tokens, 76 % valid
-    tokens, fp32, one thread): the trimmed update took 0.89x the CPU time of the packed one (4.23 vs
-    4.75 s), although it computes 24 % more tokens; ``benchmarks/RESULTS.md`` section 2 has the current
-    numbers.  The outputs of both layouts agree to 1e-5 (``tests/engine/test_forward.py``).
+
+def use_packed_layout(module: nn.Module, device: torch.device, use_remove_padding: bool) -> bool:
+    """Pack the micro-batch into one row where attention can stay within each sequence.
+
+    With flash-attention on CUDA the packed row costs sum L_i^2 attention work and no padding at all; a text
+    model running sdpa (CPU, or GPU without flash-attn) gets the same from ``engine/padded_attention.py``.
+    Otherwise the packed row would get a dense block-diagonal N x N mask (N = all valid tokens of the
+    micro-batch), so attention would cost N^2 and lose the causal fast path, while the trimmed padded batch runs
+    B x L_max^2 with ``is_causal``: the trimmed layout is used there.  Measured on this project's CPU
+    (``benchmarks/bench_train.py``, and the step shape of ``bench_vs_trl.py``: 128 rows of 6-12 tokens, fp32,
+    one thread): forward + backward 76 ms packed with padded attention, 101 ms trimmed, 132 ms packed with the
+    dense mask; ``benchmarks/RESULTS.md`` section 19 has the update times.  The outputs of the layouts agree to
+    1e-5 (``tests/engine/test_forward.py``).
     """
     if not use_remove_padding:
         return False
-    config = getattr(module, "config", None)
-    return device.type == "cuda" and config is not None and attention_implementation(config) in _VARLEN_ATTENTION
+    return _has_varlen_kernel(module, device) or supports_padded_attention(module)
 
 
 def per_position_outputs(
@@ -163,7 +170,8 @@ def per_position_outputs(
 ) -> dict[str, torch.Tensor]:
     """Run ``head_fn`` on the compact (packed or trimmed) batch; return its outputs as (B, L) tensors.
 
-    ``head_fn(module, ids, attention_mask_or_None, position_ids, keep, labels)`` returns a dict of per-position
+    ``head_fn(module, ids, attention_mask_or_None, position_ids, keep, labels, **model_kwargs)`` returns a dict of
+    per-position
     tensors for the positions ``keep`` selects along the sequence dimension of the model's outputs (``None``:
     all; an int k: the last k; a 1-D index tensor); ``labels`` (b, kept) are the next tokens of those positions.
     ``sequence_parallel``: this rank's Ulysses group (sp > 1 packs and splits the row over it).
@@ -201,7 +209,11 @@ def per_position_outputs(
                 wanted = torch.arange(L, device=mask.device) >= first_col
                 keep = wanted.expand(B, L)[mask].nonzero().flatten()
                 where = mask & wanted
-            outs = head_fn(module, ids, None, pos, keep, _take(torch.roll(ids, shifts=-1, dims=1), keep), **mm)
+            # no varlen kernel: attention runs on a right-padded copy of the sequences (engine/padded_attention.py)
+            pad_inside = not _has_varlen_kernel(module, input_ids.device) and supports_padded_attention(module)
+            with padded_attention(mask) if pad_inside else contextlib.nullcontext({}) as pack:
+                outs = head_fn(module, ids, None, pos, keep, _take(torch.roll(ids, shifts=-1, dims=1), keep), **mm,
+                               **pack)
             return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__(where, v[0]))
         cols = mask.any(dim=0).nonzero().flatten()
         lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
@@ -379,8 +391,8 @@ def response_log_probs(
     return outs["log_probs"], outs.get("entropy")
 
 
-def _token_value_head(module, ids, attn, pos, keep, labels):
-    logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+def _token_value_head(module, ids, attn, pos, keep, labels, **model_kwargs):
+    logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **model_kwargs).logits
     return {"values": _take(logits[..., 0].float(), keep)}
 
 
@@ -412,10 +424,11 @@ def _root_parameters(module: nn.Module) -> Iterator[None]:
         module.reshard()
 
 
-def _sequence_score_head(module, ids, attn, pos, keep, labels):
+def _sequence_score_head(module, ids, attn, pos, keep, labels, **model_kwargs):
     backbone = getattr(module, module.base_model_prefix)
     with _root_parameters(module):
-        hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+        hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                          **model_kwargs).last_hidden_state
         return {"scores": _take(module.score(hidden)[..., 0].float(), keep)}
 
 

@@ -187,18 +187,19 @@ def decoder_stack(model: nn.Module) -> nn.Module:
     return decoder
 
 
-# name -> tag of the wrapper installed (so several engines in one process install it once)
-_WRAPPED: dict[tuple[str, str], str] = {}
+# (kind, name) -> tags of the wrappers installed (several engines in one process install each once)
+_WRAPPED: dict[tuple[str, str], set[str]] = {}
 
 
 def _wrap(kind: str, interface: Any, name: str, make_wrapper, tag: str) -> bool:
-    if _WRAPPED.get((kind, name)) == tag:
+    tags = _WRAPPED.setdefault((kind, name), set())  # wrappers of several tags nest; each tag wraps once
+    if tag in tags:
         return True
     mapping = interface._global_mapping
     if name not in mapping:
         return False
     type(interface).register(name, make_wrapper(mapping[name]))
-    _WRAPPED[(kind, name)] = tag
+    tags.add(tag)
     return True
 
 

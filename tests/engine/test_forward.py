@@ -17,20 +17,22 @@ def test_packed_and_trimmed_log_probs_match_padded(tiny_causal_lm, batches):
     mask = data.batch["response_mask"].bool()
     assert torch.allclose(packed[mask], ref[mask], atol=1e-5)
     assert torch.allclose(trimmed[mask], ref[mask], atol=1e-5)
-    assert torch.allclose(auto[mask], packed[mask], atol=1e-5)  # CPU: use_remove_padding runs the trimmed layout
+    assert torch.allclose(auto[mask], packed[mask], atol=1e-5)  # CPU, sdpa: use_remove_padding packs
     assert torch.allclose(ent_p[mask], ent_t[mask], atol=1e-5)
     assert torch.allclose(ent_a[mask], ent_p[mask], atol=1e-5)
     assert (ent_p[mask] > 0).all()
 
 
-def test_packing_only_with_a_varlen_attention_kernel(tiny_causal_lm):
+def test_packing_where_attention_stays_within_each_sequence(tiny_causal_lm):
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     impl = tiny_causal_lm.config._attn_implementation
     try:
-        assert not use_packed_layout(tiny_causal_lm, cpu, True)  # block-diagonal N x N mask: slower than trimming
-        assert not use_packed_layout(tiny_causal_lm, cuda, False)  # the user asked for the padded layout
         tiny_causal_lm.config._attn_implementation = "sdpa"
-        assert not use_packed_layout(tiny_causal_lm, cuda, True)  # sdpa on GPU builds the same dense mask
+        assert use_packed_layout(tiny_causal_lm, cpu, True)  # padded attention (engine/padded_attention.py)
+        assert use_packed_layout(tiny_causal_lm, cuda, True)
+        assert not use_packed_layout(tiny_causal_lm, cuda, False)  # the user asked for the padded layout
+        tiny_causal_lm.config._attn_implementation = "eager"
+        assert not use_packed_layout(tiny_causal_lm, cpu, True)  # block-diagonal N x N mask: slower than trimming
         tiny_causal_lm.config._attn_implementation = "flash_attention_2"
         assert use_packed_layout(tiny_causal_lm, cuda, True)
         assert not use_packed_layout(tiny_causal_lm, cpu, True)

@@ -169,7 +169,7 @@ def wrapped_sdpa():
 
     saved_attn = ALL_ATTENTION_FUNCTIONS._global_mapping["sdpa"]
     saved_mask = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["sdpa"]
-    saved_tags = dict(tfa._WRAPPED)
+    saved_tags = {key: set(tags) for key, tags in tfa._WRAPPED.items()}
     calls: list[dict] = []
 
     def make_attention(original):
