@@ -101,13 +101,14 @@ def varied_vlm_dir(tmp_path_factory):
 # timeout of a few seconds), kill a process at a chosen moment, count the machine's processes or threads, or
 # start a Ray cluster of their own (`ray start`, the GCS start-up tests): `make test` runs them after the parallel
 # part, alone on the machine (`-m serial`), so a neighbour's load cannot make them fail. The other fault tests
-# (bad input, silent runs, an engine fault exiting with its cause, SIGTERM to a run, a full disk) assert what a
-# run says and how it exits, with timeouts of minutes, and run in the parallel part, as do the benchmark scripts'
+# (bad input, silent runs, an engine fault exiting with its cause, SIGTERM to a run, a full disk, reward hacks
+# scored in the sandbox with a 3 s limit for programs that take milliseconds) assert what a run or a program
+# says and how it exits, and run in the parallel part, as do the benchmark scripts'
 # smoke tests (tests/benchmarks: no timings) and the two-node `ray start` cluster of
 # controller/test_ray_cli_cluster.py (its own ports, temp dir and token; no timings). xdist runs each test on
 # its worker's main thread, so signal handlers can be installed there.
 SERIAL = ("faults/test_waits.py", "faults/test_sandbox.py", "faults/test_sandbox_server.py",
-          "faults/test_code_reward_hacks.py", "faults/test_stuck_user_code.py", "faults/test_checkpoint_kill.py",
+          "faults/test_stuck_user_code.py", "faults/test_checkpoint_kill.py",
           "faults/test_worker_kill.py", "controller/test_init_ray.py", "controller/test_ray_failures.py",
           "controller/test_multinode.py", "integration/test_ray_footprint.py",
           "rollout/test_engine_faults.py", "rollout/test_stall_watchdog.py", "rollout/test_checkpoint_engine_faults.py",
