@@ -38,6 +38,7 @@ from torch import nn
 
 from hybridflow.engine.transformers_adapter import (
     attention_implementation,
+    no_mask_while,
     text_config,
     wrap_attention_function,
     wrap_mask_function,
@@ -107,21 +108,9 @@ def _padded_sdpa(original: Callable) -> Callable:
     return attention
 
 
-def _no_mask_for_the_pack(original: Callable) -> Callable:
-    """No mask for the packed row of a pass inside :func:`padded_attention` (the padded batch is plain causal)."""
-
-    def mask(*args: Any, **kwargs: Any):
-        if _PACKED_PASS.get():
-            return None
-        return original(*args, **kwargs)
-
-    mask.__wrapped__ = original
-    return mask
-
-
 def _install() -> None:
     if wrap_attention_function("sdpa", _padded_sdpa, _TAG):
-        wrap_mask_function("sdpa", _no_mask_for_the_pack, _TAG)
+        wrap_mask_function("sdpa", no_mask_while(_PACKED_PASS), _TAG)  # the padded batch is plain causal
 
 
 def _hf_model(module: nn.Module) -> nn.Module:

@@ -39,6 +39,8 @@ tests (``tests/engine/test_transformers_adapter.py``) say which assumption no lo
 
 from __future__ import annotations
 
+import contextvars
+
 import functools
 import inspect
 from dataclasses import dataclass
@@ -217,6 +219,22 @@ def wrap_mask_function(name: str, make_wrapper, tag: str) -> bool:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     return _wrap("mask", ALL_MASK_ATTENTION_FUNCTIONS, name, make_wrapper, tag)
+
+
+def no_mask_while(active: contextvars.ContextVar[bool]):
+    """A ``make_wrapper`` for :func:`wrap_mask_function`: the mask builder returns no mask while ``active`` is true
+    (a forward whose attention wrapper needs none) and is the wrapped builder otherwise."""
+
+    def make(original):
+        def mask(*args, **kwargs):
+            if active.get():
+                return None
+            return original(*args, **kwargs)
+
+        mask.__wrapped__ = original
+        return mask
+
+    return make
 
 
 # ---------------------------------------------------------------------------------------------- N-D parallelism

@@ -32,7 +32,7 @@ import contextlib
 import contextvars
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -41,6 +41,7 @@ from hybridflow.engine.transformers_adapter import (
     attention_head_counts,
     attention_implementation,
     decoder_stack,
+    no_mask_while,
     wrap_attention_function,
     wrap_mask_function,
 )
@@ -61,16 +62,6 @@ _TAG = "hybridflow-ulysses"
 _FORWARD_ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("hybridflow_ulysses_forward", default=False)
 
 
-def _no_mask_during_sp(original: Callable) -> Callable:
-    def mask(*args, **kwargs):
-        if _FORWARD_ACTIVE.get():
-            return None
-        return original(*args, **kwargs)
-
-    mask.__wrapped__ = original
-    return mask
-
-
 def install_ulysses_attention() -> None:
     """Wrap transformers' sdpa and flash-attention functions (and their mask builders) once per process.
 
@@ -79,7 +70,7 @@ def install_ulysses_attention() -> None:
     for name in _SUPPORTED:
         varlen = name in _VARLEN
         if wrap_attention_function(name, lambda orig, v=varlen: make_ulysses_attention(orig, v), _TAG):
-            wrap_mask_function(name, _no_mask_during_sp, _TAG)
+            wrap_mask_function(name, no_mask_while(_FORWARD_ACTIVE), _TAG)
 
 
 @dataclass
