@@ -83,8 +83,12 @@ comma := ,
 # use the cores better), then the `serial` ones alone (wall-clock bounds, machine-wide state: tests/conftest.py).
 # `--dist loadfile` keeps a file's tests on one worker, so a module-scoped fixture (a Ray instance, a multi-rank
 # equality run) is built once, not once per worker. Fails if either part fails.
+# The package is byte-compiled first: the suite starts a few hundred Python processes (Ray workers, CLI runs,
+# multi-rank equality runs), and with PYTHONDONTWRITEBYTECODE set (as on this project's machines) each of them
+# would otherwise compile hybridflow's sources again (~0.1-0.3 s a process).
 TEST_WORKERS ?= 2
 test: $(STAMP)
+	@$(PYTHON) -m compileall -q hybridflow >/dev/null
 	@rc=0; $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" tests || rc=$$?; \
 	$(PYTHON) -m pytest -q -m serial tests || rc=$$?; exit $$rc
 
