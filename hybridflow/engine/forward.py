@@ -36,7 +36,6 @@ position P + j - 1, i.e. ``[:, -R-1:-1]``.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from typing import Callable, Iterator
 
 import torch
@@ -44,7 +43,8 @@ from torch import nn
 
 from hybridflow.data.mrope import model_position_ids
 from hybridflow.engine.padded_attention import padded_attention, supports_padded_attention
-from hybridflow.engine.transformers_adapter import attention_implementation
+from hybridflow.engine.fsdp import unwrap_peft
+from hybridflow.engine.transformers_adapter import attention_implementation, forward_parameters
 from hybridflow.engine.ulysses_forward import SequenceParallel, sequence_parallel_outputs
 from hybridflow.engine.vision import merge_multi_modal_inputs, vision_in_every_step
 from hybridflow.engine.vocab_parallel import (
@@ -133,9 +133,13 @@ def logprob_entropy(
 _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
 
 
-def _has_varlen_kernel(module: nn.Module, device: torch.device) -> bool:
+def _packed_attention(module: nn.Module, device: torch.device) -> str | None:
+    """How attention stays within each sequence of a packed row: ``"varlen"`` (flash-attention on CUDA),
+    ``"padded"`` (``engine/padded_attention.py``), or None (only a dense block-diagonal mask would)."""
     config = getattr(module, "config", None)
-    return device.type == "cuda" and config is not None and attention_implementation(config) in _VARLEN_ATTENTION
+    if device.type == "cuda" and config is not None and attention_implementation(config) in _VARLEN_ATTENTION:
+        return "varlen"
+    return "padded" if supports_padded_attention(module) else None
 
 
 def use_packed_layout(module: nn.Module, device: torch.device, use_remove_padding: bool) -> bool:
@@ -153,7 +157,7 @@ def use_packed_layout(module: nn.Module, device: torch.device, use_remove_paddin
     """
     if not use_remove_padding:
         return False
-    return _has_varlen_kernel(module, device) or supports_padded_attention(module)
+    return _packed_attention(module, device) is not None
 
 
 def per_position_outputs(
@@ -171,8 +175,7 @@ def per_position_outputs(
     """Run ``head_fn`` on the compact (packed or trimmed) batch; return its outputs as (B, L) tensors.
 
     ``head_fn(module, ids, attention_mask_or_None, position_ids, keep, labels, **model_kwargs)`` returns a dict of
-    per-position
-    tensors for the positions ``keep`` selects along the sequence dimension of the model's outputs (``None``:
+    per-position tensors for the positions ``keep`` selects along the sequence dimension of the model's outputs (``None``:
     all; an int k: the last k; a 1-D index tensor); ``labels`` (b, kept) are the next tokens of those positions.
     ``sequence_parallel``: this rank's Ulysses group (sp > 1 packs and splits the row over it).
     ``first_col``: only columns >= ``first_col`` of the (B, L) layout are wanted (the rest are left 0), so a
@@ -209,8 +212,7 @@ def per_position_outputs(
                 wanted = torch.arange(L, device=mask.device) >= first_col
                 keep = wanted.expand(B, L)[mask].nonzero().flatten()
                 where = mask & wanted
-            # no varlen kernel: attention runs on a right-padded copy of the sequences (engine/padded_attention.py)
-            pad_inside = not _has_varlen_kernel(module, input_ids.device) and supports_padded_attention(module)
+            pad_inside = _packed_attention(module, input_ids.device) == "padded"
             with padded_attention(mask) if pad_inside else contextlib.nullcontext({}) as pack:
                 outs = head_fn(module, ids, None, pos, keep, _take(torch.roll(ids, shifts=-1, dims=1), keep), **mm,
                                **pack)
@@ -272,16 +274,9 @@ def _take(x: torch.Tensor, keep: int | torch.Tensor | None) -> torch.Tensor:
     return x[:, -keep:] if isinstance(keep, int) else x[:, keep]
 
 
-_LOGITS_TO_KEEP: dict[type, bool] = {}
-
-
 def _accepts_logits_to_keep(module: nn.Module) -> bool:
     """Whether the causal LM's forward projects only the positions it is asked for (transformers >= 4.50)."""
-    base = module.get_base_model() if hasattr(module, "get_base_model") else module  # PEFT wraps the HF model
-    cls = type(base)
-    if cls not in _LOGITS_TO_KEEP:
-        _LOGITS_TO_KEEP[cls] = "logits_to_keep" in inspect.signature(cls.forward).parameters
-    return _LOGITS_TO_KEEP[cls]
+    return "logits_to_keep" in forward_parameters(type(unwrap_peft(module)))[0]
 
 
 def _sum_pi_squared(logits: torch.Tensor, chunk: int = _CHUNK_ROWS) -> torch.Tensor:

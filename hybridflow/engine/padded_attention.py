@@ -29,15 +29,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
+from hybridflow.engine.fsdp import unwrap_peft
 from hybridflow.engine.transformers_adapter import (
     attention_implementation,
+    forward_parameters,
     no_mask_while,
     text_config,
     wrap_attention_function,
@@ -57,6 +58,7 @@ class PackLayout:
     cols: torch.Tensor  # (N,) long
     batch: int
     width: int  # the longest sequence
+    _bands: dict[int, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, mask: torch.Tensor) -> "PackLayout":
@@ -73,6 +75,15 @@ class PackLayout:
         out = tokens.new_zeros(self.batch, self.width, tokens.shape[1], tokens.shape[2])
         out[self.rows, self.cols] = tokens
         return out.transpose(1, 2)
+
+    def banded_mask(self, window: int) -> torch.Tensor:
+        """(1, 1, width, width) causal mask that also hides keys ``window`` or more positions back (transformers'
+        sliding-window convention); built once per pass, shared by its layers."""
+        if window not in self._bands:
+            pos = torch.arange(self.width, device=self.rows.device)
+            distance = pos[:, None] - pos[None, :]
+            self._bands[window] = ((distance >= 0) & (distance < window))[None, None]
+        return self._bands[window]
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """(B, width, H, D) attention output -> (1, N, H, D) packed."""
@@ -95,11 +106,8 @@ def _padded_sdpa(original: Callable) -> Callable:
             raise RuntimeError(f"padded attention got queries of shape {tuple(query.shape)} for a pack of "
                                f"{int(layout.rows.numel())} tokens")
         window = kwargs.get("sliding_window")
-        mask = None
-        if window is not None and int(window) < layout.width:  # a window shorter than a sequence: banded causal
-            pos = torch.arange(layout.width, device=query.device)
-            distance = pos[:, None] - pos[None, :]
-            mask = ((distance >= 0) & (distance < int(window)))[None, None]
+        # a window shorter than a sequence needs a banded causal mask; otherwise sdpa's causal kernel, no mask
+        mask = layout.banded_mask(int(window)) if window is not None and int(window) < layout.width else None
         kwargs["is_causal"] = mask is None
         out, weights = original(module, layout.pad(query), layout.pad(key), layout.pad(value), mask, *args, **kwargs)
         return layout.unpad(out), weights
@@ -113,13 +121,9 @@ def _install() -> None:
         wrap_mask_function("sdpa", no_mask_while(_PACKED_PASS), _TAG)  # the padded batch is plain causal
 
 
-def _hf_model(module: nn.Module) -> nn.Module:
-    return module.get_base_model() if hasattr(module, "get_base_model") else module  # a peft PeftModel
-
-
 def supports_padded_attention(module: nn.Module) -> bool:
     """Whether ``module`` can run a packed row through :func:`padded_attention` (see the module docstring)."""
-    base = _hf_model(module)
+    base = unwrap_peft(module)
     config = getattr(base, "config", None)
     if config is None or attention_implementation(config) != "sdpa" or text_config(config) is not config:
         return False  # eager / flash models, and VLMs (their vision tower and M-RoPE rows keep their own layouts)
@@ -128,18 +132,7 @@ def supports_padded_attention(module: nn.Module) -> bool:
         return False
     if getattr(config, "attn_logit_softcapping", None) is not None:
         return False
-    return _passes_keywords(type(base))
-
-
-_KEYWORDS: dict[type, bool] = {}
-
-
-def _passes_keywords(cls: type) -> bool:
-    """Whether the model's forward takes ``**kwargs`` (transformers' models hand them down to attention)."""
-    if cls not in _KEYWORDS:
-        params = inspect.signature(cls.forward).parameters.values()
-        _KEYWORDS[cls] = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-    return _KEYWORDS[cls]
+    return forward_parameters(type(base))[1]  # the layout reaches attention as a keyword
 
 
 @contextlib.contextmanager

@@ -145,6 +145,15 @@ def text_config(config: Any) -> Any:
     return get() if callable(get) else config
 
 
+@functools.lru_cache(maxsize=None)
+def forward_parameters(cls: type) -> tuple[frozenset[str], bool]:
+    """The named parameters of ``cls.forward`` and whether it also takes ``**kwargs`` (which transformers' models
+    hand down to every attention call), read once per model class."""
+    params = inspect.signature(cls.forward).parameters.values()
+    names = frozenset(p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD)
+    return names, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
 def attention_implementation(config: Any, default: str = "sdpa") -> str:
     """The attention backend a loaded model runs (``sdpa``, ``eager``, ``flash_attention_2``, ...)."""
     impl = getattr(text_config(config), "_attn_implementation", None)

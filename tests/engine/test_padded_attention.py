@@ -112,3 +112,23 @@ def test_padded_attention_refuses_a_pack_of_another_size(tiny_causal_lm):
     ids = torch.tensor([[5, 6, 7, 8]])
     with padded_attention(torch.ones(1, 3, dtype=torch.bool)) as pack, pytest.raises(RuntimeError, match="pack of 3"):
         tiny_causal_lm(input_ids=ids, position_ids=torch.arange(4)[None], use_cache=False, **pack)
+
+
+def test_a_sliding_window_shorter_than_the_sequences_gets_a_banded_mask(batches):
+    """Mistral's model-wide window (3 here, rows up to 13 tokens): the packed rows keep it (a banded mask on the
+    padded batch) and equal the trimmed layout, whose mask transformers builds; without the band they differ."""
+    from hybridflow.utils.tiny_model import build_char_tokenizer, build_tiny_model
+
+    model = build_tiny_model(build_char_tokenizer(), size="nano", seed=0, arch="mistral").eval()
+    model.config._attn_implementation = "sdpa"
+    model.config.sliding_window = 3
+    assert supports_padded_attention(model)
+    data = batches.make_rollout_batch(model.config.vocab_size, batch_size=5, prompt_len=7, response_len=6, seed=4)
+    rows = data.batch["response_mask"].bool()
+    with torch.no_grad():
+        trimmed, _ = response_log_probs(model, data.batch, 1.0, packed=False)
+        packed, _ = response_log_probs(model, data.batch, 1.0, packed=True)
+        model.config.sliding_window = None  # the same weights attending over the whole sequence
+        unbanded, _ = response_log_probs(model, data.batch, 1.0, packed=True)
+    assert torch.allclose(packed[rows], trimmed[rows], atol=1e-5), (packed[rows] - trimmed[rows]).abs().max()
+    assert (unbanded[rows] - trimmed[rows]).abs().max() > 1e-3
