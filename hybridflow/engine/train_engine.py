@@ -38,6 +38,7 @@ from hybridflow.engine.optim import build_lr_scheduler, build_optimizer
 from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.split_model import split_model
 from hybridflow.engine.ulysses_forward import SequenceParallel
+from hybridflow.utils.host_memory import keep_freed_host_memory
 
 __all__ = ["TrainEngine", "StepResult", "resolve_precision"]
 
@@ -100,6 +101,8 @@ class TrainEngine:
 
             enable_full_determinism(int(fsdp_config.seed))
         self.device = dev.get_device()
+        if self.device.type == "cpu":  # activations live in host memory: keep it for the next micro-batch
+            keep_freed_host_memory()
         world = dist.get_world_size() if is_distributed() else 1
         self.parallel_dims = (parallel_dims if parallel_dims is not None else ParallelDims(world)).build(dev.device_type())
         self._rank = dist.get_rank() if is_distributed() and self.parallel_dims.world > 1 else 0

@@ -89,3 +89,30 @@ def test_zero_indexed_step_false_shifts_the_cosine_schedule_by_one_step():
         lrs[zero_indexed] = seen
     assert lrs[True] == pytest.approx([0.1, 0.55, 1.0])
     assert lrs[False] == pytest.approx([0.55, 1.0, cosine_factor(3, 2, 10, 0.1)])
+
+
+def test_adam_takes_the_fused_kernel_unless_the_config_names_one():
+    """AdamW over plain CPU parameters runs torch's fused kernel (one kernel per parameter instead of a loop of
+    temporaries); ``override_optimizer_config`` naming ``foreach`` or ``fused`` decides instead, and the fused
+    update is the AdamW update (the loop's within float rounding)."""
+    torch.manual_seed(0)
+    start = [torch.randn(64, 48), torch.randn(48)]
+    grads = [[torch.randn_like(p) for p in start] for _ in range(5)]
+    weights = {}
+    for name, override in (("fused", None), ("loop", {"foreach": False}), ("foreach", {"foreach": True})):
+        params = [torch.nn.Parameter(p.clone()) for p in start]
+        opt = build_optimizer(params, _optim(lr=1e-2, weight_decay=0.01, override_optimizer_config=override))
+        assert opt.defaults["fused"] is (True if name == "fused" else None)
+        assert opt.defaults["foreach"] is {"fused": None, "loop": False, "foreach": True}[name]
+        for g in grads:
+            for p, gi in zip(params, g):
+                p.grad = gi.clone()
+            opt.step()
+        weights[name] = params
+    for a, b in zip(weights["fused"], weights["loop"]):
+        assert not torch.equal(a, start[0] if a.dim() == 2 else start[1])
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    sgd = build_optimizer([torch.nn.Parameter(torch.zeros(2))], _optim(optimizer="SGD"))
+    assert not sgd.defaults.get("fused") and sgd.defaults["foreach"] is False  # other classes: the loop, as before
+    integer = torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)
+    assert not __import__("hybridflow.engine.optim", fromlist=["_fused_kernels_fit"])._fused_kernels_fit([integer])
