@@ -55,7 +55,7 @@ from hybridflow.engine.vocab_parallel import (
 
 __all__ = [
     "response_log_probs", "response_token_outputs", "response_values", "last_token_scores", "per_position_outputs",
-    "logprob_entropy", "use_packed_layout", "eval_mode",
+    "next_token_log_probs", "logprob_entropy", "use_packed_layout", "eval_mode",
 ]
 
 
@@ -227,6 +227,16 @@ def per_position_outputs(
                        **mm)
         return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__((slice(None), slice(start, hi)), v))
 
+
+
+def next_token_log_probs(module: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         position_ids: torch.Tensor, use_remove_padding: bool) -> torch.Tensor:
+    """(B, L) log-probability the model gives token t + 1 of each row at position t (temperature 1), through the
+    layout :func:`use_packed_layout` picks (packed rows with ``use_remove_padding`` where the model allows, else
+    the trimmed padded batch); 0 at padding.  A row's last position predicts nothing of its own (the next row's
+    first token in a packed row, a pad token otherwise): a loss masks it, as SFT's shifted loss mask does."""
+    head = _lm_head(1.0, calculate_entropy=False, entropy_grad=False)
+    return per_position_outputs(module, input_ids, attention_mask, position_ids, head, use_remove_padding)["log_probs"]
 
 # The batch-invariant layout (``packed=ALIGNED``, set by ``actor_rollout_ref.rollout.exact_log_probs``): every row
 # starts at column 0 (its left padding removed), the batch is right-padded to a multiple of ALIGN_QUANTUM columns

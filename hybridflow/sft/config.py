@@ -2,8 +2,8 @@
 
 ``load_sft_config(["data.train_files=...", "model.partial_pretrain=...", ...])`` types the overrides against
 the dataclasses below; an unknown key is an error naming it. verl keys hybridflow does not implement are
-refused with the reason (``ulysses_sequence_parallel_size`` > 1), and ``use_remove_padding`` is accepted
-without effect (the loss is the same either way), as printed at start.
+refused with the reason (``ulysses_sequence_parallel_size`` > 1).  ``use_remove_padding`` packs each micro-batch
+into one row, as the RL actor does.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ __all__ = [
     "SFTMultiturnConfig",
     "SFTOptimConfig",
     "SFTTrainerConfig",
-    "inert_notes",
     "load_sft_config",
 ]
 
@@ -138,11 +137,3 @@ def _normalize(config: SFTConfig) -> None:
     if isinstance(m.target_modules, str) and m.target_modules.startswith("[") and m.target_modules.endswith("]"):
         m.target_modules = [s.strip() for s in m.target_modules[1:-1].split(",") if s.strip()]
 
-
-def inert_notes(config: SFTConfig) -> list[str]:
-    """verl keys set on the command line that change nothing here, with the reason (printed at start)."""
-    notes = []
-    if config.use_remove_padding:
-        notes.append("use_remove_padding=true: no effect -- the loss and gradients are the same with padding; "
-                     "micro-batches are padded to their longest row")
-    return notes

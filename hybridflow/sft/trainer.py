@@ -24,8 +24,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
+from hybridflow.engine.forward import next_token_log_probs
 from hybridflow.sft.data import (
     SFTExample,
     collate_sft,
@@ -42,7 +42,6 @@ from hybridflow.sft.config import (  # noqa: F401 - the config API is re-exporte
     SFTMultiturnConfig,
     SFTOptimConfig,
     SFTTrainerConfig,
-    inert_notes,
     load_sft_config,
 )
 
@@ -108,12 +107,15 @@ def _engine_configs(config: SFTConfig, total_steps: int):
     return fsdp, optim
 
 
-def sft_loss(module, batch: dict[str, torch.Tensor], num_loss_tokens: int) -> tuple[torch.Tensor, float]:
-    """Sum of next-token cross-entropy over loss tokens / ``num_loss_tokens`` of the whole batch."""
-    logits = module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    position_ids=batch["position_ids"], use_cache=False).logits
-    labels = torch.roll(batch["input_ids"], shifts=-1, dims=1)
-    token_loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
+def sft_loss(module, batch: dict[str, torch.Tensor], num_loss_tokens: int,
+             use_remove_padding: bool = False) -> tuple[torch.Tensor, float]:
+    """Sum of next-token cross-entropy over loss tokens / ``num_loss_tokens`` of the whole batch.
+
+    The forward is the RL actor's (``engine/forward.py``): ``use_remove_padding`` packs the micro-batch into one
+    row (no layer computes a padding token; attention stays within each example), else the padded batch runs
+    trimmed to its valid columns."""
+    token_loss = -next_token_log_probs(module, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+                                       use_remove_padding)
     mask = batch["loss_mask"].to(token_loss.dtype)
     total = (token_loss * mask).sum()
     return total / max(num_loss_tokens, 1), float(total.item())
@@ -187,7 +189,7 @@ class SFTTrainer:
         for start in range(0, len(local), micro):
             batch = collate_sft(local[start:start + micro], pad)
             batch = {k: v.to(self.engine.device) for k, v in batch.items()}
-            loss, raw = sft_loss(self.engine.module, batch, num_tokens)
+            loss, raw = sft_loss(self.engine.module, batch, num_tokens, self.config.use_remove_padding)
             (loss * self.world).backward()  # FSDP averages gradients over ranks; the sum is wanted
             loss_sum += raw
         (loss_sum,) = self.engine.all_reduce_sum([loss_sum])
@@ -208,7 +210,7 @@ class SFTTrainer:
         total = tokens = 0.0
         for start in range(0, len(share), micro):
             batch = {k: v.to(self.engine.device) for k, v in collate_sft(share[start:start + micro], pad).items()}
-            total += sft_loss(self.engine.module, batch, 1)[1]
+            total += sft_loss(self.engine.module, batch, 1, self.config.use_remove_padding)[1]
             tokens += float(batch["loss_mask"].sum())
         total, tokens = self.engine.all_reduce_sum([total, tokens])
         return total / max(tokens, 1.0)
@@ -274,8 +276,6 @@ def main(argv: Sequence[str] | None = None) -> SFTResult | None:
 
     quiet_libraries()
     config = load_sft_config(list(sys.argv[1:] if argv is None else argv))
-    for note in inert_notes(config):
-        print(f"note: {note}", flush=True)
     select_device(config.trainer.device)
     result = run_ranks(_run_logged, config)
     if result is not None:

@@ -1,4 +1,5 @@
-"""SFT: loss masks cover assistant tokens only (single and multi-turn), and a short run lowers the loss."""
+"""SFT: loss masks cover assistant tokens only (single and multi-turn), a short run lowers the loss, and
+``use_remove_padding`` packs micro-batches with the same loss and gradients."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from hybridflow.sft.data import SFTDataError, collate_sft, multi_turn_example, single_turn_example, truncate_example
-from hybridflow.sft.trainer import load_sft_config, run_sft
+from hybridflow.sft.trainer import load_sft_config, run_sft, sft_loss
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +58,13 @@ def test_config_overrides_are_typed():
         load_sft_config(["data.train_batchsize=8"])
 
 
-def test_short_sft_run_lowers_loss_and_exports(nano_model_dir, tmp_path):
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_short_sft_run_lowers_loss_and_exports(nano_model_dir, tmp_path, remove_padding):
     rows = [{"prompt": f"{a:02d}+{b:02d}=", "response": str(a + b)} for a in range(8) for b in range(8)]
     cfg = load_sft_config([f"model.partial_pretrain={nano_model_dir}", "data.train_batch_size=32",
                            "data.micro_batch_size_per_gpu=16", "optim.lr=3e-3", "optim.lr_scheduler=constant",
-                           "trainer.total_training_steps=30", f"trainer.default_local_dir={tmp_path}"])
+                           "trainer.total_training_steps=30", f"trainer.default_local_dir={tmp_path}",
+                           f"use_remove_padding={str(remove_padding).lower()}"])
     result = run_sft(cfg, rows=rows)
     losses = [h["train/loss"] for h in result.history]
     assert len(losses) == 30 and losses[-1] < 0.6 * losses[0]
@@ -69,3 +72,41 @@ def test_short_sft_run_lowers_loss_and_exports(nano_model_dir, tmp_path):
 
     model = AutoModelForCausalLM.from_pretrained(result.hf_dir, dtype=torch.float32)
     assert model.config.vocab_size > 0
+
+
+def test_remove_padding_packs_the_micro_batch_with_the_same_loss_and_gradients(nano_model_dir, tok, monkeypatch):
+    """``use_remove_padding=true``: the model sees one packed row of the examples' tokens (no padding), and the
+    loss and every gradient equal the padded batch's; the padded batch runs when it is false."""
+    from transformers import AutoModelForCausalLM
+
+    import hybridflow.engine.forward as fwd
+
+    examples = [single_turn_example(tok, [{"role": "user", "content": p}], r, "row")
+                for p, r in (("12+30=", "42"), ("7+5=", "12"), ("123+456=", "579"), ("1+1=", "2"))]
+    batch = collate_sft(examples, tok.pad_token_id)
+    valid = int(batch["attention_mask"].sum())
+    assert valid < batch["input_ids"].numel()  # the batch has padding to remove
+    model = AutoModelForCausalLM.from_pretrained(nano_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    shapes = []
+    original = fwd.per_position_outputs
+
+    def spy(module, input_ids, *a, **kw):
+        head = a[2]
+
+        def seen(m, ids, *rest, **extra):
+            shapes.append(tuple(ids.shape))
+            return head(m, ids, *rest, **extra)
+        return original(module, input_ids, a[0], a[1], seen, *a[3:], **kw)
+
+    monkeypatch.setattr(fwd, "per_position_outputs", spy)
+    results = {}
+    for packed in (False, True):
+        model.zero_grad()
+        loss, raw = sft_loss(model, batch, int(batch["loss_mask"].sum()), use_remove_padding=packed)
+        loss.backward()
+        results[packed] = (float(loss.detach()), raw, {n: p.grad.clone() for n, p in model.named_parameters()})
+    assert shapes == [tuple(batch["input_ids"].shape), (1, valid)]
+    assert results[True][0] == pytest.approx(results[False][0], rel=1e-5)
+    assert results[True][1] == pytest.approx(results[False][1], rel=1e-5)
+    for name, grad in results[False][2].items():
+        torch.testing.assert_close(results[True][2][name], grad, rtol=1e-4, atol=1e-6, msg=name)
