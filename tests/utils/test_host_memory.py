@@ -41,7 +41,7 @@ _STEPS = textwrap.dedent("""
 
 def _faults_per_step(tuning: str) -> float:
     env = {**os.environ, host_memory.ENV_MALLOC_TUNING: tuning, "HYBRIDFLOW_DEVICE": "cpu",
-           "PYTHONHASHSEED": "0"}  # the same small allocations in both runs, so glibc's dynamic threshold moves alike
+           "PYTHONHASHSEED": "0"}  # the same small allocations every run
     out = subprocess.run([sys.executable, "-c", _STEPS], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return float(out.stdout.split()[-1])
@@ -49,8 +49,16 @@ def _faults_per_step(tuning: str) -> float:
 
 @pytest.mark.skipif(host_memory._glibc() is None, reason="glibc's mallopt only")
 def test_a_cpu_train_engine_keeps_freed_memory_for_the_next_step():
-    tuned, default = _faults_per_step("1"), _faults_per_step("0")
-    # The kept heap faults nothing after the warm-up.  glibc's defaults fault 50 to 16,000 pages a step here
-    # (all 64 MiB, when the freed activations are the heap's top and it is given back).
-    assert default > 40, default
-    assert tuned < 20, tuned
+    """With the tuning the steps fault no page after the warm-up.  Without it (``HYBRIDFLOW_MALLOC_TUNING=0``, or
+    the engine not calling it) glibc faulted 50 to 16,000 pages a step in this script on this machine -- all 64 MiB
+    when the freed activations were the heap's top and it gave them back -- and, rarely, none: what sits at the
+    heap's top decides, so only the tuned side is asserted."""
+    assert _faults_per_step("1") < 20
+
+
+def test_the_switch_turns_the_tuning_off():
+    code = "from hybridflow.utils.host_memory import keep_freed_host_memory as k; print(k())"
+    for value, expected in (("0", "False"), ("1", str(host_memory._glibc() is not None))):
+        env = {**os.environ, host_memory.ENV_MALLOC_TUNING: value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert out.stdout.split()[-1] == expected, out.stderr[-2000:]
