@@ -228,7 +228,6 @@ def per_position_outputs(
         return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__((slice(None), slice(start, hi)), v))
 
 
-
 def next_token_log_probs(module: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          position_ids: torch.Tensor, use_remove_padding: bool) -> torch.Tensor:
     """(B, L) log-probability the model gives token t + 1 of each row at position t (temperature 1), through the
@@ -237,6 +236,7 @@ def next_token_log_probs(module: nn.Module, input_ids: torch.Tensor, attention_m
     first token in a packed row, a pad token otherwise): a loss masks it, as SFT's shifted loss mask does."""
     head = _lm_head(1.0, calculate_entropy=False, entropy_grad=False)
     return per_position_outputs(module, input_ids, attention_mask, position_ids, head, use_remove_padding)["log_probs"]
+
 
 # The batch-invariant layout (``packed=ALIGNED``, set by ``actor_rollout_ref.rollout.exact_log_probs``): every row
 # starts at column 0 (its left padding removed), the batch is right-padded to a multiple of ALIGN_QUANTUM columns
