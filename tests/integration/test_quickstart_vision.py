@@ -52,7 +52,8 @@ def test_cli_dispatches_the_vision_task(monkeypatch):
 
 # GRPO alone must take the format-only warm-up well above chance. Measured 2026-11-23 (2-core CPU, defaults,
 # seeds 1-3, ~125 s each): +49.0, +64.0, +53.5 points; 2026-11-27 (no gradient checkpointing, ~103 s each): +44.5, +75.0,
-# +53.5 points (docs/vision.md).
+# +53.5 points; 2026-11-28 (fused AdamW, ~75 s each): +50.0 (+49.5 and +23.0 in two more runs of seed 1), +69.0, +53.0
+# points (docs/vision.md).
 GAIN = 0.2
 
 
