@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybridflow.trainer.command_line import EXIT_CONFIG_ERROR
+from hybridflow.launch.command_line import EXIT_CONFIG_ERROR
 from hybridflow.utils.quiet import quiet_libraries
 
 USAGE = """hybridflow <command> [args]

@@ -74,18 +74,16 @@ def parse_command_line(argv: list[str]) -> CommandLine:
     return cl
 
 
-def load_config(
+def compose_config(
     overrides: list[str] | None = None,
     config_path: str | None = None,
     config_name: str | None = None,
 ) -> PPOConfig:
-    """Compose, resolve and type-check the trainer config. Raises ``ConfigError`` with every problem."""
-    from hybridflow.config.validate import validate_config
-
+    """Compose, resolve and type the trainer config (no rule checked: ``hybridflow.launch.config.load_config`` runs
+    the check pipeline on it). Raises ``ConfigError`` for a key that does not exist or a value of the wrong type."""
     raw, untouched = compose_with_provenance(overrides or [], config_path, config_name)
     cfg = build_dataclass(PPOConfig, OmegaConf.to_container(raw, resolve=True), "")
     cfg.__dict__["_untouched_interpolations"] = untouched  # key_policy: a key following its default expression
-    validate_config(cfg)
     return cfg
 
 
@@ -184,7 +182,7 @@ def _apply_aliases(overrides: list[str]) -> list[str]:
     an error naming both (the same value twice is fine)."""
     import warnings
 
-    from hybridflow.config.validate import ConfigWarning
+    from hybridflow.config.checks import ConfigWarning
 
     out, given, conflicts = [], {}, []
     for ov in overrides:
@@ -448,7 +446,7 @@ def _keep_added_keys(obj: Any, added: dict, path: str) -> None:
     """Attach keys a schemaless verl node (``data``) received through ``+key=v``, and say who reads them."""
     import warnings
 
-    from hybridflow.config.validate import ConfigWarning
+    from hybridflow.config.checks import ConfigWarning
 
     for key, value in added.items():
         setattr(obj, key, value)
