@@ -206,18 +206,18 @@ def _break_expert_choice():
 
 def _break_expert_gradient_scale():
     """The experts' gradients averaged over their FSDP ranks only (the ep factor forgotten)."""
-    import hybridflow.engine.train_engine as te
+    import hybridflow.engine.parallel.parallelize as pz
 
-    return _patch(te, "expert_gradient_divide_factor", lambda fsdp_size, ep, tp_in_ep=1: fsdp_size)
+    return _patch(pz, "expert_gradient_divide_factor", lambda fsdp_size, ep, tp_in_ep=1: fsdp_size)
 
 
 def _break_expert_token_split():
     """Expert groups over dp x tp without the token split: every tp rank sends all of its (shared) tokens, so each
     token reaches its experts tp times."""
-    import hybridflow.engine.split_model as sm
+    import hybridflow.engine.parallel.parallelize as pz
 
-    real = sm.apply_expert_parallel
-    return _patch(sm, "apply_expert_parallel", lambda module, mesh, key, tp_split=None: real(module, mesh, key))
+    real = pz.apply_expert_parallel
+    return _patch(pz, "apply_expert_parallel", lambda module, mesh, key, tp_split=None: real(module, mesh, key))
 
 
 def _break_shared_rotary_key():

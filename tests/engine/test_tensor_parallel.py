@@ -51,7 +51,7 @@ def test_layout_of_tp_and_ep_inside_dp():
     # tp peers are adjacent ranks and share the rows; ep peers are consecutive dp indices
     assert [dims.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert [dims.is_collect(r) for r in range(8)] == [True, False] * 4
-    assert dims.full_coordinate(5) == {"dp": 2, "edp": 1, "ep": 0, "sp": 0, "tp": 1}
+    assert dims.full_coordinate(5) == {"pp": 0, "dp": 2, "edp": 1, "ep": 0, "sp": 0, "tp": 1}
     assert dims.tp_peers(5) == [4, 5] and dims.nd
     both = ParallelDims(world=8, sp=2, tp=2)
     assert both.sp_peers(5) == [5, 7] and both.tp_peers(5) == [4, 5] and both.dp_rank(5) == 1
@@ -105,11 +105,12 @@ def test_role_layout_reads_the_megatron_node_only_with_the_megatron_strategy():
 
     from hybridflow.engine.parallel_dims import role_layout
 
-    megatron = NS(tensor_model_parallel_size=2, expert_model_parallel_size=4)
+    megatron = NS(tensor_model_parallel_size=2, expert_model_parallel_size=4, pipeline_model_parallel_size=2,
+                  virtual_pipeline_model_parallel_size=None)
     assert role_layout(NS(strategy="megatron", megatron=megatron, ulysses_sequence_parallel_size=2)) == \
-        {"sp": 2, "tp": 2, "ep": 4}
+        {"sp": 2, "tp": 2, "ep": 4, "pp": 2, "vpp": 1}
     assert role_layout(NS(strategy="fsdp2", megatron=megatron, ulysses_sequence_parallel_size=1)) == \
-        {"sp": 1, "tp": 1, "ep": 1}
+        {"sp": 1, "tp": 1, "ep": 1, "pp": 1, "vpp": 1}
 
 
 # ---------------------------------------------------------------------------------------------- N processes
