@@ -103,7 +103,11 @@ def _copy_private(src, dst, uid, gid, mode):
 
 
 def _build_root(spec, owner):
-    """Populate a tmpfs root with read-only views of what the interpreter needs, and nothing else."""
+    """Populate a tmpfs root with read-only views of what the interpreter needs, and nothing else.
+
+    The supervisor's files belong to root where root exists in the namespace (``namespace`` mode, or ``userns``
+    started by root). An unprivileged user namespace maps one id only, the program's: they are then the
+    program's own, still read-only and read by the supervisor before the program starts."""
     root = spec["root_dir"]
     os.makedirs(root, exist_ok=True)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['disk_mb']}m,mode=755")
@@ -128,22 +132,28 @@ def _build_root(spec, owner):
             _mount(src, dst, None, MS_BIND)
     os.makedirs(root + "/proc", exist_ok=True)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    size = f"size={spec['disk_mb']}m"
     for scratch in ("/tmp", "/dev/shm"):  # /dev/shm: multiprocessing's semaphores live there
         os.makedirs(root + scratch, exist_ok=True)
-        os.chmod(root + scratch, 0o1777)
+        _mount("tmpfs", root + scratch, "tmpfs", MS_NOSUID | MS_NODEV, size + ",mode=1777")
     inner = root + INNER_DIR  # what the supervisor reads; not writable by the program
     os.makedirs(inner)
     host = spec["host_workdir"]
-    _copy_private(spec["supervisor_path"], inner + "/supervisor.py", 0, 0, 0o444)
-    _copy_private(os.path.join(host, "spec.json"), inner + "/spec.json", 0, 0, 0o444)
+    uid, gid = (0, 0) if spec["privileged"] else owner  # chown to an id absent from the namespace: EINVAL
+    _copy_private(spec["supervisor_path"], inner + "/supervisor.py", uid, gid, 0o444)
+    _copy_private(os.path.join(host, "spec.json"), inner + "/spec.json", uid, gid, 0o444)
     if spec.get("seccomp_path"):
-        _copy_private(spec["seccomp_path"], inner + "/seccomp.bpf", 0, 0, 0o444)
+        _copy_private(spec["seccomp_path"], inner + "/seccomp.bpf", uid, gid, 0o444)
     os.chmod(inner, 0o555)
     work = root + "/sandbox"
     os.makedirs(work)
+    _mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, size + ",mode=755")
     shutil.copyfile(os.path.join(host, "main.py"), work + "/main.py")
     os.chown(work, *owner)
     os.chown(work + "/main.py", *owner)
+    # Only /sandbox, /tmp and /dev/shm stay writable; in an unprivileged user namespace the root's own
+    # directories belong to the program's uid, so read-only is what keeps them unwritable.
+    _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def _exec_supervisor(spec, report_fd):
