@@ -65,7 +65,7 @@ def response_for(result: SandboxResult) -> dict[str, Any]:
     else:
         api_status, message = ("Success", "") if result.status == "pass" else ("Failed", "")
     return {"status": api_status, "message": message, "compile_result": None, "run_result": _run_result(result),
-            "executor_pod_name": None, "files": {}}
+            "executor_pod_name": None, "files": {}, "isolation": result.isolation}
 
 
 def _sandbox_error(message: str) -> dict[str, Any]:

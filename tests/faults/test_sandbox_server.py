@@ -187,3 +187,29 @@ def test_200_concurrent_clients_are_all_answered(served):
     for t in threads:
         t.join(60)
     assert outcomes.count("200") == n, {o: outcomes.count(o) for o in set(outcomes)}
+
+
+def test_a_service_running_the_audit_mode_says_so_to_its_clients(capsys):
+    """Issue 34: the weak audit mode must never run model-written code without a word, remote runs included."""
+    from hybridflow.sandbox.fusion_client import run_code_remote
+
+    server, url = serve_in_thread(workers=1, max_timeout_s=5, max_memory_mb=256, isolation="audit",
+                                  token="audit-token")
+    try:
+        capsys.readouterr()
+        first = run_code_remote(url, "print(6 * 7)")
+        second = run_code_remote(url, "print(1)")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert first.status == "pass" and first.stdout == "42\n" and first.isolation == second.isolation == "audit"
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "sandbox service" in line]
+    assert len(warnings) == 1 and "runs model-written code with isolation=audit (NO OS ISOLATION" in warnings[0]
+
+
+def test_a_service_with_os_isolation_names_its_mode(served):
+    from hybridflow.sandbox.fusion_client import run_code_remote
+
+    port = served.server_address[1]
+    result = run_code_remote(f"http://:test-token-123@127.0.0.1:{port}/run_code", "print(2)")
+    assert result.status == "pass" and result.isolation == served.service.isolation != "audit"
