@@ -31,6 +31,16 @@ _WRITES = {
     "shutil.copytree": ((0, -1), (1, -1)), "shutil.move": ((0, -1), (1, -1)), "shutil.rmtree": ((0, 1),),
     "shutil.chown": ((0, -1),), "shutil.unpack_archive": ((0, -1), (1, -1)),
 }
+_DENIED_EVENTS = frozenset({
+    "socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
+    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.forkpty", "subprocess.Popen", "pty.spawn",
+    "os.kill", "os.killpg", "signal.pthread_kill", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata",
+    "os.symlink", "os.link", "os.setuid", "os.chroot", "resource.setrlimit", "sys.addaudithook",
+    "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile",
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "os.fchdir", "os.chflags", "os.lchflags",
+})
+_DENIED_IMPORTS = frozenset({"_ctypes", "ctypes", "_posixsubprocess", "cffi", "_xxsubinterpreters",
+                             "_testcapi", "_testinternalcapi", "_testmultiphase"})
 _LISTS = {"os.listdir": ((0, -1),), "os.scandir": ((0, -1),)}  # the import system lists the stdlib's dirs
 
 
@@ -174,17 +184,8 @@ def _make_hook(allow_forks):
     work = (_real_path(_os.getcwd(), "/"),)
     prefixes = {_real_path(p, "/") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
     readable = work + tuple(sorted(prefixes)) + _DEVICES
+    deny, deny_imports = _DENIED_EVENTS, _DENIED_IMPORTS  # frozensets
     helpers = (_refuse, _fd_path, _as_text, _real_path, _climbs, _inside, _resolve, _check, _check_open, _check_args)
-    deny = frozenset({
-        "socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
-        "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.forkpty", "subprocess.Popen", "pty.spawn",
-        "os.kill", "os.killpg", "signal.pthread_kill", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata",
-        "os.symlink", "os.link", "os.setuid", "os.chroot", "resource.setrlimit", "sys.addaudithook",
-        "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile",
-        "gc.get_objects", "gc.get_referrers", "gc.get_referents", "os.fchdir", "os.chflags", "os.lchflags",
-    })
-    deny_imports = frozenset({"_ctypes", "ctypes", "_posixsubprocess", "cffi", "_xxsubinterpreters",
-                              "_testcapi", "_testinternalcapi", "_testmultiphase"})
     write_events, writes, lists = frozenset(_WRITES), tuple(_WRITES.items()), tuple(_LISTS.items())  # immutable
     check_open, check_args = _check_open, _check_args
 
