@@ -159,6 +159,7 @@ class ScoringPool:
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb  # a worker over it is replaced (between samples) or killed (during one)
         self.recycled = 0  # workers replaced for their memory in the last run()
+        self._warned_memory = False
         self.start_timeout_s = start_timeout_s
         self._fn = spec.resolve()  # fail fast in the parent on a bad path / name
         self.concurrent = inspect.iscoroutinefunction(self._fn)
@@ -232,9 +233,14 @@ class ScoringPool:
         if rss <= self.memory_mb:
             return
         self.recycled += 1
+        if self._warned_memory:
+            self._replace(slot)
+            return
+        self._warned_memory = True
         logger.warning("reward worker pid %d grew to %.0f MiB, over reward_model.worker_memory_mb=%g: replaced by a "
                        "fresh process (the scoring function keeps memory between calls, a leak or a cache; raise "
-                       "the key if it needs that much)", self._workers[slot].proc.pid, rss, self.memory_mb)
+                       "the key if it needs that much; further replacements are counted in reward/workers_recycled)",
+                       self._workers[slot].proc.pid, rss, self.memory_mb)
         self._replace(slot)
 
     def _expire(self, busy: dict[int, tuple[int, float]], results: list[TaskResult | None]) -> bool:
