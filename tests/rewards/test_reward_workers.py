@@ -79,15 +79,15 @@ def test_processes_a_scorer_detaches_end_with_its_worker(tmp_path):
 def test_hung_scorers_time_out_together_not_one_after_another(tmp_path):
     """The probe: ~8 min a step at the default 30 s. With one worker, six hung samples used to take six time-outs
     in turn; after the first, the others now run side by side and time out together."""
-    scoring = pool("hang", num_workers=1, timeout_s=3)
+    scoring = pool("hang", num_workers=1, timeout_s=5)
     try:
         results = scoring.run([task(i, folder=str(tmp_path)) for i in range(6)])
     finally:
         scoring.close()
     assert [r.status for r in results] == [TIMEOUT] * 6
     starts = sorted(float((tmp_path / f"start-{i}").read_text()) for i in range(6))
-    assert starts[-1] - starts[1] < 3  # samples 2..6 all started within one time-out of each other
-    assert len(scoring._workers) == 0  # closed; and back to num_workers after the batch (checked below)
+    # samples 2..6 all started within one time-out of each other (in turn they would start 5 s apart: 20 s)
+    assert starts[-1] - starts[1] < 5, starts
 
 
 def test_the_pool_returns_to_its_size_after_a_burst(tmp_path):
