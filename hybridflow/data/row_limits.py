@@ -38,9 +38,13 @@ def check_row_size(row: Any, where: str, max_bytes: int) -> None:
     size = row_size(row, where)
     if size > max_bytes:
         raise DataFileError(
-            f"{where} holds {size / 2**20:.1f} MiB of text and binary data, over data.max_row_bytes="
-            f"{max_bytes} ({max_bytes / 2**20:g} MiB): tokenizing it could exhaust the machine's memory. Fix the "
-            "row, or raise data.max_row_bytes if rows this large are intended (e.g. several large images)")
+            f"{where} holds {_size(size)} of text and binary data, over data.max_row_bytes={max_bytes} "
+            f"({_size(max_bytes)}): tokenizing it could exhaust the machine's memory. Fix the row, or raise "
+            "data.max_row_bytes if rows this large are intended (e.g. several large images)")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB" if n >= 2**10 else f"{n} bytes"
 
 
 __all__ = ["MAX_DEPTH", "check_row_size", "row_size"]
