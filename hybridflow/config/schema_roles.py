@@ -523,6 +523,7 @@ class RewardModelConfig(PrimeRewardModelKeys):
     num_workers: int
     timeout_s: float
     error_score: float
+    worker_memory_mb: int  # hybridflow-only: a scoring process past this resident memory is replaced
     use_reward_loop: bool
     sandbox_fusion: SandboxFusionConfig
     ulysses_sequence_parallel_size: int

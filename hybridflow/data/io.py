@@ -68,6 +68,9 @@ def _read_parquet(path: str) -> list[dict[str, Any]]:
 
     try:  # ParquetFile reads the one file without importing pyarrow.dataset (0.3 s of start-up)
         return pq.ParquetFile(path).read().to_pylist()
+    except RecursionError:
+        raise DataFileError(f"'{path}' nests lists/structs deeper than can be read (RecursionError); a data row is "
+                            "a flat record of a chat prompt and its fields: fix the preprocessing") from None
     except Exception as exc:  # pyarrow raises several types for corrupt / non-parquet files
         raise DataFileError(
             f"cannot read parquet file '{path}': {type(exc).__name__}: {exc}. The file is corrupt or not parquet; "
@@ -86,6 +89,8 @@ def _read_json(path: str) -> list[dict[str, Any]]:
         data = json.loads(text)
     except json.JSONDecodeError:
         data = None
+    except RecursionError:
+        raise DataFileError(_too_deep(path)) from None
     if isinstance(data, list):
         rows = data
     elif isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
@@ -105,10 +110,18 @@ def _read_json(path: str) -> list[dict[str, Any]]:
                     f"'{path}' line {lineno} is not valid JSON ({exc.msg}); expected a JSON array or one JSON "
                     "object per line (jsonl)"
                 ) from None
+            except RecursionError:
+                raise DataFileError(_too_deep(path, lineno)) from None
     bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
     if bad is not None:
         raise DataFileError(f"'{path}' row {bad} is a {type(rows[bad]).__name__}, expected an object per row")
     return rows
+
+
+def _too_deep(path: str, lineno: int | None = None) -> str:
+    where = f"'{path}' line {lineno}" if lineno else f"'{path}'"
+    return (f"{where} nests JSON arrays/objects deeper than the JSON reader can follow (RecursionError); a data row "
+            "is a flat record of a chat prompt and its fields: fix the preprocessing")
 
 
 def _read_hub(name: str) -> list[dict[str, Any]]:

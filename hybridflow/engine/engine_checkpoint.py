@@ -35,9 +35,35 @@ from hybridflow.engine.shard_merge import load_pieces
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.utils.safe_load import load_torch_file
 
-__all__ = ["save_engine_checkpoint", "load_engine_checkpoint", "export_hf_model", "rng_state", "set_rng_state"]
+__all__ = ["CheckpointMismatchError", "check_model_fits", "save_engine_checkpoint", "load_engine_checkpoint",
+           "export_hf_model", "rng_state", "set_rng_state"]
 
 _ALL_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint folder whose parameters do not fit the model being trained (another model's checkpoint)."""
+
+
+def check_model_fits(engine: TrainEngine, state: dict, folder: str, field: str) -> None:
+    """Refuse ``state`` (read from ``folder``) unless its parameters have this model's names and global shapes.
+
+    Without it, ``load_state_dict`` raises torch's size-mismatch traceback, which names neither the folder nor a
+    fix (issue 34)."""
+    own = {name: tuple(value.shape) for name, value in engine.module.state_dict().items()}
+    fix = (f"resume from a checkpoint written by this model, or train the model that wrote it "
+           f"({field.rsplit('.checkpoint', 1)[0]}'s model path); trainer.resume_mode=disable starts afresh")
+    for name, value in state.items():
+        shape = tuple(getattr(value, "shape", ()))
+        if name in own and shape != own[name]:
+            raise CheckpointMismatchError(
+                f"checkpoint {folder} does not fit this model: parameter {name!r} has shape {shape} in the "
+                f"checkpoint and {own[name]} in the model: {fix}")
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise CheckpointMismatchError(
+            f"checkpoint {folder} does not fit this model: {len(missing)} of the model's parameters are not in "
+            f"it {missing[:3]} and {len(unexpected)} of its parameters are not in the model {unexpected[:3]}: {fix}")
 
 
 def _names(path: str, world: int, rank: int) -> dict[str, str]:
@@ -161,7 +187,7 @@ def load_engine_checkpoint(
     files = _names(path, world, rank)
     saved = saved_layout(path)
     if saved is not None and saved != (world, _layout(engine)) and (engine.is_sharded or saved[0] > 1):
-        _load_resharded(engine, path, contents, saved)
+        _load_resharded(engine, path, contents, saved, field)
         return
     if "model" in contents and not os.path.exists(files["model"]):
         found = sorted(f for f in os.listdir(path) if f.startswith("model_")) if os.path.isdir(path) else []
@@ -173,6 +199,7 @@ def load_engine_checkpoint(
     with engine.on_device(with_optimizer=True):
         if "model" in contents:
             state = load_pieces(files["model"], map_location=engine.device)
+            check_model_fits(engine, state, path, field)
             if engine.is_sharded:
                 from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
@@ -245,7 +272,8 @@ def _save_full_weights(module, state: dict[str, torch.Tensor], hf_dir: str) -> N
     copy.save_pretrained(hf_dir)
 
 
-def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: tuple[int, dict[str, int]]) -> None:
+def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: tuple[int, dict[str, int]],
+                    field: str) -> None:
     """Load a checkpoint saved on another layout: full tensors from every rank's pieces, each rank keeps its own."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -259,6 +287,7 @@ def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: t
     with engine.on_device(with_optimizer=True):
         if "model" in contents:
             full = _merged(path, "model", merge_state_dicts)
+            check_model_fits(engine, full, path, field)
             if engine.is_sharded:
                 set_model_state_dict(engine.module, full, options=options)
             else:
