@@ -145,7 +145,10 @@ def save_engine_checkpoint(
 
 def _layout(engine: TrainEngine) -> dict[str, int]:
     pd = engine.parallel_dims
-    return {"dp": pd.dp, "sp": pd.sp, "tp": pd.tp, "ep": pd.ep}
+    layout = {"dp": pd.dp, "sp": pd.sp, "tp": pd.tp, "ep": pd.ep}
+    if pd.pp > 1:  # which rank holds which layers
+        layout.update(pp=pd.pp, vpp=pd.vpp)
+    return layout
 
 
 def saved_layout(path: str) -> tuple[int, dict[str, int]] | None:
@@ -286,7 +289,7 @@ def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: t
     options = StateDictOptions(full_state_dict=True)
     with engine.on_device(with_optimizer=True):
         if "model" in contents:
-            full = _merged(path, "model", merge_state_dicts)
+            full = _own(engine, _merged(path, "model", merge_state_dicts))
             check_model_fits(engine, full, path, field)
             if engine.is_sharded:
                 set_model_state_dict(engine.module, full, options=options)
@@ -297,6 +300,7 @@ def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: t
             full = _merged(path, "optim", merge_state_dicts)
             if saved[0] == 1:  # one process saved optimizer.state_dict(): state keyed by parameter index
                 full = _fqn_keyed(engine, full)
+            full = _own_optimizer_state(engine, full)
             if engine.is_sharded:
                 set_optimizer_state_dict(engine.module, engine.optimizer, full, options=options)
             else:
@@ -312,6 +316,23 @@ def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: t
                 set_rng_state(extra["rng"])
     if dist.is_initialized():
         dist.barrier()
+
+
+def _own(engine: TrainEngine, full: dict) -> dict:
+    """With pipeline parallelism, the part of a full state dict this rank's stages hold (the others' are dropped)."""
+    if engine.pipeline is None:
+        return full
+    own = set(engine.module.state_dict())
+    return {k: v for k, v in full.items() if k in own}
+
+
+def _own_optimizer_state(engine: TrainEngine, full: dict) -> dict:
+    """With pipeline parallelism, a full FQN-keyed optimizer state cut to this rank's parameters."""
+    if engine.pipeline is None:
+        return full
+    own = {n for n, _ in engine.module.named_parameters()}
+    groups = [{**g, "params": [n for n in g["params"] if n in own]} for g in full["param_groups"]]
+    return {"state": {k: v for k, v in full["state"].items() if k in own}, "param_groups": groups}
 
 
 def _merged(path: str, kind: str, merge) -> dict:

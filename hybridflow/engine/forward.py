@@ -43,6 +43,7 @@ from torch import nn
 
 from hybridflow.data.mrope import model_position_ids
 from hybridflow.engine.padded_attention import padded_attention, supports_padded_attention
+from hybridflow.engine.parallel.pipeline_forward import PipelinePass
 from hybridflow.engine.fsdp import unwrap_peft
 from hybridflow.engine.transformers_adapter import attention_implementation, forward_parameters
 from hybridflow.engine.ulysses_forward import SequenceParallel, sequence_parallel_outputs
@@ -55,7 +56,7 @@ from hybridflow.engine.vocab_parallel import (
 
 __all__ = [
     "response_log_probs", "response_token_outputs", "response_values", "last_token_scores", "per_position_outputs",
-    "next_token_log_probs", "logprob_entropy", "use_packed_layout", "eval_mode",
+    "next_token_log_probs", "logprob_entropy", "use_packed_layout", "eval_mode", "token_outputs_pass", "values_pass",
 ]
 
 
@@ -449,3 +450,25 @@ def last_token_scores(module: nn.Module, input_ids, attention_mask, position_ids
     L = attention_mask.shape[1]
     last = L - 1 - attention_mask.flip(-1).long().argmax(-1)
     return outs["scores"].gather(1, last.unsqueeze(1)).squeeze(1)
+
+
+# ---------------------------------------------------------------------------------------------- pipeline passes
+def token_outputs_pass(module: nn.Module, response_length: int, temperature: float = 1.0,
+                       calculate_entropy: bool = False, entropy_grad: bool = True, use_remove_padding: bool = True,
+                       calculate_sum_pi_squared: bool = False, use_torch_compile: bool = False,
+                       entropy_checkpointing: bool = False) -> PipelinePass:
+    """The head of :func:`response_token_outputs` for passes through pipeline stages (``TrainEngine.forward_passes``
+    / ``backward_passes``): the same head, the same layout choice (:func:`use_packed_layout`)."""
+    kinds = ("log_probs",) + (("entropy",) if calculate_entropy else ()) + (
+        ("sum_pi_squared",) if calculate_sum_pi_squared else ())
+    head = _lm_head(float(temperature), calculate_entropy, entropy_grad, calculate_sum_pi_squared, use_torch_compile,
+                    entropy_checkpointing)
+    device = next(module.parameters()).device
+    return PipelinePass(head, kinds, int(response_length), packed=use_packed_layout(module, device, use_remove_padding))
+
+
+def values_pass(module: nn.Module, response_length: int, use_remove_padding: bool = False) -> PipelinePass:
+    """The head of :func:`response_values` for passes through pipeline stages."""
+    device = next(module.parameters()).device
+    return PipelinePass(_token_value_head, ("values",), int(response_length),
+                        packed=use_packed_layout(module, device, use_remove_padding))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,7 @@ from hybridflow.engine.fsdp import (
 )
 from hybridflow.engine.optim import build_lr_scheduler, build_optimizer
 from hybridflow.engine.parallel.parallelize import PipelineSpec, parallelize
+from hybridflow.engine.parallel.pipeline_forward import PipelinePass, pipeline_outputs, pipeline_train
 from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.ulysses_forward import SequenceParallel
 from hybridflow.utils.host_memory import keep_freed_host_memory
@@ -170,6 +171,27 @@ class TrainEngine:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.parallel_dims.dp_group)
         return t.tolist()
+
+    # ------------------------------------------------------------------ passes over micro-batches
+    def forward_passes(self, batches: list[dict[str, torch.Tensor]], spec: PipelinePass,
+                       run_one: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> list[dict]:
+        """Each micro-batch's outputs: ``run_one(batch)`` one after another, or, with pipeline parallelism, all of them
+        through the stages together (``spec``: the same head; real outputs on the last stage's ranks, zeros of the
+        same shape elsewhere -- the controller collects the last stage's)."""
+        if self.pipeline is None:
+            return [run_one(b) for b in batches]
+        return pipeline_outputs(self.pipeline, batches, spec)
+
+    def backward_passes(self, batches: list[dict[str, torch.Tensor]], spec: PipelinePass,
+                        run_one: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
+                        loss: Callable[[dict[str, torch.Tensor], int], torch.Tensor]) -> None:
+        """Forward and backward of every micro-batch: ``loss(run_one(batch), i).backward()`` one after another, or
+        the stages' schedule with the same head and ``loss`` on the last stage (gradients accumulate)."""
+        if self.pipeline is None:
+            for i, b in enumerate(batches):
+                loss(run_one(b), i).backward()
+            return
+        pipeline_train(self.pipeline, batches, spec, loss)
 
     # ------------------------------------------------------------------ optimisation
     def zero_grad(self) -> None:
