@@ -197,7 +197,7 @@ class VLLMServerFleet(RolloutFleet):
                                       f"match what was written to {self._shm_dir}): /dev/shm is unreliable")
         self._commit(True)
         seconds = time.perf_counter() - start
-        self.last_sync = {**self._stats.metrics(), "weight_sync/checksum_mismatch": float(mismatch),
+        self.last_sync = {**self._stats.weight_sync_metrics(), "weight_sync/checksum_mismatch": float(mismatch),
                           "weight_sync/checksum_mismatch_total": float(self.checksum_mismatches)}
         return seconds
 
