@@ -32,7 +32,7 @@ from typing import Any
 from hybridflow.rollout.multi_modal import vision_model_type
 
 __all__ = ["VLLM_CPU_REFUSED", "vllm_cpu_model_error", "cpu_safe_chunking", "vllm_engine_kwargs",
-           "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket",
+           "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket", "enable_lora",
            "VLLM_EXTRA_HINT", "vllm_vision_settings",
            "VLLM_VISION_MODEL_TYPES"]
 
@@ -138,8 +138,8 @@ def _vision_backend(model_impl: str | None, torchvision: bool, where: str) -> tu
                     "vLLM's transformers backend (model_impl=transformers)")
     if impl in ("auto", "vllm") and not torchvision:
         raise ValueError(f"{_VISION_KEY} with engine_kwargs.vllm.model_impl={impl}: {where}, and vLLM's native "
-                         "Qwen2-VL module imports transformers' torchvision image processor, but torchvision is not installed "
-                         "(PyPI has no build for the CPU torch). Remove "
+                         "Qwen2-VL module imports transformers' torchvision image processor, but torchvision is not "
+                         "installed (PyPI has no build for the CPU torch). Remove "
                          "actor_rollout_ref.rollout.engine_kwargs.vllm.model_impl (vLLM's transformers backend is then "
                          f"used), or {_VISION_FIX}")
     return impl, note
@@ -279,6 +279,16 @@ def lora_rank_bucket(rank: int) -> int:
         if rank <= allowed:
             return allowed
     return rank
+
+
+def enable_lora(kwargs: dict[str, Any], lora_rank: int) -> None:
+    """vLLM's LoRA arguments for the actor's adapter of rank ``lora_rank`` (each unless given): one adapter at a
+    time, its rank bucketed; the frozen base is read from the checkpoint (never dummy weights)."""
+    if kwargs.get("load_format") == "dummy":
+        kwargs["load_format"] = "auto"
+    kwargs.setdefault("enable_lora", True)
+    kwargs.setdefault("max_lora_rank", lora_rank_bucket(lora_rank))
+    kwargs.setdefault("max_loras", 1)
 
 
 # Server flags with a --no- form (argparse BooleanOptionalAction); other False flags are simply left out.

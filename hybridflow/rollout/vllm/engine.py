@@ -50,7 +50,7 @@ import torch
 
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
 from hybridflow.rollout.sampling_params import SamplingParams, engine_request_settings
-from hybridflow.rollout.vllm.config import VLLM_EXTRA_HINT, cpu_safe_chunking, lora_rank_bucket, vllm_engine_kwargs
+from hybridflow.rollout.vllm.config import VLLM_EXTRA_HINT, cpu_safe_chunking, enable_lora, vllm_engine_kwargs
 from hybridflow.rollout.vllm.weight_check import EXTENSION as CHECK_EXTENSION
 from hybridflow.rollout.weights.delta import ChecksumMismatch
 from hybridflow.rollout.vllm.driver import (  # noqa: F401 - the errors are part of this module's API
@@ -117,15 +117,6 @@ def _engine_settings(model_path: str | None, rollout_config: Any, engine_args: d
     if "model" not in kwargs:
         raise ValueError("VLLMRolloutEngine needs model_path (or engine_args['model'])")
     return kwargs, free_cache_engine, bucket_megabytes
-
-
-def _enable_lora(kwargs: dict[str, Any], lora_rank: int) -> None:
-    """LoRA: the frozen base comes from the checkpoint (never dummy weights); only adapters are synced."""
-    if kwargs.get("load_format") == "dummy":
-        kwargs["load_format"] = "auto"
-    kwargs.setdefault("enable_lora", True)
-    kwargs.setdefault("max_lora_rank", lora_rank_bucket(lora_rank))
-    kwargs.setdefault("max_loras", 1)
 
 
 def _engine_core_in_child(multiprocess: bool | None) -> bool:
@@ -199,7 +190,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.image_token_id, self._placeholder_bias, child = vision_engine_settings(
             kwargs, trust_remote_code, logger.warning)
         if lora_rank > 0:
-            _enable_lora(kwargs, lora_rank)
+            enable_lora(kwargs, lora_rank)  # only the adapter is synced
         if self.device == "cpu":
             cpu_safe_chunking(kwargs)
         kwargs.setdefault("worker_extension_cls", CHECK_EXTENSION)  # workers verify the weight files they read
