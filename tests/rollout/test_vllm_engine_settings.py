@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from hybridflow.config import load_config
+from hybridflow.launch.config import load_config
 
 BASE = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.rollout.name=vllm"]
