@@ -124,17 +124,28 @@ def _too_deep(path: str, lineno: int | None = None) -> str:
             "is a flat record of a chat prompt and its fields: fix the preprocessing")
 
 
+_HUB_NAME_FIX = ("it is not a local file either: pass a local .parquet/.json/.jsonl path, or 'owner/name:split' "
+                 "with network access")
+
+
 def _read_hub(name: str) -> list[dict[str, Any]]:
+    """A data file entry that is not a local path: ``owner/name`` or ``owner/name:split`` (default split: train)."""
     repo, _, split = name.partition(":")
+    return read_hub_rows(repo, split or "train", fix=_HUB_NAME_FIX)
+
+
+def read_hub_rows(name: str, split: str, config_name: str | None = None, fix: str = "") -> list[dict[str, Any]]:
+    """All rows of ``split`` of the hub dataset ``name`` (configuration ``config_name``) as dicts, through
+    ``datasets.load_dataset``: the one place hybridflow loads a dataset from the hub (run files and the
+    preprocessors alike).  Any failure is a :class:`DataFileError` naming the dataset and ``fix``, what to do."""
+    what = f"'{name}'" + (f" (configuration '{config_name}')" if config_name else "") + f" split '{split}'"
     try:
         import datasets
 
-        ds = datasets.load_dataset(repo, split=split or "train")
-    except Exception as exc:
-        raise DataFileError(
-            f"'{name}' is neither a local file nor a loadable hub dataset ({type(exc).__name__}: {exc}). "
-            "Pass a local .parquet/.json/.jsonl path, or 'owner/name:split' with network access"
-        ) from exc
+        ds = datasets.load_dataset(name, config_name, split=split)
+    except Exception as exc:  # datasets raises many types: offline, unknown name, unknown split, bad files
+        raise DataFileError(f"could not load hub dataset {what} ({type(exc).__name__}: {exc}); "
+                            f"{fix or 'check the name and the network'}") from exc
     return [dict(r) for r in ds]
 
 

@@ -4,7 +4,7 @@ Layout of one role's folder (``global_step_N/actor/`` or ``.../critic/``), as ve
 
 * ``model_world_size_{W}_rank_{R}.pt``        this rank's parameter shards (DTensors; plain tensors at W=1)
 * ``optim_world_size_{W}_rank_{R}.pt``        this rank's optimizer state (Adam moments, step)
-* ``extra_state_world_size_{W}_rank_{R}.pt``  LR scheduler state + RNG states (python, numpy, torch, cuda)
+* ``extra_state_world_size_{W}_rank_{R}.pt``  LR scheduler state + RNG states (``utils/rng_state.py``)
 * ``fsdp_config.json``                        ``{"FSDP_version": 2, "world_size": W, "layout": {"dp", "sp",
                                               "tp", "ep"}}``
 * ``huggingface/``                            config, generation config and tokenizer; full weights
@@ -23,20 +23,19 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from typing import Any, Iterable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from hybridflow.engine.fsdp import unwrap_peft
 from hybridflow.engine.shard_merge import load_pieces
 from hybridflow.engine.train_engine import TrainEngine
+from hybridflow.utils.rng_state import capture_rng_state, restore_rng_state
 from hybridflow.utils.safe_load import load_torch_file
 
 __all__ = ["CheckpointMismatchError", "check_model_fits", "save_engine_checkpoint", "load_engine_checkpoint",
-           "export_hf_model", "rng_state", "set_rng_state"]
+           "export_hf_model"]
 
 _ALL_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
@@ -69,21 +68,6 @@ def check_model_fits(engine: TrainEngine, state: dict, folder: str, field: str) 
 def _names(path: str, world: int, rank: int) -> dict[str, str]:
     suffix = f"world_size_{world}_rank_{rank}.pt"
     return {k: os.path.join(path, f"{k}_{suffix}") for k in ("model", "optim", "extra_state")}
-
-
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _check_contents(contents: Iterable[str], field: str) -> set[str]:
@@ -122,7 +106,7 @@ def save_engine_checkpoint(
     contents = _check_contents(save_contents, field)
     world, rank = engine.world_size, engine.rank
     os.makedirs(path, exist_ok=True)
-    rng = rng_state()  # saving must not perturb the random streams (the HF export initialises a model)
+    rng = capture_rng_state()  # saving must not perturb the random streams (the HF export initialises a model)
     files = _names(path, world, rank)
     with engine.on_device(with_optimizer=True):
         if "model" in contents:
@@ -134,7 +118,7 @@ def save_engine_checkpoint(
             torch.save({"lr_scheduler": sched, "rng": rng}, files["extra_state"])
     export_hf_model(engine, os.path.join(path, "huggingface"), tokenizer, with_weights="hf_model" in contents,
                     processor=processor)
-    set_rng_state(rng)
+    restore_rng_state(rng)
     if rank == 0:
         with open(os.path.join(path, "fsdp_config.json"), "w") as f:
             json.dump({"FSDP_version": 2 if engine.is_sharded else 0, "world_size": world,
@@ -221,7 +205,7 @@ def load_engine_checkpoint(
             extra = load_torch_file(files["extra_state"])
             if engine.lr_scheduler is not None and extra["lr_scheduler"] is not None:
                 engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-            set_rng_state(extra["rng"])
+            restore_rng_state(extra["rng"])
 
 
 def export_hf_model(engine: TrainEngine, hf_dir: str, tokenizer=None, with_weights: bool = True,
@@ -313,7 +297,7 @@ def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: t
                 extra = load_torch_file(own)
                 if engine.lr_scheduler is not None and extra["lr_scheduler"] is not None:
                     engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-                set_rng_state(extra["rng"])
+                restore_rng_state(extra["rng"])
     if dist.is_initialized():
         dist.barrier()
 

@@ -188,7 +188,6 @@ def per_position_outputs(
     arguments of the model.
     """
     mask = attention_mask.bool()
-    B, L = input_ids.shape
     if packed == ALIGNED:
         if multi_modal_inputs is not None or (sequence_parallel is not None and sequence_parallel.size > 1):
             raise ValueError("the aligned (batch-invariant) layout of exact_log_probs takes text rows without "
@@ -203,30 +202,44 @@ def per_position_outputs(
             return sequence_parallel_outputs(module, input_ids, attention_mask, position_ids, head_fn, first_col, mm,
                                              sequence_parallel)
         if packed:
-            ids = input_ids[mask].unsqueeze(0)
-            if position_ids.dim() == 3:  # (B, 4, L) -> (1, 4, N)
-                pos = model_position_ids(position_ids.transpose(0, 1)[:, mask].unsqueeze(0), packed=True)
-            else:
-                pos = position_ids[mask].unsqueeze(0)
-            keep, where = None, mask
-            if first_col > 0:
-                wanted = torch.arange(L, device=mask.device) >= first_col
-                keep = wanted.expand(B, L)[mask].nonzero().flatten()
-                where = mask & wanted
-            pad_inside = _packed_attention(module, input_ids.device) == "padded"
-            with padded_attention(mask) if pad_inside else contextlib.nullcontext({}) as pack:
-                outs = head_fn(module, ids, None, pos, keep, _take(torch.roll(ids, shifts=-1, dims=1), keep), **mm,
-                               **pack)
-            return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__(where, v[0]))
-        cols = mask.any(dim=0).nonzero().flatten()
-        lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
-        start = min(max(first_col, lo), hi - 1)
-        keep = None if start == lo else hi - start
-        pos = model_position_ids(position_ids[..., lo:hi])
-        ids = input_ids[:, lo:hi]
-        outs = head_fn(module, ids, attention_mask[:, lo:hi], pos, keep, _take(torch.roll(ids, shifts=-1, dims=1), keep),
-                       **mm)
-        return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__((slice(None), slice(start, hi)), v))
+            return _packed_outputs(module, input_ids, mask, position_ids, head_fn, first_col, mm)
+        return _trimmed_outputs(module, input_ids, attention_mask, position_ids, head_fn, first_col, mm)
+
+
+def _packed_outputs(module: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+                    head_fn: HeadFn, first_col: int, mm: dict) -> dict[str, torch.Tensor]:
+    """The valid tokens of every row as one packed row (attention kept per row: padded inside, or the model's
+    own varlen path), outputs scattered back to (B, L)."""
+    B, L = input_ids.shape
+    ids = input_ids[mask].unsqueeze(0)
+    if position_ids.dim() == 3:  # (B, 4, L) -> (1, 4, N)
+        pos = model_position_ids(position_ids.transpose(0, 1)[:, mask].unsqueeze(0), packed=True)
+    else:
+        pos = position_ids[mask].unsqueeze(0)
+    keep, where = None, mask
+    if first_col > 0:
+        wanted = torch.arange(L, device=mask.device) >= first_col
+        keep = wanted.expand(B, L)[mask].nonzero().flatten()
+        where = mask & wanted
+    pad_inside = _packed_attention(module, input_ids.device) == "padded"
+    with padded_attention(mask) if pad_inside else contextlib.nullcontext({}) as pack:
+        outs = head_fn(module, ids, None, pos, keep, _take(torch.roll(ids, shifts=-1, dims=1), keep), **mm, **pack)
+    return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__(where, v[0]))
+
+
+def _trimmed_outputs(module: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     position_ids: torch.Tensor, head_fn: HeadFn, first_col: int, mm: dict) -> dict[str, torch.Tensor]:
+    """The padded batch cut to the columns some row uses, outputs of the wanted columns written back to (B, L)."""
+    B, L = input_ids.shape
+    cols = attention_mask.bool().any(dim=0).nonzero().flatten()
+    lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
+    start = min(max(first_col, lo), hi - 1)
+    keep = None if start == lo else hi - start
+    pos = model_position_ids(position_ids[..., lo:hi])
+    ids = input_ids[:, lo:hi]
+    outs = head_fn(module, ids, attention_mask[:, lo:hi], pos, keep, _take(torch.roll(ids, shifts=-1, dims=1), keep),
+                   **mm)
+    return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__((slice(None), slice(start, hi)), v))
 
 
 def next_token_log_probs(module: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -36,7 +36,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import random
 import re
 import shutil
 import sys
@@ -46,9 +45,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from hybridflow.utils.rng_state import capture_rng_state, restore_rng_state
 from hybridflow.utils.safe_load import load_torch_file
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -81,23 +80,6 @@ class TrainerState:
     rng: dict[str, Any] = field(default_factory=dict)
     kl_ctrl: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-# ---------------------------------------------------------------------------------------------- RNG
-def capture_rng_state() -> dict[str, Any]:
-    """RNG states of python, numpy and torch (CPU and, when present, CUDA) in this process."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # ---------------------------------------------------------------------------------------------- paths

@@ -2,8 +2,9 @@
 equality with the unsharded model on 2 and 4 gloo processes (``nd_scenario.py``, one process-group start per
 world size).
 
-For every case -- TP=2 on Qwen2 (tied embeddings), Llama, Qwen3 (per-head norms), Mistral, Qwen3-MoE and
-DeepSeek-V3 (latent attention); EP=2 on Qwen3-MoE and DeepSeek-V3; a TP=2 critic; LoRA on a TP=2 Qwen3; FSDP2 x TP
+For every case -- TP=2 on Qwen2 (tied embeddings), Llama-3.1 (llama3 rope scaling), Qwen3 (per-head norms), Mistral
+(a sliding window shorter than the sequences), Qwen3-MoE and DeepSeek-V3 (latent attention), built from the
+library's family table (``nd_models.py``); EP=2 on Qwen3-MoE and DeepSeek-V3; a TP=2 critic; LoRA on a TP=2 Qwen3; FSDP2 x TP
 (dp 2 x tp 2); EP x TP; EP with expert data parallelism; EP=4; expert groups wider than dp (ep 4 over dp 2 x tp 2,
 over sp 2 x tp 2); Ulysses SP x TP -- the response log-probs, the entropies and every
 parameter's gradient equal a plain single-process forward/backward of the whole batch within 1e-5 (fp32), and so
@@ -117,7 +118,9 @@ def test_role_layout_reads_the_megatron_node_only_with_the_megatron_strategy():
 @pytest.fixture(scope="module")
 def nd_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("nd_models")
-    models = {f: _nd_models().write_model(root / f, f) for f in _nd_models().FAMILIES}
+    scenario = _scenario()
+    families = {c[0] for cases in (*scenario.CASES.values(), *scenario.CHECKPOINTS.values()) for c in cases.values()}
+    models = {f: _nd_models().write_model(root / f, f) for f in sorted(families)}
     path = root / "models.json"
     path.write_text(json.dumps(models))
     return path
