@@ -174,22 +174,22 @@ class TrainEngine:
 
     # ------------------------------------------------------------------ passes over micro-batches
     def forward_passes(self, batches: list[dict[str, torch.Tensor]], spec: PipelinePass,
-                       run_one: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> list[dict]:
-        """Each micro-batch's outputs: ``run_one(batch)`` one after another, or, with pipeline parallelism, all of them
+                       run_one: Callable[[int], dict[str, torch.Tensor]]) -> list[dict]:
+        """Each micro-batch's outputs: ``run_one(i)`` one after another, or, with pipeline parallelism, all of them
         through the stages together (``spec``: the same head; real outputs on the last stage's ranks, zeros of the
         same shape elsewhere -- the controller collects the last stage's)."""
         if self.pipeline is None:
-            return [run_one(b) for b in batches]
+            return [run_one(i) for i in range(len(batches))]
         return pipeline_outputs(self.pipeline, batches, spec)
 
     def backward_passes(self, batches: list[dict[str, torch.Tensor]], spec: PipelinePass,
-                        run_one: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
+                        run_one: Callable[[int], dict[str, torch.Tensor]],
                         loss: Callable[[dict[str, torch.Tensor], int], torch.Tensor]) -> None:
-        """Forward and backward of every micro-batch: ``loss(run_one(batch), i).backward()`` one after another, or
-        the stages' schedule with the same head and ``loss`` on the last stage (gradients accumulate)."""
+        """Forward and backward of every micro-batch: ``loss(run_one(i), i).backward()`` one after another, or the
+        stages' schedule with the same head and ``loss`` on the last stage (gradients accumulate)."""
         if self.pipeline is None:
-            for i, b in enumerate(batches):
-                loss(run_one(b), i).backward()
+            for i in range(len(batches)):
+                loss(run_one(i), i).backward()
             return
         pipeline_train(self.pipeline, batches, spec, loss)
 

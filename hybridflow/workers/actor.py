@@ -41,7 +41,7 @@ from hybridflow.algorithms.rollout_correction import (
     rollout_probs_diff_from_sums,
     rollout_probs_diff_sums,
 )
-from hybridflow.engine.forward import response_log_probs, response_token_outputs
+from hybridflow.engine.forward import response_log_probs, response_token_outputs, token_outputs_pass
 from hybridflow.engine.moe import MoEUpdateTracker
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
@@ -97,17 +97,23 @@ def compute_token_outputs(
     module = engine.module
     batch = _model_inputs(data, list(_MODEL_KEYS))
     micro_batches, parts = split_micro_batches(batch, spec, sp=engine.parallel_dims.sp)
+    batches = [mb.batch.to(engine.device) for mb in micro_batches]
+
+    def run_one(i: int) -> dict[str, torch.Tensor]:
+        return response_token_outputs(
+            module, batches[i], temperature, calculate_entropy, use_remove_padding, packed=packed,
+            calculate_sum_pi_squared=calculate_sum_pi_squared, use_torch_compile=use_torch_compile,
+            multi_modal_inputs=micro_batches[i].non_tensor_batch.get(_MULTI_MODAL_KEY),
+            sequence_parallel=engine.sequence_parallel, prefix_grouping=prefix_grouping,
+        )
+
     pieces: dict[str, list[torch.Tensor]] = {}
     was_training = module.training
     module.eval()
     with torch.no_grad(), engine.on_device(), engine.autocast():
-        for mb in micro_batches:
-            outs = response_token_outputs(
-                module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding,
-                packed=packed, calculate_sum_pi_squared=calculate_sum_pi_squared, use_torch_compile=use_torch_compile,
-                multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY), sequence_parallel=engine.sequence_parallel,
-                prefix_grouping=prefix_grouping,
-            )
+        pipeline_pass = token_outputs_pass(module, data.batch["responses"].shape[-1], temperature, calculate_entropy,
+                                           False, use_remove_padding, calculate_sum_pi_squared, use_torch_compile)
+        for outs in engine.forward_passes(batches, pipeline_pass, run_one):
             for key, value in outs.items():
                 pieces.setdefault(key, []).append(value.float().cpu())
     module.train(was_training)
@@ -294,19 +300,28 @@ class PPOActor:
         diff_sums: dict[str, torch.Tensor] = {}
         acc = _MicroBatchMetrics()
         self.engine.zero_grad()
-        for mb in micro_batches:
-            has_tokens = bool(mb.batch["response_mask"].any())  # read before the copy to the device: no sync
-            b = mb.batch.to(self.engine.device)
-            log_prob, entropy, routed = self._micro_batch_forward(b, mb, temperature, setup)
+        # read before the copy to the device (no sync): a micro-batch of padding rows has no statistics to average in
+        has_tokens = [bool(mb.batch["response_mask"].any()) for mb in micro_batches]
+        batches = [mb.batch.to(self.engine.device) for mb in micro_batches]
+        routing: dict[int, Any] = {}
+
+        def run_one(i: int) -> dict[str, torch.Tensor]:
+            log_prob, entropy, routing[i] = self._micro_batch_forward(batches[i], micro_batches[i], temperature, setup)
+            return {"log_probs": log_prob, **({"entropy": entropy} if entropy is not None else {})}
+
+        def loss(out: dict[str, torch.Tensor], i: int) -> torch.Tensor:
+            b, log_prob = batches[i], out["log_probs"]
             old_log_prob = log_prob.detach() if from_update else b["old_log_probs"]
             if at_pi_old and "rollout_log_probs" in b:
                 drift = rollout_probs_diff_sums(b["rollout_log_probs"], log_prob, b["response_mask"])
                 _add_probs_diff(diff_sums, drift)
-            loss, pg_metrics = self._micro_batch_loss(b, log_prob, old_log_prob, entropy, routed, setup, acc,
-                                                      has_tokens)
-            loss.backward()
-            if has_tokens:  # a micro-batch of padding rows only has no policy-loss statistics to average in
+            term, pg_metrics = self._micro_batch_loss(b, log_prob, old_log_prob, out.get("entropy"), routing.get(i),
+                                                      setup, acc, has_tokens[i])
+            if has_tokens[i]:
                 acc.observe(pg_metrics)
+            return term
+
+        self.engine.backward_passes(batches, self._update_pass(mini_batch, temperature, setup), run_one, loss)
         step = self.engine.optimizer_step(self.config.grad_clip)
         self._track_skips(step.stepped, step.grad_norm)
         probs_diff = diff_sums if at_pi_old and "rollout_log_probs" in mini_batch.batch else None
@@ -323,6 +338,15 @@ class PPOActor:
                           global_tokens=normalizers["global_token_num"], entropy_in_loss=entropy_in_loss,
                           want_entropy=bool(entropy_in_loss or cfg.calculate_entropy or pass_at_pi_old),
                           bypass=bypass, distill=distill)
+
+    def _update_pass(self, mini_batch: DataProto, temperature: float, setup: _LossSetup):
+        """The update's head for passes through pipeline stages (the same as :meth:`_micro_batch_forward`'s)."""
+        cfg = self.config
+        with self.engine.autocast():
+            return token_outputs_pass(self.engine.module, mini_batch.batch["responses"].shape[-1], temperature,
+                                      setup.want_entropy, setup.entropy_in_loss, self.use_remove_padding,
+                                      use_torch_compile=bool(cfg.use_torch_compile),
+                                      entropy_checkpointing=bool(cfg.entropy_checkpointing))
 
     def _micro_batch_forward(self, b, mb: DataProto, temperature: float, setup: _LossSetup):
         """(response log-probs, entropies or ``None``, the MoE routing record or ``None``) of one micro-batch."""

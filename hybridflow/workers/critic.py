@@ -66,7 +66,7 @@ class PPOCritic:
         batches = [mb.batch.to(self.engine.device) for mb in micro_batches]
         module.eval()
         with torch.no_grad(), self.engine.on_device(), self.engine.autocast():
-            outs = self.engine.forward_passes(batches, self._values_pass(data), self._values)
+            outs = self.engine.forward_passes(batches, self._values_pass(data), lambda i: self._values(batches[i]))
         return gather_in_order([o["values"].cpu() for o in outs], parts) * data.batch["response_mask"]
 
     def _values(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -119,7 +119,7 @@ class PPOCritic:
             return vf_loss
 
         with self.engine.autocast(), self.engine.activation_offload():
-            self.engine.backward_passes(batches, self._values_pass(mini_batch), self._values, loss)
+            self.engine.backward_passes(batches, self._values_pass(mini_batch), lambda i: self._values(batches[i]), loss)
         step = self.engine.optimizer_step(cfg.grad_clip)
         metrics["critic/vf_loss"].append(vf_loss_sum)
         metrics["critic/vf_clipfrac"].append(sum(clipfracs) / max(len(clipfracs), 1))
