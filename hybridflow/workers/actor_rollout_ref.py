@@ -33,6 +33,7 @@ from hybridflow.engine.model_loader import (
     load_processor,
     load_tokenizer,
 )
+from hybridflow.engine.parallel.parallelize import pipeline_spec_for
 from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.vision import freeze_vision_tower
 from hybridflow.engine.train_engine import TrainEngine
@@ -142,7 +143,8 @@ class ActorRolloutRefWorker(Worker):
             module = self._load_policy_module(ac.fsdp_config, trainable=True)
             self.actor_engine = TrainEngine(module, ac.fsdp_config, ac.optim, total_training_steps,
                                             role="actor", parallel_dims=self._actor_dims,
-                                            activation_offload=bool(mc.enable_activation_offload))
+                                            activation_offload=bool(mc.enable_activation_offload),
+                                            pipeline=pipeline_spec_for(ac))
             self.actor = PPOActor(ac, self.actor_engine, ac.use_remove_padding, rollout_n=self.config.rollout.n)
             if self.config.rollout.exact_log_probs:  # the layout the exact rollout's arithmetic matches
                 from hybridflow.engine.forward import ALIGNED
@@ -153,7 +155,7 @@ class ActorRolloutRefWorker(Worker):
                 self._check_reference_vocab(self.config.ref.model)
             module = self._load_policy_module(self.config.ref.fsdp_config, trainable=False, reference=True)
             self.ref_engine = TrainEngine(module, self.config.ref.fsdp_config, None, role="ref",
-                                          parallel_dims=self._ref_dims)
+                                          parallel_dims=self._ref_dims, pipeline=pipeline_spec_for(self.config.ref))
         if self._is_rollout and self.config.hybrid_engine:  # hybrid_engine=false: standalone server replicas
             self._build_rollout()
 

@@ -155,7 +155,9 @@ class RolloutHost:
         self.delta.begin()
         with self.train_engine.on_device():
             stats = reshard_in_buckets(self.train_engine.module, load, self.bucket_bytes, lora=lora,
-                                       group_of=vllm_load_group)
+                                       group_of=vllm_load_group,
+                                       pipeline_group=self.train_engine.parallel_dims.pp_group,
+                                       tied_head=self.train_engine.tied_head_weight)
         if failed:
             self.delta.forget()
             raise failed[0]

@@ -16,7 +16,7 @@ FSDP2 engine as ``fsdp2``, laid out by its ``megatron`` node:
 * ``pipeline_model_parallel_size`` / ``virtual_pipeline_model_parallel_size``: the pp dimension (decoder layers cut
   into ``pp x vpp`` stages, interleaved over the pp ranks; ``engine/parallel/pipeline.py``), with
   ``override_transformer_config.num_layers_in_{first,last}_pipeline_stage`` fixing the end stages' layers and
-  ``pipeline_schedule`` (hybridflow's: ``1f1b`` | ``gpipe``; virtual stages always run interleaved 1F1B);
+  ``pipeline_schedule`` (hybridflow's: ``1f1b`` | ``gpipe``; with virtual stages interleaved 1F1B or looped GPipe);
 * ``expert_tensor_parallel_size``: experts are never split by tensor parallelism, so only 1 (or null) is
   accepted; ``use_distributed_optimizer=false`` is refused (FSDP2 always shards the optimizer state over the data
   ranks).
@@ -163,7 +163,7 @@ def _pipeline_keys(key: str, m: Any, errors: list[str]) -> None:
                       f"needs {key}.pipeline_model_parallel_size > 1")
     if m.pipeline_schedule not in PIPELINE_SCHEDULES:
         errors.append(f"{key}.pipeline_schedule={m.pipeline_schedule!r}: choose one of {', '.join(PIPELINE_SCHEDULES)} "
-                      "(virtual stages always run interleaved 1F1B)")
+                      "(with virtual stages: interleaved 1F1B, or gpipe's order over the virtual stages)")
     for name in PIPELINE_SPLIT_KEYS:
         value = (m.override_transformer_config or {}).get(name)
         if value is not None and (pp == 1 or int(value) < 1):

@@ -41,7 +41,7 @@ from hybridflow.engine.ulysses_forward import SequenceParallel
 if TYPE_CHECKING:
     from hybridflow.config.schema import FSDPConfig
 
-__all__ = ["ParallelModel", "PipelineSpec", "parallelize"]
+__all__ = ["ParallelModel", "PipelineSpec", "parallelize", "pipeline_spec_for"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,21 @@ class PipelineSpec:
     first: int | None = None
     last: int | None = None
     schedule: str = "1f1b"
+
+
+def pipeline_spec_for(node) -> PipelineSpec | None:
+    """The pipeline a role's config node asks for (``None``: no pipeline): its ``megatron`` node's
+    ``pipeline_model_parallel_size`` > 1 with the strategy ``megatron``, the split keys of
+    ``override_transformer_config`` and ``pipeline_schedule``."""
+    from hybridflow.config.checks.megatron import pipeline_split
+
+    megatron = getattr(node, "megatron", None)
+    if getattr(node, "strategy", None) != "megatron" or megatron is None:
+        return None
+    if int(getattr(megatron, "pipeline_model_parallel_size", 1) or 1) <= 1:
+        return None
+    first, last = pipeline_split(node)
+    return PipelineSpec(first, last, str(getattr(megatron, "pipeline_schedule", "1f1b") or "1f1b"))
 
 
 @dataclass

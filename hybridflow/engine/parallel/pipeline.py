@@ -36,12 +36,9 @@ from torch import nn
 
 from hybridflow.engine.transformers_adapter import decoder_stack, embedding_and_head
 
-__all__ = ["PIPELINE_SCHEDULES", "MicroBatchInputs", "PipelineError", "PipelineHead", "PipelineLayout",
+__all__ = ["MicroBatchInputs", "PipelineError", "PipelineHead", "PipelineLayout",
            "PipelineRunner", "SkippedLayer", "StageModel", "broadcast_from_last_stage", "model_view", "rank_view",
            "split_stages", "stage_layer_ranges"]
-
-PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
-
 
 class PipelineError(ValueError):
     """A pipeline split that cannot be built (the message names the key and the fix)."""
@@ -276,7 +273,7 @@ class MicroBatchInputs:
 
 
 class PipelineRunner:
-    """Runs passes of micro-batches through this rank's stages with one of :data:`PIPELINE_SCHEDULES`."""
+    """Runs passes of micro-batches through this rank's stages with the layout's schedule (``1f1b`` | ``gpipe``, config/checks/megatron.py)."""
 
     def __init__(self, stages: list[StageModel], layout: PipelineLayout, group, device: torch.device,
                  hidden_size: int, compute_dtype: torch.dtype):
@@ -363,11 +360,24 @@ class PipelineRunner:
         return (hidden, *ints, torch.empty(rows, dtype=torch.long, device="meta"))
 
     def _schedule(self, pipe_stages, n: int, loss_fn):
-        from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+        """torch's schedule for ``n`` micro-batches.  One stage per rank: 1F1B (``gpipe``: all forwards, then all
+        backwards; also when there are fewer micro-batches than stages, where 1F1B has nothing to interleave).
+        Virtual stages: interleaved 1F1B, or looped breadth-first (GPipe's order over the virtual stages) for
+        ``gpipe`` and for counts interleaved 1F1B cannot split into equal rounds of ``pp``."""
+        from torch.distributed.pipelining import (
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+            ScheduleLoopedBFS,
+        )
 
-        if self.layout.vpp > 1 or self.layout.schedule == "interleaved_1f1b":
-            return ScheduleInterleaved1F1B(pipe_stages, n, loss_fn=loss_fn, scale_grads=False)
-        cls = ScheduleGPipe if self.layout.schedule == "gpipe" else Schedule1F1B
+        pp = self.layout.pp
+        if len(pipe_stages) > 1:
+            rounds = max(1, n // pp)
+            if self.layout.schedule != "gpipe" and n % rounds == 0:
+                return ScheduleInterleaved1F1B(pipe_stages, n, loss_fn=loss_fn, scale_grads=False)
+            return ScheduleLoopedBFS(pipe_stages, n, loss_fn=loss_fn, scale_grads=False)
+        cls = ScheduleGPipe if self.layout.schedule == "gpipe" or n < pp else Schedule1F1B
         return cls(pipe_stages[0], n, loss_fn=loss_fn, scale_grads=False)
 
 
