@@ -44,8 +44,7 @@ from torch import nn
 from hybridflow.data.mrope import model_position_ids
 from hybridflow.engine.padded_attention import padded_attention, supports_padded_attention
 from hybridflow.engine.parallel.pipeline_forward import PipelinePass
-from hybridflow.engine.fsdp import unwrap_peft
-from hybridflow.engine.transformers_adapter import attention_implementation, forward_parameters
+from hybridflow.engine.transformers_adapter import attention_implementation, forward_parameters, unwrap_peft
 from hybridflow.engine.ulysses_forward import SequenceParallel, sequence_parallel_outputs
 from hybridflow.engine.vision import merge_multi_modal_inputs, vision_in_every_step
 from hybridflow.engine.vocab_parallel import (

@@ -33,9 +33,9 @@ from hybridflow.engine.fsdp import (
 )
 from hybridflow.engine.optim import build_lr_scheduler, build_optimizer
 from hybridflow.engine.parallel.parallelize import PipelineSpec, parallelize
-from hybridflow.engine.reshard import pipeline_full_tensors
 from hybridflow.engine.parallel.pipeline_forward import PipelinePass, pipeline_outputs, pipeline_train
 from hybridflow.engine.parallel_dims import ParallelDims
+from hybridflow.engine.reshard import pipeline_full_tensors
 from hybridflow.engine.ulysses_forward import SequenceParallel
 from hybridflow.utils.host_memory import keep_freed_host_memory
 

@@ -29,13 +29,14 @@ from hybridflow.engine.parallel.pipeline import (
     PipelineLayout,
     PipelineRunner,
     StageModel,
+    model_ends,
     rank_view,
     split_stages,
     stage_layer_ranges,
 )
 from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.tensor_parallel import apply_tensor_parallel
-from hybridflow.engine.transformers_adapter import embedding_and_head, text_config
+from hybridflow.engine.transformers_adapter import text_config
 from hybridflow.engine.ulysses_forward import SequenceParallel
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def _split_pipeline(out: ParallelModel, dims: ParallelDims, rank: int, device: t
     pp_rank = dims.pp_rank(rank)
     out.stages = split_stages(model, layout, pp_rank)
     out.module = rank_view(model, out.stages)  # the rank's holdings: its stages' layers and ends
-    emb_name, head_name, tied = embedding_and_head(model)
+    emb_name, head_name, tied = model_ends(model)
     out.tied_embedding = (emb_name, head_name) if tied else None
     out.pipeline = PipelineRunner(out.stages, layout, dims.pp_group, device, int(cfg.hidden_size), compute)
 

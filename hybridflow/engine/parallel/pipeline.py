@@ -34,10 +34,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybridflow.engine.transformers_adapter import decoder_stack, embedding_and_head
+from hybridflow.engine.transformers_adapter import decoder_stack, embedding_and_head, unwrap_peft
 
 __all__ = ["MicroBatchInputs", "PipelineError", "PipelineHead", "PipelineLayout",
-           "PipelineRunner", "SkippedLayer", "StageModel", "broadcast_from_last_stage", "model_view", "rank_view",
+           "PipelineRunner", "SkippedLayer", "StageModel", "broadcast_from_last_stage", "model_ends", "model_view", "rank_view",
            "split_stages", "stage_layer_ranges"]
 
 class PipelineError(ValueError):
@@ -110,6 +110,17 @@ def _shallow_view(module: nn.Module) -> nn.Module:
     return view
 
 
+def model_ends(model: nn.Module) -> tuple[str, str | None, bool]:
+    """:func:`~hybridflow.engine.transformers_adapter.embedding_and_head` with the names as paths in ``model``
+    itself (under a PEFT wrapper they lie below ``base_model.model``)."""
+    emb, head, tied = embedding_and_head(model)
+    base = unwrap_peft(model)
+    prefix = next(n for n, m in model.named_modules() if m is base)
+    if prefix:
+        emb, head = f"{prefix}.{emb}", (f"{prefix}.{head}" if head is not None else None)
+    return emb, head, tied
+
+
 def model_view(model: nn.Module, layers, first: bool, last: bool) -> tuple[nn.Module, str]:
     """A view of ``model`` holding the decoder layers in ``layers`` (the others :class:`SkippedLayer`), the input
     embedding when ``first``, the final norm and the head when ``last``; returns it and the decoder's path in it.
@@ -130,12 +141,27 @@ def model_view(model: nn.Module, layers, first: bool, last: bool) -> tuple[nn.Mo
         _set_submodule(view, path, new_decoder)
     else:
         view = new_decoder
-    emb_name, head_name, _ = embedding_and_head(model)
+    emb_name, _, _ = model_ends(model)
     if not first:
         _set_submodule(view, emb_name, _Absent(emb_name))
-    if not last and head_name is not None:
-        _set_submodule(view, head_name, _Absent(head_name))
+    if not last:  # the heads (a vocabulary projection, a critic's score) belong to the last stage
+        for name in _head_paths(model, path):
+            _set_submodule(view, name, _Absent(name))
     return view, path
+
+
+def _head_paths(model: nn.Module, decoder_path: str) -> list[str]:
+    """Paths of the modules with parameters beside the decoder at the top of the (PEFT-unwrapped) model: the LM
+    head, a value or score head."""
+    base = unwrap_peft(model)
+    prefix = next(n for n, m in model.named_modules() if m is base)
+    out = []
+    for name, child in base.named_children():
+        full = f"{prefix}.{name}" if prefix else name
+        holds_decoder = decoder_path == full or decoder_path.startswith(full + ".")
+        if not holds_decoder and next(child.parameters(), None) is not None:
+            out.append(full)
+    return out
 
 
 def rank_view(model: nn.Module, stages: list["StageModel"]) -> nn.Module:
