@@ -10,7 +10,7 @@ import torch
 from hybridflow.agents import AgentLoopOutput, register, registered_agent_loops, resolve_agent_loop
 from hybridflow.agents.base import AgentLoopBase, load_agent_loop_config
 from hybridflow.agents.postprocess import outputs_to_batch
-from run_helpers import run, small_overrides
+from run_helpers import assert_timings_are_durations, run, small_overrides
 
 
 def test_batch_layout_masks_observations_and_places_scores():
@@ -92,6 +92,7 @@ def _check_two_turn_run(history):
         assert m["agent/error_count"] == 0
         assert m["training/rollout_probs_diff_mean"] < 1e-4  # model tokens only: observations are masked out
         assert "timing_s/agent_loop/generate_sequences/mean" in m
+    assert "timing_s/update_actor" in assert_timings_are_durations(history.metrics)
 
 
 @pytest.mark.slow
