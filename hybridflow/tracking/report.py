@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 from hybridflow.tracking.loggers import flatten_dict
 from hybridflow.tracking.units import is_duration
 
-__all__ = ["write_report", "load_history", "load_samples", "PLOT_PANELS", "panel_figure"]
+__all__ = ["write_report", "render_report", "load_history", "load_samples", "PLOT_PANELS", "panel_figure"]
 
 # (panel title, y label, metric names or prefixes ending in "*"). A y label that is a unit must be the unit of
 # every metric drawn on it (tracking/units.py; tests/tracking/test_report.py checks it). The two time panels
@@ -227,14 +227,16 @@ th{background:#f5f5f5;text-align:left} pre{white-space:pre-wrap;word-break:break
 """
 
 
-def _render(
+def render_report(
     history: Sequence[Mapping[str, Any]],
     samples: Sequence[Mapping[str, Any]],
-    summary: Mapping[str, Any] | None,
-    title: str,
+    summary: Mapping[str, Any] | None = None,
+    title: str = "hybridflow run report",
     error: str | None = None,
+    head: str = "",
 ) -> str:
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+    """The report page as one HTML string (``head``: extra markup for ``<head>``, e.g. the live page's refresh)."""
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>{head}",
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
     steps = [rec.get("step", i + 1) for i, rec in enumerate(history)]
     span = f"steps {steps[0]}–{steps[-1]}" if steps else "no steps"
@@ -279,7 +281,7 @@ def write_report(
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    text = _render(history, samples, summary, title, error)
+    text = render_report(history, samples, summary, title, error)
     target = out / "report.html"
     fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".html.tmp", dir=out)
     try:
