@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         from hybridflow.utils.registry import closest
 
         hint = closest(cmd, list(handlers))
-        print(f"hybridflow: unknown command '{cmd}'" + (f"; did you mean '{hint}'?" if hint else ""), file=sys.stderr)
-        print(USAGE, file=sys.stderr)
+        print(f"hybridflow: unknown command '{cmd}'" + (f"; did you mean '{hint}'?" if hint else "")
+              + f" (commands: {', '.join(handlers)}; hybridflow --help)", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     try:
         result = handlers[cmd](rest)

@@ -25,7 +25,28 @@ def read_split(input_dir: str, split: str) -> list[dict[str, Any]]:
     )
 
 
+def _hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached (one connection attempt, 5 s at most), or None. Offline mode
+    (``HF_HUB_OFFLINE=1``: the local cache only) is not probed."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return None
+    url = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=5.0).close()
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+    return None
+
+
 def load_hub_split(name: str, split: str, config_name: str | None = None) -> list[dict[str, Any]]:
+    unreachable = _hub_unreachable()  # before datasets' own retries (a minute of backoff messages)
+    if unreachable:
+        raise DataFileError(f"cannot reach the Hugging Face hub to download '{name}' ({unreachable}); without "
+                            "network access pass --input DIR with local files")
     try:
         import datasets
 
