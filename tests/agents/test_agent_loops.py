@@ -32,7 +32,7 @@ def test_batch_layout_masks_observations_and_places_scores():
     assert t["rollout_log_probs"] == [[-0.5, 0.0, 0.0, -0.25, 0.0], [-1.0, 0.0, 0.0, 0.0, 0.0]]
     assert t["rm_scores"] == [[0.0, 0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]]
     assert b.non_tensor_batch["__num_turns__"].tolist() == [4, 2]
-    assert b.non_tensor_batch["turn_scores"].tolist() == [[0.5], None]
+    assert b.non_tensor_batch["turn_scores"].tolist() == [[0.5], []]  # the stable schema: [] where a loop set none
     wide = outputs_to_batch(outs, prompt_length=1, response_length=5, pad_token_id=0)
     assert wide.batch["prompts"].shape == (2, 3)  # the longest prompt sets the width
 
