@@ -337,6 +337,8 @@ def summarize_trajectory_metrics(per_trajectory: Sequence[dict[str, float]],
         if name.endswith("_count"):
             metrics[name] = float(sum(m.get(key, 0.0) for m in per_trajectory))
     metrics["agent/tokenization_mismatch_count"] = float(sum(m.get("tokenization_mismatch", 0.0) for m in per_trajectory))
+    # model tokens the strict tokenization check left untrained (response_mask 0)
+    metrics["agent/untrained_model_tokens"] = float(sum(m.get("untrained_model_tokens", 0.0) for m in per_trajectory))
     for kind in sorted({k for m in per_trajectory for k in m if k.startswith("tool_errors/")}):
         metrics[f"agent/{kind}"] = float(sum(m.get(kind, 0.0) for m in per_trajectory))
     return timing, metrics
