@@ -469,7 +469,9 @@ SECTIONS: tuple[Section, ...] = (
         Row("`logger`",
             "[console]",
             "any of `console`, `file` (`metrics.jsonl`), `tensorboard`, `wandb` (alias `tracking`), "
-            "`mlflow`, `swanlab`. Output folder: `outputs/<project_name>/<experiment_name>`."),
+            "`mlflow`, `swanlab`, `prometheus` (the run's metrics on an HTTP `/metrics` endpoint of the "
+            "driver, for a cluster's Prometheus to scrape while the run lives). Output folder: "
+            "`outputs/<project_name>/<experiment_name>`; `hybridflow report --serve` shows its report live."),
         Row("`project_name`, `experiment_name`",
             "verl_examples, gsm8k",
             ""),
@@ -480,6 +482,16 @@ SECTIONS: tuple[Section, ...] = (
             "true",
             "hybridflow-only: write `report.html` at the end (needs a logger with an output folder, "
             "e.g. `file`)."),
+        Row("`prometheus.host`, `prometheus.port`",
+            "127.0.0.1, 9464",
+            "hybridflow-only, with `trainer.logger=[...,prometheus]` (refused without it): where `/metrics` is "
+            "served. Loopback by default; `0.0.0.0` or the node's address lets a Prometheus on another host "
+            "scrape it; port 0 takes a free one, printed at start. Series: "
+            "[debugging.md](debugging.md#live-metrics-prometheus-and-the-live-report)."),
+        Row("`prometheus.drift_threshold`",
+            "0.1",
+            "a step whose rollout and actor token probabilities differ by more "
+            "(`training/rollout_probs_diff_max`) counts in `hybridflow_drift_steps_total`."),
         Row("`tolerated_failure_fraction`",
             "0.5",
             "hybridflow-only: the share of a step's trajectories (agent loop raised), rewards (the "
