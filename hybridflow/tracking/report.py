@@ -114,7 +114,7 @@ def panel_figure(title: str, ylabel: str, history: Sequence[Mapping[str, Any]], 
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
               title=prefix or None, title_fontsize=7)
     # fixed margins instead of tight_layout(): that costs a second full draw, doubling report time
-    fig.subplots_adjust(left=0.1, right=0.62, top=0.9, bottom=0.15)
+    fig.subplots_adjust(left=0.12, right=0.64, top=0.9, bottom=0.15)
     return fig
 
 
