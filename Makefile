@@ -1,5 +1,5 @@
 # Two commands matter: `make quickstart` (train a tiny model on CPU and watch it learn)
-# and `make test` (the whole suite). Both create .venv on first use, from the lock file requirements/venv.txt.
+# and `make test` (the fast tier of the suite; `make test-full` the rest, CI runs both). Both create .venv on first use, from the lock file requirements/venv.txt.
 SHELL       := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 PY      ?= python3
@@ -46,7 +46,7 @@ LATEST_WITH  ?=
 LATEST_TESTS ?= tests/test_tiny_model.py tests/rollout/test_hf_engine.py tests/rollout/test_hf_vision.py \
                 tests/rollout/test_generation_path.py tests/engine tests/agents tests/integration/test_quickstart.py
 
-.PHONY: venv venv-vllm lock test test-full test-fast test-learning test-vllm test-latest quickstart fresh-clone-check clean
+.PHONY: venv venv-vllm lock test test-full test-learning test-vllm test-latest quickstart fresh-clone-check clean
 
 $(STAMP): $(LOCK) pyproject.toml scripts/venv_from_lock.sh
 	@PY=$(PY) scripts/venv_from_lock.sh $(VENV) $(LOCK)
@@ -79,32 +79,40 @@ lock: $(UV_STAMP)
 
 comma := ,
 
-# Two parts: most tests on two xdist workers (they mostly wait on Ray, process start-up and gloo, so two at a time
-# use the cores better), then the `serial` ones alone (wall-clock bounds, machine-wide state: tests/conftest.py).
-# `--dist loadfile` keeps a file's tests on one worker, so a module-scoped fixture (a Ray instance, a multi-rank
-# equality run) is built once, not once per worker. Fails if either part fails.
+# Two tiers (tests/tiers.py): `make test` is the fast proof (unit tests, every controller mode on fake worker groups,
+# a handful of end-to-end scenarios), `make test-full` everything else (matrices, Ray runs, multi-rank scenarios,
+# quickstarts); CI runs both. Each tier has two parts: most tests on two xdist workers (they mostly wait on Ray,
+# process start-up and gloo, so two at a time use the cores better), then the `serial` ones alone (wall-clock
+# bounds, machine-wide state: tests/conftest.py). `--dist loadfile` keeps a file's tests on one worker, so a
+# module-scoped fixture (a Ray instance, a multi-rank equality run) is built once. Fails if any part fails. Each
+# part prints its slowest tests and writes a JUnit report (outputs/junit/) that scripts/tier_report.py sums per tier.
 # The package is byte-compiled first: the suite starts a few hundred Python processes (Ray workers, CLI runs,
 # multi-rank equality runs), and with PYTHONDONTWRITEBYTECODE set (as on this project's machines) each of them
 # would otherwise compile hybridflow's sources again (~0.1-0.3 s a process).
 TEST_WORKERS ?= 2
+JUNIT := outputs/junit
+# (pytest's exit status 5, "no test collected", is not a failure: a tier may have no serial test.)
+TIER = @$(PYTHON) -m compileall -q hybridflow >/dev/null; mkdir -p $(JUNIT); rc=0; \
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial and $(1)" --durations=15 \
+		--junitxml=$(JUNIT)/$(2)-parallel.xml tests || { c=$$?; [ $$c -eq 5 ] || rc=$$c; }; \
+	$(PYTHON) -m pytest -q -m "serial and $(1)" --durations=10 --junitxml=$(JUNIT)/$(2)-serial.xml tests \
+		|| { c=$$?; [ $$c -eq 5 ] || rc=$$c; }; \
+	$(PYTHON) scripts/tier_report.py $(2) $(JUNIT)/$(2)-parallel.xml $(JUNIT)/$(2)-serial.xml || true; exit $$rc
+
 test: $(STAMP)
-	@$(PYTHON) -m compileall -q hybridflow >/dev/null
-	@rc=0; $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial and not full" tests || rc=$$?; \
-	$(PYTHON) -m pytest -q -m "serial and not full" tests || rc=$$?; exit $$rc
+	$(call TIER,not full,fast)
 
-# The full tier: the tests marked `full` (the live report in headless Chromium: Debian's `chromium`, which .ci/run
-# installs). A missing browser fails here (HYBRIDFLOW_FULL=1) instead of skipping.
+# HYBRIDFLOW_FULL=1: a test of this tier that lacks a tool (the headless browser of the live-report test: Debian's
+# `chromium`, which .ci/run installs) fails instead of skipping.
+test-full: export HYBRIDFLOW_FULL := 1
 test-full: $(STAMP)
-	HYBRIDFLOW_FULL=1 $(PYTHON) -m pytest -q -m full tests
-
-test-fast: $(STAMP)
-	$(PYTHON) -m pytest -q tests -m "not slow and not full"
+	$(call TIER,full,full)
 
 # The vLLM tests run one at a time (an engine takes 1.5-3 GB and both cores).
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -m vllm tests
 
-# the seeded mini-runs whose reward must climb (also part of test and test-fast)
+# the seeded mini-runs whose reward must climb (in one tier or the other: test_learning.py is in make test)
 test-learning: $(STAMP)
 	$(PYTHON) -m pytest -q tests -m learning
 

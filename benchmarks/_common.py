@@ -330,7 +330,7 @@ class RecordingLogger:
 
 def run_hybridflow(overrides: list[str], budget_s: float | None = None) -> RecordingLogger:
     """One in-process ``train_ppo`` run; ``budget_s`` stops it after the step that crosses the budget."""
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.trainer.main_ppo import train_ppo
 
     config = load_config(overrides)

@@ -69,7 +69,7 @@ class ThreeTurnLoop(AgentLoopBase):
 
 
 def build_config(model: str, prompt_len: int, response_len: int, n: int, caching: bool, agent: str):
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
 
     a = "actor_rollout_ref"
     return load_config([

@@ -110,7 +110,7 @@ def child(args) -> None:
     import torch
 
     torch.set_num_threads(int(args.threads))
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.trainer.main_ppo import train_ppo
 
     marks: list[float] = []

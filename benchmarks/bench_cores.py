@@ -7,7 +7,7 @@ rollout, reward, advantages, actor update) in a fresh process, alternating, and 
 after warm-up with its generation and update stages:
 
 * ``ray_default`` -- ``trainer.backend=ray, n_gpus_per_node=1`` as shipped: the trainer gives the one worker
-  the node's cores as torch threads (``trainer.cpu_threads.cpu_threads_per_process``);
+  the node's cores as torch threads (``launch.cpu_threads.cpu_threads_per_process``);
 * ``ray_1x1`` -- the same with ``OMP_NUM_THREADS=1`` in the environment: one thread (the default before);
 * ``ray_2x1`` -- ``n_gpus_per_node=2``: two FSDP ranks of one thread each (gloo all-reduce, half the rows each);
 * ``local_default`` -- ``trainer.backend=local``: the driver process with torch's default thread count;

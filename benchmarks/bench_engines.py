@@ -124,7 +124,7 @@ def decode_bound_ms(model, batch: int, repeats: int = 5) -> float:
 
 
 def bench_grpo_step(model_dir: str, data_dir: Path, engine: str, steps: int, out_dir: Path) -> dict[str, float]:
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.tracking import Tracking
     from hybridflow.trainer.main_ppo import train_ppo
 

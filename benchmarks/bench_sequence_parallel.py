@@ -104,7 +104,7 @@ def worker(rank: int, world: int, port: int, model_dir: str, tokens: int, steps:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.engine.forward import response_log_probs
     from hybridflow.engine.model_loader import load_causal_lm
     from hybridflow.engine.parallel_dims import ParallelDims

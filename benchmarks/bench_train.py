@@ -58,7 +58,7 @@ VARIANTS = {
 
 
 def make_worker(model: str, rows: int, micro: int, max_tokens: int, variant: Variant):
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
     a = "actor_rollout_ref"

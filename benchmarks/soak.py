@@ -118,7 +118,7 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="also write the per-step samples here")
     args = parser.parse_args()
 
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.data.synthetic import write_synthetic
     from hybridflow.trainer.main_ppo import train_ppo
     from hybridflow.utils.tiny_model import make_tiny_checkpoint

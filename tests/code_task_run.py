@@ -57,7 +57,7 @@ def run_code_task(tmp_path: Path, steps: int = 8, seed: int = 1) -> dict[int, li
     """Warm up, run GRPO for ``steps`` steps; returns ``{step: [{"output", "score"}, ...]}`` from the dumps."""
     import pandas as pd
 
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.tracking import Tracking
     from hybridflow.trainer.main_ppo import train_ppo
 

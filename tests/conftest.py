@@ -127,16 +127,31 @@ SERIAL = ("faults/test_waits.py", "faults/test_sandbox.py", "faults/test_sandbox
 
 
 def pytest_collection_modifyitems(config, items):
-    """``serial`` on the tests of SERIAL; ``@pytest.mark.gpu`` tests need CUDA: on a machine without it they are
-    skipped, saying so."""
+    """``serial`` on the tests of SERIAL, ``full`` on those of the full tier (tests/tiers.py); ``@pytest.mark.gpu``
+    tests need CUDA: on a machine without it they are skipped, saying so."""
+    from tiers import in_full_tier
+
     here = os.path.dirname(os.path.abspath(__file__)) + os.sep
     for item in items:
         rel = str(item.path).removeprefix(here)
         if rel.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
+        if in_full_tier(f"{rel}::{item.name}"):
+            item.add_marker(pytest.mark.full)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False here); run on a GPU machine")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request):
+    """The one local Ray instance of a test module (``RAY_CPUS`` in the module sets its logical CPUs, default 2),
+    shut down after the module's last test that asked for it."""
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=getattr(request.module, "RAY_CPUS", 2), include_dashboard=False,
+             log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -26,7 +26,7 @@ def small_overrides(model_dir, data_dir, out_dir, backend="local", steps=2, n=4,
 
 def run(overrides, out_dir, should_stop=None):
     """Load the config and train; the logger writes into ``out_dir``. Returns the metric history."""
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.tracking import Tracking
     from hybridflow.trainer.main_ppo import train_ppo
 

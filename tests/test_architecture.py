@@ -10,6 +10,8 @@ import ast
 import collections
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "hybridflow"
 REPO = PACKAGE.parent
 
@@ -118,20 +120,19 @@ def test_module_names_say_their_layer():
 
 
 # The floors of docs/architecture.md, top to bottom.  A module may import modules of its own floor and of the
-# floors below it, never above.  Entry modules (verl's public paths and the commands) sit on top.  The config floor
-# (key tree, typed dataclasses, the check pipeline's configuration stage) sits above what it checks -- it consults
-# the registries of algorithms and reward managers and the engines' settings -- and below the agent loops that read
-# it; the pipeline's run stage (files: model config.json, data rows, agent/tool YAMLs) reads through agents,
-# engine and data, so it sits above them.
+# floors below it, never above.  Entry modules (verl's public paths and the commands) sit on top, the launch (the one
+# path from a config to a running controller, and the ordered check pipeline) below them.  The config floor (key
+# tree, typed dataclasses, the rules on its own values, the step plan, the mode table) is the ground floor above
+# utils, so every floor can type its sub-config; a rule that needs a floor's knowledge lives on that floor.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("entry points", ("cli", "__main__", "experimental", "recipe", "trainer.main_ppo", "trainer.fsdp_sft_trainer", "trainer.sft_trainer",
-                      "trainer.runtime", "quickstart", "data.preprocess")),
-    ("async controllers", ("trainer.asynchronous",)),
-    ("single controller", ("trainer", "sft")),
-    ("config checks on files", ("config.checks.run_stage",)),
+                      "quickstart", "data.preprocess")),
+    ("launch", ("launch",)),
+    ("single controller", ("trainer.controller",)),
+    ("modes and hooks", ("trainer.modes", "trainer.hooks")),
+    ("controller parts", ("trainer", "sft")),
     ("observability", ("tracking",)),
     ("agent loops", ("agents",)),
-    ("config", ("config",)),
     ("role workers", ("workers",)),
     ("rollout engines", ("rollout.hf", "rollout.vllm", "rollout.sglang")),
     ("rollout service", ("rollout.service",)),
@@ -145,6 +146,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("algorithms", ("algorithms",)),
     ("worker groups", ("controller",)),
     ("batch container", ("protocol", "protocol_ops")),
+    ("config", ("config",)),
     ("utilities", ("utils",)),
 ]
 ENGINES = ("rollout.hf", "rollout.vllm", "rollout.sglang")
@@ -206,7 +208,7 @@ def test_the_floor_check_catches_an_upward_import():
     """The check itself: a model-engine module importing the trainer is reported."""
     graph = {"hybridflow.engine.forward": {"hybridflow.trainer.stages"}, "hybridflow.trainer.stages": set()}
     assert _upward_imports(graph) == ["hybridflow.engine.forward (model engine) imports hybridflow.trainer.stages "
-                                      "(single controller)"]
+                                      "(controller parts)"]
 
 
 def test_the_sandbox_sits_below_rewards_and_tools():
@@ -237,3 +239,42 @@ def test_docs_name_modules_that_exist():
             if not (PACKAGE / m.group(1)).exists():
                 missing.append(f"{doc.name}: {m.group(1)}")
     assert not missing, "docs name modules that do not exist: " + ", ".join(sorted(set(missing)))
+
+
+def _subclasses_of(name: str, sources: dict[str, str]) -> list[str]:
+    """``module.Class`` of every class (in ``sources``: module -> source text) with ``name`` among its bases."""
+    found = []
+    for mod, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", None) for b in node.bases]
+                if name in bases:
+                    found.append(f"{mod}.{node.name}")
+    return found
+
+
+def test_the_controller_is_never_subclassed():
+    """One controller composed of a mode and hooks (issue 37): a subclass anywhere in the package or the tests is a
+    mode or a stage written as an override -- write it as a file of trainer/modes/ or trainer/hooks/."""
+    files = list(PACKAGE.rglob("*.py")) + list((REPO / "tests").rglob("*.py"))
+    sources = {str(p.relative_to(REPO)): p.read_text(encoding="utf-8") for p in files}
+    assert not _subclasses_of("RLController", sources)
+    # the check itself, and the controller refusing it at run time
+    assert _subclasses_of("RLController", {"m": "class Mine(RLController):\n    pass\n"}) == ["m.Mine"]
+    from hybridflow.trainer.controller import RLController
+
+    with pytest.raises(TypeError, match="never subclassed"):
+        type("Mine", (RLController,), {})
+
+
+def _config_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} imports {t}" for m, targets in graph.items() if m.startswith("hybridflow.config")
+                  for t in targets if t.startswith("hybridflow.") and not t.startswith(("hybridflow.config",
+                                                                                         "hybridflow.utils")))
+
+
+def test_config_is_the_ground_floor():
+    """config/ imports nothing of ours but utils (issue 37): a rule needing another floor's knowledge lives there."""
+    assert not _config_imports(import_graph())
+    assert _config_imports({"hybridflow.config.checks.x": {"hybridflow.engine.model_loader"}}) == [
+        "hybridflow.config.checks.x imports hybridflow.engine.model_loader"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hybridflow.config import load_config, parse_command_line
+from hybridflow.config import parse_command_line
+from hybridflow.launch.config import load_config
 from hybridflow.experimental.one_step_off_policy.main_ppo import with_config_name
 from vllm_helpers import tiny_command_line
 

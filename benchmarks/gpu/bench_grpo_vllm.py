@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks/gpu/bench_grpo_vllm.py needs a CUDA GPU (torch sees none)", file=sys.stderr)
         return 2
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.tracking import Tracking
     from hybridflow.trainer.main_ppo import train_ppo
 

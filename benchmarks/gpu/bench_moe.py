@@ -100,7 +100,7 @@ def overrides(family: str, model_dir: str, data_dir: Path, out_dir: Path, args) 
 def run_family(family: str, args, work: Path) -> dict:
     import torch
 
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.data.synthetic import write_synthetic
     from hybridflow.tracking import Tracking
     from hybridflow.trainer.main_ppo import train_ppo

@@ -59,7 +59,7 @@ def worker(rank: int, world: int, port: int, model_dir: str, tokens: int, steps:
     if world > 1:
         dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world)
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.engine.forward import response_log_probs
     from hybridflow.engine.model_loader import enable_gradient_checkpointing, load_causal_lm
     from hybridflow.engine.parallel_dims import ParallelDims

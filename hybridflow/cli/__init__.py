@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from hybridflow.cli.args import CommandParser, one_line
-from hybridflow.trainer.command_line import EXIT_CONFIG_ERROR, user_error_types
+from hybridflow.launch.command_line import EXIT_CONFIG_ERROR, user_error_types
 from hybridflow.utils.quiet import quiet_libraries
 
 USAGE = """hybridflow <command> [args]

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-from hybridflow.trainer.command_line import EXIT_CONFIG_ERROR, config_error_text
+from hybridflow.launch.command_line import EXIT_CONFIG_ERROR, config_error_text
 
 __all__ = ["CommandParser", "one_line"]
 

@@ -20,8 +20,8 @@ def run_generation(config) -> ValidationResult:
     """Generate ``val_kwargs.n`` responses per prompt of ``data.val_files``, score them, aggregate."""
     from hybridflow.data.loaders import create_val_dataloader
     from hybridflow.data.rl_dataset import create_rl_dataset
-    from hybridflow.trainer.run_inputs import build_reward_fns, load_processor_for, load_tokenizer_for
-    from hybridflow.trainer.runtime import build_runtime
+    from hybridflow.launch.inputs import build_reward_fns, load_processor_for, load_tokenizer_for
+    from hybridflow.launch.run import build_runtime
 
     if not config.data.val_files:
         raise ValueError("hybridflow generate needs data.val_files=<parquet/json with prompts> to generate for")
@@ -51,7 +51,7 @@ def run_generation(config) -> ValidationResult:
 
 def main(argv: list[str] | None = None, cmd: str = "generate") -> int:
     from hybridflow.cli.help import generate_help, wants_help
-    from hybridflow.trainer.command_line import load_trainer_config
+    from hybridflow.launch.command_line import load_trainer_config
     from hybridflow.utils.quiet import quiet_libraries
 
     quiet_libraries()

@@ -74,18 +74,16 @@ def parse_command_line(argv: list[str]) -> CommandLine:
     return cl
 
 
-def load_config(
+def compose_config(
     overrides: list[str] | None = None,
     config_path: str | None = None,
     config_name: str | None = None,
 ) -> PPOConfig:
-    """Compose, resolve and type-check the trainer config. Raises ``ConfigError`` with every problem."""
-    from hybridflow.config.validate import validate_config
-
+    """Compose, resolve and type the trainer config (no rule checked: ``hybridflow.launch.config.load_config`` runs
+    the check pipeline on it). Raises ``ConfigError`` for a key that does not exist or a value of the wrong type."""
     raw, untouched = compose_with_provenance(overrides or [], config_path, config_name)
     cfg = build_dataclass(PPOConfig, OmegaConf.to_container(raw, resolve=True), "")
     cfg.__dict__["_untouched_interpolations"] = untouched  # key_policy: a key following its default expression
-    validate_config(cfg)
     return cfg
 
 
@@ -98,17 +96,38 @@ def compose_with_provenance(overrides: list[str], config_path: str | None = None
                             config_name: str | None = None) -> tuple[DictConfig, frozenset[str]]:
     """:func:`compose_raw`, plus the keys that still hold their default interpolation (``${...}`` as in the
     defaults file): they follow another key, so a changed value there does not mean the user set them."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
+    name, config_path, overrides = _megatron_config_name(config_name or DEFAULT_CONFIG_NAME, config_path, overrides)
+    cfg_dir = _config_dir(config_path, name)
+    _refuse_engine_nodes(overrides)
+    overrides = _apply_aliases(list(overrides))
+    overrides = _check_override_keys(overrides, cfg_dir, name)
+    # verl scripts write '+key=v' for keys that may or may not exist; Hydra rejects '+' on an existing
+    # key, so treat '+' as '++' (add or override), which is what those command lines mean.
+    overrides = ["+" + o if o.startswith("+") and not o.startswith("++") else o for o in overrides]
+    cfg = _plain(_hydra_compose(cfg_dir, name, overrides))
+    drop_config_targets(cfg)
+    _migrate_alias_nodes(cfg, {ov.partition("=")[0].lstrip("+~") for ov in overrides if "=" in ov})
+    untouched = _untouched_interpolations(cfg)
+    try:
+        OmegaConf.resolve(cfg)
+    except Exception as e:  # interpolation to a missing key, etc.
+        raise ConfigError([f"could not resolve the config: {_first_line(e)}"]) from None
+    return cfg, untouched
 
-    name = config_name or DEFAULT_CONFIG_NAME
-    if name.removesuffix(".yaml") in MEGATRON_CONFIG_NAMES:
-        # verl's Megatron trainer configs are its other ones with every role on the Megatron engine: here that
-        # config with strategy=megatron (the torch-native N-D engine), the command line's overrides after
-        name = MEGATRON_CONFIG_NAMES[name.removesuffix(".yaml")]
-        config_path = None
-        overrides = [f"{role}.strategy=megatron" for role in MEGATRON_ROLES] + list(overrides)
+
+def _megatron_config_name(name: str, config_path: str | None, overrides: list[str]):
+    """verl's Megatron trainer configs are its other ones with every role on the Megatron engine: here that config
+    with strategy=megatron (the torch-native N-D engine), the command line's overrides after."""
+    stem = name.removesuffix(".yaml")
+    if stem not in MEGATRON_CONFIG_NAMES:
+        return name, config_path, list(overrides)
+    return (MEGATRON_CONFIG_NAMES[stem], None,
+            [f"{role}.strategy=megatron" for role in MEGATRON_ROLES] + list(overrides))
+
+
+def _config_dir(config_path: str | None, name: str) -> Path:
+    """The folder ``--config-path`` names (a verl-style path to verl's own folder finds ours), holding ``name``."""
+    cfg_dir = CONFIG_DIR
     if config_path is not None:
         cfg_dir = Path(os.path.expanduser(config_path))
         if not cfg_dir.is_absolute():
@@ -119,36 +138,26 @@ def compose_with_provenance(overrides: list[str], config_path: str | None = None
             # one_step_off_ppo_trainer, fully_async_ppo_trainer ship here)
         if not cfg_dir.is_dir():
             raise ConfigError([f"--config-path '{config_path}' is not a directory"])
-    else:
-        cfg_dir = CONFIG_DIR
     if not (cfg_dir / f"{name.removesuffix('.yaml')}.yaml").exists():
         raise ConfigError([f"--config-name '{name}': no file {name.removesuffix('.yaml')}.yaml in {cfg_dir}"])
+    return cfg_dir
 
-    _refuse_engine_nodes(overrides)
-    overrides = _apply_aliases(list(overrides))
-    overrides = _check_override_keys(overrides, cfg_dir, name)
-    # verl scripts write '+key=v' for keys that may or may not exist; Hydra rejects '+' on an existing
-    # key, so treat '+' as '++' (add or override), which is what those command lines mean.
-    overrides = ["+" + o if o.startswith("+") and not o.startswith("++") else o for o in overrides]
+
+def _hydra_compose(cfg_dir: Path, name: str, overrides: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
     extra = [] if cfg_dir == CONFIG_DIR else [f"hydra.searchpath=[file://{CONFIG_DIR}]"]
     yaml_cache.install()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(cfg_dir), version_base=None):
-            cfg = compose(config_name=name, overrides=list(overrides) + extra)
+            return compose(config_name=name, overrides=list(overrides) + extra)
     except HydraException as e:
         raise ConfigError([f"could not apply the overrides: {_first_line(e)}"]) from None
     finally:
         GlobalHydra.instance().clear()
-    cfg = _plain(cfg)
-    drop_config_targets(cfg)
-    _migrate_alias_nodes(cfg, {ov.partition("=")[0].lstrip("+~") for ov in overrides if "=" in ov})
-    untouched = _untouched_interpolations(cfg)
-    try:
-        OmegaConf.resolve(cfg)
-    except Exception as e:  # interpolation to a missing key, etc.
-        raise ConfigError([f"could not resolve the config: {_first_line(e)}"]) from None
-    return cfg, untouched
 
 
 def _plain(cfg: DictConfig) -> DictConfig:
@@ -184,7 +193,7 @@ def _apply_aliases(overrides: list[str]) -> list[str]:
     an error naming both (the same value twice is fine)."""
     import warnings
 
-    from hybridflow.config.validate import ConfigWarning
+    from hybridflow.config.checks import ConfigWarning
 
     out, given, conflicts = [], {}, []
     for ov in overrides:
@@ -448,7 +457,7 @@ def _keep_added_keys(obj: Any, added: dict, path: str) -> None:
     """Attach keys a schemaless verl node (``data``) received through ``+key=v``, and say who reads them."""
     import warnings
 
-    from hybridflow.config.validate import ConfigWarning
+    from hybridflow.config.checks import ConfigWarning
 
     for key, value in added.items():
         setattr(obj, key, value)

@@ -1,8 +1,9 @@
 """The step plan: which stages a configuration runs and where pi_old comes from -- decided once, here.
 
-The check pipeline computes it (stage ``plan``) and stores it on the config (``cfg.plan``); the trainer, the
-config checks that depend on it (rollout precision) and ``--dry-run`` all read that one object, so the rule for
-"may the rollout's log-probs stand in for pi_old" exists in one place.
+``plan_step(config)`` is a pure function of the configuration: the check pipeline calls it (stage ``plan``, which
+refuses what it cannot plan), the launch passes its result to the controller, and ``--dry-run`` prints it; nothing
+is written back into the config, and the rule for "may the rollout's log-probs stand in for pi_old" exists in one
+place.
 """
 
 from __future__ import annotations
@@ -54,12 +55,12 @@ class StepPlan:
     critic_warmup: int
     ref_update_freq: int = -1  # > 0: the reference takes the actor's weights at steps k, 2k, ... (1-based)
     distillation: bool = False  # teachers score the samples; the actor adds the distillation term
-    recipe: str | None = None  # trainer.recipe: spin | sppo | prime (their stages: trainer/spin.py, trainer/prime.py)
+    recipe: str | None = None  # trainer.recipe: spin | sppo | prime (their stage hooks: trainer/hooks/)
 
     @classmethod
     def from_config(cls, config) -> "StepPlan":
-        """The plan of ``config`` (the one the check pipeline stored, or computed now for a hand-built config)."""
-        return config.plan if hasattr(config, "plan") else plan_step(config)
+        """The plan of ``config`` (:func:`plan_step`)."""
+        return plan_step(config)
 
     def refresh_reference_at(self, step: int) -> bool:
         """Whether the reference takes the actor's weights before step ``step`` (1-based) is scored: every

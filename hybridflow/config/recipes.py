@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from hybridflow.config.optim_schema import OptimConfig
+
 KW = dict(kw_only=True)
 
 RECIPES = ("spin", "sppo", "prime")
@@ -59,23 +61,9 @@ class DataRecipeKeys:
 
 
 @dataclass(**KW)
-class PrimeOptimConfig:
-    """The implicit PRM's optimiser (verl-recipe's ``reward_model.model.optim``: the actor's keys plus grad_clip)."""
+class PrimeOptimConfig(OptimConfig):
+    """The implicit PRM's optimiser (verl-recipe's ``reward_model.model.optim``): the actor's keys plus ``grad_clip``."""
 
-    optimizer: str
-    optimizer_impl: str
-    lr: float
-    lr_warmup_steps_ratio: float
-    lr_warmup_steps: int
-    total_training_steps: int
-    weight_decay: float
-    betas: list
-    clip_grad: float
-    min_lr_ratio: Optional[float]
-    num_cycles: float
-    lr_scheduler_type: str
-    warmup_style: Optional[str]
-    override_optimizer_config: Optional[dict]
     grad_clip: float
 
 

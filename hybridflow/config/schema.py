@@ -258,21 +258,6 @@ class PPOConfig:
     skip: dict  # verl 0.9's rollout dump/replay: refused when enabled
 
     @property
-    def plan(self):
-        """The step plan (:class:`hybridflow.config.plan.StepPlan`): decided by the check pipeline's ``plan`` stage,
-        or computed on first use for a config built without it."""
-        plan = self.__dict__.get("_plan")
-        if plan is None:
-            from hybridflow.config.plan import plan_step
-
-            plan = self.__dict__["_plan"] = plan_step(self)
-        return plan
-
-    @plan.setter
-    def plan(self, value) -> None:
-        self.__dict__["_plan"] = value
-
-    @property
     def use_critic(self) -> bool:
         """verl's rule: an explicit ``critic.enable`` wins, otherwise a critic iff GAE."""
         if self.critic.enable is not None:

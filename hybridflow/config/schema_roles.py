@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hybridflow.config.optim_schema import OptimConfig  # noqa: F401 - re-exported with the role nodes
 from hybridflow.config.recipes import (
     ActorRecipeKeys,
     JudgeConfig,
@@ -121,39 +122,6 @@ class MegatronConfig:
     dtype: str = "bfloat16"
     router_replay: dict = field(default_factory=dict)
     qat: dict = field(default_factory=dict)
-
-
-@dataclass(**KW)
-class OptimConfig:
-    optimizer: str
-    optimizer_impl: str
-    lr: float
-    lr_warmup_steps_ratio: float
-    lr_warmup_steps: int
-    total_training_steps: int
-    weight_decay: float
-    betas: list
-    clip_grad: float
-    min_lr_ratio: Optional[float]
-    num_cycles: float
-    lr_scheduler_type: str
-    warmup_style: Optional[str]
-    override_optimizer_config: Optional[dict]
-    zero_indexed_step: bool = True  # the cosine schedule counts optimizer steps from 0 (False: from 1, as torchtitan)
-    # Megatron's optimizer keys (verl's optim/megatron.yaml): lr_decay_style / min_lr act (config/checks/megatron.py)
-    lr_decay_style: Optional[str] = None
-    min_lr: Optional[float] = None
-    lr_warmup_init: float = 0.0
-    lr_decay_steps: Optional[int] = None
-    weight_decay_incr_style: str = "constant"
-    lr_wsd_decay_style: str = "exponential"
-    lr_wsd_decay_steps: Optional[int] = None
-    use_checkpoint_opt_param_scheduler: bool = False
-    use_precision_aware_optimizer: bool = False
-    main_grads_dtype: str = "fp32"
-    exp_avg_dtype: str = "fp32"
-    exp_avg_sq_dtype: str = "fp32"
-    use_layer_wise_distributed_optimizer: bool = False
 
 
 @dataclass(**KW)

@@ -14,17 +14,20 @@ Schedules are multiplicative factors on ``optim.lr`` as a function of the optimi
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
+
+if TYPE_CHECKING:
+    from hybridflow.config.schema import OptimConfig
 
 __all__ = ["build_optimizer", "build_lr_scheduler", "warmup_steps", "constant_factor", "cosine_factor"]
 
 _SCHEDULES = ("constant", "cosine")
 
 
-def optimizer_class(optim_config: Any, field: str = "actor.optim"):
+def optimizer_class(optim_config: OptimConfig, field: str = "actor.optim"):
     """verl's ``optim.optimizer_impl`` (a module) + ``optim.optimizer`` (a class in it), e.g. ``torch.optim`` +
     ``AdamW`` (the default) or ``bitsandbytes.optim`` + ``AdamW8bit``."""
     from hybridflow.utils.load_object import LoadObjectError, import_source
@@ -42,7 +45,7 @@ def optimizer_class(optim_config: Any, field: str = "actor.optim"):
     return cls
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], optim_config: Any, field: str = "actor.optim"):
+def build_optimizer(params: Iterable[torch.nn.Parameter], optim_config: OptimConfig, field: str = "actor.optim"):
     """The ``optimizer_impl.optimizer`` class over the trainable ``params`` (lr, betas, weight_decay, then
     ``override_optimizer_config``), as verl builds it; ``betas`` only for classes that take them."""
     import inspect
@@ -80,7 +83,7 @@ def _fused_kernels_fit(params: list[torch.nn.Parameter]) -> bool:
     return len(kinds) == 1 and kinds <= supported and all(torch.is_floating_point(p) for p in params)
 
 
-def warmup_steps(optim_config: Any, total_steps: int) -> int:
+def warmup_steps(optim_config: OptimConfig, total_steps: int) -> int:
     if int(optim_config.lr_warmup_steps) > 0:
         return int(optim_config.lr_warmup_steps)
     return int(float(optim_config.lr_warmup_steps_ratio) * total_steps)
@@ -102,14 +105,14 @@ def cosine_factor(step: int, warmup: int, total: int, min_lr_ratio: float = 0.0,
     return max(min_lr_ratio, min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + cos))
 
 
-def _schedule_type(optim_config: Any, field: str) -> str:
+def _schedule_type(optim_config: OptimConfig, field: str) -> str:
     kind = optim_config.warmup_style or optim_config.lr_scheduler_type  # warmup_style: verl's deprecated alias
     if kind not in _SCHEDULES:
         raise ValueError(f"{field}.lr_scheduler_type={kind!r} is not supported; use one of {list(_SCHEDULES)}")
     return kind
 
 
-def build_lr_scheduler(optimizer, optim_config: Any, total_steps: int | None = None, field: str = "actor.optim"):
+def build_lr_scheduler(optimizer, optim_config: OptimConfig, total_steps: int | None = None, field: str = "actor.optim"):
     """A ``LambdaLR`` implementing the schedule above (its state dict saves/restores the step)."""
     total = int(total_steps if total_steps is not None else optim_config.total_training_steps)
     kind = _schedule_type(optim_config, field)

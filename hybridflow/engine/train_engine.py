@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 import torch.distributed as dist
@@ -40,10 +40,13 @@ from hybridflow.engine.split_model import split_model
 from hybridflow.engine.ulysses_forward import SequenceParallel
 from hybridflow.utils.host_memory import keep_freed_host_memory
 
+if TYPE_CHECKING:
+    from hybridflow.config.schema import FSDPConfig, OptimConfig
+
 __all__ = ["TrainEngine", "StepResult", "resolve_precision"]
 
 
-def resolve_precision(fsdp_config: Any, role: str) -> tuple[torch.dtype, torch.dtype, torch.dtype | None]:
+def resolve_precision(fsdp_config: FSDPConfig, role: str) -> tuple[torch.dtype, torch.dtype, torch.dtype | None]:
     """(compute, gradient-reduce, buffer) dtypes of a role's engine.
 
     ``fsdp_config.mixed_precision`` (verl's keys) wins where set: ``param_dtype`` is the compute dtype of the
@@ -86,8 +89,8 @@ class TrainEngine:
     def __init__(
         self,
         module: nn.Module,
-        fsdp_config: Any,
-        optim_config: Any | None = None,
+        fsdp_config: FSDPConfig,
+        optim_config: OptimConfig | None = None,
         total_training_steps: int | None = None,
         role: str = "actor",
         parallel_dims: ParallelDims | None = None,

@@ -182,7 +182,7 @@ def run_quickstart(output_dir: str = "outputs/quickstart", backend: str = "local
     ``overrides`` are extra verl-style ``key=value`` strings applied after the defaults (to experiment).
     ``max_seconds`` caps the RL phase's wall time (the step in progress finishes, then a last validation).
     """
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.tracking import Tracking
     from hybridflow.tracking.report import write_report
     from hybridflow.trainer.main_ppo import train_ppo

@@ -216,7 +216,7 @@ def run_judge_quickstart(output_dir: str = "outputs/quickstart_judge", backend: 
     with the exact rule the run stops there (:class:`JudgeTooWeak`, the summary says why): GRPO on a judge that
     weak teaches the policy to please it, not to add (measured: held-out accuracy fell 15-33 points with a 72-76 %
     judge)."""
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.quickstart.addition import LiveLogger, build_base_model, grpo_overrides, held_out_rows, \
         prepare_output, warm_up
     from hybridflow.tracking import Tracking

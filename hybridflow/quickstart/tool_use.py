@@ -157,7 +157,7 @@ def run_arm(name: str, base: str, chats: list[dict], data_dir: Path, out: Path, 
             sft_lr: float, rl_steps: int, rl_lr: float, test_freq: int, batch_size: int, n: int, seed: int,
             use_tool: bool, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Warm-up + GRPO of one arm in ``out``; returns its validation history, samples and times."""
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.tracking import Tracking
     from hybridflow.trainer.main_ppo import train_ppo
 

@@ -211,7 +211,7 @@ def run_vision_quickstart(output_dir: str = "outputs/quickstart_vision", backend
                           n: int = 8, gallery: int = 24, max_seconds: float | None = None,
                           overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run the whole demo and return the summary written to ``output_dir/summary.json`` (see the module doc)."""
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.tracking import Tracking
     from hybridflow.tracking.report import write_report
     from hybridflow.trainer.main_ppo import train_ppo

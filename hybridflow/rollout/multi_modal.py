@@ -1,4 +1,5 @@
-"""The images and videos of a request, as every engine receives them (verl's ``multi_modal_data``).
+"""The images and videos of a request, as every engine receives them (verl's ``multi_modal_data``), and whether a
+checkpoint is a vision-language model (what a text-only engine adapter must refuse).
 
 A request's ``multi_modal_data`` is ``{"image": [PIL images], "video": [...]}`` in placeholder order (verl's names;
 ``"images"``/``"videos"`` are accepted too).  Each engine turns them into its own inputs (the ``hf`` engine runs
@@ -7,9 +8,12 @@ the checkpoint's image processor, vLLM takes them as ``multi_modal_data``); this
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any
 
-__all__ = ["images_of"]
+__all__ = ["images_of", "text_only_engine_error", "vision_model_type"]
 
 _IMAGE_KEYS = ("image", "images")
 _VIDEO_KEYS = ("video", "videos")
@@ -36,3 +40,30 @@ def images_of(multi_modal_data: Any) -> tuple[list[Any], list[Any]]:
         return out
 
     return items(_IMAGE_KEYS), items(_VIDEO_KEYS)
+
+
+def vision_model_type(model_path: str) -> str | None:
+    """The ``model_type`` of a local vision-language checkpoint (its ``config.json`` has a ``vision_config``),
+    else ``None`` (text models, and hub ids without a local folder: the trainer's processor check catches those)."""
+    cfg_file = Path(os.path.expanduser(str(model_path))) / "config.json"
+    if not cfg_file.is_file():
+        return None
+    data = json.loads(cfg_file.read_text())
+    if not isinstance(data.get("vision_config"), dict):
+        return None
+    return str(data.get("model_type"))
+
+
+def text_only_engine_error(model_path: str, engine: str = "sglang") -> str | None:
+    """Why the text-only ``engine`` adapter (sglang) cannot roll out the checkpoint at ``model_path``, or ``None``.
+
+    A vision-language checkpoint is refused: the sglang adapter passes no images (docs/vision.md).  The vllm
+    adapter generates with images; its checks are :func:`vllm_vision_settings`.
+    """
+    model_type = vision_model_type(model_path)
+    if model_type is None:
+        return None
+    return (f"actor_rollout_ref.rollout.name={engine}: the model at actor_rollout_ref.model.path={model_path} is a "
+            f"vision-language model (model_type {model_type!r}), but the {engine} rollout adapter is text-only here "
+            "(it cannot pass images). Set actor_rollout_ref.rollout.name=hf, which generates with images "
+            "(docs/vision.md)")

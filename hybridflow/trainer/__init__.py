@@ -3,8 +3,8 @@
 Public entry points (resolved lazily so ``hybridflow merge`` does not import the whole trainer):
 
 * ``run_ppo(config)`` / ``train_ppo(config, logger=None, should_stop=None) -> RunHistory`` (``main_ppo``)
-* ``PPOTrainer`` (``ppo_trainer``), ``WorkerGroups`` / ``StepPlan`` (``stages``)
-* ``OneStepOffTrainer`` (``one_step_off``), ``FullyAsyncTrainer`` (``fully_async``): the async controllers
+* ``RLController`` (``controller``: the one loop, composed of a mode from ``modes/`` and hooks from ``hooks/``),
+  ``WorkerGroups`` / ``StepPlan`` (``stages``)
 * ``run_sft(config, rows=None)`` / ``load_sft_config(overrides)`` (``sft_trainer``)
 * ``run_quickstart(output_dir, ...)`` (``quickstart``), ``merge_checkpoint(ckpt_dir, target_dir)`` (``merge``)
 """
@@ -17,10 +17,8 @@ from typing import Any
 _EXPORTS = {
     "run_ppo": "hybridflow.trainer.main_ppo",
     "train_ppo": "hybridflow.trainer.main_ppo",
-    "PPOTrainer": "hybridflow.trainer.ppo_trainer",
-    "OneStepOffTrainer": "hybridflow.trainer.asynchronous.one_step_off",
-    "FullyAsyncTrainer": "hybridflow.trainer.asynchronous.fully_async",
-    "RunHistory": "hybridflow.trainer.ppo_trainer",
+    "RLController": "hybridflow.trainer.controller",
+    "RunHistory": "hybridflow.trainer.controller",
     "WorkerGroups": "hybridflow.trainer.stages",
     "StepPlan": "hybridflow.trainer.stages",
     "run_sft": "hybridflow.sft.trainer",

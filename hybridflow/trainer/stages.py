@@ -3,7 +3,7 @@
 The step is the dataflow of the HybridFlow paper (§3, Fig. 4): generate -> reward -> old log-prob -> ref ->
 values -> advantage -> update critic -> update actor -> weight sync.  Each stage reads the batch keys of the
 contract in ``docs/architecture.md`` and adds its own; worker calls go through worker groups whose methods
-dispatch over data-parallel ranks.  The trainer (``ppo_trainer.py``) times and orders them; variants such as
+dispatch over data-parallel ranks.  The PPO step (``ppo_step.py``) times and orders them; variants such as
 ReMax's greedy baseline or DAPO's group filtering are options here, not copies of the loop.
 """
 

@@ -18,65 +18,22 @@ rows whose ``teacher_key`` column equals their ``key``, and a row no teacher ser
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from hybridflow.algorithms.distillation import TEACHER_LOG_PROBS, DistillationSettings
-from hybridflow.config.checks.distillation import TeacherEntry, teacher_entries
+from hybridflow.algorithms.distillation import TEACHER_LOG_PROBS
+from hybridflow.config.checks.distillation import TeacherEntry
 from hybridflow.protocol import DataProto
 
-__all__ = ["Teacher", "TeacherRouter", "teacher_worker_config", "colocated_teacher_roles", "start_teacher_pools",
-           "distillation_settings"]
+__all__ = ["Teacher", "TeacherRouter"]
 
 
 @dataclass
 class Teacher:
     entry: TeacherEntry
     group: Any  # worker group (or colocated view) of the teacher's reference-role workers
-
-
-def teacher_worker_config(actor_rollout_ref: Any, entry: TeacherEntry) -> Any:
-    """The ``ActorRolloutRefConfig`` a teacher worker runs with: the student's (its tokenizer, micro-batching,
-    precision) with the reference model replaced by the teacher's checkpoint."""
-    cfg = copy.deepcopy(actor_rollout_ref)
-    cfg.ref.model = {"path": entry.model_path}
-    cfg.ref.fsdp_config.dtype = entry.dtype
-    return cfg
-
-
-def _role(entry: TeacherEntry) -> str:
-    return f"teacher_{entry.name}"
-
-
-def colocated_teacher_roles(config) -> dict[str, tuple[Any, TeacherEntry]]:
-    """``{role: (worker config, entry)}`` of the teachers placed in the actor's processes (``nnodes=0``)."""
-    dist = config.distillation
-    if not dist.enabled or int(dist.nnodes) > 0:
-        return {}
-    entries, _ = teacher_entries(dist)
-    return {_role(e): (teacher_worker_config(config.actor_rollout_ref, e), e) for e in entries}
-
-
-def start_teacher_pools(config, use_gpu: bool, closers: list, pool_options: dict) -> list[Teacher]:
-    """One pool and worker group per teacher (``distillation.nnodes > 0``); models not loaded yet."""
-    from hybridflow.controller import ClassWithInitArgs
-    from hybridflow.trainer.role_pools import own_pool_group
-    from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
-
-    dist = config.distillation
-    if not dist.enabled or int(dist.nnodes) == 0:
-        return []
-    backend = config.trainer.backend
-    entries, _ = teacher_entries(dist)
-    teachers = []
-    for entry in entries:
-        cls = ClassWithInitArgs(ActorRolloutRefWorker, teacher_worker_config(config.actor_rollout_ref, entry), "ref")
-        group = own_pool_group(backend, [int(entry.world_size)], cls, _role(entry), use_gpu, closers, pool_options)
-        teachers.append(Teacher(entry, group))
-    return teachers
 
 
 class TeacherRouter:
@@ -123,14 +80,3 @@ class TeacherRouter:
             counts[f"distillation/rows/{teacher.entry.key}"] = float(len(rows))
         batch.batch[TEACHER_LOG_PROBS] = out
         return counts
-
-
-def distillation_settings(config) -> DistillationSettings:
-    loss = config.distillation.distillation_loss
-    return DistillationSettings(
-        loss_mode=loss.loss_mode, use_task_rewards=bool(loss.use_task_rewards),
-        distillation_loss_coef=float(loss.distillation_loss_coef), loss_max_clamp=loss.loss_max_clamp,
-        log_prob_min_clamp=loss.log_prob_min_clamp, use_policy_gradient=bool(loss.use_policy_gradient),
-        clip_ratio=float(loss.clip_ratio), clip_ratio_low=float(loss.clip_ratio_low),
-        clip_ratio_high=float(loss.clip_ratio_high),
-    )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -50,6 +50,9 @@ from hybridflow.workers.micro_batching import (
     normalize_mini_batch_size,
     split_micro_batches,
 )
+
+if TYPE_CHECKING:
+    from hybridflow.config.schema import ActorConfig
 
 __all__ = [
     "PPOActor", "NonFiniteGradientError", "compute_token_outputs",
@@ -148,7 +151,7 @@ class _MicroBatchMetrics:
 class PPOActor:
     """PPO actor over a ``TrainEngine`` (``config`` is an ``ActorConfig``)."""
 
-    def __init__(self, config: Any, engine: TrainEngine, use_remove_padding: bool, rollout_n: int = 1):
+    def __init__(self, config: ActorConfig, engine: TrainEngine, use_remove_padding: bool, rollout_n: int = 1):
         self.config = config
         self.engine = engine
         self.use_remove_padding = bool(use_remove_padding)

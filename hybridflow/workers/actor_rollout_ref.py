@@ -19,7 +19,7 @@ which splits a batch over the dp groups only and gives the sp ranks of a group t
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,6 +43,9 @@ from hybridflow.workers.micro_batching import MicroBatchSpec
 from hybridflow.workers.rollout_host import RolloutHost
 from hybridflow.utils.load_object import import_source
 
+if TYPE_CHECKING:
+    from hybridflow.config.schema import ActorRolloutRefConfig
+
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -62,7 +65,7 @@ def _import_external_lib(name: str | None) -> None:
 class ActorRolloutRefWorker(Worker):
     """Actor / rollout / reference worker built from an ``ActorRolloutRefConfig``."""
 
-    def __init__(self, config: Any, role: str):
+    def __init__(self, config: ActorRolloutRefConfig, role: str):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role must be one of {ROLES}, got {role!r}")

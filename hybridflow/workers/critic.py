@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +31,9 @@ from hybridflow.workers.micro_batching import (
     split_micro_batches,
 )
 
+if TYPE_CHECKING:
+    from hybridflow.config.schema import CriticConfig
+
 __all__ = ["CriticWorker", "PPOCritic"]
 
 _MODEL_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
@@ -39,7 +42,7 @@ _MODEL_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
 class PPOCritic:
     """Value computation and update over a ``TrainEngine`` (``config`` is a ``CriticConfig``)."""
 
-    def __init__(self, config: Any, engine: TrainEngine):
+    def __init__(self, config: CriticConfig, engine: TrainEngine):
         self.config = config
         self.engine = engine
         check_loss_agg_mode(config.loss_agg_mode)
@@ -121,7 +124,7 @@ class PPOCritic:
 class CriticWorker(Worker):
     """``@register``-ed critic role: ``init_model``, ``compute_values``, ``update_critic``, checkpoints."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: CriticConfig):
         super().__init__()
         self.config = config
         self._dims = ParallelDims.for_role(self.world_size, config, "critic")

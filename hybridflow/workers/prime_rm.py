@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,6 +41,9 @@ from hybridflow.workers.micro_batching import (
     split_micro_batches,
 )
 
+if TYPE_CHECKING:
+    from hybridflow.config.schema import RewardModelConfig
+
 __all__ = ["PrimeRewardModelWorker"]
 
 _KEYS = ("responses", "input_ids", "attention_mask", "position_ids", "response_mask")
@@ -50,7 +53,7 @@ class PrimeRewardModelWorker(Worker):
     """``PrimeRewardModelWorker(config: RewardModelConfig, policy_path)``: ``init_model``, ``compute_rm_score``,
     ``update_rm``, checkpoints (see the module docstring)."""
 
-    def __init__(self, config: Any, policy_path: str):
+    def __init__(self, config: RewardModelConfig, policy_path: str):
         super().__init__()
         self.config = config
         self.policy_path = policy_path

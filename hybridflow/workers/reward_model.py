@@ -9,7 +9,7 @@ is decoded to text and re-rendered with the RM's own chat template before scorin
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +20,9 @@ from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
 from hybridflow.workers.micro_batching import MicroBatchSpec, gather_in_order, split_micro_batches
+
+if TYPE_CHECKING:
+    from hybridflow.config.schema import RewardModelConfig
 
 __all__ = ["RewardModelWorker", "place_on_last_token", "same_tokenizer"]
 
@@ -44,7 +47,7 @@ def same_tokenizer(a, b) -> bool:
 class RewardModelWorker(Worker):
     """``RewardModelWorker(config: RewardModelConfig)``: ``init_model`` and ``compute_rm_score``."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: RewardModelConfig):
         super().__init__()
         self.config = config
         self._dims = ParallelDims(self.world_size, sp=config.ulysses_sequence_parallel_size,

@@ -14,7 +14,7 @@ The worker group is driven by :class:`~hybridflow.rollout.service.standalone_fle
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,10 +25,13 @@ from hybridflow.rollout.service.interruptible_server import InterruptibleRollout
 from hybridflow.rollout.service.replica import RolloutReplica, replica_for_server
 from hybridflow.utils.load_object import import_source
 
+if TYPE_CHECKING:
+    from hybridflow.config.schema import ActorRolloutRefConfig, RolloutConfig
+
 __all__ = ["RolloutServerWorker", "hf_engine_kwargs"]
 
 
-def hf_engine_kwargs(rollout_config: Any, seed: int) -> dict[str, Any]:
+def hf_engine_kwargs(rollout_config: RolloutConfig, seed: int) -> dict[str, Any]:
     """The ``hf`` engine's settings from verl's ``actor_rollout_ref.rollout`` keys."""
     rc = rollout_config
     return {
@@ -47,7 +50,7 @@ def hf_engine_kwargs(rollout_config: Any, seed: int) -> dict[str, Any]:
 class RolloutServerWorker(Worker):
     """A replica built from an ``ActorRolloutRefConfig`` (model, the actor's parameter dtype, rollout keys)."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: ActorRolloutRefConfig):
         super().__init__()
         self.config = config
         self.name = f"rollout/replica{self.rank}"

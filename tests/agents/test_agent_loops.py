@@ -103,22 +103,17 @@ def test_user_agent_loop_from_yaml_trains_locally(tiny_model_dir, addition_rows,
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_user_agent_loop_from_yaml_trains_on_ray(tiny_model_dir, addition_rows, agent_loop_yaml, tmp_path):
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        history = run(_two_turn_overrides(tiny_model_dir, addition_rows, tmp_path, agent_loop_yaml, "ray"), tmp_path)
-    finally:
-        ray.shutdown()
+def test_user_agent_loop_from_yaml_trains_on_ray(ray_cluster, tiny_model_dir, addition_rows, agent_loop_yaml, tmp_path):
+    history = run(_two_turn_overrides(tiny_model_dir, addition_rows, tmp_path, agent_loop_yaml, "ray"), tmp_path)
     _check_two_turn_run(history)
 
 
 def test_multi_turn_rows_align_tokens_masks_and_log_probs(tiny_model_dir, addition_rows, agent_loop_yaml, tmp_path):
     """The rollout batch of a two-turn loop: observation tokens masked with log-prob 0, and the actor's own
     log-probs of the model tokens equal the rollout's."""
-    from hybridflow.config import load_config
-    from hybridflow.trainer.run_inputs import build_data, load_tokenizer_for
-    from hybridflow.trainer.runtime import build_runtime
+    from hybridflow.launch.config import load_config
+    from hybridflow.launch.inputs import build_data, load_tokenizer_for
+    from hybridflow.launch.run import build_runtime
     from hybridflow.trainer.stages import generate, prompts_from_loader
 
     cfg = load_config(_two_turn_overrides(tiny_model_dir, addition_rows, tmp_path, agent_loop_yaml, "local"))

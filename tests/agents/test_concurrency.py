@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hybridflow.agents.loop_manager import agent_worker_count, concurrent_trajectories, rollout_stream_threads
-from hybridflow.config import load_config
+from hybridflow.launch.config import load_config
 
 A = "actor_rollout_ref"
 BASE = [f"{A}.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",

@@ -15,9 +15,9 @@ DENSE = [f"custom_reward_function.path={Path(__file__).parents[1] / 'integration
 
 
 def test_agent_loops_score_training_trajectories_like_the_reward_stage(tiny_model_dir, addition_rows, tmp_path):
-    from hybridflow.config import load_config
-    from hybridflow.trainer.run_inputs import build_data, build_reward_fns, load_tokenizer_for
-    from hybridflow.trainer.runtime import build_runtime
+    from hybridflow.launch.config import load_config
+    from hybridflow.launch.inputs import build_data, build_reward_fns, load_tokenizer_for
+    from hybridflow.launch.run import build_runtime
     from hybridflow.trainer.stages import generate, prompts_from_loader
 
     cfg = load_config(small_overrides(tiny_model_dir, addition_rows, tmp_path, extra=[
@@ -57,24 +57,20 @@ def test_training_is_the_same_with_and_without_the_reward_loop(tiny_model_dir, a
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_reward_loop_on_ray_uses_one_scorer_actor(tiny_model_dir, addition_rows, tmp_path):
+def test_reward_loop_on_ray_uses_one_scorer_actor(ray_cluster, tiny_model_dir, addition_rows, tmp_path):
     """Two agent-loop workers share one scorer actor; a run with one worker scores in that worker's process (no
     scorer actor at all); both score and train alike."""
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray = ray_cluster
 
     def scorer_actors() -> int:  # the GCS keeps dead actors too: every scorer actor the runs ever started
         return sum(a.get("ActorClassName") == "TrajectoryScorer" for a in ray._private.state.actors().values())
 
-    try:
-        two = run(small_overrides(tiny_model_dir, addition_rows, tmp_path / "two", backend="ray",
-                                  extra=["actor_rollout_ref.rollout.agent.num_workers=2", *DENSE]), tmp_path / "two")
-        assert scorer_actors() == 1
-        one = run(small_overrides(tiny_model_dir, addition_rows, tmp_path / "one", backend="ray", extra=DENSE),
-                  tmp_path / "one")
-        assert scorer_actors() == 1  # the one-worker run started none
-    finally:
-        ray.shutdown()
+    two = run(small_overrides(tiny_model_dir, addition_rows, tmp_path / "two", backend="ray",
+                              extra=["actor_rollout_ref.rollout.agent.num_workers=2", *DENSE]), tmp_path / "two")
+    assert scorer_actors() == 1
+    one = run(small_overrides(tiny_model_dir, addition_rows, tmp_path / "one", backend="ray", extra=DENSE),
+              tmp_path / "one")
+    assert scorer_actors() == 1  # the one-worker run started none
     for history in (two, one):
         steps = [m for m in history.metrics if "timing_s/step" in m]
         assert len(steps) == 2 and all(m["reward/error_count"] == 0 and "reward_extra/acc/mean" in m for m in steps)

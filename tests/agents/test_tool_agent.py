@@ -54,7 +54,8 @@ def make_loop(tiny_model_dir, tokenizer, tmp_path):
     def make(turns, *overrides, response_length=256):
         from omegaconf import OmegaConf
 
-        from hybridflow.config import config_to_dict, load_config
+        from hybridflow.config import config_to_dict
+        from hybridflow.launch.config import load_config
 
         cfg = load_config([f"actor_rollout_ref.model.path={tiny_model_dir}", f"critic.model.path={tiny_model_dir}",
                            "actor_rollout_ref.rollout.name=hf", f"data.max_response_length={response_length}",

@@ -80,11 +80,6 @@ def test_a_user_tool_class_runs_in_grpo_locally(tool_calling_model, addition_row
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_a_user_tool_class_runs_in_grpo_on_ray(tool_calling_model, addition_rows, tmp_path):
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        pids = _run_user_tool(tool_calling_model, addition_rows, tmp_path, "ray")
-    finally:
-        ray.shutdown()
+def test_a_user_tool_class_runs_in_grpo_on_ray(ray_cluster, tool_calling_model, addition_rows, tmp_path):
+    pids = _run_user_tool(tool_calling_model, addition_rows, tmp_path, "ray")
     assert pids and os.getpid() not in pids  # executed by the agent-loop worker actors

@@ -55,7 +55,7 @@ def test_rejection_removes_tokens_outside_the_band():
 
 
 def test_settings_from_config_and_unknown_loss_type():
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
 
     cfg = load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "algorithm.adv_estimator=grpo",
                        "actor_rollout_ref.rollout.calculate_log_probs=true",

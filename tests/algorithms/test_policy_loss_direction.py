@@ -40,7 +40,7 @@ def _one_step(loss_fn) -> torch.Tensor:
 
 
 def _config():
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
 
     actor = load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
                          "critic.ppo_micro_batch_size_per_gpu=4"]).actor_rollout_ref.actor

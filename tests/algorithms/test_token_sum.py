@@ -40,7 +40,7 @@ def test_rank_average_equals_the_global_sum(dp):
 
 def test_policy_loss_and_config_accept_token_sum():
     from hybridflow.algorithms import get_policy_loss_fn, with_global_batch_info
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
 
     cfg = load_config(["actor_rollout_ref.actor.loss_agg_mode=token-sum",
                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4"])

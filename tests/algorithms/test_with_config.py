@@ -14,7 +14,7 @@ from hybridflow.algorithms import (
     get_policy_loss_fn,
     with_global_batch_info,
 )
-from hybridflow.config import load_config
+from hybridflow.launch.config import load_config
 from hybridflow.protocol import DataProto
 
 OVERRIDES = [

@@ -201,7 +201,7 @@ def test_the_worker_hands_every_loop_the_runs_tools(tiny_model_dir, tokenizer, t
 
     from hybridflow.agents.base import register
     from hybridflow.agents.loop_worker import AgentLoopWorker
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.protocol import DataProto
 
     register("recording_agent")(RecordingLoop)

@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from hybridflow.config import ConfigError, load_config, parse_command_line
+from hybridflow.config import ConfigError, parse_command_line
+from hybridflow.launch.config import load_config
 
 MULTITURN_YAML = """
 hydra:

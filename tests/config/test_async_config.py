@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridflow.config import ConfigError, load_config
+from hybridflow.config import ConfigError
+from hybridflow.launch.config import load_config
 
 BASE = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=32", "data.train_batch_size=32"]

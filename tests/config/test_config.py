@@ -8,7 +8,9 @@ import textwrap
 
 import pytest
 
-from hybridflow.config import ConfigError, load_config, parse_command_line
+from hybridflow.config import ConfigError, parse_command_line
+from hybridflow.launch.config import load_config
+from hybridflow.config.plan import plan_step
 
 MICRO = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4"]
 
@@ -166,7 +168,8 @@ def test_optimal_token_baseline_needs_sum_pi_squared_and_accepts_the_script_spel
 def test_rollout_log_probs_as_pi_old_need_the_training_precision():
     """The run stage's precision rule reads the step plan's reuse_rollout_log_probs (one rule, one place)."""
     from hybridflow.config.checks import Check, RunContext, run_checks
-    from hybridflow.config.checks.machine import check_rollout_hardware, check_rollout_precision
+    from hybridflow.config.checks.machine import check_rollout_precision
+    from hybridflow.launch.config import check_rollout_hardware
 
     def run_stage(overrides, device):
         cfg = load_config(overrides)
@@ -181,7 +184,7 @@ def test_rollout_log_probs_as_pi_old_need_the_training_precision():
     base = MICRO + ["data.train_batch_size=8", "trainer.n_gpus_per_node=1", "trainer.device=cuda",
                     "actor_rollout_ref.rollout.calculate_log_probs=true"]
     on_policy = base + ["actor_rollout_ref.actor.ppo_mini_batch_size=8"]
-    assert load_config(on_policy).plan.reuse_rollout_log_probs
+    assert plan_step(load_config(on_policy)).reuse_rollout_log_probs
     msg = errors(on_policy + ["actor_rollout_ref.rollout.dtype=float16"])
     assert "rollout.dtype=float16 but actor_rollout_ref.actor.fsdp_config.dtype=bfloat16" in msg
     assert "uses the rollout's log-probs as pi_old" in msg

@@ -7,7 +7,8 @@ import warnings
 
 import pytest
 
-from hybridflow.config import ConfigError, ConfigWarning, load_config
+from hybridflow.config import ConfigError, ConfigWarning
+from hybridflow.launch.config import load_config
 
 A = "actor_rollout_ref"
 BASE = ["data.train_batch_size=8", f"{A}.actor.ppo_mini_batch_size=8", f"{A}.rollout.n=4",

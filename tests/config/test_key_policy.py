@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.config import ConfigError, ConfigWarning, load_config
+from hybridflow.config import ConfigError, ConfigWarning
+from hybridflow.launch.config import load_config
 from hybridflow.config.key_policy import INERT, REFUSED, default_of, expand, inert_keys_markdown, refused_keys_markdown
 
 BASE = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4"]

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.config import load_config, parse_command_line
+from hybridflow.config import parse_command_line
+from hybridflow.launch.config import load_config
 from hybridflow.engine.parallel_dims import ParallelDims
 
 HERE = Path(__file__).resolve().parent
@@ -111,11 +112,10 @@ def test_scaled_megatron_command_line_validates_and_lays_out_the_mesh(name):
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_scaled_qwen3_megatron_grpo_runs_a_step_on_ray(nano_model_dir, tmp_path):
+def test_scaled_qwen3_megatron_grpo_runs_a_step_on_ray(ray_cluster, nano_model_dir, tmp_path):
     """verl's grpo_trainer/run_qwen3_8b_megatron.sh (model_engine=megatron, tensor parallel 2) scaled to 2 CPU
     workers, the nano model and the addition task: one GRPO step with the actor and reference split over both ranks,
     the rollout refilled in buckets."""
-    ray = pytest.importorskip("ray")
     from hybridflow.data.synthetic import write_synthetic
     from hybridflow.tracking import Tracking
     from hybridflow.trainer.main_ppo import train_ppo
@@ -139,11 +139,7 @@ def test_scaled_qwen3_megatron_grpo_runs_a_step_on_ray(nano_model_dir, tmp_path)
         warnings.simplefilter("ignore")
         cfg = load_config(cl.overrides, cl.config_path, cl.config_name)
     assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == 2
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        history = train_ppo(cfg, logger=Tracking("it", "run", default_backend=["file"], output_dir=tmp_path))
-    finally:
-        ray.shutdown()
+    history = train_ppo(cfg, logger=Tracking("it", "run", default_backend=["file"], output_dir=tmp_path))
     (step,) = [m for m in history.metrics if "timing_s/step" in m]
     assert step["actor/grad_norm"] > 0, step
     assert step["update_weights/bytes"] > 0 and step["update_weights/buckets"] >= 1, step

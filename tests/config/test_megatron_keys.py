@@ -8,7 +8,8 @@ import warnings
 
 import pytest
 
-from hybridflow.config import ConfigError, load_config
+from hybridflow.config import ConfigError
+from hybridflow.launch.config import load_config
 
 A = "actor_rollout_ref"
 BASE = ["trainer.n_gpus_per_node=4", f"{A}.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
@@ -91,14 +92,14 @@ def test_megatron_keys_on_another_strategy_and_foreign_engines_are_refused():
 
 
 def test_run_stage_checks_the_split_against_the_model(nano_model_dir):
-    from hybridflow.config.checks.megatron import check_megatron_model
+    from hybridflow.engine.parallel.checks import check_parallel_model
 
     for overrides, wanted in (([f"{A}.actor.megatron.tensor_model_parallel_size=4"], "must divide the 2 key/value heads"),
                               ([f"{A}.actor.megatron.expert_model_parallel_size=2"], "the model has none"),
                               ([f"{A}.actor.megatron.tensor_model_parallel_size=2"], None)):
         cfg = _load([f"{A}.model.path={nano_model_dir}", "model_engine=megatron", *overrides])
         errors: list[str] = []
-        check_megatron_model(cfg, errors)
+        check_parallel_model(cfg, errors)
         assert (wanted is None and not errors) or (wanted and wanted in errors[0]), errors
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.config import load_config, parse_command_line
+from hybridflow.config import parse_command_line
+from hybridflow.launch.config import load_config
 from hybridflow.config.aliases import canonical_key
 
 DATA = Path(__file__).parent / "data"
@@ -165,7 +166,7 @@ def two_source_data(tmp_path_factory):
 
 @pytest.mark.parametrize("name", sorted(LINES))
 def test_ported_command_line_scaled_passes_every_check(name, nano_model_dir, two_source_data, tmp_path):
-    from hybridflow.config.checks.run_stage import check_for_run
+    from hybridflow.launch.config import check_for_run
 
     entry, args = scaled(name, nano_model_dir, two_source_data, tmp_path)
     cfg = _load(args, entry)

@@ -9,7 +9,8 @@ import warnings
 
 import pytest
 
-from hybridflow.config import ConfigError, ConfigWarning, load_config
+from hybridflow.config import ConfigError, ConfigWarning
+from hybridflow.launch.config import load_config
 from hybridflow.config.checks.distillation import teacher_entries
 
 A = "actor_rollout_ref"
@@ -144,7 +145,7 @@ def test_judge_engine_keys_follow_the_actor_rollouts_policy_and_verl09_spelling(
     cfg = load(*judge, "reward.reward_model.rollout.name=hf", "reward.reward_model.rollout.max_num_seqs=7",
                "reward.reward_model.rollout.do_sample=false")
     assert cfg.uses_judge and cfg.reward_model.rollout.max_num_seqs == 7 and not cfg.reward_model.rollout.do_sample
-    from hybridflow.trainer.judge_service import judge_worker_config
+    from hybridflow.launch.judge import judge_worker_config
 
     engine = judge_worker_config(cfg).rollout  # the judge's engine takes the node's keys, the checkpoint its path
     assert engine.max_num_seqs == 7 and engine.max_model_len == 2048 + 2048

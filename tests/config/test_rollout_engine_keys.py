@@ -6,9 +6,10 @@ import re
 
 import pytest
 
-from hybridflow.config import ConfigError, load_config
+from hybridflow.config import ConfigError
+from hybridflow.launch.config import load_config
 from hybridflow.config.checks import Check, RunContext, run_checks
-from hybridflow.config.checks.machine import check_rollout_hardware, rollout_hardware_errors, rollout_model_errors
+from hybridflow.launch.config import check_rollout_hardware, rollout_hardware_errors, rollout_model_errors
 from hybridflow.rollout.vllm.config import engine_kwargs_to_cli, kv_cache_bytes_needed, vllm_engine_kwargs
 
 BASE = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",

@@ -7,7 +7,8 @@ import warnings
 
 import pytest
 
-from hybridflow.config import ConfigError, load_config
+from hybridflow.config import ConfigError
+from hybridflow.launch.config import load_config
 from hybridflow.config.checks.parallel import data_parallel_size
 
 A = "actor_rollout_ref"
@@ -59,7 +60,7 @@ def test_head_counts_are_checked_against_the_checkpoint(nano_model_dir):
 
 
 def test_dry_run_describes_the_data_parallel_share():
-    from hybridflow.trainer.command_line import describe_batch_sizes
+    from hybridflow.launch.command_line import describe_batch_sizes
 
     text = describe_batch_sizes(_load(f"{A}.actor.ulysses_sequence_parallel_size=2"))
     assert "4 trajectories (2 per data-parallel group of 2 devices, each holding 1/2 of the tokens)" in text

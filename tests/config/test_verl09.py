@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.config import ConfigError, load_config, parse_command_line
+from hybridflow.config import ConfigError, parse_command_line
+from hybridflow.launch.config import load_config
 from hybridflow.config.key_policy import default_of, policy_of
 from hybridflow.config.loader import PATH_ALIASES, canonical_key
 

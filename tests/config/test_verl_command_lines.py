@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from hybridflow.config import ConfigError, config_to_dict, load_config, parse_command_line
+from hybridflow.config import ConfigError, config_to_dict, parse_command_line
+from hybridflow.launch.config import load_config
 from hybridflow.config.loader import canonical_key
 
 from vllm_helpers import verl_sections as sections  # the recorded scripts, parsed once for both test suites

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.config import ConfigError, load_config, parse_command_line
+from hybridflow.config import ConfigError, parse_command_line
+from hybridflow.launch.config import load_config
 from hybridflow.recipe.dapo.main_dapo import CONFIG_NAME
 from hybridflow.experimental.one_step_off_policy.main_ppo import with_config_name
 

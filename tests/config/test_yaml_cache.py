@@ -7,7 +7,8 @@ import json
 import os
 import textwrap
 
-from hybridflow.config import config_to_dict, load_config
+from hybridflow.config import config_to_dict
+from hybridflow.launch.config import load_config
 
 BASE = ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.n_gpus_per_node=1"]
 MICRO = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2"]

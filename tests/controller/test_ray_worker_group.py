@@ -370,7 +370,7 @@ def _placement(n_gpus: int, hybrid: bool = True, rollout_gpus: int = 0):
 
 
 def test_cpu_workers_share_the_machine_cores_unless_omp_num_threads_is_set(ray_session, monkeypatch):
-    from hybridflow.trainer.cpu_threads import cpu_threads_per_process
+    from hybridflow.launch.cpu_threads import cpu_threads_per_process
 
     cores = len(os.sched_getaffinity(0))  # the session asks Ray for 8 logical CPUs: the cores bound it
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

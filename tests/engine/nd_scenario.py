@@ -84,7 +84,7 @@ def _load(name: str, file: str):
 
 
 def _configs(model_dir: str):
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -35,7 +35,7 @@ def _load(name: str, file: str):
 
 
 def _fsdp_config(model_dir: str):
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -4,17 +4,14 @@ where an explicit request is honoured while the default ``dtype: bfloat16`` stay
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
+from multirank import run_ranks
 
-from hybridflow.config import ConfigError, load_config
+from hybridflow.config import ConfigError
+from hybridflow.launch.config import load_config
 
 A = "actor_rollout_ref"
 BASE = [f"{A}.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4"]
@@ -36,7 +33,7 @@ def test_verl_spellings_load():
 
 
 def test_config_and_engine_know_the_same_dtype_names():
-    from hybridflow.config.validate import DTYPE_NAMES
+    from hybridflow.config.checks.values import DTYPE_NAMES
     from hybridflow.engine.device import _DTYPES
 
     assert set(DTYPE_NAMES) == set(_DTYPES)
@@ -74,10 +71,10 @@ def test_buffer_dtype_casts_floating_buffers(tiny_model_dir):
 
 SCRIPT = textwrap.dedent('''
     import os, sys, torch
-    rank, port, model = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    rank, port, model = int(sys.argv[1]), sys.argv[3], sys.argv[4]
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     torch.distributed.init_process_group("gloo")
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.engine.model_loader import load_causal_lm
     from hybridflow.engine.train_engine import TrainEngine
     A = "actor_rollout_ref.actor"
@@ -99,15 +96,8 @@ SCRIPT = textwrap.dedent('''
 def test_fsdp2_on_two_gloo_ranks_uses_the_policy(tiny_model_dir, tmp_path):
     script = tmp_path / "mp.py"
     script.write_text(SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "HYBRIDFLOW_DEVICE": "cpu"}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), port, tiny_model_dir], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:]
+    logs = run_ranks(script, 2, [tiny_model_dir], tmp_path / "logs", timeout=300, env={"HYBRIDFLOW_DEVICE": "cpu"})
+    for out in logs:
         line = [x for x in out.splitlines() if x.startswith("RESULT")][0]
         # computed in bf16, gradients reduced into the fp32 shards (reduce_dtype defaults to fp32)
         assert "torch.bfloat16" in line and "['torch.float32']" in line

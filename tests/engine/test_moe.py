@@ -81,7 +81,7 @@ def moe_dir(tmp_path_factory):
 
 def _update(moe_dir, *overrides):
     """One single-micro-batch update of a fresh actor on a fixed batch: (metrics, router weights after)."""
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.protocol import DataProto
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 

@@ -11,14 +11,11 @@ each move the results by 0.1-1.4 (checked by hand; see docs/sequence_parallel.md
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from multirank import run_ranks
 
 from hybridflow.engine.parallel_dims import ParallelDims, ParallelDimsError
 from hybridflow.engine.ulysses import UlyssesBatch, UlyssesConfigError, _segment_sdpa, check_attention_heads
@@ -113,12 +110,6 @@ def test_segment_sdpa_equals_a_block_diagonal_causal_mask(window):
 
 
 # ---------------------------------------------------------------------------------------------- N processes
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def varied_lm_dir(tmp_path_factory):
     from hybridflow.utils.tiny_model import make_tiny_checkpoint
@@ -127,23 +118,8 @@ def varied_lm_dir(tmp_path_factory):
 
 
 def run_scenario(world: int, sp: int, lm_dir: str, vlm_dir: str, out_dir: Path) -> dict:
-    script = Path(__file__).with_name("sp_scenario.py")
     out = out_dir / f"sp_{world}_{sp}.json"
-    port = str(_free_port())
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), port, str(sp), lm_dir, vlm_dir,
-                               str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=400)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} of world {world} (sp={sp}) failed:\n{log[-4000:]}"
+    run_ranks(Path(__file__).with_name("sp_scenario.py"), world, [sp, lm_dir, vlm_dir, out], out_dir, timeout=400)
     return json.loads(out.read_text())["results"]
 
 

@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from multirank import run_ranks
 
 from hybridflow.engine.parallel_dims import ParallelDims, ParallelDimsError
 
@@ -116,12 +113,6 @@ def test_role_layout_reads_the_megatron_node_only_with_the_megatron_strategy():
 
 
 # ---------------------------------------------------------------------------------------------- N processes
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def nd_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("nd_models")
@@ -132,30 +123,8 @@ def nd_models(tmp_path_factory):
 
 
 def run_scenario(world: int, models_json: Path, out_dir: Path, only: str = "") -> dict:
-    script = HERE / "nd_scenario.py"
     out = out_dir / f"nd_{world}.json"
-    port = str(_free_port())
-    env = {**os.environ, "PYTHONPATH": str(HERE.parents[1]), "OMP_NUM_THREADS": "1"}
-    args = [str(models_json), str(out)] + ([only] if only else [])
-    # each rank writes to its own file: a pipe read one rank at a time would block the others once full
-    files = [open(out_dir / f"rank{r}.log", "w") for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), port, *args], env=env,
-                              stdout=f, stderr=subprocess.STDOUT, text=True) for r, f in enumerate(files)]
-    try:
-        for p in procs:
-            p.wait(timeout=600)
-    except subprocess.TimeoutExpired:
-        for q in procs:
-            q.kill()
-        raise
-    finally:
-        for f in files:
-            f.close()
-    logs = [(out_dir / f"rank{r}.log").read_text() for r in range(world)]
-    failed = [(r, log) for r, (p, log) in enumerate(zip(procs, logs)) if p.returncode != 0]
-    if failed:  # the rank that raised first tells why; the others wait in a collective and time out
-        r, log = next(((r, log) for r, log in failed if "Timed out" not in log), failed[0])
-        raise AssertionError(f"rank {r} of world {world} failed:\n{log[-4000:]}")
+    run_ranks(HERE / "nd_scenario.py", world, [models_json, out] + ([only] if only else []), out_dir)
     return json.loads(out.read_text())["results"]
 
 

@@ -153,7 +153,7 @@ def test_trained_checkpoint_merges_into_a_loadable_model(family, tmp_path):
     with the trained logits (the two-rank version, sharded, is in ``test_families_distributed.py``)."""
     from transformers import AutoModelForCausalLM
 
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.cli.merge import merge_checkpoint
     from hybridflow.protocol import DataProto
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker

@@ -6,14 +6,11 @@ module, reward, GRPO advantages, update), and the two-rank checkpoint merges int
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from multirank import run_ranks
 
 from hybridflow.utils.tiny_model import FAMILIES, make_tiny_checkpoint
 
@@ -22,11 +19,6 @@ pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
 REWARD = HERE.parent / "integration" / "reward_fns.py"  # a dense reward: varied scores, non-zero advantages
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -39,19 +31,8 @@ def two_rank_families(tmp_path_factory):
     for family in FAMILIES:
         make_tiny_checkpoint(models / family, size="nano", family=family, initializer_range=0.2)
     out.mkdir()
-    port = str(_free_port())
-    env = {**os.environ, "PYTHONPATH": str(HERE.parents[1])}
-    procs = [subprocess.Popen([sys.executable, str(HERE / "two_rank_families_scenario.py"), str(r), "2", port,
-                               str(data), str(models), str(out), str(REWARD), *FAMILIES], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    try:
-        logs = [p.communicate(timeout=800)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} failed:\n{log[-6000:]}"
+    run_ranks(HERE / "two_rank_families_scenario.py", 2, [data, models, out, REWARD, *FAMILIES], root / "logs",
+              timeout=800)
     results = [json.loads((out / f"results_rank{r}.json").read_text()) for r in range(2)]
     return models, out, results
 

@@ -21,7 +21,7 @@ A = "actor_rollout_ref"
 
 
 def _config(model_dir: str, data_dir: str, reward_file: str):
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
 
     return load_config([
         f"{A}.model.path={model_dir}", f"critic.model.path={model_dir}",
@@ -59,7 +59,7 @@ def run_family(family: str, rank: int, world: int, data_dir: str, models_dir: st
     from hybridflow.agents import AgentLoopManager
     from hybridflow.engine.model_loader import load_causal_lm
     from hybridflow.rollout.service.fleet import HybridFleet
-    from hybridflow.trainer.run_inputs import build_data, build_reward_fns, load_tokenizer_for
+    from hybridflow.launch.inputs import build_data, build_reward_fns, load_tokenizer_for
     from hybridflow.trainer.stages import (
         StepPlan, WorkerGroups, compute_advantages, compute_old_log_prob, compute_reward, generate,
         prompts_from_loader, update_actor,

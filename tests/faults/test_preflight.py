@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 
-from hybridflow.config import load_config
+from hybridflow.launch.config import load_config
 from hybridflow.config import ConfigError
 from hybridflow.config.checks import outputs as preflight
 from hybridflow.config.checks.outputs import PreflightError
-from hybridflow.config.checks.run_stage import check_for_run
+from hybridflow.launch.config import check_for_run
 
 from .conftest import base_args, invoke_cli, read_metrics
 

@@ -81,7 +81,7 @@ def test_too_many_nonfinite_steps_in_a_row_abort_with_the_key_to_raise(tmp_path,
 @pytest.mark.parametrize("fn,code", [("sends_sigterm", 143), ("sends_sigint", 130)])
 def test_signal_mid_step_finishes_the_step_saves_and_reports(fn, code, tmp_path, fault_data, nano_model_dir):
     """The real trainer under ``GracefulInterrupt``: the signal lands inside step 1's reward stage."""
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.tracking import Tracking
     from hybridflow.trainer.main_ppo import train_ppo
     from hybridflow.trainer.signals import GracefulInterrupt

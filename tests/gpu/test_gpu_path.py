@@ -38,7 +38,7 @@ def _batch(vocab, rows=4, prompt=24, response=16, seed=0):
 
 
 def _fsdp_config(**overrides):
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
 
     cfg = load_config([f"{A}.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
                        *overrides])
@@ -129,7 +129,7 @@ def test_packed_flash_attention_layout_matches_the_padded_forward(qwen05b_dir):
 def test_rollout_kv_cache_is_sized_from_the_batch_and_freed(qwen05b_dir, tmp_path):
     """The hf rollout's KV cache holds the batch it serves (not ``max_num_seqs`` rows at full length) and is
     released after generation with ``rollout.free_cache_engine=true``."""
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.protocol import DataProto
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
@@ -162,7 +162,7 @@ def test_rollout_kv_cache_is_sized_from_the_batch_and_freed(qwen05b_dir, tmp_pat
 
 def test_short_grpo_run_on_the_gpu(qwen05b_dir, tmp_path):
     """Two GRPO steps of the Qwen2.5-0.5B-shaped model in bf16 through the whole framework (local backend, cuda)."""
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.data.synthetic import write_synthetic
     from hybridflow.tracking import Tracking
     from hybridflow.trainer.main_ppo import train_ppo

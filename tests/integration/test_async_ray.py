@@ -17,13 +17,6 @@ POOL = ["rollout.nnodes=1", "rollout.n_gpus_per_node=1"]
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
 
 def _run(tmp_path, name, model, data, steps, extra, should_stop=None):
     out = tmp_path / name

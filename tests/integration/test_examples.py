@@ -40,7 +40,8 @@ def _script_overrides(script, env, tmp_path):
 
 @pytest.mark.parametrize("script", TINY)
 def test_example_config_is_valid(script, nano_model_dir, addition_data, tmp_path):
-    from hybridflow.config import load_config, parse_command_line
+    from hybridflow.config import parse_command_line
+    from hybridflow.launch.config import load_config
 
     cl = parse_command_line(_script_overrides(script, _env(nano_model_dir, addition_data, tmp_path), tmp_path))
     cfg = load_config(cl.overrides)

@@ -34,13 +34,6 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
 
 @pytest.fixture(scope="module")
 def moe_model_dir(tmp_path_factory):

@@ -92,7 +92,8 @@ def test_a_tool_trajectory_is_token_for_token_the_warm_up_chat(tool_model, token
     (model tokens trained, the tool result never), and the agent's own sanity check passes in strict mode."""
     from omegaconf import OmegaConf
 
-    from hybridflow.config import config_to_dict, load_config
+    from hybridflow.config import config_to_dict
+    from hybridflow.launch.config import load_config
     from hybridflow.sft.data import multi_turn_example
 
     row = _rows(1)[0]

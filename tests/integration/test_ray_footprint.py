@@ -14,13 +14,6 @@ from .conftest import run, small_overrides
 FAULTS = Path(__file__).parents[1] / "faults"
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
 
 def _threads() -> dict[str, int]:
     """OS threads of this process and of every process it started (Ray's GCS, raylet, workers, actors)."""
@@ -40,7 +33,7 @@ def _threads() -> dict[str, int]:
 @pytest.mark.ray
 def test_a_small_ray_run_holds_threads_by_demand_and_counts_failures(ray_cluster, nano_model_dir, addition_data,
                                                                      tmp_path):
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
 
     extra = ["trainer.n_gpus_per_node=1", "algorithm.adv_estimator=grpo", "data.val_files=null", "data.shuffle=false",
              "actor_rollout_ref.rollout.agent.num_workers=2",

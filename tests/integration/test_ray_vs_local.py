@@ -20,13 +20,6 @@ COMPARED = ("critic/score/", "critic/rewards/", "critic/advantages/", "critic/re
             "critic/grad_norm", "actor/kl_loss")
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
 
 def _compared(history):
     steps = [m for m in history.metrics if "timing_s/step" in m]

@@ -74,12 +74,7 @@ def test_recipe_runs_two_steps_locally(name, nano_model_dir, addition_data, tmp_
     _check(name, history.metrics)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+RAY_CPUS = 4  # the shared ray_cluster fixture (conftest.py)
 
 
 @pytest.mark.ray

@@ -28,13 +28,6 @@ SETTINGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
 
 def _steps(history):
     return [m for m in history.metrics if "timing_s/step" in m]

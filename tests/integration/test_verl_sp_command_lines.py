@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridflow.config import load_config, parse_command_line
+from hybridflow.config import parse_command_line
+from hybridflow.launch.config import load_config
 from vllm_helpers import tiny_command_line, verl_sections
 
 SECTIONS = dict(verl_sections())
@@ -25,12 +26,7 @@ def test_the_sp_command_lines_are_found():
     assert all(f"{A}.ref.ulysses_sequence_parallel_size=4" in SECTIONS[n] for n in SP_SECTIONS)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+RAY_CPUS = 4  # the shared ray_cluster fixture (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridflow.config import load_config, parse_command_line
+from hybridflow.config import parse_command_line
+from hybridflow.launch.config import load_config
 from vllm_helpers import tiny_command_line, verl_sections
 
 SECTIONS = dict(verl_sections())

@@ -72,14 +72,6 @@ def test_vlm_grpo_on_standalone_replicas_and_async(placement, varied_vlm_dir, vi
         assert all(m["training/rollout_probs_diff_max"] < 1e-5 for m in steps)
 
 
-@pytest.fixture()
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.slow
 @pytest.mark.ray
 def test_vlm_grpo_two_steps_ray(ray_cluster, varied_vlm_dir, vision_data, tmp_path):

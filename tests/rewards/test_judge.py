@@ -214,7 +214,7 @@ def test_reward_managers_count_judge_failures(judge, workers):
 
 
 def test_a_function_that_takes_no_judge_keyword_is_refused(judge):
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.rewards import load_reward_manager
 
     _, _, tok = judge

@@ -7,7 +7,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from hybridflow.config import load_config
+from hybridflow.launch.config import load_config
 from hybridflow.rewards import load_reward_manager
 from hybridflow.sandbox.http_service import serve_in_thread
 

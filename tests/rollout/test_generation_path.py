@@ -20,7 +20,7 @@ P = 24
 def _config(model_dir, *overrides):
     import warnings
 
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -16,6 +16,9 @@ from hybridflow.rollout.service.server import GenerateRequest, RolloutServer
 from hybridflow.rollout.service.server_manager import AsyncLLMServerManager, derive_seed
 
 
+RAY_CPUS = 1  # the shared ray_cluster fixture (conftest.py)
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -167,31 +170,27 @@ class _StreamHost:
 
 
 @pytest.mark.ray
-def test_ray_replica_coalesces_a_tick_of_requests_into_one_stream(tiny_model_dir, engine):
-    ray = pytest.importorskip("ray")
+def test_ray_replica_coalesces_a_tick_of_requests_into_one_stream(ray_cluster, tiny_model_dir, engine):
+    ray = ray_cluster
     from hybridflow.rollout.service.replica import RAY_ROLLOUT_CONCURRENCY_GROUP, RayActorReplica
 
     eng, tok = engine
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        host = ray.remote(concurrency_groups={RAY_ROLLOUT_CONCURRENCY_GROUP: 8})(_StreamHost).remote(tiny_model_dir)
-        replica = ray.get(host.replica.remote())
-        assert isinstance(replica, RayActorReplica)
-        prompts = [_ids(tok, f"{i}+1=") for i in range(5)]
+    host = ray.remote(concurrency_groups={RAY_ROLLOUT_CONCURRENCY_GROUP: 8})(_StreamHost).remote(tiny_model_dir)
+    replica = ray.get(host.replica.remote())
+    assert isinstance(replica, RayActorReplica)
+    prompts = [_ids(tok, f"{i}+1=") for i in range(5)]
 
-        async def many():
-            return await asyncio.gather(*(replica.generate(f"r{i}", p, GREEDY) for i, p in enumerate(prompts)))
+    async def many():
+        return await asyncio.gather(*(replica.generate(f"r{i}", p, GREEDY) for i, p in enumerate(prompts)))
 
-        outs = asyncio.run(many())
-        assert [o.token_ids for o in outs] == [e.token_ids for e in eng.generate_batch(prompts, GREEDY)]
-        assert ray.get(host.count.remote()) == 1  # five requests, one Ray call
-        ray.kill(host)
-        from hybridflow.rollout.service.replica import ReplicaError
+    outs = asyncio.run(many())
+    assert [o.token_ids for o in outs] == [e.token_ids for e in eng.generate_batch(prompts, GREEDY)]
+    assert ray.get(host.count.remote()) == 1  # five requests, one Ray call
+    ray.kill(host)
+    from hybridflow.rollout.service.replica import ReplicaError
 
-        with pytest.raises(ReplicaError, match="ray-host"):
-            asyncio.run(replica.generate("late", prompts[0], GREEDY))
-    finally:
-        ray.shutdown()
+    with pytest.raises(ReplicaError, match="ray-host"):
+        asyncio.run(replica.generate("late", prompts[0], GREEDY))
 
 
 def test_one_replica_serves_two_event_loops_at_once(engine):

@@ -38,7 +38,7 @@ def test_params_normalisation():
 
 
 def test_from_rollout_config_reads_verl_keys():
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
 
     cfg = load_config([
         "actor_rollout_ref.rollout.n=4",

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from hybridflow.config import load_config
+from hybridflow.launch.config import load_config
 from hybridflow.rollout import SamplingParams
 from hybridflow.rollout.sglang.engine import UNVERIFIED_NOTICE, parse_sglang_output, sglang_server_args
 

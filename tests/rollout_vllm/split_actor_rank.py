@@ -49,7 +49,7 @@ def _train_one_step(engine, vocab: int) -> None:
 
 
 def main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.engine.engine_checkpoint import export_hf_model
     from hybridflow.engine.model_loader import load_causal_lm, load_tokenizer
     from hybridflow.engine.parallel_dims import ParallelDims

@@ -8,7 +8,8 @@ import threading
 import pytest
 import torch
 
-from hybridflow.config import ConfigError, load_config
+from hybridflow.config import ConfigError
+from hybridflow.launch.config import load_config
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.async_reward import AsyncRewardScorer
 

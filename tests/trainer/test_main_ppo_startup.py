@@ -14,9 +14,9 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from hybridflow.config import load_config  # noqa: E402
+from hybridflow.launch.config import load_config  # noqa: E402
 from hybridflow.controller import RayInitError, init_ray  # noqa: E402
-from hybridflow.trainer.runtime import RuntimeStart, init_models  # noqa: E402
+from hybridflow.launch.processes import RuntimeStart, init_models  # noqa: E402
 
 A = "actor_rollout_ref"
 

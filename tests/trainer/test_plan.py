@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridflow.config import load_config
-from hybridflow.trainer.ppo_trainer import resolve_total_training_steps
+from hybridflow.launch.config import load_config
+from hybridflow.trainer.modes import run_length
 from hybridflow.trainer.stages import StepPlan
 
 A = "actor_rollout_ref"
@@ -69,11 +69,12 @@ def test_remax_needs_greedy_baseline_sampling():
              f"{A}.rollout.val_kwargs.temperature=1.0")
 
 
-def test_total_training_steps_filled_into_optimizers():
+def test_run_length_is_returned_not_written_into_the_config():
     cfg = load_config([*BASE, "trainer.total_epochs=3"])
-    assert resolve_total_training_steps(cfg, steps_per_epoch=5) == 15
-    assert cfg.actor_rollout_ref.actor.optim.total_training_steps == 15 == cfg.critic.optim.total_training_steps
+    before = cfg.actor_rollout_ref.actor.optim.total_training_steps
+    assert run_length(cfg, steps_per_epoch=5) == (15, 15)
+    assert cfg.actor_rollout_ref.actor.optim.total_training_steps == before  # the horizon goes to init_model
     cfg = load_config([*BASE, "trainer.total_training_steps=4"])
-    assert resolve_total_training_steps(cfg, steps_per_epoch=5) == 4
+    assert run_length(cfg, steps_per_epoch=5) == (4, 4)
     with pytest.raises(ValueError, match="train_batch_size=8"):
-        resolve_total_training_steps(cfg, steps_per_epoch=0)
+        run_length(cfg, steps_per_epoch=0)

@@ -87,7 +87,7 @@ def test_generation_rounds_with_and_without_failures_concatenate():
     """DAPO keeps generating rounds and concatenates them: the failure column must exist in every round."""
     from hybridflow.agents.base import AgentLoopOutput
     from hybridflow.agents.loop_worker import stack_outputs
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
 
     rollout = load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
                            "critic.ppo_micro_batch_size_per_gpu=4"]).actor_rollout_ref.rollout

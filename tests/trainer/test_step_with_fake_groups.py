@@ -8,137 +8,39 @@ the golden values of the controller-side arithmetic are checked in milliseconds.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import numpy as np
 import pytest
 import torch
 
-from hybridflow.config import load_config
-from hybridflow.protocol import DataProto
-from hybridflow.trainer.ppo_trainer import PPOTrainer
+from hybridflow.launch.config import load_config
+from hybridflow.trainer.controller import RLController
 from hybridflow.trainer.stages import WorkerGroups
 from hybridflow.trainer.step_failures import StepFailedError
+from fake_groups import (
+    TOKENIZER,
+    FakeActor,
+    FakeCritic,
+    FakeRollout,
+    R,
+    Recorder,
+    config_overrides,
+    prompts,
+    reward_first_token_zero,
+)
 
 A = "actor_rollout_ref"
-P, R = 3, 2  # prompt and response lengths
-
-
-class Recorder:
-    def __init__(self):
-        self.calls: list[str] = []
-        self.seen: dict[str, DataProto] = {}
-
-    def note(self, name: str, batch: DataProto | None = None) -> None:
-        self.calls.append(name)
-        if batch is not None:
-            self.seen[name] = batch
-
-
-class FakeFleet:
-    def __init__(self, rec: Recorder, moves: bool):
-        self.rec, self.moves = rec, moves
-
-    def update_weights(self):
-        self.rec.note("update_weights")
-        return 0.25 if self.moves else None
-
-
-class FakeRollout:
-    """Answers every prompt ``n`` times (``val_kwargs.n`` = 1 when validating); sample ``j`` of a prompt starts its
-    response with token ``j`` (the fake reward pays 1 for token 0). ``rows_per_prompt`` overrides n to test the
-    row-count check; ``log_probs`` adds ``rollout_log_probs``."""
-
-    def __init__(self, rec: Recorder, n: int, moves: bool = False, log_probs: bool = False):
-        self.rec, self.n, self.log_probs = rec, n, log_probs
-        self.fleet = FakeFleet(rec, moves)
-        self.rows_per_prompt: int | None = None
-
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        validate = bool(prompts.meta_info.get("validate"))
-        self.rec.note("gen_max" if validate else "generate", prompts)
-        n = 1 if validate else (self.rows_per_prompt or self.n)
-        ids = prompts.batch["input_ids"].repeat_interleave(n, dim=0)
-        b = ids.shape[0]
-        first = torch.arange(b) % n if not validate else torch.zeros(b, dtype=torch.long)
-        responses = torch.stack([first, torch.full((b,), 7)], dim=1)
-        batch = {"input_ids": torch.cat([ids, responses], dim=1), "responses": responses,
-                 "attention_mask": torch.ones(b, P + R, dtype=torch.long),
-                 "position_ids": torch.arange(P + R).expand(b, -1).clone(),
-                 "response_mask": torch.ones(b, R, dtype=torch.long)}
-        if self.log_probs:
-            batch["rollout_log_probs"] = torch.full((b, R), -0.5)
-        return DataProto.from_dict(batch, meta_info={"metrics": {"agent_loop/num_turns/mean": 1.0}})
-
-
-class FakeActor:
-    def __init__(self, rec: Recorder, old_log_prob: float = -0.4):
-        self.rec, self.old = rec, old_log_prob
-
-    def compute_log_prob(self, batch: DataProto) -> DataProto:
-        self.rec.note("compute_log_prob", batch)
-        shape = batch.batch["responses"].shape
-        return DataProto.from_dict({"old_log_probs": torch.full(shape, self.old),
-                                    "entropys": torch.full(shape, 1.5)})
-
-    def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
-        self.rec.note("compute_ref_log_prob", batch)
-        return DataProto.from_dict({"ref_log_prob": torch.full(batch.batch["responses"].shape, -0.6)})
-
-    def update_actor(self, batch: DataProto) -> DataProto:
-        self.rec.note("update_actor", batch)
-        return DataProto(meta_info={"metrics": {"actor/pg_loss": [0.5, 0.25], "actor/grad_norm": 1.0}})
-
-
-class FakeCritic:
-    def __init__(self, rec: Recorder):
-        self.rec = rec
-
-    def compute_values(self, batch: DataProto) -> DataProto:
-        self.rec.note("compute_values", batch)
-        return DataProto.from_dict({"values": torch.zeros(batch.batch["responses"].shape)})
-
-    def update_critic(self, batch: DataProto) -> DataProto:
-        self.rec.note("update_critic", batch)
-        return DataProto(meta_info={"metrics": {"critic/vf_loss": 0.125}})
-
-
-def reward_first_token_zero(batch: DataProto, return_dict: bool = False):
-    """1 on the last response token when the response starts with token 0, else 0."""
-    scores = torch.zeros(batch.batch["responses"].shape)
-    scores[:, -1] = (batch.batch["responses"][:, 0] == 0).float()
-    return {"reward_tensor": scores, "reward_extra_info": {"acc": scores[:, -1].tolist()}}
-
-
-def prompts(b: int) -> dict:
-    return {"input_ids": torch.arange(b * P).view(b, P), "attention_mask": torch.ones(b, P, dtype=torch.long),
-            "position_ids": torch.arange(P).expand(b, -1).clone(),
-            "data_source": np.array(["fake"] * b, dtype=object)}
 
 
 def make_trainer(tmp_path, extra=(), n=2, b=2, steps=1, moves=False, log_probs=False, critic=False, mini=1):
     """``mini`` < ``b``: two updates per step, so pi_old needs its own pass (``mini=b``: it comes from the update)."""
     if not any(e.startswith("algorithm.adv_estimator=") for e in extra):
         extra = ["algorithm.adv_estimator=grpo", *extra]
-    cfg = load_config([
-        f"{A}.model.path={tmp_path / 'no-model'}", f"critic.model.path={tmp_path / 'no-model'}",
-        f"data.train_files={tmp_path / 'train.parquet'}", f"data.train_batch_size={b}",
-        f"data.max_prompt_length={P}", f"data.max_response_length={R}", f"{A}.rollout.n={n}",
-        f"{A}.actor.ppo_mini_batch_size={mini}", f"{A}.actor.ppo_micro_batch_size_per_gpu={b * n}",
-        f"{A}.rollout.log_prob_micro_batch_size_per_gpu={b * n}", f"{A}.ref.log_prob_micro_batch_size_per_gpu={b * n}",
-        f"critic.ppo_micro_batch_size_per_gpu={b * n}", f"critic.forward_micro_batch_size_per_gpu={b * n}",
-        "trainer.backend=local", "trainer.device=cpu", "trainer.n_gpus_per_node=1",
-        f"trainer.total_training_steps={steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",
-        "trainer.save_freq=-1", "trainer.report=false", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-        *extra,
-    ])
+    cfg = load_config([*config_overrides(tmp_path, n=n, b=b, steps=steps, mini=mini), *extra])
     rec = Recorder()
     actor = FakeActor(rec)
     groups = WorkerGroups(actor_rollout=actor, ref=actor, critic=FakeCritic(rec) if critic else None,
                           rollout=FakeRollout(rec, n, moves=moves, log_probs=log_probs))
     loader = [prompts(b) for _ in range(steps + 2)]
-    trainer = PPOTrainer(cfg, SimpleNamespace(eos_token_id=99), groups, loader, None, reward_first_token_zero,
-                         reward_first_token_zero)
+    trainer = RLController(cfg, TOKENIZER, groups, loader, None, reward_first_token_zero, reward_first_token_zero)
     return trainer, rec
 
 

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from hybridflow.config import ConfigError, load_config
+from hybridflow.config import ConfigError
+from hybridflow.launch.config import load_config
 from hybridflow.utils.user_modules import ENV_IMPORT_MODULES
 from run_helpers import run, small_overrides
 

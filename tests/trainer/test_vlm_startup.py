@@ -10,7 +10,7 @@ def _config(model_dir):
 
 
 def test_vlm_run_gets_its_processor(tiny_vlm_dir, nano_model_dir):
-    from hybridflow.trainer.run_inputs import load_processor_for
+    from hybridflow.launch.inputs import load_processor_for
 
     assert load_processor_for(_config(nano_model_dir)) is None
     processor = load_processor_for(_config(tiny_vlm_dir))

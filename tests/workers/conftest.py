@@ -41,7 +41,7 @@ def make_config(model_dir: str, *overrides: str):
     """The full typed ``PPOConfig`` for ``model_dir`` with test-sized batches plus ``overrides``."""
     import warnings
 
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

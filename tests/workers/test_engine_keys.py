@@ -104,7 +104,7 @@ def test_fsdp2_units_and_forward_prefetch_on_a_one_rank_mesh(tiny_model_dir, tmp
 
 
 def test_register_center_timeout_sizes_the_ray_pool_wait(config_factory, tiny_model_dir, monkeypatch):
-    from hybridflow.trainer.runtime import pool_options
+    from hybridflow.launch.processes import pool_options
 
     cfg = config_factory(tiny_model_dir, "trainer.ray_wait_register_center_timeout=17", "trainer.device=cpu")
     cfg.trainer.backend = "ray"

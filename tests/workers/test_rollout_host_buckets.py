@@ -13,7 +13,7 @@ from hybridflow.rollout.weights.delta import ChecksumMismatch
 
 
 def _host(model_dir, engine_model, bucket_bytes=20_000):
-    from hybridflow.config import load_config
+    from hybridflow.launch.config import load_config
     from hybridflow.engine.model_loader import load_causal_lm, load_tokenizer
     from hybridflow.engine.train_engine import TrainEngine
     from hybridflow.rollout.base import create_rollout_engine

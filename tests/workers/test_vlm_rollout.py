@@ -122,7 +122,8 @@ def test_tool_image_joins_the_trajectory_and_log_probs_match(worker, tmp_path):
     from omegaconf import OmegaConf
 
     from hybridflow.agents.tool_agent import ToolAgentLoop
-    from hybridflow.config import config_to_dict, load_config
+    from hybridflow.config import config_to_dict
+    from hybridflow.launch.config import load_config
 
     tools = tmp_path / "tools.yaml"
     tools.write_text("tools:\n  - class_name: verl.tools.image_zoom_in_tool.ImageZoomInTool\n    config: {type: native}\n")

@@ -1,29 +1,11 @@
-"""Algorithm names (looked up in the registries, so user-registered ones pass) and their combinations."""
+"""Algorithm settings and their combinations (the names are checked against the registries by
+``algorithms/checks.py``)."""
 
 from __future__ import annotations
 
 from hybridflow.config.schema import PPOConfig
 
-__all__ = ["check_algorithms", "check_group_size", "check_rollout_correction"]
-
-
-def check_algorithms(cfg: PPOConfig, errors: list[str]) -> None:
-    """Names must exist in the algorithm registries (so custom registered ones are accepted)."""
-    try:
-        from hybridflow.algorithms import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
-    except ImportError:  # algorithms not importable: nothing to check against
-        return
-    est = cfg.algorithm.adv_estimator
-    if est not in ADV_ESTIMATOR_REGISTRY:
-        errors.append(f"algorithm.adv_estimator={est!r}: {ADV_ESTIMATOR_REGISTRY.unknown_message(est)}")
-    if est == "optimal_token_baseline" and not cfg.actor_rollout_ref.actor.calculate_sum_pi_squared:
-        errors.append("algorithm.adv_estimator=optimal_token_baseline weights each token by the energy "
-                      "1 - 2*pi + sum(pi^2), which needs the actor's sum_pi_squared: set "
-                      "actor_rollout_ref.actor.calculate_sum_pi_squared=true")
-    mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
-    if mode not in POLICY_LOSS_REGISTRY:
-        errors.append(f"actor_rollout_ref.actor.policy_loss.loss_mode={mode!r}: "
-                      f"{POLICY_LOSS_REGISTRY.unknown_message(mode)}")
+__all__ = ["check_group_size", "check_rollout_correction"]
 
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")

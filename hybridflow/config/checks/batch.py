@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-from hybridflow.config.checks.parallel import data_parallel_size
+from hybridflow.config.checks.parallel import data_parallel_size, n_devices
 from hybridflow.config.checks.values import _get
 from hybridflow.config.schema import PPOConfig
 
 __all__ = ["check_batch_sizes", "check_legacy_micro", "n_devices"]
-
-
-def n_devices(cfg: PPOConfig) -> int:
-    """Devices of the training pool; the local backend always runs one process."""
-    if cfg.trainer.backend == "local":
-        return 1
-    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
 
 
 def check_batch_sizes(cfg: PPOConfig, errors: list[str], notes: list[str]) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_megatron", "check_megatron_model", "megatron_roles"]
+__all__ = ["check_megatron", "megatron_roles", "without_echoes"]
 
 _ENGINES = ("dp", "fsdp", "megatron")
 _DEFAULTS = {"tensor_model_parallel_size": 1, "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
@@ -101,24 +101,6 @@ def _layout(prefix: str, node: Any, fsdp: Any, lora: bool, errors: list[str], no
                      "the embedding, the LM head or MoE experts are refused when the model is split")
 
 
-def _layout_errors(cfg: Any, errors: list[str]) -> None:
-    """The sizes against the devices of the role: world = dp x sp x tp, ep divides dp or is k x sp x tp with k
-    dividing dp (ParallelDims' own rules)."""
-    from hybridflow.config.checks.parallel import _n_devices
-    from hybridflow.engine.parallel_dims import ParallelDims, ParallelDimsError
-
-    world = _n_devices(cfg)
-    for prefix, node, _ in megatron_roles(cfg):
-        if node.strategy != "megatron" or (prefix == "critic" and not cfg.use_critic):
-            continue
-        try:
-            ParallelDims.for_role(world, node, prefix)
-        except ParallelDimsError as e:
-            where = ("the local backend runs one process" if cfg.trainer.backend == "local"
-                     else f"trainer.nnodes x trainer.n_gpus_per_node = {world} devices")
-            errors.append(f"{e} ({where})")
-
-
 _DECAY_STYLES = {"constant": "constant", "cosine": "cosine"}
 
 
@@ -153,46 +135,13 @@ def check_megatron(cfg: Any, errors: list[str], notes: list[str]) -> None:
             _stray_keys(prefix, node, found)
             continue
         _layout(prefix, node, fsdp, lora and prefix == "actor_rollout_ref.actor", found, notes)
-    if not found:
-        _layout_errors(cfg, found)
-    errors.extend(_without_echoes(found))
+    errors.extend(without_echoes(found))
 
 
-def _without_echoes(found: list[str]) -> list[str]:
+def without_echoes(found: list[str]) -> list[str]:
     """The reference's megatron sizes follow the actor's (as in verl): a problem it only inherits is said once, for
     the actor."""
     actor, ref = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
     return [e for e in found if not (ref in e and e.replace(ref, actor) in found)]
 
 
-_EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
-
-
-def check_megatron_model(cfg: Any, errors: list[str]) -> None:
-    """Run stage: the model can be split as asked -- tp divides its attention and key/value heads and the MLP's
-    intermediate size, ep its experts (the engine's own rules; reads ``config.json`` only)."""
-    from hybridflow.engine.expert_parallel import expert_parallel_problem
-    from hybridflow.engine.model_loader import ModelLoadError, load_hf_config
-    from hybridflow.engine.tensor_parallel import tensor_parallel_problem
-    from hybridflow.engine.transformers_adapter import text_config
-
-    found: list[str] = []
-    for prefix, node, _ in megatron_roles(cfg):
-        if node.strategy != "megatron" or (prefix == "critic" and not cfg.use_critic):
-            continue
-        tp, ep = int(node.megatron.tensor_model_parallel_size), int(node.megatron.expert_model_parallel_size)
-        if tp <= 1 and ep <= 1:
-            continue
-        model = cfg.critic.model if prefix == "critic" else cfg.actor_rollout_ref.model
-        field = "critic.model.path" if prefix == "critic" else "actor_rollout_ref.model.path"
-        try:
-            config = load_hf_config(model.path, model.trust_remote_code, None, field)
-        except ModelLoadError:
-            continue  # check_model_files reports it
-        problem = tensor_parallel_problem(config, tp, f"{prefix}.megatron.tensor_model_parallel_size")
-        text = text_config(config)
-        experts = next((int(getattr(text, k)) for k in _EXPERT_COUNT_KEYS if getattr(text, k, None)), None)
-        problem = problem or expert_parallel_problem(experts, ep, f"{prefix}.megatron.expert_model_parallel_size")
-        if problem:
-            found.append(f"{problem} ({model.path})")
-    errors.extend(_without_echoes(found))

@@ -15,12 +15,14 @@ from typing import Any
 
 from hybridflow.utils.sequence_parallel_rules import ulysses_head_error
 
-__all__ = ["check_sequence_parallel", "data_parallel_size", "sp_roles"]
+__all__ = ["check_sequence_parallel", "data_parallel_size", "n_devices", "sp_roles"]
 
 
-
-def _n_devices(cfg: Any) -> int:
-    return 1 if cfg.trainer.backend == "local" else cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+def n_devices(cfg: Any) -> int:
+    """Devices of the training pool; the local backend always runs one process."""
+    if cfg.trainer.backend == "local":
+        return 1
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
 
 
 def sp_roles(cfg: Any) -> list[tuple[str, int, bool, str]]:
@@ -52,7 +54,7 @@ def data_parallel_size(cfg: Any, role: str) -> int:
     """Data-parallel groups of ``role`` (``actor_rollout_ref.actor``, ``critic``, ...): devices / (sp x tp)."""
     sp = {prefix: size for prefix, size, _, _ in sp_roles(cfg)}.get(role, 1)
     sp = max(1, sp) * role_model_parallel(cfg, role)  # tensor-parallel peers share their rows too
-    n_dev = _n_devices(cfg)
+    n_dev = n_devices(cfg)
     return n_dev // sp if n_dev % sp == 0 else n_dev
 
 
@@ -76,7 +78,7 @@ def _head_counts(path: str | None) -> tuple[int, int] | None:
 
 def check_sequence_parallel(cfg: Any, errors: list[str]) -> None:
     """Every ``*.ulysses_sequence_parallel_size`` either builds a layout or is an error naming the key and fix."""
-    n_dev = _n_devices(cfg)
+    n_dev = n_devices(cfg)
     arr = cfg.actor_rollout_ref
     for prefix, sp, rmpad, path in sp_roles(cfg):
         key = f"{prefix}.ulysses_sequence_parallel_size"

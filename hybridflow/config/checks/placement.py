@@ -87,8 +87,15 @@ def check_async_config(cfg, errors: list[str], notes: list[str]) -> None:
 
 
 def _check_placement(cfg, errors: list[str]) -> None:
-    rc = cfg.actor_rollout_ref.rollout
-    ce = rc.checkpoint_engine
+    _check_checkpoint_engine(cfg, errors)
+    if not cfg.split_placement:
+        _check_colocated(cfg, errors)
+    else:
+        _check_rollout_pool(cfg, errors)
+
+
+def _check_checkpoint_engine(cfg, errors: list[str]) -> None:
+    ce = cfg.actor_rollout_ref.rollout.checkpoint_engine
     if ce.backend not in CHECKPOINT_ENGINE_BACKENDS:
         errors.append(f"actor_rollout_ref.rollout.checkpoint_engine.backend={ce.backend!r} is not available; choose "
                       f"one of: {', '.join(CHECKPOINT_ENGINE_BACKENDS)} (naive: gloo on CPU, NCCL on GPU)")
@@ -101,24 +108,32 @@ def _check_placement(cfg, errors: list[str]) -> None:
                       "changed since the last sync; false: every tensor every time); remove the others")
     if not isinstance((ce.engine_kwargs or {}).get("delta", True), bool):
         errors.append("actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.delta must be true or false")
+
+
+def _check_colocated(cfg, errors: list[str]) -> None:
+    """The colocated vLLM engine reloads the actor's weights in buckets of update_weights_bucket_megabytes, and so
+    does the hf engine next to an actor split by tensor / expert parallelism (it keeps its own copy); otherwise the
+    colocated hf engine generates with the actor's own module and no weights move."""
+    rc = cfg.actor_rollout_ref.rollout
+    ce = rc.checkpoint_engine
     bucket_key, backend_key = _CKPT_ENGINE_KEYS[1], _CKPT_ENGINE_KEYS[0]
-    if not cfg.split_placement:
-        # the colocated vLLM engine reloads the actor's weights in buckets of update_weights_bucket_megabytes, and
-        # so does the hf engine next to an actor split by tensor / expert parallelism (it keeps its own copy);
-        # otherwise the colocated hf engine generates with the actor's own module and no weights move
-        actor = cfg.actor_rollout_ref.actor
-        split = actor.strategy == "megatron" and (int(actor.megatron.tensor_model_parallel_size) > 1
-                                                  or int(actor.megatron.expert_model_parallel_size) > 1)
-        acting = () if rc.name == "vllm" or split else (bucket_key,)
-        if rc.name != "vllm" and not split and (ce.engine_kwargs or {}).get("delta", True) is not True:
-            errors.append("actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.delta=false: the colocated hf "
-                          "engine generates with the actor's own module, no weights travel; remove the key")
-        for key in (*_POOL_KEYS, backend_key, *acting):
-            if _changed(cfg, key):
-                errors.append(f"{key}={_get(cfg, key)!r} acts only when the rollout has its own pool: with "
-                              f"actor_rollout_ref.hybrid_engine=true the {rc.name} engine is colocated with the "
-                              "actor. Set actor_rollout_ref.hybrid_engine=false, or remove the key")
-        return
+    actor = cfg.actor_rollout_ref.actor
+    split = actor.strategy == "megatron" and (int(actor.megatron.tensor_model_parallel_size) > 1
+                                              or int(actor.megatron.expert_model_parallel_size) > 1)
+    acting = () if rc.name == "vllm" or split else (bucket_key,)
+    if rc.name != "vllm" and not split and (ce.engine_kwargs or {}).get("delta", True) is not True:
+        errors.append("actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.delta=false: the colocated hf "
+                      "engine generates with the actor's own module, no weights travel; remove the key")
+    for key in (*_POOL_KEYS, backend_key, *acting):
+        if _changed(cfg, key):
+            errors.append(f"{key}={_get(cfg, key)!r} acts only when the rollout has its own pool: with "
+                          f"actor_rollout_ref.hybrid_engine=true the {rc.name} engine is colocated with the "
+                          "actor. Set actor_rollout_ref.hybrid_engine=false, or remove the key")
+
+
+def _check_rollout_pool(cfg, errors: list[str]) -> None:
+    """Standalone replicas: a pool with devices, hf replicas fed by the checkpoint engine or vLLM servers."""
+    rc = cfg.actor_rollout_ref.rollout
     pool = cfg.rollout
     if pool.nnodes < 1 or pool.n_gpus_per_node < 1:
         errors.append(f"rollout.nnodes={pool.nnodes} x rollout.n_gpus_per_node={pool.n_gpus_per_node}: the rollout "
@@ -142,8 +157,7 @@ def _check_placement(cfg, errors: list[str]) -> None:
 
 
 def _check_fully_async(cfg, errors: list[str]) -> None:
-    at, data = cfg.async_training, cfg.data
-    rc = cfg.actor_rollout_ref.rollout
+    at = cfg.async_training
     if at.staleness_threshold < 0:
         errors.append(f"async_training.staleness_threshold={at.staleness_threshold} must be >= 0 (0: every sample "
                       "is generated by the weights it is trained from)")
@@ -152,6 +166,14 @@ def _check_fully_async(cfg, errors: list[str]) -> None:
         return
     if at.checkpoint_engine.device_buffer_size_M < 1:
         errors.append("async_training.checkpoint_engine.device_buffer_size_M must be >= 1 (MB per bucket)")
+    _check_fully_async_sizes(cfg, errors)
+    _check_fully_async_features(cfg, errors)
+    _check_fully_async_stream(cfg, errors)
+
+
+def _check_fully_async_sizes(cfg, errors: list[str]) -> None:
+    """A trainer step's prompts (require_batches x ppo_mini_batch_size) against verl's batch keys."""
+    at, data = cfg.async_training, cfg.data
     prompts = fully_async_batch_prompts(cfg)
     if data.train_batch_size not in (0, prompts):
         errors.append(f"data.train_batch_size={data.train_batch_size}: a fully async trainer step takes "
@@ -161,6 +183,11 @@ def _check_fully_async(cfg, errors: list[str]) -> None:
     if data.gen_batch_size not in (0, 1, prompts, data.train_batch_size):  # its default is train_batch_size
         errors.append(f"data.gen_batch_size={data.gen_batch_size}: the fully async rollouter streams one prompt at a "
                       "time; set data.gen_batch_size=1 (as verl)")
+
+
+def _check_fully_async_features(cfg, errors: list[str]) -> None:
+    """What fully async training reads differently (pi_old, validation, DAPO, the KV cache, weight buckets)."""
+    at, rc = cfg.async_training, cfg.actor_rollout_ref.rollout
     if at.use_rollout_log_probs and not rc.calculate_log_probs:
         errors.append("async_training.use_rollout_log_probs=true trains with the rollout's own log-probs as pi_old: "
                       "set actor_rollout_ref.rollout.calculate_log_probs=true (or use_rollout_log_probs=false to "
@@ -182,7 +209,12 @@ def _check_fully_async(cfg, errors: list[str]) -> None:
     if _changed(cfg, "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"):
         errors.append("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes does not act in "
                       "fully async training; its bucket is async_training.checkpoint_engine.device_buffer_size_M")
-    pool = cfg.rollout
+
+
+def _check_fully_async_stream(cfg, errors: list[str]) -> None:
+    """The rollouter's own horizon and validation schedule; the effective step size written for the later checks."""
+    data, pool = cfg.data, cfg.rollout
+    prompts = fully_async_batch_prompts(cfg)
     if pool.total_rollout_steps is not None and pool.total_rollout_steps < prompts:
         errors.append(f"rollout.total_rollout_steps={pool.total_rollout_steps} is fewer prompts than one trainer step "
                       f"({prompts})")

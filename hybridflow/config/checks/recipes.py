@@ -79,9 +79,6 @@ def check_recipes(cfg: Any, errors: list[str], notes: list[str]) -> None:
     if recipe is not None and recipe not in RECIPES:
         errors.append(f"trainer.recipe={recipe!r}: choose null (PPO and its variants) or one of {', '.join(RECIPES)}")
         return
-    if recipe in ("spin", "prime") and bool(getattr(cfg.trainer, "use_v1", False)):
-        errors.append(f"trainer.recipe={recipe} with trainer.use_v1=true: the {recipe.upper()} recipe runs its own stages "
-                      "on the synchronous step, not under the V1 trainer; set trainer.use_v1=false")
     for key, owner in RECIPE_KEYS.items():
         if _get(cfg, key) != default_of(key) and not _reads(cfg, owner, key):
             errors.append(f"{key}={_get(cfg, key)!r} is only read by the {owner.upper()} recipe: run it with "

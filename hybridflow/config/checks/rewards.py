@@ -4,29 +4,10 @@ from __future__ import annotations
 
 from hybridflow.config.schema import PPOConfig
 
-__all__ = ["PER_SAMPLE_REWARD_MANAGERS", "check_async_reward", "check_reward_manager"]
+__all__ = ["PER_SAMPLE_REWARD_MANAGERS", "check_async_reward"]
 
 # reward managers the agent loops' reward loop can run per trajectory (hybridflow.agents.reward_loop)
 PER_SAMPLE_REWARD_MANAGERS = ("naive", "dapo", "prime")
-
-
-def check_reward_manager(cfg: PPOConfig, errors: list[str]) -> None:
-    """A registered manager name (user modules in trainer.import_modules may register more), or verl's
-    ``reward.reward_manager.source=importlib`` with the file/module that holds the class (loaded in the run stage)."""
-    rm = cfg.reward_model
-    if rm.reward_loop_source == "importlib":
-        if not rm.reward_loop_module_path:
-            errors.append("reward.reward_manager.source=importlib loads the class reward.reward_manager.module.name "
-                          "from reward.reward_manager.module.path, which is not set: give the file (path/to/file.py) "
-                          "or module that defines it, or use source=register with reward.reward_manager.name")
-        return
-    from hybridflow.rewards.managers import REWARD_MANAGERS
-
-    if rm.reward_manager not in REWARD_MANAGERS:
-        errors.append(f"reward_model.reward_manager={rm.reward_manager!r}: "
-                      f"{REWARD_MANAGERS.unknown_message(rm.reward_manager)} (a manager of your own: register it with "
-                      "@REWARD_MANAGERS.register(name) from hybridflow.rewards, in a module listed in "
-                      "trainer.import_modules)")
 
 
 def check_async_reward(cfg: PPOConfig, errors: list[str]) -> None:

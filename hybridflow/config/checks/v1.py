@@ -42,10 +42,6 @@ def check_v1_config(cfg, errors: list[str], notes: list[str]) -> None:
     if mode not in V1_MODES:
         errors.append(f"trainer.v1.trainer_mode={mode!r}; choose one of: {', '.join(V1_MODES)}")
         return
-    if cfg.async_training.mode != "sync":
-        errors.append(f"async_training.mode={cfg.async_training.mode} with trainer.use_v1=true: the V1 trainer picks its "
-                      "controller with trainer.v1.trainer_mode (sync | colocate_async | separate_async); remove "
-                      "async_training.mode, or set trainer.use_v1=false to run the experimental entry points")
     for key in changed:
         modes = MODE_OF_KEY.get(key)
         if key.startswith(("colocate_async.", "separate_async.")) and key.split(".")[0] != mode and modes is None:

@@ -5,7 +5,7 @@ model (a causal LM, ``reward_model.model.path``, beside a frozen reference) is t
 outcome labels in its own update step of the dataflow, and its token-level rewards are combined with the outcome
 rewards through leave-one-out baselines (``algorithm.reward_dpo_coef`` / ``reward_gt_coef``).  Prompts are
 over-sampled and filtered by accuracy (``data.oversample_factor``, ``data.filter_accuracy``).  Config:
-``hybridflow/config/prime_trainer.yaml``; the stages: ``hybridflow/trainer/prime.py``.
+``hybridflow/config/prime_trainer.yaml``; the stages: ``hybridflow/trainer/hooks/prime.py``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Self-play fine-tuning (Chen et al. 2024, arXiv:2401.01335) as online DPO: per pr
 the better of two samples by reward (verl-recipe, ``algorithm.dpo_pairs=reward``) or the dataset's answer over the
 model's own sample (the paper, ``dpo_pairs=reference``) -- trained with the DPO loss (``actor.dpo_beta``,
 ``algorithm.dpo_loss_type``) against a reference refreshed from the actor every ``trainer.ref_update_freq`` steps.
-Config: ``hybridflow/config/spin_trainer.yaml``; the step: ``hybridflow/trainer/spin.py``.
+Config: ``hybridflow/config/spin_trainer.yaml``; the step: ``hybridflow/trainer/hooks/spin.py``.
 """
 
 from __future__ import annotations

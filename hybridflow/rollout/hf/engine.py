@@ -62,7 +62,7 @@ def rollout_compute_dtype(dtype: str | torch.dtype | None, device: torch.device,
 
     * CUDA: ``dtype`` (``bfloat16`` by default) -- autocast over the shared fp32 master weights, K/V cached
       in that dtype.  It must be the actor's compute dtype (``actor.fsdp_config.dtype``) wherever the
-      rollout's log-probs stand in for pi_old; ``hybridflow.config.validate`` refuses a mismatch.
+      rollout's log-probs stand in for pi_old; ``config/checks/machine.check_rollout_precision`` refuses a mismatch.
     * CPU: the weights' dtype (fp32), whatever ``dtype`` says -- as the actor, which computes in fp32 on CPU.
       Measured on this project's CPU (2 cores, avx512_bf16, Qwen2 ``medium`` 20M, 32 x 32 tokens): bf16
       autocast decodes no faster (9.8-11.6 vs 9.9-10.7 CPU-s) and moves the sampled tokens' log-probs by

@@ -27,7 +27,7 @@ import shutil
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
 
@@ -35,6 +35,9 @@ from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
 from hybridflow.rollout.sampling_params import SamplingParams, engine_request_settings
 from hybridflow.rollout.service.server_process import ServerProcess, ServerProcessError
 from hybridflow.rollout.weights.transfer import model_config, shm_folder, with_tied_head, write_safetensors_folder
+
+if TYPE_CHECKING:
+    from hybridflow.config.schema import RolloutConfig
 
 __all__ = ["SGLangRolloutEngine", "SGLangServerProcess", "SGLangServerError", "sglang_server_args",
            "UNVERIFIED_NOTICE"]
@@ -95,7 +98,7 @@ class SGLangRolloutEngine(RolloutEngine):
     ``eos_token_ids`` join every request's stop set unless it sets ``ignore_eos`` (the server skips its tokenizer).
     """
 
-    def __init__(self, model_path: str, rollout_config: Any = None, server_args: list[str] | None = None, *,
+    def __init__(self, model_path: str, rollout_config: RolloutConfig | None = None, server_args: list[str] | None = None, *,
                  tokenizer: Any = None, eos_token_ids: int | Iterable[int] | None = None, seed: int = 0,
                  free_cache_engine: bool = True, log_dir: str | None = None, start_timeout_s: float = 900.0,
                  name: str = "sglang"):

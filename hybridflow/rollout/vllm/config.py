@@ -29,9 +29,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hybridflow.rollout.multi_modal import vision_model_type
+
 __all__ = ["VLLM_CPU_REFUSED", "vllm_cpu_model_error", "cpu_safe_chunking", "vllm_engine_kwargs",
            "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket",
-           "VLLM_EXTRA_HINT", "text_only_engine_error", "vision_model_type", "vllm_vision_settings",
+           "VLLM_EXTRA_HINT", "vllm_vision_settings",
            "VLLM_VISION_MODEL_TYPES"]
 
 VLLM_EXTRA_HINT = (
@@ -41,33 +43,6 @@ VLLM_EXTRA_HINT = (
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2}
 _MIN_KV_BYTES = 64 << 20
-
-
-def vision_model_type(model_path: str) -> str | None:
-    """The ``model_type`` of a local vision-language checkpoint (its ``config.json`` has a ``vision_config``),
-    else ``None`` (text models, and hub ids without a local folder: the trainer's processor check catches those)."""
-    cfg_file = Path(os.path.expanduser(str(model_path))) / "config.json"
-    if not cfg_file.is_file():
-        return None
-    data = json.loads(cfg_file.read_text())
-    if not isinstance(data.get("vision_config"), dict):
-        return None
-    return str(data.get("model_type"))
-
-
-def text_only_engine_error(model_path: str, engine: str = "sglang") -> str | None:
-    """Why the text-only ``engine`` adapter (sglang) cannot roll out the checkpoint at ``model_path``, or ``None``.
-
-    A vision-language checkpoint is refused: the sglang adapter passes no images (docs/vision.md).  The vllm
-    adapter generates with images; its checks are :func:`vllm_vision_settings`.
-    """
-    model_type = vision_model_type(model_path)
-    if model_type is None:
-        return None
-    return (f"actor_rollout_ref.rollout.name={engine}: the model at actor_rollout_ref.model.path={model_path} is a "
-            f"vision-language model (model_type {model_type!r}), but the {engine} rollout adapter is text-only here "
-            "(it cannot pass images). Set actor_rollout_ref.rollout.name=hf, which generates with images "
-            "(docs/vision.md)")
 
 
 # Vision-language model types the vllm adapter generates with (docs/vision.md).  Qwen2.5-VL is not among them:

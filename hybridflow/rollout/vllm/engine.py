@@ -44,7 +44,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -77,6 +77,9 @@ from hybridflow.rollout.weights.transfer import (
     write_safetensors_folder,
 )
 
+if TYPE_CHECKING:
+    from hybridflow.config.schema import RolloutConfig
+
 __all__ = ["VLLMRolloutEngine", "RolloutEngineStartError", "RolloutEngineDeadError", "require_vllm"]
 
 logger = logging.getLogger(__name__)
@@ -107,7 +110,7 @@ class VLLMRolloutEngine(RolloutEngine):
     def __init__(
         self,
         model_path: str | None = None,
-        rollout_config: Any = None,
+        rollout_config: RolloutConfig | None = None,
         engine_args: dict[str, Any] | None = None,
         *,
         device: str | None = None,

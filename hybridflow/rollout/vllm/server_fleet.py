@@ -35,7 +35,7 @@ import concurrent.futures
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
@@ -51,6 +51,9 @@ from hybridflow.rollout.weights.transfer import (
     write_lora_adapter,
     write_safetensors_folder,
 )
+
+if TYPE_CHECKING:
+    from hybridflow.config.schema import PPOConfig
 
 __all__ = ["VLLMServerFleet", "LORA_NAME"]
 
@@ -297,7 +300,7 @@ class VLLMServerFleet(RolloutFleet):
             raise VLLMServerError(f"stopping the vLLM servers failed: {errors[0]}")
 
     @classmethod
-    def from_config(cls, config: Any, weights_source: WeightsSource, device: str) -> "VLLMServerFleet":
+    def from_config(cls, config: PPOConfig, weights_source: WeightsSource, device: str) -> "VLLMServerFleet":
         """Standalone replicas for a training run (``actor_rollout_ref.hybrid_engine=false``): as many servers as
         the rollout pool's devices hold engines (``rollout.nnodes x rollout.n_gpus_per_node / (TP x DP x PP)``,
         at least one; one on CPU), started from ``model.path`` and then given the actor's weights."""

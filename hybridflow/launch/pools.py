@@ -1,5 +1,5 @@
-"""A role on a resource pool of its own (the reward model, the judge, each teacher): the pool, its worker group,
-and the closers that give both back when the run ends."""
+"""A role on a resource pool of its own (the reward model, the judge, each teacher, the rollout replicas): the
+pool, its worker group, and the closers that give both back when the run ends."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""The processes of one run: the backend (Ray or in-process), the resource pool, the role worker groups and the
-rollout service over them.
+"""The processes of one run: the backend (Ray or in-process), the resource pools and the role worker groups.
 
 ``create_workers`` starts the backend and one colocated process per device (actor+rollout+ref, critic and reward
 model as roles of the same process: HybridFlow's colocated placement) without loading a model; ``init_models``
-loads them once the LR horizon is known; ``start_rollout_service`` puts the agent-loop manager over the replicas
-(the hybrid engine, standalone vLLM servers or hf replicas on their own pool). ``RuntimeStart`` overlaps Ray's
-start-up with the driver's own work. ``Runtime.close()`` releases everything in reverse order.
+loads them once the LR horizon is known. ``RuntimeStart`` overlaps Ray's start-up with the driver's own work.
+``Runtime.close()`` releases everything in reverse order.
 """
 
 from __future__ import annotations
@@ -15,18 +13,18 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from hybridflow.trainer.run_inputs import load_processor_for, load_tokenizer_for
+from hybridflow.launch.cpu_threads import cpu_threads_per_process
+from hybridflow.launch.roles import extra_colocated_roles, start_pooled_roles
 
 if TYPE_CHECKING:
     from hybridflow.trainer.stages import WorkerGroups
 
-__all__ = ["Runtime", "RuntimeStart", "build_runtime", "create_workers", "init_models", "pool_options",
-           "resolve_device", "start_judge_service", "start_rollout_service"]
+__all__ = ["Runtime", "RuntimeStart", "create_workers", "init_models", "pool_options", "resolve_device"]
 
 
 @dataclass
 class Runtime:
-    """What ``build_runtime`` created; ``close()`` releases worker groups, reward pools and Ray."""
+    """What the launch started; ``close()`` releases worker groups, reward pools and Ray."""
 
     groups: WorkerGroups
     n_devices: int
@@ -70,8 +68,6 @@ def pool_options(config) -> dict[str, Any]:
         return {}
     options: dict[str, Any] = {"ready_timeout_s": float(config.trainer.ray_wait_register_center_timeout)}
     if resolve_device(config) == "cpu":
-        from hybridflow.trainer.cpu_threads import cpu_threads_per_process
-
         options["threads_per_worker"] = cpu_threads_per_process(config)
     return options
 
@@ -79,61 +75,21 @@ def pool_options(config) -> dict[str, Any]:
 def create_workers(config, owns_ray: bool = False) -> Runtime:
     """Start the backend and the role worker processes, without loading any model yet.
 
-    With Ray this is the slow part of start-up (``ray.init``, then one process per rank that imports torch),
-    which is why :func:`train_ppo` runs it in a background thread while it builds data and rewards (after
-    starting Ray itself on its own thread, ``owns_ray``: see :class:`RuntimeStart`); the
-    models are loaded afterwards by :func:`init_models`, once the LR horizon is known. On failure everything
-    started so far is released before the error propagates, so no Ray instance or worker is left behind.
+    With Ray this is the slow part of start-up (``ray.init``, then one process per rank that imports torch), which
+    is why the launch runs it in a background thread while it builds data and rewards (after starting Ray itself
+    on its own thread, ``owns_ray``: see :class:`RuntimeStart`); the models are loaded afterwards by
+    :func:`init_models`, once the LR horizon is known. On failure everything started so far is released before
+    the error propagates, so no Ray instance or worker is left behind.
     """
     from hybridflow.trainer.stages import WorkerGroups
 
-    tcfg = config.trainer
-    backend = tcfg.backend
     use_gpu = resolve_device(config) == "cuda"
     runtime = Runtime(groups=WorkerGroups(actor_rollout=None), n_devices=0, dp_size=0)
     try:
-        if backend == "ray":  # first: the worker-class imports below need no Ray, Ray's start is the long pole
-            import ray
-
-            from hybridflow.controller.ray_init import init_ray
-
-            started_here = owns_ray or not ray.is_initialized()  # owns_ray: the caller started it for this run
-            init_ray(dict(config.ray_kwargs.ray_init))
-            if started_here:
-                runtime._closers.append(ray.shutdown)
-        from hybridflow.controller import (
-            ClassWithInitArgs,
-            create_colocated_worker_cls,
-            create_resource_pool,
-            create_worker_group,
-        )
-        from hybridflow.agents.loop_manager import rollout_stream_threads
-        from hybridflow.rollout.service.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
-        from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
-
-        process_on_nodes = [1] if backend == "local" else [tcfg.n_gpus_per_node] * tcfg.nnodes
-        pool = create_resource_pool(backend, process_on_nodes, use_gpu=use_gpu, **pool_options(config))
-        release = getattr(pool, "release", None)
-        if callable(release):
-            runtime._closers.append(release)
-        # HybridFlow's colocated placement: every role lives in the same process per device, so the models
-        # run one after another on the same devices and never wait for each other's resources.
-        class_dict = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config.actor_rollout_ref,
-                                                         _actor_role(config))}
-        if config.use_critic:
-            from hybridflow.workers.critic import CriticWorker
-
-            class_dict["critic"] = ClassWithInitArgs(CriticWorker, config.critic)
-        from hybridflow.trainer.runtime_roles import extra_colocated_roles, start_pooled_roles
-
-        roles, colocated_teachers = extra_colocated_roles(config)  # reward model, judge, teachers
-        class_dict.update(roles)
-        host_cls = create_colocated_worker_cls(class_dict)
-        # Rollout requests from the agent loops run in their own thread pool beside the dispatched calls.
-        host_cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: rollout_stream_threads(config)}
-        host = create_worker_group(backend, pool, host_cls, role="colocated")
-        runtime._closers.append(host.shutdown)
-        views = host.spawn(class_dict)
+        if config.trainer.backend == "ray":  # first: the worker-class imports need no Ray, Ray's start is the long pole
+            _start_ray(config, owns_ray, runtime)
+        pool = _trainer_pool(config, use_gpu, runtime)
+        views, colocated_teachers = _colocated_host(config, pool, runtime)
         teachers = start_pooled_roles(config, views, colocated_teachers, use_gpu, runtime._closers,
                                       pool_options(config))
     except BaseException:
@@ -148,37 +104,53 @@ def create_workers(config, owns_ray: bool = False) -> Runtime:
     return runtime
 
 
-def start_rollout_service(runtime: Runtime, config, tokenizer, reward_fn=None, processor=None) -> None:
-    """The rollout service over the loaded workers: one replica per actor/rollout rank (the hybrid engine)
-    and the agent-loop manager (``rollout.agent.num_workers`` workers) that the trainer generates with.
-    ``reward_fn`` (the training reward manager) scores trajectories in the agent loops when verl's reward
-    loop applies and the backend is local. ``processor``: a vision-language model's (loaded when not given)."""
-    from hybridflow.agents import AgentLoopManager
-    from hybridflow.rollout.service.fleet import HybridFleet
+def _start_ray(config, owns_ray: bool, runtime: Runtime) -> None:
+    import ray
 
-    arr = config.actor_rollout_ref
-    if arr.hybrid_engine:
-        fleet = HybridFleet(runtime.groups.actor_rollout)
-    elif arr.rollout.name == "vllm":  # standalone vLLM server processes, fed the actor's weights after every update
-        from hybridflow.rollout.vllm.server_fleet import VLLMServerFleet
-        from hybridflow.trainer.rollout_pool import ActorWeightExport, rollout_pool_devices
+    from hybridflow.controller.ray_init import init_ray
 
-        fleet = VLLMServerFleet.from_config(config, ActorWeightExport(runtime.groups.actor_rollout),
-                                            resolve_device(config))
-        runtime._closers.append(fleet.shutdown)
-        runtime.n_devices += rollout_pool_devices(config)
-    else:  # hf replicas on the rollout pool, fed weights by the checkpoint engine
-        from hybridflow.trainer.rollout_pool import rollout_pool_devices, start_standalone_fleet
+    started_here = owns_ray or not ray.is_initialized()  # owns_ray: the caller started it for this run
+    init_ray(dict(config.ray_kwargs.ray_init))
+    if started_here:
+        runtime._closers.append(ray.shutdown)
 
-        fleet = start_standalone_fleet(config, runtime.groups.actor_rollout, resolve_device(config) == "cuda",
-                                       runtime._closers)
-        runtime.n_devices += rollout_pool_devices(config)
-    if processor is None:
-        processor = load_processor_for(config)
-    manager = AgentLoopManager(config, fleet, config.trainer.backend, tokenizer=tokenizer, processor=processor,
-                               reward_manager=reward_fn)
-    runtime._closers.append(manager.shutdown)
-    runtime.groups.rollout = manager
+
+def _trainer_pool(config, use_gpu: bool, runtime: Runtime):
+    """The trainer pool: ``trainer.nnodes x n_gpus_per_node`` processes (one in this process with ``local``)."""
+    from hybridflow.controller import create_resource_pool
+
+    tcfg = config.trainer
+    process_on_nodes = [1] if tcfg.backend == "local" else [tcfg.n_gpus_per_node] * tcfg.nnodes
+    pool = create_resource_pool(tcfg.backend, process_on_nodes, use_gpu=use_gpu, **pool_options(config))
+    release = getattr(pool, "release", None)
+    if callable(release):
+        runtime._closers.append(release)
+    return pool
+
+
+def _colocated_host(config, pool, runtime: Runtime) -> tuple[dict[str, Any], dict]:
+    """HybridFlow's colocated placement: every role lives in the same process per device (actor+rollout+ref, critic,
+    reward model, a colocated judge or teachers), so the models run one after another on the same devices and
+    never wait for each other's resources. Returns the role views and the colocated teachers."""
+    from hybridflow.agents.loop_manager import rollout_stream_threads
+    from hybridflow.controller import ClassWithInitArgs, create_colocated_worker_cls, create_worker_group
+    from hybridflow.rollout.service.replica import RAY_ROLLOUT_CONCURRENCY_GROUP
+    from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+    class_dict = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config.actor_rollout_ref,
+                                                     _actor_role(config))}
+    if config.use_critic:
+        from hybridflow.workers.critic import CriticWorker
+
+        class_dict["critic"] = ClassWithInitArgs(CriticWorker, config.critic)
+    roles, colocated_teachers = extra_colocated_roles(config)  # reward model, judge, teachers
+    class_dict.update(roles)
+    host_cls = create_colocated_worker_cls(class_dict)
+    # Rollout requests from the agent loops run in their own thread pool beside the dispatched calls.
+    host_cls.concurrency_groups = {RAY_ROLLOUT_CONCURRENCY_GROUP: rollout_stream_threads(config)}
+    host = create_worker_group(config.trainer.backend, pool, host_cls, role="colocated")
+    runtime._closers.append(host.shutdown)
+    return host.spawn(class_dict), colocated_teachers
 
 
 def init_models(runtime: Runtime, total_training_steps: int | None = None) -> None:
@@ -193,21 +165,8 @@ def init_models(runtime: Runtime, total_training_steps: int | None = None) -> No
         view.init_model(total_training_steps=total_training_steps)  # PRIME's PRM trains: it needs the horizon
 
 
-def build_runtime(config, tokenizer=None, total_training_steps: int | None = None) -> Runtime:
-    """Start the backend and the role worker groups and load their models (``create_workers`` +
-    ``init_models``); ``total_training_steps`` defaults to the one written into the optim configs."""
-    runtime = create_workers(config)
-    try:
-        init_models(runtime, total_training_steps)
-        start_rollout_service(runtime, config, tokenizer if tokenizer is not None else load_tokenizer_for(config))
-    except BaseException:
-        runtime.close()
-        raise
-    return runtime
-
-
 class RuntimeStart:
-    """The worker start-up of ``train_ppo``: in a background thread for Ray, inline for ``local``.
+    """The worker start-up of a run: in a background thread for Ray, inline for ``local``.
 
     Ray's start-up (``ray.init``: GCS, raylet and agent processes; then each worker process importing torch)
     takes several seconds and needs nothing the driver builds next (tokenizer, datasets, reward managers), so
@@ -274,13 +233,3 @@ class RuntimeStart:
         if self._runtime is not None:
             self._runtime.close()
             self._runtime = None
-
-
-def start_judge_service(config, runtime):
-    """The judge of ``reward_model.rollout.name`` (``None`` without one); stopped with the runtime."""
-    from hybridflow.trainer.judge_service import JUDGE_ROLE, judge_enabled, start_judge
-
-    if not judge_enabled(config):
-        return None
-    return start_judge(config, runtime.views.get(JUDGE_ROLE), resolve_device(config) == "cuda", runtime._closers,
-                       pool_options(config))

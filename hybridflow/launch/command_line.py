@@ -20,7 +20,8 @@ def config_error_text(e) -> str:
 
 def load_trainer_config(argv: list[str]):
     """Parse a verl-style command line into (PPOConfig, CommandLine); exits 2 with messages on error."""
-    from hybridflow.config import ConfigError, ConfigWarning, load_config, parse_command_line
+    from hybridflow.config import ConfigError, ConfigWarning, parse_command_line
+    from hybridflow.launch.config import load_config
 
     try:
         cl = parse_command_line(argv)
@@ -39,7 +40,7 @@ def load_trainer_config(argv: list[str]):
 def check_trainer_run(cfg) -> bool:
     """The check pipeline's run stage (files, device, output folders); prints its problems and returns False."""
     from hybridflow.config import ConfigError, ConfigWarning
-    from hybridflow.config.checks.run_stage import check_for_run
+    from hybridflow.launch.config import check_for_run
 
     try:
         with warnings.catch_warnings(record=True) as caught:

@@ -2,9 +2,9 @@
 
 Self-play fine-tuning (Chen et al. 2024, arXiv:2401.01335) trains the policy to prefer a target over its own
 previous iterate's sample, with the DPO loss against that previous iterate as the reference.  The step reuses the
-PPO step's stages -- generation and scoring (``collect_batch``), the reference refresh
-(``trainer.ref_update_freq``) and ``compute_ref_log_prob``, the weight push -- and replaces the stages between
-them: there is no old-log-prob pass, no advantage and no PPO update; the batch is turned into (chosen, rejected)
+PPO step's stages -- generation and scoring (``ppo_step.collect``), the reference refresh
+(``trainer.ref_update_freq``) and ``compute_ref_log_prob``, the weight push -- and its hook replaces the stages
+between them: there is no old-log-prob pass, no advantage and no PPO update; the batch is turned into (chosen, rejected)
 pairs and the actor takes the DPO update (``update_actor_dpo``, ``workers/dpo_actor.py``).
 
 Pairs (``algorithm.dpo_pairs``):
@@ -30,11 +30,12 @@ from hybridflow.algorithms.preference import compute_onlinedpo_pref
 from hybridflow.protocol import DataProto
 from hybridflow.tracking.metrics import reduce_metrics
 from hybridflow.trainer import stages
-from hybridflow.trainer.ppo_trainer import PPOTrainer
-from hybridflow.trainer.stages import timed
+from hybridflow.trainer.hooks import StageHook
+from hybridflow.trainer.ppo_step import refresh_reference_if_due
+from hybridflow.trainer.step_log import StepLog
 from hybridflow.workers.dpo_actor import DPO_SETTINGS, DpoSettings
 
-__all__ = ["SpinTrainer", "reward_pairs", "reference_pairs", "pad_pairs"]
+__all__ = ["SpinHook", "reward_pairs", "reference_pairs", "pad_pairs"]
 
 
 def reward_pairs(batch: DataProto) -> tuple[DataProto, float]:
@@ -120,43 +121,49 @@ def pad_pairs(pairs: DataProto, dp_size: int) -> DataProto:
     return DataProto.concat([pairs, filler])
 
 
-class SpinTrainer(PPOTrainer):
-    """The PPO controller with SPIN's stages between scoring and the weight push (see the module docstring)."""
+class SpinHook(StageHook):
+    """SPIN's update in place of PPO's stages between scoring and the weight push (see the module docstring)."""
 
-    def train_on_batch(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
+    name = "spin"
+
+    def __init__(self, config):
+        self.config = config
+
+    def train(self, run, batch: DataProto, log: StepLog) -> DataProto:
         cfg = self.config
         algo, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
-        with timed("pairs", timing):
+        with log.timed("pairs"):
             if algo.dpo_pairs == "reward":
                 pairs, skipped = reward_pairs(batch)
                 rows_per_prompt = 2
             else:
-                pairs, skipped = reference_pairs(batch, self.tokenizer, algo.dpo_reference_field)
+                pairs, skipped = reference_pairs(batch, run.tokenizer, algo.dpo_reference_field)
                 rows_per_prompt = 2 * int(cfg.actor_rollout_ref.rollout.n)
-        metrics["spin/tie_fraction"] = skipped
-        pairs = pad_pairs(pairs, self.dp_size)
+        log.metrics["spin/tie_fraction"] = skipped
+        pairs = pad_pairs(pairs, run.dp_size)
         pairs.meta_info.update(batch.meta_info)
         if not bool(pairs.batch["response_mask"].any()):
-            metrics["spin/skipped_step"] = 1.0  # every pair tied: no preference to learn from
+            log.metrics["spin/skipped_step"] = 1.0  # every pair tied: no preference to learn from
             return batch
-        self.refresh_reference_if_due(timing)
-        with timed("ref", timing):
-            stages.compute_ref_log_prob(self.groups, pairs)
+        refresh_reference_if_due(run, log)
+        with log.timed("ref"):
+            stages.compute_ref_log_prob(run.groups, pairs)
         pairs.meta_info[DPO_SETTINGS] = DpoSettings(beta=float(actor.dpo_beta), loss_type=algo.dpo_loss_type,
                                                     label_smoothing=float(algo.dpo_label_smoothing),
                                                     rows_per_prompt=rows_per_prompt)
         pairs.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
-        with timed("update_actor", timing):
-            out = self.groups.actor_rollout.update_actor_dpo(pairs)
-            metrics.update(reduce_metrics(out.meta_info.get("metrics", {})))
-        self.push_weights(timing, metrics)
+        with log.timed("update_actor"):
+            out = run.groups.actor_rollout.update_actor_dpo(pairs)
+            log.update(reduce_metrics(out.meta_info.get("metrics", {})))
+        run.weights.after_update(run, log)
         return batch
 
-    def finish_step_metrics(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
-        """verl's step metrics of the scored samples; SPIN computes no advantage, so none is reported."""
+    def before_step_metrics(self, batch: DataProto, log: StepLog) -> None:
+        """verl's step metrics of the scored samples; SPIN computes no advantage (zeros stand in for them)."""
         b = batch.batch
         b["token_level_rewards"] = b["token_level_scores"]
         b["advantages"] = b["returns"] = torch.zeros_like(b["token_level_scores"])
-        super().finish_step_metrics(batch, timing, metrics)
+
+    def after_step_metrics(self, metrics: dict[str, float]) -> None:
         for key in [k for k in metrics if k.startswith(("critic/advantages/", "critic/returns/"))]:
             del metrics[key]

@@ -1,7 +1,7 @@
 """PRIME's stages (verl-recipe's ``prime``): over-sampled prompts filtered by accuracy, the implicit PRM's own
 update step, and PRIME's advantage -- on the PPO step, which stays as it is otherwise.
 
-* ``generate_and_score``: the loader hands ``data.oversample_factor`` times the batch (``data.gen_batch_size`` is
+* ``after_scoring``: the loader hands ``data.oversample_factor`` times the batch (``data.gen_batch_size`` is
   set to it at config time); after generation and rule scoring, each sample's outcome label ``acc`` (the scorer's
   ``acc`` when it returns one, else its score, clipped to [0, 1]) is written to the batch, and the prompts whose
   mean accuracy lies within ``data.accuracy_lower_bound..upper_bound`` (``filter_accuracy``) and whose samples
@@ -25,11 +25,11 @@ import torch
 
 from hybridflow.algorithms.prime import compute_dpo_accuracy, prime_norm
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.ppo_trainer import PPOTrainer
-from hybridflow.trainer.stages import timed
 from hybridflow.tracking.metrics import reduce_metrics
+from hybridflow.trainer.hooks import StageHook
+from hybridflow.trainer.step_log import StepLog
 
-__all__ = ["PrimeTrainer", "outcome_labels", "filter_and_downsample"]
+__all__ = ["PrimeHook", "outcome_labels", "filter_and_downsample"]
 
 
 def outcome_labels(batch: DataProto) -> torch.Tensor:
@@ -62,42 +62,44 @@ def filter_and_downsample(batch: DataProto, n: int, keep_prompts: int, data_cfg:
     return batch.select_idxs(rows), metrics
 
 
-class PrimeTrainer(PPOTrainer):
-    """The PPO step with PRIME's stages (see the module docstring)."""
+class PrimeHook(StageHook):
+    """PRIME's stages on the PPO step (see the module docstring)."""
 
+    name = "prime"
     advantage_estimator = "prime"
 
-    def generate_and_score(self, prompts: DataProto, timing: dict[str, float], metrics: dict[str, float],
-                           step: int | None = None) -> DataProto:
-        batch = super().generate_and_score(prompts, timing, metrics, step)
+    def __init__(self, config):
+        self.config = config
+
+    def after_scoring(self, run, batch: DataProto, log: StepLog) -> DataProto:
         cfg = self.config
         batch.batch["acc"] = outcome_labels(batch)
-        with timed("filter", timing):
-            batch, filter_metrics = filter_and_downsample(batch, self.plan.n, int(cfg.data.train_batch_size),
+        with log.timed("filter"):
+            batch, filter_metrics = filter_and_downsample(batch, run.plan.n, int(cfg.data.train_batch_size),
                                                           cfg.data, int(cfg.data.max_response_length))
-        metrics.update(filter_metrics)
+        log.update(filter_metrics)
         return batch
 
-    def before_advantage(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
+    def before_advantage(self, run, batch: DataProto, log: StepLog) -> None:
         cfg = self.config
-        rm = self.groups.reward_model
-        batch.meta_info["rollout_n"] = self.plan.n
+        rm = run.groups.reward_model
+        batch.meta_info["rollout_n"] = run.plan.n
         update = cfg.reward_model.model.update
-        with timed("update_reward_model" if update != "none" else "reward_model", timing):
+        with log.timed("update_reward_model" if update != "none" else "reward_model"):
             if update == "none":
                 out = rm.compute_rm_score(batch)
             else:
                 out = rm.update_rm(batch)
-                metrics.update(reduce_metrics(out.meta_info.get("metrics", {})))
+                log.update(reduce_metrics(out.meta_info.get("metrics", {})))
                 if update == "before":
                     out = rm.compute_rm_score(batch)
         process = prime_norm(out.batch["process_rewards"].float(), cfg.reward_model.prime_norm)
         batch.batch["process_rewards"] = process
         mask = batch.batch["response_mask"]
-        metrics["reward_model/reward"] = float((process * mask).sum(-1).mean())
-        metrics["reward_model/raw_reward"] = float((out.batch["prm_q"] * mask).sum(-1).mean())
-        metrics["reward_model/dpo_acc"] = float(compute_dpo_accuracy(process, batch.batch["acc"], mask,
-                                                                     batch.non_tensor_batch["uid"]))
+        log.metrics["reward_model/reward"] = float((process * mask).sum(-1).mean())
+        log.metrics["reward_model/raw_reward"] = float((out.batch["prm_q"] * mask).sum(-1).mean())
+        log.metrics["reward_model/dpo_acc"] = float(compute_dpo_accuracy(process, batch.batch["acc"], mask,
+                                                                         batch.non_tensor_batch["uid"]))
 
-    def trained_roles(self) -> dict[str, object]:
-        return {"reward_model": self.groups.reward_model}
+    def trained_roles(self, groups) -> dict[str, object]:
+        return {"reward_model": groups.reward_model}

@@ -1,0 +1,66 @@
+"""The two test tiers: ``make test`` (the fast proof) and ``make test-full`` (everything else). CI runs both.
+
+The fast tier is every test not listed here: unit tests, the fake-worker-group tests of every controller mode, and
+a handful of end-to-end scenarios run once per module and checked many ways (a local GRPO run that learns, an exact
+resume, the algorithms end to end, the modes on the real workers, the N-D engine's tensor/expert-parallel equality
+on gloo, every model family on two FSDP ranks, Ray's worker groups).
+The full tier holds the matrices: learning and Ray matrices, multi-rank scenarios, quickstarts, process-killing
+fault runs, verl's example command lines run for real, benchmarks' smoke runs.
+
+The split is a measurement: each entry is here because its module took long in a recorded run (``make test`` and
+``make test-full`` print ``--durations``; ``scripts/tier_report.py`` sums a JUnit report per module and per tier).
+Nothing is dropped: a test moved here still runs in CI (``.ci/run`` runs both tiers).
+"""
+
+from __future__ import annotations
+
+# paths relative to tests/ (a folder, a module, or a module::test prefix), with why they are not in the fast tier
+FULL_TIER: dict[str, str] = {
+    # end-to-end runs on Ray (a Ray instance and worker processes each): the fast tier keeps controller/
+    # test_ray_worker_group.py (dispatch, placement and failures on Ray) and the local-backend runs
+    "integration/": "end-to-end runs and their matrices (modes, recipes, VLM, verl's command lines, quickstarts)",
+    "agents/test_reward_loop.py": "reward loop on Ray vs in-process (two Ray runs)",
+    "agents/test_user_tool_run.py": "a user's tool class through GRPO, locally and on Ray",
+    "agents/test_agent_loops.py::test_user_agent_loop_from_yaml_trains_on_ray": "the same run on Ray",
+    "trainer/test_user_extensions.py::test_user_estimator_and_loss_from_their_own_file_train_two_steps[ray]": "on Ray",
+    "controller/test_ray_cli_cluster.py": "a two-node `ray start` cluster",
+    "controller/test_multinode.py": "multi-node Ray placement",
+    "faults/test_ray_console.py": "a Ray run's console output",
+    "faults/test_engine_fault_runs.py": "the real CLI run to an engine fault, one process per fault",
+    "faults/test_code_reward_hacks.py": "reward hacks scored in the sandbox, one run each",
+    "faults/test_resume_safety.py": "runs stopped and resumed",
+    "faults/test_training_faults.py": "runs interrupted by signals",
+    "workers/test_ray_actor_group.py": "the actor worker group on Ray",
+    "workers/test_vlm_distributed.py": "a VLM on two FSDP ranks",
+    "workers/test_actor_distributed.py": "the actor on two FSDP ranks",
+    "workers/test_dp_padding.py": "data-parallel padding on two ranks",
+    "engine/test_compiled_kernels.py": "torch.compile of the fused kernels",
+    "engine/test_sequence_parallel.py": "Ulysses equality on 2 and 4 gloo processes",
+    "engine/test_mixed_precision.py::test_fsdp2_on_two_gloo_ranks_uses_the_policy": "two gloo ranks",
+    "config/test_megatron_command_lines.py::test_scaled_qwen3_megatron_grpo_runs_a_step_on_ray": "a Ray run",
+    "trainer/test_main_ppo_startup.py": "Ray start-up with the driver's work in the background",
+    "compat/test_sft_compat.py": "verl's SFT trainer command lines run",
+    "tools/test_sandbox_fusion.py": "the SandboxFusion server and its client",
+    "benchmarks/": "the benchmark scripts' smoke runs",
+    "test_quiet_console.py": "the console of whole runs",
+    "rollout_vllm/": "vLLM (make test-vllm)",
+    "tracking/test_live_report_browser.py": "the live report in headless Chromium (Debian's chromium, .ci/run)",
+    "cli/test_user_errors.py": "every command fed its bad inputs, one process each (~3 min)",
+}
+
+# Fast-tier scenarios kept from the folders above: one end-to-end run of each kind.
+FAST_SCENARIOS: tuple[str, ...] = (
+    "integration/test_learning.py",  # a local GRPO run whose reward must climb, checked many ways
+    "integration/test_resume.py",  # an exact resume
+    "integration/test_algorithms_local.py",  # every estimator end to end on the local backend
+    "integration/test_v1_trainer.py",  # verl 0.9's V1 modes on the real workers
+    "integration/test_async_training.py",  # one-step-off and fully async on the real workers
+    "integration/test_examples.py",  # the shipped example scripts validate
+)
+
+
+def in_full_tier(rel: str) -> bool:
+    """Whether the test at ``rel`` (its node id relative to tests/) runs only in ``make test-full``."""
+    if rel.startswith(FAST_SCENARIOS):
+        return False
+    return any(rel.startswith(prefix) for prefix in FULL_TIER)
