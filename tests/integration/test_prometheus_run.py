@@ -16,7 +16,8 @@ pytest.importorskip("prometheus_client")
 def test_a_running_trainer_serves_its_metrics(nano_model_dir, addition_data, tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
-    from hybridflow.config import config_to_dict, load_config
+    from hybridflow.config import config_to_dict
+    from hybridflow.launch.config import load_config
     from hybridflow.tracking import Tracking
     from hybridflow.trainer.main_ppo import train_ppo
 

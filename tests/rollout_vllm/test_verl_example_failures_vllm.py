@@ -18,7 +18,8 @@ import textwrap
 
 import pytest
 
-from hybridflow.config import ConfigError, load_config, parse_command_line
+from hybridflow.config import ConfigError, parse_command_line
+from hybridflow.launch.config import load_config
 from verl_examples import SECTIONS
 from vllm_helpers import tiny_command_line
 

@@ -77,7 +77,8 @@ def test_a_port_in_use_names_the_key(tmp_path):
 
 
 def test_prometheus_keys_without_the_logger_are_refused_at_config_time():
-    from hybridflow.config import ConfigError, load_config
+    from hybridflow.config import ConfigError
+    from hybridflow.launch.config import load_config
 
     base = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "critic.ppo_micro_batch_size_per_gpu=8"]
     with pytest.raises(ConfigError, match="trainer.logger has no 'prometheus'"):
