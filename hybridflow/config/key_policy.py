@@ -138,15 +138,14 @@ INERT: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.grad_offload",
             "gradients are freed after every optimizer step (zero_grad(set_to_none)), so between phases there is no "
             "gradient buffer to offload; param_offload and optimizer_offload act"),
-    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.virtual_pipeline_model_parallel_size",
-            "interleaved pipeline stages; pipeline_model_parallel_size > 1 is refused"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{use_mbridge,vanilla_mbridge}",
             "the bridge between Hugging Face and Megatron-core weights; the engine loads and saves Hugging Face "
             "models directly"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{override_transformer_config,override_ddp_config}",
             "Megatron-LM's TransformerConfig and DDP options (kernel fusions, recompute, attention backend, gradient "
             "buckets); recompute here is actor_rollout_ref.model.enable_gradient_checkpointing and gradients reduce "
-            "through FSDP2"),
+            "through FSDP2. Two of its keys act: num_layers_in_{first,last}_pipeline_stage place layers on the "
+            "end pipeline stages"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{dist_checkpointing_prefix,dist_ckpt_optim_fully_reshardable,"
             "distrib_optim_fully_reshardable_mem_efficient}",
             "options of Megatron's distributed checkpoints (refused); checkpoints here always resume on another "
@@ -267,12 +266,13 @@ ACTS: tuple[KeyRule, ...] = (
             "dp trains with FSDP2; megatron puts the actor, reference and critic on strategy=megatron (the "
             "torch-native N-D engine); other engines are refused (config/checks/megatron.py)"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{tensor_model_parallel_size,expert_model_parallel_size,expert_tensor_parallel_size,"
-            "pipeline_model_parallel_size,context_parallel_size,param_offload,optimizer_offload,"
-            "use_distributed_optimizer}",
-            "with <role>.strategy=megatron: the tp / ep dimensions of the role's mesh (ep inside dp, or over "
-            "dp x cp x tp blocks as Megatron when it does not divide dp), context parallelism as Ulysses, offload "
-            "through the role's fsdp_config; pipeline > 1, expert tensor parallelism > 1 and a replicated optimizer "
-            "are refused with the reason (config/checks/megatron.py, docs/parallelism.md)"),
+            "pipeline_model_parallel_size,virtual_pipeline_model_parallel_size,pipeline_schedule,context_parallel_size,"
+            "param_offload,optimizer_offload,use_distributed_optimizer}",
+            "with <role>.strategy=megatron: the tp / ep / pp dimensions of the role's mesh (ep inside dp, or over "
+            "dp x cp x tp blocks as Megatron when it does not divide dp; pp stages, interleaved with virtual stages), "
+            "context parallelism as Ulysses, offload through the role's fsdp_config; expert tensor parallelism > 1 "
+            "and a replicated optimizer are refused with the reason (config/checks/megatron.py, "
+            "docs/parallelism.md)"),
     KeyRule("{actor_rollout_ref.actor,critic}.optim.{lr_decay_style,min_lr}",
             "Megatron's spelling of the schedule: lr_decay_style constant | cosine sets lr_scheduler_type, min_lr sets "
             "min_lr_ratio = min_lr / lr; other decay styles are refused (config/checks/megatron.py)"),

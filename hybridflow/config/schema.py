@@ -82,6 +82,7 @@ class DataConfig(DataRecipeKeys):
     filter_overlong_prompts: bool
     filter_overlong_prompts_workers: int
     truncation: str
+    max_row_bytes: int  # hybridflow: rows larger than this are refused when read (before tokenizing)
     image_key: str
     video_key: str
     audio_key: str

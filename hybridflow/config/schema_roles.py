@@ -84,7 +84,7 @@ class FSDPConfig:
 @dataclass(**KW)
 class MegatronConfig:
     """verl's ``<role>.megatron`` node.  With ``<role>.strategy=megatron`` the parallel sizes lay out the torch-native
-    N-D engine (tp, ep; context parallelism as Ulysses) and the offload keys act through the role's FSDP settings;
+    N-D engine (tp, ep, pp; context parallelism as Ulysses) and the offload keys act through the role's FSDP settings;
     the rest are Megatron-LM internals, inert or refused (``config/checks/megatron.py``, ``key_policy``)."""
 
     tensor_model_parallel_size: int = 1
@@ -92,6 +92,7 @@ class MegatronConfig:
     expert_tensor_parallel_size: Optional[int] = None
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: Optional[int] = None
+    pipeline_schedule: str = "1f1b"  # hybridflow-only: 1f1b | gpipe (virtual stages: interleaved 1F1B)
     context_parallel_size: int = 1
     sequence_parallel: bool = True
     use_distributed_optimizer: bool = True
@@ -522,6 +523,7 @@ class RewardModelConfig(PrimeRewardModelKeys):
     num_workers: int
     timeout_s: float
     error_score: float
+    worker_memory_mb: int  # hybridflow-only: a scoring process past this resident memory is replaced
     use_reward_loop: bool
     sandbox_fusion: SandboxFusionConfig
     ulysses_sequence_parallel_size: int

@@ -39,6 +39,19 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         self.actor_options.update(options)
 
 
+def _remote_class(cls_with_init: ClassWithInitArgs):
+    """The Ray actor class of a worker class (with its ``concurrency_groups``); a class already made remote passes."""
+    import ray
+
+    groups = dict(getattr(cls_with_init, "concurrency_groups", {}))
+    if hasattr(cls_with_init.cls, "remote"):
+        if groups:
+            raise ValueError(f"{cls_with_init!r}: pass the plain class (not ray.remote(cls)) to use "
+                             f"concurrency_groups {sorted(groups)}")
+        return cls_with_init.cls
+    return ray.remote(concurrency_groups=groups)(cls_with_init.cls) if groups else ray.remote(cls_with_init.cls)
+
+
 def _placement(pgs: list, local_ranks) -> list[tuple[str, str]]:
     """(node id, node IP) of every rank: the node Ray placed its placement-group bundle on."""
     import ray
@@ -141,59 +154,56 @@ class RayWorkerGroup(WorkerGroup):
 
     # ------------------------------------------------------------------ start-up
     def _create_workers(self, cls_with_init: ClassWithInitArgs) -> None:
-        import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         pool = self.resource_pool
         pgs = pool.get_placement_groups()
-        groups = dict(getattr(cls_with_init, "concurrency_groups", {}))
-        if hasattr(cls_with_init.cls, "remote"):
-            if groups:
-                raise ValueError(f"{cls_with_init!r}: pass the plain class (not ray.remote(cls)) to use "
-                                 f"concurrency_groups {sorted(groups)}")
-            remote_cls = cls_with_init.cls
-        else:
-            remote_cls = ray.remote(concurrency_groups=groups)(cls_with_init.cls) if groups else ray.remote(cls_with_init.cls)
+        remote_cls = _remote_class(cls_with_init)
         options = dict(getattr(cls_with_init, "actor_options", {}))
         runtime_env = dict(options.pop("runtime_env", {}))
         user_env = dict(runtime_env.pop("env_vars", {}))
-        threads = str(pool.threads_per_worker)
-        world = pool.world_size
         for rank, (node, local_rank, local_world) in enumerate(pool.local_ranks()):
-            env = {
-                **user_env,
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(local_rank),
-                "LOCAL_WORLD_SIZE": str(local_world),
-                "MASTER_ADDR": "",  # rank 0 picks them in its constructor; the others get them below
-                "MASTER_PORT": "",
-                "OMP_NUM_THREADS": threads,
-                ENV_NUM_THREADS: threads,
-                ENV_DEVICE: "cuda" if pool.use_gpu else "cpu",
-                ENV_ROLE: self.role,
-            }
             actor = remote_cls.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pgs[node], placement_group_bundle_index=local_rank
                 ),
-                runtime_env={**runtime_env, "env_vars": env},
+                runtime_env={**runtime_env, "env_vars": {**user_env, **self._rank_env(rank, local_rank, local_world)}},
                 max_restarts=0,
                 **pool.actor_resources,
                 **options,
             ).remote(*cls_with_init.args, **cls_with_init.kwargs)
             self._workers.append(actor)
-        # All constructors run in parallel (start-up is dominated by importing torch in each process);
-        # the rendezvous address is only needed later, by init_distributed.
-        init = CallInfo(self.role, self._worker_cls.__name__, "__init__", tuple(range(world)))
-        wait_for_outputs([w.__ray_ready__.remote() for w in self._workers], init, self.poll_interval_s)
-        addr_port = wait_for_outputs([self._workers[0]._get_master_addr_port.remote()], init, self.poll_interval_s)[0]
-        refs = [w._set_master_addr_port.remote(*addr_port) for w in self._workers[1:]]
-        wait_for_outputs(refs, init, self.poll_interval_s)
+        self._wait_for_constructors()
         self.placement = _placement(pgs, pool.local_ranks())
         if len({node for node, _ in self.placement}) > 1:  # a multi-node group says where its ranks run
             where = ", ".join(f"rank {r} on node {node[:8]} ({ip})" for r, (node, ip) in enumerate(self.placement))
             print(f"hybridflow: {self.role} ranks: {where}", file=sys.stderr, flush=True)
+
+    def _rank_env(self, rank: int, local_rank: int, local_world: int) -> dict[str, str]:
+        """The environment variables of one rank's process (over the user's ``runtime_env`` ones)."""
+        pool = self.resource_pool
+        threads = str(pool.threads_per_worker)
+        return {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(pool.world_size),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(local_world),
+            "MASTER_ADDR": "",  # rank 0 picks them in its constructor; the others get them below
+            "MASTER_PORT": "",
+            "OMP_NUM_THREADS": threads,
+            ENV_NUM_THREADS: threads,
+            ENV_DEVICE: "cuda" if pool.use_gpu else "cpu",
+            ENV_ROLE: self.role,
+        }
+
+    def _wait_for_constructors(self) -> None:
+        """All constructors run in parallel (start-up is dominated by importing torch in each process); then rank
+        0's rendezvous address, only needed later by init_distributed, goes to the other ranks."""
+        init = CallInfo(self.role, self._worker_cls.__name__, "__init__", tuple(range(self.resource_pool.world_size)))
+        wait_for_outputs([w.__ray_ready__.remote() for w in self._workers], init, self.poll_interval_s)
+        addr_port = wait_for_outputs([self._workers[0]._get_master_addr_port.remote()], init, self.poll_interval_s)[0]
+        refs = [w._set_master_addr_port.remote(*addr_port) for w in self._workers[1:]]
+        wait_for_outputs(refs, init, self.poll_interval_s)
 
     # ------------------------------------------------------------------ backend interface
     def _execute(self, method: str, ranks: Iterable[int], plan: DispatchPlan) -> list:

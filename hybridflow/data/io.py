@@ -68,6 +68,9 @@ def _read_parquet(path: str) -> list[dict[str, Any]]:
 
     try:  # ParquetFile reads the one file without importing pyarrow.dataset (0.3 s of start-up)
         return pq.ParquetFile(path).read().to_pylist()
+    except RecursionError:
+        raise DataFileError(f"'{path}' nests lists/structs deeper than can be read (RecursionError); a data row is "
+                            "a flat record of a chat prompt and its fields: fix the preprocessing") from None
     except Exception as exc:  # pyarrow raises several types for corrupt / non-parquet files
         raise DataFileError(
             f"cannot read parquet file '{path}': {type(exc).__name__}: {exc}. The file is corrupt or not parquet; "
@@ -86,6 +89,8 @@ def _read_json(path: str) -> list[dict[str, Any]]:
         data = json.loads(text)
     except json.JSONDecodeError:
         data = None
+    except RecursionError:
+        raise DataFileError(_too_deep(path)) from None
     if isinstance(data, list):
         rows = data
     elif isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
@@ -105,23 +110,64 @@ def _read_json(path: str) -> list[dict[str, Any]]:
                     f"'{path}' line {lineno} is not valid JSON ({exc.msg}); expected a JSON array or one JSON "
                     "object per line (jsonl)"
                 ) from None
+            except RecursionError:
+                raise DataFileError(_too_deep(path, lineno)) from None
     bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
     if bad is not None:
         raise DataFileError(f"'{path}' row {bad} is a {type(rows[bad]).__name__}, expected an object per row")
     return rows
 
 
+def _too_deep(path: str, lineno: int | None = None) -> str:
+    where = f"'{path}' line {lineno}" if lineno else f"'{path}'"
+    return (f"{where} nests JSON arrays/objects deeper than the JSON reader can follow (RecursionError); a data row "
+            "is a flat record of a chat prompt and its fields: fix the preprocessing")
+
+
+_HUB_NAME_FIX = ("it is not a local file either: pass a local .parquet/.json/.jsonl path, or 'owner/name:split' "
+                 "with network access")
+
+
 def _read_hub(name: str) -> list[dict[str, Any]]:
+    """A data file entry that is not a local path: ``owner/name`` or ``owner/name:split`` (default split: train)."""
     repo, _, split = name.partition(":")
+    return read_hub_rows(repo, split or "train", fix=_HUB_NAME_FIX)
+
+
+def _hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached (one connection attempt, 5 s at most), or None. Offline mode
+    (``HF_HUB_OFFLINE=1``: the local cache only) is not probed."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return None
+    url = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=5.0).close()
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def read_hub_rows(name: str, split: str, config_name: str | None = None, fix: str = "") -> list[dict[str, Any]]:
+    """All rows of ``split`` of the hub dataset ``name`` (configuration ``config_name``) as dicts, through
+    ``datasets.load_dataset``: the one place hybridflow loads a dataset from the hub (run files and the
+    preprocessors alike).  Any failure is a :class:`DataFileError` naming the dataset and ``fix``, what to do.
+    The hub is probed once first: without network ``datasets`` retries for about a minute, printing each retry."""
+    what = f"'{name}'" + (f" (configuration '{config_name}')" if config_name else "") + f" split '{split}'"
+    unreachable = _hub_unreachable()
+    if unreachable:
+        raise DataFileError(f"cannot reach the Hugging Face hub to download {what} ({unreachable}); "
+                            f"{fix or 'check the network'}")
     try:
         import datasets
 
-        ds = datasets.load_dataset(repo, split=split or "train")
-    except Exception as exc:
-        raise DataFileError(
-            f"'{name}' is neither a local file nor a loadable hub dataset ({type(exc).__name__}: {exc}). "
-            "Pass a local .parquet/.json/.jsonl path, or 'owner/name:split' with network access"
-        ) from exc
+        ds = datasets.load_dataset(name, config_name, split=split)
+    except Exception as exc:  # datasets raises many types: offline, unknown name, unknown split, bad files
+        raise DataFileError(f"could not load hub dataset {what} ({type(exc).__name__}: {exc}); "
+                            f"{fix or 'check the name and the network'}") from exc
     return [dict(r) for r in ds]
 
 

@@ -103,38 +103,50 @@ def mrope_positions(
              2: list(video_grid_thw.tolist()) if video_grid_thw is not None else []}
     seconds = list(torch.as_tensor(second_per_grid_ts).tolist()) if second_per_grid_ts is not None else []
     used = {1: 0, 2: 0}
-    m = spec.spatial_merge_size
     pieces, pos = [], 0
     for kind, start, end in _runs(kinds.tolist()):
         if kind == 0:
             pieces.append(torch.arange(pos, pos + end - start).expand(3, -1))
             pos += end - start
             continue
-        name = "image" if kind == 1 else "video"
         if used[kind] >= len(grids[kind]):
-            raise ValueError(f"the sequence has more {name} token runs than {name}_grid_thw rows ({len(grids[kind])})")
-        t, h, w = (int(v) for v in grids[kind][used[kind]])
-        step = 1.0
-        if kind == 2 and MROPE_MODEL_TYPES[spec.model_type]:
-            if spec.tokens_per_second is None:
-                raise ValueError(f"{spec.model_type} video positions need vision_config.tokens_per_second")
-            sec = seconds[used[kind]] if used[kind] < len(seconds) else 1.0
-            step = float(spec.tokens_per_second) * float(sec)
+            raise ValueError(f"the sequence has more {_MEDIA[kind]} token runs than {_MEDIA[kind]}_grid_thw rows "
+                             f"({len(grids[kind])})")
+        second = seconds[used[kind]] if kind == 2 and used[kind] < len(seconds) else 1.0
+        piece, width = _media_positions(spec, kind, grids[kind][used[kind]], second, end - start)
         used[kind] += 1
-        lh, lw = h // m, w // m
-        if t * lh * lw != end - start:
-            raise ValueError(f"a run of {end - start} {name} tokens does not match its grid (t={t}, h={h}, w={w}, "
-                             f"merge={m}: {t * lh * lw} tokens); the prompt and the pixel inputs were made apart")
-        tt = (torch.arange(t) * step).long().view(t, 1, 1).expand(t, lh, lw)
-        hh = torch.arange(lh).view(1, lh, 1).expand(t, lh, lw)
-        ww = torch.arange(lw).view(1, 1, lw).expand(t, lh, lw)
-        pieces.append(torch.stack([tt, hh, ww]).reshape(3, -1) + pos)
-        pos += max(h, w) // m
-    for kind, name in ((1, "image"), (2, "video")):
+        pieces.append(piece + pos)
+        pos += width
+    for kind, name in _MEDIA.items():
         if used[kind] != len(grids[kind]):
             raise ValueError(f"the sequence has {used[kind]} {name} token runs but {len(grids[kind])} "
                              f"{name}_grid_thw rows")
     return torch.cat(pieces, dim=1) if pieces else torch.zeros(3, 0, dtype=torch.long)
+
+
+_MEDIA = {1: "image", 2: "video"}
+
+
+def _media_positions(spec: MropeSpec, kind: int, grid: Sequence[int], second: float,
+                     length: int) -> tuple[torch.Tensor, int]:
+    """(3, ``length``) positions of one image's (``kind`` 1) or video's (2) run of tokens counted from 0 -- time,
+    height, width of each merged patch -- and the width the run takes in the text's positions."""
+    name = _MEDIA[kind]
+    t, h, w = (int(v) for v in grid)
+    step = 1.0
+    if kind == 2 and MROPE_MODEL_TYPES[spec.model_type]:  # Qwen2.5-VL: video time in absolute seconds
+        if spec.tokens_per_second is None:
+            raise ValueError(f"{spec.model_type} video positions need vision_config.tokens_per_second")
+        step = float(spec.tokens_per_second) * float(second)
+    m = spec.spatial_merge_size
+    lh, lw = h // m, w // m
+    if t * lh * lw != length:
+        raise ValueError(f"a run of {length} {name} tokens does not match its grid (t={t}, h={h}, w={w}, "
+                         f"merge={m}: {t * lh * lw} tokens); the prompt and the pixel inputs were made apart")
+    tt = (torch.arange(t) * step).long().view(t, 1, 1).expand(t, lh, lw)
+    hh = torch.arange(lh).view(1, lh, 1).expand(t, lh, lw)
+    ww = torch.arange(lw).view(1, 1, lw).expand(t, lh, lw)
+    return torch.stack([tt, hh, ww]).reshape(3, -1), max(h, w) // m
 
 
 def text_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

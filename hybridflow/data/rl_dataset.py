@@ -18,7 +18,8 @@ import torch
 from hybridflow.data.io import DataFileError, as_file_list, read_rows
 from hybridflow.data.multimodal import MultimodalDataError, as_media_list, check_alignment, load_image
 from hybridflow.data.vision_prompts import VisionPrompts
-from hybridflow.data.prompts import TRUNCATION_MODES, check_chat_messages, left_pad, truncate
+from hybridflow.data.prompts import TRUNCATION_MODES, PromptTooLongError, check_chat_messages, left_pad, truncate
+from hybridflow.data.row_limits import check_row_size
 from hybridflow.utils.registry import closest
 
 _REQUIRED_EXTRA = ("reward_model",)
@@ -66,8 +67,11 @@ class RLHFDataset(torch.utils.data.Dataset):
 
         self.rows: list[dict[str, Any]] = []
         self.origins: list[tuple[str, int]] = []  # (file, row index in that file) for error messages
+        max_row_bytes = int(config.max_row_bytes)
         for path in self.files:
             rows = read_rows(path)
+            for i, row in enumerate(rows):  # before anything tokenizes them
+                check_row_size(row, f"row {i} of '{path}'", max_row_bytes)
             self._check_columns(rows, path)
             self.rows.extend(rows)
             self.origins.extend((path, i) for i in range(len(rows)))
@@ -83,6 +87,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         self._ids_cache: dict[int, list[int]] = {}
         if config.filter_overlong_prompts:
             self._filter_overlong()
+        elif self.truncation == "error" and self.vision is None:
+            self._refuse_overlong()
 
     # ------------------------------------------------------------------ validation
     def _check_columns(self, rows: list[dict[str, Any]], path: str) -> None:
@@ -145,6 +151,18 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.rows = [self.rows[i] for i, _ in keep]
         self.origins = [self.origins[i] for i, _ in keep]
         self._ids_cache = {new: ids for new, (_, ids) in enumerate(keep)}
+
+    def _refuse_overlong(self) -> None:
+        """With truncation=error and no filter, an overlong prompt stops the run now, not when it is drawn (issue
+        34: found after 8 steps). The ids are kept for the items."""
+        for i in range(len(self.rows)):
+            ids = self._tokenize(i)
+            if len(ids) > self.max_prompt_length:
+                raise PromptTooLongError(
+                    f"{self._where(i)}: prompt is {len(ids)} tokens, longer than data.max_prompt_length="
+                    f"{self.max_prompt_length} (data.truncation=error). Raise data.max_prompt_length, set "
+                    "data.filter_overlong_prompts=true to drop such rows, or data.truncation=left|right|middle")
+            self._ids_cache[i] = ids
 
     # ------------------------------------------------------------------ items
     def _render(self, index: int) -> str:

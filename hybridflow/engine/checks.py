@@ -1,13 +1,13 @@
 """This floor's configuration rules, run by the launch's check pipeline (run stage): the model folders hold models the
-engine can load, and the optimizer the config names exists. Reads ``config.json`` and imports the optimizer module;
-no weights load."""
+engine can load, the optimizer the config names exists, and the data rows fit the model's tokenizer. Reads
+``config.json``, the tokenizer and the data files, and imports the optimizer module; no weights load."""
 
 from __future__ import annotations
 
 from hybridflow.engine.model_loader import ModelLoadError, check_causal_lm, load_hf_config
 from hybridflow.engine.optim import optimizer_class
 
-__all__ = ["check_model_files", "check_optimizers"]
+__all__ = ["check_model_files", "check_optimizers", "check_prompt_rows"]
 
 
 def check_model_files(cfg, errors: list[str]) -> None:
@@ -44,3 +44,37 @@ def check_optimizers(cfg, errors: list[str]) -> None:
             optimizer_class(optim, field)
         except ValueError as e:
             errors.append(str(e))
+
+
+def check_prompt_rows(cfg, errors: list[str]) -> None:
+    """The dataset's own row checks, with the run's tokenizer, now: rows within ``data.max_row_bytes`` and nested
+    sanely, and with ``data.truncation=error`` and no ``data.filter_overlong_prompts`` every prompt within
+    ``data.max_prompt_length`` (issue 34: an over-long prompt was found only when a step drew it, after 8 steps).
+    Local files of a text model and the built-in dataset class (a vision model's rows are processed with their
+    images when the dataset is built)."""
+    from hybridflow.data.io import DataFileError, as_file_list, count_rows
+    from hybridflow.data.rl_dataset import RLHFDataset
+    from hybridflow.engine.model_loader import is_vision_language_config, load_tokenizer
+
+    data, model = cfg.data, cfg.actor_rollout_ref.model
+    if data.custom_cls.path:
+        return  # a user's dataset class checks its own rows
+    try:
+        if is_vision_language_config(load_hf_config(model.path, model.trust_remote_code, None, "model.path")):
+            return
+        tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code,
+                                   model.custom_chat_template, field="actor_rollout_ref.model.path")
+        jobs = [(key, as_file_list(files, key), limit) for key, files, limit in (
+            ("data.train_files", data.train_files, data.train_max_samples),
+            ("data.val_files", data.val_files, data.val_max_samples)) if files is not None]
+    except Exception:  # noqa: BLE001 - model_files / data_files report a broken model or file list
+        return
+    for key, paths, limit in jobs:
+        if any(e.startswith(key) for e in errors):
+            continue  # data_files already refused these files
+        try:
+            if any(count_rows(p) is None for p in paths):
+                continue  # a hub dataset: read when it downloads
+            RLHFDataset(paths, tokenizer, data, max_samples=limit)
+        except (DataFileError, ValueError) as e:
+            errors.append(f"{key}: {e}")

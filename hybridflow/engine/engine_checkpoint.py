@@ -4,7 +4,7 @@ Layout of one role's folder (``global_step_N/actor/`` or ``.../critic/``), as ve
 
 * ``model_world_size_{W}_rank_{R}.pt``        this rank's parameter shards (DTensors; plain tensors at W=1)
 * ``optim_world_size_{W}_rank_{R}.pt``        this rank's optimizer state (Adam moments, step)
-* ``extra_state_world_size_{W}_rank_{R}.pt``  LR scheduler state + RNG states (python, numpy, torch, cuda)
+* ``extra_state_world_size_{W}_rank_{R}.pt``  LR scheduler state + RNG states (``utils/rng_state.py``)
 * ``fsdp_config.json``                        ``{"FSDP_version": 2, "world_size": W, "layout": {"dp", "sp",
                                               "tp", "ep"}}``
 * ``huggingface/``                            config, generation config and tokenizer; full weights
@@ -23,41 +23,51 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from typing import Any, Iterable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from hybridflow.engine.fsdp import unwrap_peft
 from hybridflow.engine.shard_merge import load_pieces
 from hybridflow.engine.train_engine import TrainEngine
+from hybridflow.utils.rng_state import capture_rng_state, restore_rng_state
 from hybridflow.utils.safe_load import load_torch_file
 
-__all__ = ["save_engine_checkpoint", "load_engine_checkpoint", "export_hf_model", "rng_state", "set_rng_state"]
+__all__ = ["CheckpointMismatchError", "check_model_fits", "save_engine_checkpoint", "load_engine_checkpoint",
+           "export_hf_model"]
 
 _ALL_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint folder whose parameters do not fit the model being trained (another model's checkpoint)."""
+
+
+def check_model_fits(engine: TrainEngine, state: dict, folder: str, field: str) -> None:
+    """Refuse ``state`` (read from ``folder``) unless its parameters have this model's names and global shapes.
+
+    Without it, ``load_state_dict`` raises torch's size-mismatch traceback, which names neither the folder nor a
+    fix (issue 34)."""
+    own = {name: tuple(value.shape) for name, value in engine.module.state_dict().items()}
+    fix = (f"resume from a checkpoint written by this model, or train the model that wrote it "
+           f"({field.rsplit('.checkpoint', 1)[0]}'s model path); trainer.resume_mode=disable starts afresh")
+    for name, value in state.items():
+        shape = tuple(getattr(value, "shape", ()))
+        if name in own and shape != own[name]:
+            raise CheckpointMismatchError(
+                f"checkpoint {folder} does not fit this model: parameter {name!r} has shape {shape} in the "
+                f"checkpoint and {own[name]} in the model: {fix}")
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise CheckpointMismatchError(
+            f"checkpoint {folder} does not fit this model: {len(missing)} of the model's parameters are not in "
+            f"it {missing[:3]} and {len(unexpected)} of its parameters are not in the model {unexpected[:3]}: {fix}")
 
 
 def _names(path: str, world: int, rank: int) -> dict[str, str]:
     suffix = f"world_size_{world}_rank_{rank}.pt"
     return {k: os.path.join(path, f"{k}_{suffix}") for k in ("model", "optim", "extra_state")}
-
-
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _check_contents(contents: Iterable[str], field: str) -> set[str]:
@@ -96,7 +106,7 @@ def save_engine_checkpoint(
     contents = _check_contents(save_contents, field)
     world, rank = engine.world_size, engine.rank
     os.makedirs(path, exist_ok=True)
-    rng = rng_state()  # saving must not perturb the random streams (the HF export initialises a model)
+    rng = capture_rng_state()  # saving must not perturb the random streams (the HF export initialises a model)
     files = _names(path, world, rank)
     with engine.on_device(with_optimizer=True):
         if "model" in contents:
@@ -108,7 +118,7 @@ def save_engine_checkpoint(
             torch.save({"lr_scheduler": sched, "rng": rng}, files["extra_state"])
     export_hf_model(engine, os.path.join(path, "huggingface"), tokenizer, with_weights="hf_model" in contents,
                     processor=processor)
-    set_rng_state(rng)
+    restore_rng_state(rng)
     if rank == 0:
         with open(os.path.join(path, "fsdp_config.json"), "w") as f:
             json.dump({"FSDP_version": 2 if engine.is_sharded else 0, "world_size": world,
@@ -119,7 +129,10 @@ def save_engine_checkpoint(
 
 def _layout(engine: TrainEngine) -> dict[str, int]:
     pd = engine.parallel_dims
-    return {"dp": pd.dp, "sp": pd.sp, "tp": pd.tp, "ep": pd.ep}
+    layout = {"dp": pd.dp, "sp": pd.sp, "tp": pd.tp, "ep": pd.ep}
+    if pd.pp > 1:  # which rank holds which layers
+        layout.update(pp=pd.pp, vpp=pd.vpp)
+    return layout
 
 
 def saved_layout(path: str) -> tuple[int, dict[str, int]] | None:
@@ -161,7 +174,7 @@ def load_engine_checkpoint(
     files = _names(path, world, rank)
     saved = saved_layout(path)
     if saved is not None and saved != (world, _layout(engine)) and (engine.is_sharded or saved[0] > 1):
-        _load_resharded(engine, path, contents, saved)
+        _load_resharded(engine, path, contents, saved, field)
         return
     if "model" in contents and not os.path.exists(files["model"]):
         found = sorted(f for f in os.listdir(path) if f.startswith("model_")) if os.path.isdir(path) else []
@@ -173,6 +186,7 @@ def load_engine_checkpoint(
     with engine.on_device(with_optimizer=True):
         if "model" in contents:
             state = load_pieces(files["model"], map_location=engine.device)
+            check_model_fits(engine, state, path, field)
             if engine.is_sharded:
                 from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
@@ -191,7 +205,7 @@ def load_engine_checkpoint(
             extra = load_torch_file(files["extra_state"])
             if engine.lr_scheduler is not None and extra["lr_scheduler"] is not None:
                 engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-            set_rng_state(extra["rng"])
+            restore_rng_state(extra["rng"])
 
 
 def export_hf_model(engine: TrainEngine, hf_dir: str, tokenizer=None, with_weights: bool = True,
@@ -245,7 +259,8 @@ def _save_full_weights(module, state: dict[str, torch.Tensor], hf_dir: str) -> N
     copy.save_pretrained(hf_dir)
 
 
-def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: tuple[int, dict[str, int]]) -> None:
+def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: tuple[int, dict[str, int]],
+                    field: str) -> None:
     """Load a checkpoint saved on another layout: full tensors from every rank's pieces, each rank keeps its own."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -258,7 +273,8 @@ def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: t
     options = StateDictOptions(full_state_dict=True)
     with engine.on_device(with_optimizer=True):
         if "model" in contents:
-            full = _merged(path, "model", merge_state_dicts)
+            full = _own(engine, _merged(path, "model", merge_state_dicts))
+            check_model_fits(engine, full, path, field)
             if engine.is_sharded:
                 set_model_state_dict(engine.module, full, options=options)
             else:
@@ -268,6 +284,7 @@ def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: t
             full = _merged(path, "optim", merge_state_dicts)
             if saved[0] == 1:  # one process saved optimizer.state_dict(): state keyed by parameter index
                 full = _fqn_keyed(engine, full)
+            full = _own_optimizer_state(engine, full)
             if engine.is_sharded:
                 set_optimizer_state_dict(engine.module, engine.optimizer, full, options=options)
             else:
@@ -280,9 +297,26 @@ def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: t
                 extra = load_torch_file(own)
                 if engine.lr_scheduler is not None and extra["lr_scheduler"] is not None:
                     engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-                set_rng_state(extra["rng"])
+                restore_rng_state(extra["rng"])
     if dist.is_initialized():
         dist.barrier()
+
+
+def _own(engine: TrainEngine, full: dict) -> dict:
+    """With pipeline parallelism, the part of a full state dict this rank's stages hold (the others' are dropped)."""
+    if engine.pipeline is None:
+        return full
+    own = set(engine.module.state_dict())
+    return {k: v for k, v in full.items() if k in own}
+
+
+def _own_optimizer_state(engine: TrainEngine, full: dict) -> dict:
+    """With pipeline parallelism, a full FQN-keyed optimizer state cut to this rank's parameters."""
+    if engine.pipeline is None:
+        return full
+    own = {n for n, _ in engine.module.named_parameters()}
+    groups = [{**g, "params": [n for n in g["params"] if n in own]} for g in full["param_groups"]]
+    return {"state": {k: v for k, v in full["state"].items() if k in own}, "param_groups": groups}
 
 
 def _merged(path: str, kind: str, merge) -> dict:

@@ -43,6 +43,7 @@ from torch import nn
 
 from hybridflow.data.mrope import model_position_ids
 from hybridflow.engine.padded_attention import padded_attention, supports_padded_attention
+from hybridflow.engine.parallel.pipeline_forward import PipelinePass
 from hybridflow.engine.fsdp import unwrap_peft
 from hybridflow.engine.transformers_adapter import attention_implementation, forward_parameters
 from hybridflow.engine.ulysses_forward import SequenceParallel, sequence_parallel_outputs
@@ -55,7 +56,7 @@ from hybridflow.engine.vocab_parallel import (
 
 __all__ = [
     "response_log_probs", "response_token_outputs", "response_values", "last_token_scores", "per_position_outputs",
-    "next_token_log_probs", "logprob_entropy", "use_packed_layout", "eval_mode",
+    "next_token_log_probs", "logprob_entropy", "use_packed_layout", "eval_mode", "token_outputs_pass", "values_pass",
 ]
 
 
@@ -187,7 +188,6 @@ def per_position_outputs(
     arguments of the model.
     """
     mask = attention_mask.bool()
-    B, L = input_ids.shape
     if packed == ALIGNED:
         if multi_modal_inputs is not None or (sequence_parallel is not None and sequence_parallel.size > 1):
             raise ValueError("the aligned (batch-invariant) layout of exact_log_probs takes text rows without "
@@ -202,30 +202,44 @@ def per_position_outputs(
             return sequence_parallel_outputs(module, input_ids, attention_mask, position_ids, head_fn, first_col, mm,
                                              sequence_parallel)
         if packed:
-            ids = input_ids[mask].unsqueeze(0)
-            if position_ids.dim() == 3:  # (B, 4, L) -> (1, 4, N)
-                pos = model_position_ids(position_ids.transpose(0, 1)[:, mask].unsqueeze(0), packed=True)
-            else:
-                pos = position_ids[mask].unsqueeze(0)
-            keep, where = None, mask
-            if first_col > 0:
-                wanted = torch.arange(L, device=mask.device) >= first_col
-                keep = wanted.expand(B, L)[mask].nonzero().flatten()
-                where = mask & wanted
-            pad_inside = _packed_attention(module, input_ids.device) == "padded"
-            with padded_attention(mask) if pad_inside else contextlib.nullcontext({}) as pack:
-                outs = head_fn(module, ids, None, pos, keep, _take(torch.roll(ids, shifts=-1, dims=1), keep), **mm,
-                               **pack)
-            return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__(where, v[0]))
-        cols = mask.any(dim=0).nonzero().flatten()
-        lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
-        start = min(max(first_col, lo), hi - 1)
-        keep = None if start == lo else hi - start
-        pos = model_position_ids(position_ids[..., lo:hi])
-        ids = input_ids[:, lo:hi]
-        outs = head_fn(module, ids, attention_mask[:, lo:hi], pos, keep, _take(torch.roll(ids, shifts=-1, dims=1), keep),
-                       **mm)
-        return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__((slice(None), slice(start, hi)), v))
+            return _packed_outputs(module, input_ids, mask, position_ids, head_fn, first_col, mm)
+        return _trimmed_outputs(module, input_ids, attention_mask, position_ids, head_fn, first_col, mm)
+
+
+def _packed_outputs(module: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+                    head_fn: HeadFn, first_col: int, mm: dict) -> dict[str, torch.Tensor]:
+    """The valid tokens of every row as one packed row (attention kept per row: padded inside, or the model's
+    own varlen path), outputs scattered back to (B, L)."""
+    B, L = input_ids.shape
+    ids = input_ids[mask].unsqueeze(0)
+    if position_ids.dim() == 3:  # (B, 4, L) -> (1, 4, N)
+        pos = model_position_ids(position_ids.transpose(0, 1)[:, mask].unsqueeze(0), packed=True)
+    else:
+        pos = position_ids[mask].unsqueeze(0)
+    keep, where = None, mask
+    if first_col > 0:
+        wanted = torch.arange(L, device=mask.device) >= first_col
+        keep = wanted.expand(B, L)[mask].nonzero().flatten()
+        where = mask & wanted
+    pad_inside = _packed_attention(module, input_ids.device) == "padded"
+    with padded_attention(mask) if pad_inside else contextlib.nullcontext({}) as pack:
+        outs = head_fn(module, ids, None, pos, keep, _take(torch.roll(ids, shifts=-1, dims=1), keep), **mm, **pack)
+    return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__(where, v[0]))
+
+
+def _trimmed_outputs(module: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     position_ids: torch.Tensor, head_fn: HeadFn, first_col: int, mm: dict) -> dict[str, torch.Tensor]:
+    """The padded batch cut to the columns some row uses, outputs of the wanted columns written back to (B, L)."""
+    B, L = input_ids.shape
+    cols = attention_mask.bool().any(dim=0).nonzero().flatten()
+    lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
+    start = min(max(first_col, lo), hi - 1)
+    keep = None if start == lo else hi - start
+    pos = model_position_ids(position_ids[..., lo:hi])
+    ids = input_ids[:, lo:hi]
+    outs = head_fn(module, ids, attention_mask[:, lo:hi], pos, keep, _take(torch.roll(ids, shifts=-1, dims=1), keep),
+                   **mm)
+    return _scatter(outs, (B, L), lambda buf, v: buf.__setitem__((slice(None), slice(start, hi)), v))
 
 
 def next_token_log_probs(module: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -449,3 +463,25 @@ def last_token_scores(module: nn.Module, input_ids, attention_mask, position_ids
     L = attention_mask.shape[1]
     last = L - 1 - attention_mask.flip(-1).long().argmax(-1)
     return outs["scores"].gather(1, last.unsqueeze(1)).squeeze(1)
+
+
+# ---------------------------------------------------------------------------------------------- pipeline passes
+def token_outputs_pass(module: nn.Module, response_length: int, temperature: float = 1.0,
+                       calculate_entropy: bool = False, entropy_grad: bool = True, use_remove_padding: bool = True,
+                       calculate_sum_pi_squared: bool = False, use_torch_compile: bool = False,
+                       entropy_checkpointing: bool = False) -> PipelinePass:
+    """The head of :func:`response_token_outputs` for passes through pipeline stages (``TrainEngine.forward_passes``
+    / ``backward_passes``): the same head, the same layout choice (:func:`use_packed_layout`)."""
+    kinds = ("log_probs",) + (("entropy",) if calculate_entropy else ()) + (
+        ("sum_pi_squared",) if calculate_sum_pi_squared else ())
+    head = _lm_head(float(temperature), calculate_entropy, entropy_grad, calculate_sum_pi_squared, use_torch_compile,
+                    entropy_checkpointing)
+    device = next(module.parameters()).device
+    return PipelinePass(head, kinds, int(response_length), packed=use_packed_layout(module, device, use_remove_padding))
+
+
+def values_pass(module: nn.Module, response_length: int, use_remove_padding: bool = False) -> PipelinePass:
+    """The head of :func:`response_values` for passes through pipeline stages."""
+    device = next(module.parameters()).device
+    return PipelinePass(_token_value_head, ("values",), int(response_length),
+                        packed=use_packed_layout(module, device, use_remove_padding))

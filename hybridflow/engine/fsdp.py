@@ -75,10 +75,12 @@ def apply_fsdp2(
     cpu_offload: bool = False,
     layer_cls_names: list[str] | None = None,
     forward_prefetch: bool = False,
+    layer_types: tuple[type, ...] | None = None,
 ) -> nn.Module:
     """``fully_shard`` every decoder layer and then the root module over ``mesh`` (in place).
 
-    ``layer_cls_names`` picks the classes to shard as units (default: HF's decoder layers); with
+    ``layer_cls_names`` picks the classes to shard as units (default: HF's decoder layers; ``layer_types`` gives the
+    classes themselves); with
     ``forward_prefetch`` each unit starts the all-gather of the next one during its own forward (depth 1,
     FSDP1's ``forward_prefetch`` and verl's FSDP2 setting).
 
@@ -93,7 +95,8 @@ def apply_fsdp2(
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=True)
     if cpu_offload and dev.is_cuda():
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-    layer_types = tuple(decoder_layer_classes(model, layer_cls_names))
+    if layer_types is None:  # (given for a pipeline stage: its own layer list may start with another stage's)
+        layer_types = tuple(decoder_layer_classes(model, layer_cls_names))
     if not layer_types:
         raise ValueError(f"cannot find decoder layers to shard in {type(model).__name__}")
     units = []
@@ -130,32 +133,36 @@ def apply_expert_fsdp2(experts: list[nn.Module], mesh, divide_factor: int, param
             module.set_force_sum_reduction_for_comms(True)
 
 
-def total_grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
+def total_grad_norm(params: list[nn.Parameter], stage_world: int | None = None,
+                    skip: frozenset[int] = frozenset()) -> torch.Tensor:
     """The global 2-norm of the gradients of ``params``, whatever mesh each lives on (a collective over the world).
 
     Parameters of an N-D layout are ``DTensor`` s on different meshes (dense weights on dp x tp, experts on
     edp x ep, norms on dp only), which torch's ``clip_grad_norm_`` cannot combine.  Each rank adds the squares of
     its local pieces, weighted so that one all-reduce over the world counts every element once: a gradient on a
-    mesh M with replicated dimensions of total size R exists in world / |M| copies of M, each holding every element
-    R times, so its local squares are weighted by |M| / (world x R).
+    mesh M with replicated dimensions of total size R exists in S / |M| copies of M, each holding every element
+    R times, so its local squares are weighted by |M| / (S x R), where S is the ranks of one pipeline stage
+    (``stage_world``: the world without pipeline parallelism; the stages hold different parameters, each counted
+    by its own ranks).  ``skip``: ids of parameters whose gradient another stage counts (a tied embedding).
     """
     world = dist.get_world_size() if is_distributed() else 1
+    stage = int(stage_world) if stage_world else world
     total = torch.zeros((), dtype=torch.float64)
     device = None
     for p in params:
         g = p.grad
-        if g is None:
+        if g is None or id(p) in skip:
             continue
         local = g.to_local() if hasattr(g, "to_local") else g
         device = local.device
-        weight = 1.0 / world
+        weight = 1.0 / stage
         mesh = getattr(g, "device_mesh", None)
         if mesh is not None:
             replicated = 1
             for size, placement in zip(mesh.shape, g.placements):
                 if placement.is_replicate():
                     replicated *= size
-            weight = mesh.size() / (world * replicated)
+            weight = mesh.size() / (stage * replicated)
         total = total.to(local.device) + local.detach().double().pow(2).sum() * weight
     if world > 1:
         total = total.to(device if device is not None else "cpu")
@@ -163,10 +170,12 @@ def total_grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
     return total.sqrt()
 
 
-def clip_gradients(params: list[nn.Parameter], max_norm: float) -> float:
+def clip_gradients(params: list[nn.Parameter], max_norm: float, stage_world: int | None = None,
+                   skip: frozenset[int] = frozenset()) -> float:
     """Scale the gradients so their global norm is at most ``max_norm``; returns the norm before clipping
-    (``inf``/``nan`` untouched: the caller skips the step).  The coefficient is torch's: max_norm / (norm + 1e-6)."""
-    norm = float(total_grad_norm(params))
+    (``inf``/``nan`` untouched: the caller skips the step).  The coefficient is torch's: max_norm / (norm + 1e-6).
+    ``stage_world`` / ``skip``: see :func:`total_grad_norm`."""
+    norm = float(total_grad_norm(params, stage_world, skip))
     if math.isfinite(norm) and norm > max_norm:
         coef = max_norm / (norm + 1e-6)
         with torch.no_grad():

@@ -3,7 +3,12 @@
 A training role (actor, reference, critic, reward model) runs on ``world`` ranks arranged as a named mesh whose
 dimensions say what they split::
 
-    world = dp x sp x tp          with dp = edp x ep
+    world = pp x dp x sp x tp          with dp = edp x ep
+
+* ``pp`` -- pipeline parallel: each pp index holds a different run of decoder layers (one stage, or ``vpp``
+  virtual stages interleaved over the pp ranks) and passes activations to the next (``engine/parallel/
+  pipeline.py``); the pp peers of a (dp, sp, tp) coordinate hold the same rows. Outermost, as Megatron and
+  torchtitan lay it out: stages are the furthest apart (across nodes), tp the closest.
 
 * ``dp`` -- data parallel: each dp index gets its own rows of the batch.
 * ``sp`` -- Ulysses sequence parallel: the ranks of one sp group hold the *same* rows, each a slice of the
@@ -23,7 +28,8 @@ dimensions say what they split::
 
 Ranks are laid out row-major with the last dimension fastest::
 
-    rank = ((edp_index * ep + ep_index) * sp + sp_index) * tp + tp_index,   dp_index = edp_index * ep + ep_index
+    rank = (((pp_index * edp + edp_index) * ep + ep_index) * sp + sp_index) * tp + tp_index,
+    dp_index = edp_index * ep + ep_index
 
 the layout ``init_device_mesh`` uses, so a tp group is adjacent ranks (one node when tp <= GPUs per node), then
 an sp group.  FSDP2 shards what is left over the ranks that hold the same parameters:
@@ -37,7 +43,8 @@ Everything a worker needs to know about the layout comes from here, so a dimensi
 touching the worker code:
 
 * which rows a rank gets -- :meth:`dp_rank` (ranks with the same dp index get the same chunk of the batch);
-* whose outputs the controller collects -- :meth:`is_collect` (index 0 on every dimension but dp);
+* whose outputs the controller collects -- :meth:`is_collect` (index 0 on every dimension but dp, and the last
+  pipeline stage, which computes the outputs);
 * the loss normaliser's data-parallel world -- :attr:`dp` and :attr:`dp_group`;
 * the process groups -- :meth:`build` creates the mesh; ``sp_group``, ``tp_mesh``, ``ep_mesh`` and the FSDP
   meshes come from it.
@@ -74,26 +81,32 @@ class ParallelDims:
     sp: int = 1
     tp: int = 1
     ep: int = 1
+    pp: int = 1
+    vpp: int = 1
     key: str = "ulysses_sequence_parallel_size"
     tp_key: str = "megatron.tensor_model_parallel_size"
     ep_key: str = "megatron.expert_model_parallel_size"
+    pp_key: str = "megatron.pipeline_model_parallel_size"
     _mesh: Any = field(default=None, init=False, repr=False)
     _fsdp_mesh: Any = field(default=None, init=False, repr=False)
     _meshes: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.world, self.sp, self.tp, self.ep = int(self.world), int(self.sp), int(self.tp), int(self.ep)
+        self.pp, self.vpp = int(self.pp), int(self.vpp)
         if self.world < 1:
             raise ParallelDimsError(f"a worker group needs at least one rank, got world size {self.world}")
         for key, size, what in ((self.key, self.sp, "sequence"), (self.tp_key, self.tp, "tensor"),
-                                (self.ep_key, self.ep, "expert")):
+                                (self.ep_key, self.ep, "expert"), (self.pp_key, self.pp, "pipeline")):
             if size < 1:
                 raise ParallelDimsError(f"{key}={size}: must be >= 1 (1 turns {what} parallelism off)")
-        if self.world % (self.sp * self.tp):
+        if self.vpp < 1:
+            raise ParallelDimsError(f"virtual_pipeline_model_parallel_size={self.vpp}: must be >= 1 (or null)")
+        if self.world % (self.pp * self.sp * self.tp):
             raise ParallelDimsError(
-                f"{self.key}={self.sp} x {self.tp_key}={self.tp} must divide the {self.world} ranks of the group "
-                f"(world = dp x sp x tp); choose sizes whose product divides {self.world} or change "
-                "trainer.n_gpus_per_node x trainer.nnodes")
+                f"{self.pp_key}={self.pp} x {self.key}={self.sp} x {self.tp_key}={self.tp} must divide the "
+                f"{self.world} ranks of the group (world = pp x dp x sp x tp); choose sizes whose product divides "
+                f"{self.world} or change trainer.n_gpus_per_node x trainer.nnodes")
         if self.dp % self.ep and not self._ep_can_reach_beyond_dp():
             raise ParallelDimsError(self._ep_refusal())
 
@@ -117,7 +130,12 @@ class ParallelDims:
     @property
     def dp(self) -> int:
         """Data-parallel size: how many different chunks of the batch the group processes at once."""
-        return self.world // (self.sp * self.tp)
+        return self.world // (self.pp * self.sp * self.tp)
+
+    @property
+    def stage_world(self) -> int:
+        """Ranks of one pipeline stage (dp x sp x tp): the world of every mesh but the pipeline's."""
+        return self.world // self.pp
 
     @property
     def ep_beyond_dp(self) -> bool:
@@ -137,16 +155,18 @@ class ParallelDims:
 
     @property
     def nd(self) -> bool:
-        """Whether tensor or expert parallelism is on (the N-D engine); else the plain dp x sp layout."""
-        return self.tp > 1 or self.ep > 1
+        """Whether tensor, expert or pipeline parallelism is on (the N-D engine); else the plain dp x sp layout."""
+        return self.tp > 1 or self.ep > 1 or self.pp > 1
 
     @property
     def names(self) -> tuple[str, ...]:
-        return ("dp", "sp", "tp") if self.tp > 1 else ("dp", "sp")
+        inner = ("dp", "sp", "tp") if self.tp > 1 else ("dp", "sp")
+        return ("pp", *inner) if self.pp > 1 else inner
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (self.dp, self.sp, self.tp) if self.tp > 1 else (self.dp, self.sp)
+        inner = (self.dp, self.sp, self.tp) if self.tp > 1 else (self.dp, self.sp)
+        return (self.pp, *inner) if self.pp > 1 else inner
 
     @property
     def sp_enabled(self) -> bool:
@@ -163,29 +183,42 @@ class ParallelDims:
         return {name: coords[name] for name in self.names}
 
     def full_coordinate(self, rank: int) -> dict[str, int]:
-        """All five indices of ``rank``: dp (= edp x ep + ep), edp, ep, sp, tp."""
+        """All six indices of ``rank``: pp, dp (= edp x ep + ep), edp, ep, sp, tp."""
         c = self.coordinate(rank)
         dp, tp = c["dp"], c.get("tp", 0)
         ep = ((dp % self.ep_dp) * self.sp + c["sp"]) * self.tp + tp if self.ep_beyond_dp else dp % self.ep
-        return {"dp": dp, "edp": dp // self.ep_dp, "ep": ep, "sp": c["sp"], "tp": tp}
+        return {"pp": c.get("pp", 0), "dp": dp, "edp": dp // self.ep_dp, "ep": ep, "sp": c["sp"], "tp": tp}
 
     def dp_rank(self, rank: int) -> int:
         """Which chunk of a data-parallel batch ``rank`` processes (shared by its sp and tp peers)."""
         return self.coordinate(rank)["dp"]
 
     def is_collect(self, rank: int) -> bool:
-        """Whether the controller collects ``rank``'s outputs: one rank per dp index (0 on every other dim)."""
-        return all(v == 0 for k, v in self.coordinate(rank).items() if k != "dp")
+        """Whether the controller collects ``rank``'s outputs: one rank per dp index -- 0 on sp and tp, and the last
+        pipeline stage's rank, which computes the outputs and the update's metrics."""
+        c = self.coordinate(rank)
+        return c.get("pp", self.pp - 1) == self.pp - 1 and c["sp"] == 0 and c.get("tp", 0) == 0
+
+    def pp_rank(self, rank: int) -> int:
+        """Which pipeline rank ``rank`` is (0 without pipeline parallelism)."""
+        return self.coordinate(rank).get("pp", 0)
 
     def sp_peers(self, rank: int) -> list[int]:
         """Global ranks of ``rank``'s sequence-parallel group, in sp order."""
         c = self.full_coordinate(rank)
-        return [(c["dp"] * self.sp + s) * self.tp + c["tp"] for s in range(self.sp)]
+        base = c["pp"] * self.stage_world
+        return [base + (c["dp"] * self.sp + s) * self.tp + c["tp"] for s in range(self.sp)]
 
     def tp_peers(self, rank: int) -> list[int]:
         """Global ranks of ``rank``'s tensor-parallel group, in tp order."""
         c = self.full_coordinate(rank)
-        return [(c["dp"] * self.sp + c["sp"]) * self.tp + t for t in range(self.tp)]
+        base = c["pp"] * self.stage_world
+        return [base + (c["dp"] * self.sp + c["sp"]) * self.tp + t for t in range(self.tp)]
+
+    def pp_peers(self, rank: int) -> list[int]:
+        """Global ranks of ``rank``'s pipeline group, in stage order."""
+        inner = rank % self.stage_world
+        return [p * self.stage_world + inner for p in range(self.pp)]
 
     # ------------------------------------------------------------------ process groups
     def build(self, device_type: str) -> "ParallelDims":
@@ -207,8 +240,10 @@ class ParallelDims:
         # the dp indices of an expert group: "ep" itself, or "epd" when the group also spans sp x tp (then "ep" is
         # the flattened epd x sp x tp view, and the experts' FSDP dimension is what is left: edp)
         epd = "epd" if self.ep_beyond_dp else "ep"
-        mesh = init_device_mesh(device_type, (self.edp, self.ep_dp, self.sp, self.tp),
-                                mesh_dim_names=("edp", epd, "sp", "tp"))
+        inner = (self.edp, self.ep_dp, self.sp, self.tp)
+        names = ("edp", epd, "sp", "tp")
+        mesh = init_device_mesh(device_type, ((self.pp,) + inner) if self.pp > 1 else inner,
+                                mesh_dim_names=(("pp",) + names) if self.pp > 1 else names)
         self._mesh = mesh
         self._meshes = {
             "dp": mesh["edp", epd]._flatten("dp"),
@@ -219,7 +254,30 @@ class ParallelDims:
             self._meshes["efsdp"] = mesh["edp"]
         else:
             self._meshes["efsdp"] = mesh["edp", "sp", "tp"]._flatten("efsdp")
+        if self.pp > 1:
+            self._tied_group = self._first_last_groups()
         return self
+
+    def _first_last_groups(self):
+        """The group of this rank's first- and last-stage peers (a collective: every rank creates every pair, in the
+        same order): tied input and output embeddings live on those two stages and sum their gradients there."""
+        mine = None
+        for inner in range(self.stage_world):
+            pair = [inner, (self.pp - 1) * self.stage_world + inner]
+            group = dist.new_group(pair)
+            if dist.get_rank() in pair:
+                mine = group
+        return mine
+
+    @property
+    def pp_group(self):
+        """Process group of this rank's pipeline peers (same dp, sp, tp index); ``None`` when pp = 1."""
+        return self._group("pp") if self.pp > 1 else None
+
+    @property
+    def tied_embedding_group(self):
+        """Process group of this rank's first- and last-stage peers; ``None`` when pp = 1 or on a middle stage."""
+        return getattr(self, "_tied_group", None)
 
     @property
     def mesh(self):
@@ -306,8 +364,9 @@ class ParallelDims:
         return self._fsdp_mesh
 
     def describe(self) -> str:
-        parts = [f"dp={self.dp}" + (f" (ep={self.ep})" if self.ep > 1 and not self.ep_beyond_dp else ""),
-                 f"sp={self.sp}"]
+        parts = [f"pp={self.pp}" + (f" (x{self.vpp} virtual stages)" if self.vpp > 1 else "")] if self.pp > 1 else []
+        parts += [f"dp={self.dp}" + (f" (ep={self.ep})" if self.ep > 1 and not self.ep_beyond_dp else ""),
+                  f"sp={self.sp}"]
         if self.tp > 1:
             parts.append(f"tp={self.tp}")
         text = " x ".join(parts)
@@ -318,19 +377,22 @@ class ParallelDims:
         """The layout a role's config node asks for (``prefix``: the node's key, named in errors)."""
         return cls(world, key=f"{prefix}.ulysses_sequence_parallel_size",
                    tp_key=f"{prefix}.megatron.tensor_model_parallel_size",
-                   ep_key=f"{prefix}.megatron.expert_model_parallel_size", **role_layout(node))
+                   ep_key=f"{prefix}.megatron.expert_model_parallel_size",
+                   pp_key=f"{prefix}.megatron.pipeline_model_parallel_size", **role_layout(node))
 
 
 def role_layout(node: Any) -> dict[str, int]:
-    """``{"sp", "tp", "ep"}`` of a role's config node: sp from ``ulysses_sequence_parallel_size`` (the megatron
-    strategy copies ``context_parallel_size`` there at config time), tp / ep from its ``megatron`` node when the
-    role's ``strategy`` is ``megatron`` (1 otherwise)."""
+    """``{"sp", "tp", "ep", "pp", "vpp"}`` of a role's config node: sp from ``ulysses_sequence_parallel_size`` (the
+    megatron strategy copies ``context_parallel_size`` there at config time), tp / ep / pp / vpp from its
+    ``megatron`` node when the role's ``strategy`` is ``megatron`` (1 otherwise)."""
     sp = int(getattr(node, "ulysses_sequence_parallel_size", 1) or 1)
     megatron = getattr(node, "megatron", None)
     if getattr(node, "strategy", None) != "megatron" or megatron is None:
-        return {"sp": sp, "tp": 1, "ep": 1}
+        return {"sp": sp, "tp": 1, "ep": 1, "pp": 1, "vpp": 1}
     return {"sp": sp, "tp": int(megatron.tensor_model_parallel_size or 1),
-            "ep": int(megatron.expert_model_parallel_size or 1)}
+            "ep": int(megatron.expert_model_parallel_size or 1),
+            "pp": int(getattr(megatron, "pipeline_model_parallel_size", 1) or 1),
+            "vpp": int(getattr(megatron, "virtual_pipeline_model_parallel_size", 1) or 1)}
 
 
 def _distributed() -> bool:

@@ -10,8 +10,9 @@ rank the same: each gather is a collective over the parameter's own mesh), gathe
 goes on: beyond the engine's own weights a rank holds at most one bucket (plus the one parameter that overflows
 it).
 
-:class:`ReshardStats` says what moved: tensors, bytes gathered, buckets, the largest bucket, seconds, and the
-rise of the process's peak resident memory during the transition (Linux ``VmHWM``, reset before it starts).
+A :class:`~hybridflow.engine.transfer_stats.TransferStats` says what moved: tensors, bytes gathered, buckets, the
+largest bucket, seconds, and the rise of the process's peak resident memory during the transition (Linux
+``VmHWM``, reset before it starts).
 ``benchmarks/bench_reshard.py`` measures it against the full gather.
 
 A LoRA actor (a peft model) is sent one of two ways, as the engine loads it (``lora``):
@@ -25,30 +26,16 @@ A LoRA actor (a peft model) is sent one of two ways, as the engine loads it (``l
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
 from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
-__all__ = ["ReshardStats", "distinct_state_items", "gathered_buckets", "peak_rss_bytes", "reset_peak_rss", "reshard_in_buckets"]
+from hybridflow.engine.transfer_stats import TransferStats
+
+__all__ = ["distinct_state_items", "gathered_buckets", "peak_rss_bytes", "reset_peak_rss", "reshard_in_buckets"]
 
 Bucket = list[tuple[str, torch.Tensor]]
-
-
-@dataclass
-class ReshardStats:
-    tensors: int = 0
-    bytes: int = 0
-    buckets: int = 0
-    max_bucket_bytes: int = 0
-    seconds: float = 0.0
-    peak_rss_rise_bytes: int | None = None
-
-    def as_metrics(self, prefix: str = "update_weights") -> dict[str, float]:
-        """``update_weights/{tensors,bytes,buckets,max_bucket_bytes,peak_rss_rise_bytes}`` (the seconds are the
-        trainer's ``timing_s/update_weights``)."""
-        return {f"{prefix}/{k}": float(v) for k, v in asdict(self).items() if v is not None and k != "seconds"}
 
 
 def reset_peak_rss() -> bool:
@@ -143,7 +130,7 @@ def _named_full_tensors(module: nn.Module, lora: str) -> Iterator[tuple[str, tor
 
 
 def gathered_buckets(module: nn.Module, bucket_bytes: int, device: torch.device | str = "cpu",
-                     stats: ReshardStats | None = None, lora: str = "merge",
+                     stats: TransferStats | None = None, lora: str = "merge",
                      group_of: Callable[[str], object] | None = None) -> Iterator[Bucket]:
     """The module's full tensors, gathered one parameter at a time and yielded in buckets of ``bucket_bytes``
     (a tensor larger than that forms its own bucket).  Every rank of the module's meshes must iterate to the end.
@@ -167,8 +154,7 @@ def gathered_buckets(module: nn.Module, bucket_bytes: int, device: torch.device 
         bucket.append((name, full))
         size += nbytes
         if stats is not None:
-            stats.tensors += 1
-            stats.bytes += nbytes
+            stats.count(1, nbytes)
             stats.max_bucket_bytes = max(stats.max_bucket_bytes, size)
     if bucket:
         yield bucket
@@ -176,10 +162,10 @@ def gathered_buckets(module: nn.Module, bucket_bytes: int, device: torch.device 
 
 def reshard_in_buckets(module: nn.Module, load: Callable[[Bucket], object], bucket_bytes: int,
                        device: torch.device | str = "cpu", lora: str = "merge",
-                       group_of: Callable[[str], object] | None = None) -> ReshardStats:
+                       group_of: Callable[[str], object] | None = None) -> TransferStats:
     """Gather ``module`` bucket by bucket and ``load`` each (copy it into the rollout engine's weights); returns the
     stats of the transition.  Collective: every rank calls it with the same module layout."""
-    stats = ReshardStats()
+    stats = TransferStats()
     measured = reset_peak_rss()
     before = _rss_bytes() if measured else None
     start = time.perf_counter()

@@ -117,16 +117,31 @@ def merge_pieces(pieces: dict[int, Any]) -> torch.Tensor:
 
 def merge_state_dicts(states: dict[int, dict[str, Any]], keys: Iterable[str] | None = None) -> dict[str, Any]:
     """Full tensors of ``{rank: state dict}`` (nested dicts such as an optimizer's ``state`` are merged alike;
-    non-tensor leaves are taken from the lowest rank)."""
+    non-tensor leaves are taken from the lowest rank).  A key held by some ranks only -- the parameters of one
+    pipeline stage -- is merged from those ranks; an optimizer's ``param_groups`` list every rank's parameters."""
     ranks = sorted(states)
+    if keys is None:
+        keys = list(dict.fromkeys(k for r in ranks for k in states[r]))
     out: dict[str, Any] = {}
-    for key in (keys if keys is not None else states[ranks[0]]):
-        values = {r: states[r][key] for r in ranks}
-        first = values[ranks[0]]
+    for key in keys:
+        values = {r: states[r][key] for r in ranks if key in states[r]}
+        first = next(iter(values.values()))
         if isinstance(first, dict):
             out[key] = merge_state_dicts(values)
         elif isinstance(first, torch.Tensor):
             out[key] = merge_pieces(values)
+        elif key == "param_groups" and isinstance(first, list):
+            out[key] = _merged_param_groups(list(values.values()))
         else:
             out[key] = first
     return out
+
+
+def _merged_param_groups(per_rank: list[list[dict]]) -> list[dict]:
+    """Every rank's parameter names in each group (pipeline stages hold different parameters)."""
+    groups = [dict(g) for g in per_rank[0]]
+    for i, group in enumerate(groups):
+        names = [n for rank_groups in per_rank if i < len(rank_groups) for n in rank_groups[i].get("params", [])]
+        if all(isinstance(n, str) for n in names):
+            group["params"] = list(dict.fromkeys(names))
+    return groups

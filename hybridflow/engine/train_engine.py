@@ -4,11 +4,11 @@ The role workers (actor, critic, ref, reward model) only speak to this object: t
 micro-batch losses and ask it to step, to gather weights, to offload between phases and to
 save/load checkpoints.  It hides whether the module is FSDP2-sharded over N ranks or a plain
 module in a single process (the local backend, where torch.distributed is not initialised),
-and how the ranks are laid out (``engine/parallel_dims.py``: data parallel x Ulysses sequence parallel x tensor
-parallel, with expert parallelism inside data parallelism): workers read ``dp_size`` / ``dp_rank`` for their share
-of the batch and pass ``sequence_parallel`` to the forward functions, whatever the mesh.  With tensor or expert
-parallelism the module is split first (``engine/split_model.py``) and FSDP2 shards what is left over the data
-dimensions.
+and how the ranks are laid out (``engine/parallel_dims.py``: pipeline x data parallel x Ulysses sequence parallel x
+tensor parallel, with expert parallelism inside data parallelism): workers read ``dp_size`` / ``dp_rank`` for their
+share of the batch and pass ``sequence_parallel`` to the forward functions, whatever the mesh; with pipeline
+parallelism they run their passes through ``pipeline`` (a :class:`~hybridflow.engine.parallel.pipeline.
+PipelineRunner`). How the dimensions are applied, and in which order, is ``engine/parallel/parallelize.py``.
 """
 
 from __future__ import annotations
@@ -16,17 +16,14 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from hybridflow.engine import device as dev
-from hybridflow.engine.expert_parallel import expert_gradient_divide_factor
 from hybridflow.engine.fsdp import (
-    apply_expert_fsdp2,
-    apply_fsdp2,
     clip_gradients,
     full_params,
     full_state_dict,
@@ -35,8 +32,9 @@ from hybridflow.engine.fsdp import (
     move_optimizer_state,
 )
 from hybridflow.engine.optim import build_lr_scheduler, build_optimizer
+from hybridflow.engine.parallel.parallelize import PipelineSpec, parallelize
+from hybridflow.engine.parallel.pipeline_forward import PipelinePass, pipeline_outputs, pipeline_train
 from hybridflow.engine.parallel_dims import ParallelDims
-from hybridflow.engine.split_model import split_model
 from hybridflow.engine.ulysses_forward import SequenceParallel
 from hybridflow.utils.host_memory import keep_freed_host_memory
 
@@ -95,6 +93,7 @@ class TrainEngine:
         role: str = "actor",
         parallel_dims: ParallelDims | None = None,
         activation_offload: bool = False,
+        pipeline: PipelineSpec | None = None,
     ):
         self.role = role
         self.fsdp_config = fsdp_config
@@ -110,37 +109,13 @@ class TrainEngine:
         self.parallel_dims = (parallel_dims if parallel_dims is not None else ParallelDims(world)).build(dev.device_type())
         self._rank = dist.get_rank() if is_distributed() and self.parallel_dims.world > 1 else 0
         self.mesh = self.parallel_dims.fsdp_mesh(dev.device_type(), fsdp_config.fsdp_size)
-        self.sequence_parallel: SequenceParallel | None = None
-        pd = self.parallel_dims
-        if pd.sp_enabled:
-            self.sequence_parallel = SequenceParallel.for_module(
-                module, pd.sp_group, pd.sp, pd.coordinate(self._rank)["sp"], pd.key, tp=pd.tp)
-        module.to(self.device)
-        experts = split_model(module, pd) if pd.nd and pd.mesh is not None else []
-        compute, reduce, buffers = resolve_precision(fsdp_config, role)
-        self.compute_dtype = compute
-        if buffers is not None:  # verl's mixed_precision.buffer_dtype (FSDP2 leaves buffers to the module)
-            for buf in module.buffers():
-                if buf.is_floating_point():
-                    buf.data = buf.data.to(buffers)
-        if experts:
-            apply_expert_fsdp2(experts, pd.expert_fsdp_mesh,
-                               expert_gradient_divide_factor(pd.expert_fsdp_mesh.size(), pd.ep,
-                                                            pd.tp if pd.ep_beyond_dp else 1),
-                               param_dtype=compute, reduce_dtype=reduce,
-                               reshard_after_forward=bool(fsdp_config.reshard_after_forward),
-                               cpu_offload=bool(fsdp_config.offload_policy))
-        if self.mesh is not None:
-            apply_fsdp2(
-                module,
-                self.mesh,
-                param_dtype=compute,
-                reduce_dtype=reduce,
-                reshard_after_forward=bool(fsdp_config.reshard_after_forward),
-                cpu_offload=bool(fsdp_config.offload_policy),
-                layer_cls_names=fsdp_config.wrap_policy.transformer_layer_cls_to_wrap,
-                forward_prefetch=bool(fsdp_config.forward_prefetch),
-            )
+        self.compute_dtype, reduce, buffers = resolve_precision(fsdp_config, role)
+        laid_out = parallelize(module, self.parallel_dims, self._rank, self.device, fsdp_config,
+                               (self.compute_dtype, reduce, buffers), self.mesh, pipeline)
+        self.sequence_parallel: SequenceParallel | None = laid_out.sequence_parallel
+        self.pipeline = laid_out.pipeline  # pp > 1: runs passes of micro-batches through this rank's stages
+        self.tied_embedding = laid_out.tied_embedding
+        module = laid_out.module
         self.module = module
         self.optimizer = None
         self.lr_scheduler = None
@@ -197,6 +172,27 @@ class TrainEngine:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.parallel_dims.dp_group)
         return t.tolist()
 
+    # ------------------------------------------------------------------ passes over micro-batches
+    def forward_passes(self, batches: list[dict[str, torch.Tensor]], spec: PipelinePass,
+                       run_one: Callable[[int], dict[str, torch.Tensor]]) -> list[dict]:
+        """Each micro-batch's outputs: ``run_one(i)`` one after another, or, with pipeline parallelism, all of them
+        through the stages together (``spec``: the same head; real outputs on the last stage's ranks, zeros of the
+        same shape elsewhere -- the controller collects the last stage's)."""
+        if self.pipeline is None:
+            return [run_one(i) for i in range(len(batches))]
+        return pipeline_outputs(self.pipeline, batches, spec)
+
+    def backward_passes(self, batches: list[dict[str, torch.Tensor]], spec: PipelinePass,
+                        run_one: Callable[[int], dict[str, torch.Tensor]],
+                        loss: Callable[[dict[str, torch.Tensor], int], torch.Tensor]) -> None:
+        """Forward and backward of every micro-batch: ``loss(run_one(i), i).backward()`` one after another, or the
+        stages' schedule with the same head and ``loss`` on the last stage (gradients accumulate)."""
+        if self.pipeline is None:
+            for i in range(len(batches)):
+                loss(run_one(i), i).backward()
+            return
+        pipeline_train(self.pipeline, batches, spec, loss)
+
     # ------------------------------------------------------------------ optimisation
     def zero_grad(self) -> None:
         self._require_optimizer().zero_grad(set_to_none=True)
@@ -210,8 +206,9 @@ class TrainEngine:
         optimizer = self._require_optimizer()
         params = [p for p in self.module.parameters() if p.requires_grad]
         max_norm = float(grad_clip) if grad_clip is not None and grad_clip > 0 else float("inf")
+        skip = self._sum_tied_embedding_gradients()
         if self.parallel_dims.nd:  # parameters on several meshes: the global norm is combined group by group
-            grad_norm = clip_gradients(params, max_norm)
+            grad_norm = clip_gradients(params, max_norm, self.parallel_dims.stage_world, skip)
         else:
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
             if hasattr(norm, "full_tensor"):  # DTensor norm of sharded gradients
@@ -222,6 +219,22 @@ class TrainEngine:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return StepResult(grad_norm=grad_norm, stepped=stepped, lr=self.current_lr())
+
+    def _sum_tied_embedding_gradients(self) -> frozenset[int]:
+        """Pipeline parallelism with tied input and output embeddings: the first stage's embedding and the last
+        stage's head are copies of one weight; their gradients are summed (the tied weight's gradient) so both copies
+        take the same step. Returns the parameter the global norm must not count twice (the head's copy)."""
+        group = self.parallel_dims.tied_embedding_group
+        if self.tied_embedding is None or group is None:
+            return frozenset()
+        emb_name, head_name = self.tied_embedding
+        first = self.parallel_dims.pp_rank(self._rank) == 0
+        param = self.module.get_submodule(emb_name if first else head_name).weight
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        grad = param.grad
+        dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
+        return frozenset() if first else frozenset({id(param)})
 
     def lr_scheduler_step(self) -> float:
         """Advance the schedule by one training step; returns the LR used for the step just taken."""

@@ -48,7 +48,7 @@ from hybridflow.config.loader import compose_config
 from hybridflow.config.modes import check_mode
 from hybridflow.config.schema import PPOConfig
 from hybridflow.data.checks import check_data_files
-from hybridflow.engine.checks import check_model_files, check_optimizers
+from hybridflow.engine.checks import check_model_files, check_optimizers, check_prompt_rows
 from hybridflow.engine.model_loader import ModelLoadError, check_causal_lm
 from hybridflow.engine.parallel.checks import check_parallel_layout, check_parallel_model
 from hybridflow.rewards.checks import check_reward_manager, check_user_code
@@ -136,6 +136,7 @@ RUN_CHECKS: tuple[Check, ...] = (
     Check("rollout_model", check_rollout_model),          # ... that the rollout engine can serve
     Check("parallel_model", check_parallel_model),        # strategy=megatron: tp / ep divide heads, MLP, experts
     Check("data_files", check_data_files),                # files exist, a step's prompts are there
+    Check("prompt_rows", check_prompt_rows),              # row sizes; prompt lengths under truncation=error
     Check("user_code", check_user_code),                  # reward function + signature, classes, external_lib
     Check("optimizers", check_optimizers),                # optim.optimizer_impl / optimizer name a class
     Check("agent_files", check_agent_files),              # agent-loop / tool / interaction files

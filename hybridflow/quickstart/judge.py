@@ -200,6 +200,7 @@ def judge_overrides(judge_dir: str) -> list[str]:
 
 
 def _with_questions(rows: list[dict]) -> list[dict]:
+    """The rows, each with its question in ``extra_info`` (the judge's reward function reads it there)."""
     for row in rows:
         row["extra_info"] = {**row["extra_info"], "question": row["prompt"][0]["content"]}
     return rows
@@ -217,51 +218,26 @@ def run_judge_quickstart(output_dir: str = "outputs/quickstart_judge", backend: 
     weak teaches the policy to please it, not to add (measured: held-out accuracy fell 15-33 points with a 72-76 %
     judge)."""
     from hybridflow.launch.config import load_config
-    from hybridflow.quickstart.addition import LiveLogger, build_base_model, grpo_overrides, held_out_rows, \
-        prepare_output, warm_up
-    from hybridflow.tracking import Tracking
-    from hybridflow.tracking.report import write_report
-    from hybridflow.trainer.main_ppo import train_ppo
+    from hybridflow.quickstart.addition import grpo_overrides, held_out_rows, prepare_output
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     train_rows, test_rows = held_out_rows(train_size, test_size, seed)
-    _with_questions(train_rows)
-    _with_questions(test_rows)
-    out, data_dir = prepare_output(output_dir, train_rows, test_rows)
-    base = build_base_model(out / "base_model", seed)
-    print(f"[quickstart] tiny policy + judge + addition task ready in {out}", flush=True)
-    policy_dir, policy_sft_s = warm_up(base, train_rows, out / "sft", policy_sft_steps, seed, sft_lr)
-    judge_base = build_base_model(out / "judge_base", seed + 1000)
-    judge_dir, judge_sft_s = train_judge(judge_base, judge_rows(train_rows, seed), out / "judge_sft", judge_sft_steps,
-                                         seed, sft_lr)
+    out, data_dir = prepare_output(output_dir, _with_questions(train_rows), _with_questions(test_rows))
+    policy_dir, policy_sft_s, judge_dir, judge_sft_s = _train_policy_and_judge(
+        out, train_rows, seed, policy_sft_steps, judge_sft_steps, sft_lr)
     heldout_agreement = judge_agreement(judge_dir, test_rows, seed)
     print(f"[quickstart] judge agrees with the exact rule on {100 * heldout_agreement:.1f}% of held-out "
           "(question, candidate answer) pairs", flush=True)
     if heldout_agreement < min_judge_agreement:
-        reason = (f"the judge agrees with the exact rule on {100 * heldout_agreement:.1f}% of held-out pairs, below "
-                  f"min_judge_agreement={min_judge_agreement}: GRPO on its scores would teach the policy to game it. "
-                  f"Train it longer (judge_sft_steps, now {judge_sft_steps}) or lower the floor")
-        summary = {"stopped": reason, "judge_heldout_agreement": heldout_agreement, "judge_sft_steps": judge_sft_steps,
-                   "judge_sft_seconds": judge_sft_s, "seconds": time.perf_counter() - t0, "seed": seed}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        raise JudgeTooWeak(reason)
+        _stop_before_rl(out, heldout_agreement, min_judge_agreement, judge_sft_steps, judge_sft_s,
+                        time.perf_counter() - t0, seed)
     config = load_config(grpo_overrides(policy_dir, data_dir, out, backend, rl_steps, seed, rl_lr, test_freq)
                          + judge_overrides(judge_dir) + ["trainer.experiment_name=addition_fixed_judge_grpo"]
                          + list(overrides))
     rl_start = time.perf_counter()
-    tracking = Tracking("quickstart", "addition_fixed_judge_grpo", default_backend=["file"], output_dir=out,
-                        total_steps=rl_steps)
-    stop = None if max_seconds is None else (lambda: time.perf_counter() - rl_start > max_seconds)
-    history = train_ppo(config, logger=LiveLogger(tracking, rl_steps, rl_start, tag="grpo+judge",
-                                                  extra=((AGREE_KEY, "judge agrees"),)), should_stop=stop)
-    vals = [m for m in history.metrics if VAL_KEY in m]
-    agree = [m[AGREE_KEY] for m in history.metrics if AGREE_KEY in m]
+    history = _grpo_on_the_judge(config, out, rl_steps, rl_start, max_seconds)
     summary = {
-        "before": {"accuracy": vals[0][VAL_KEY], "step": vals[0]["step"]},
-        "after": {"accuracy": vals[-1][VAL_KEY], "step": vals[-1]["step"]},
-        "judge_heldout_agreement": heldout_agreement,
-        "judge_agreement_during_rl": sum(agree) / len(agree) if agree else None,
-        "steps": int(history.metrics[-1]["step"]) if history.metrics else 0,
+        **_rl_results(history, heldout_agreement),
         "seconds": time.perf_counter() - t0,
         "cpu_seconds": time.process_time() - cpu0,
         "policy_sft_seconds": policy_sft_s,
@@ -270,13 +246,72 @@ def run_judge_quickstart(output_dir: str = "outputs/quickstart_judge", backend: 
         "backend": backend,
         "seed": seed,
     }
+    _write_results(out, history, summary)
+    return summary
+
+
+def _train_policy_and_judge(out: Path, train_rows: list[dict], seed: int, policy_sft_steps: int,
+                            judge_sft_steps: int, sft_lr: float) -> tuple[str, float, str, float]:
+    """(policy folder, its SFT seconds, judge folder, its SFT seconds): both tiny models built and trained by SFT."""
+    from hybridflow.quickstart.addition import build_base_model, warm_up
+
+    base = build_base_model(out / "base_model", seed)
+    print(f"[quickstart] tiny policy + judge + addition task ready in {out}", flush=True)
+    policy_dir, policy_sft_s = warm_up(base, train_rows, out / "sft", policy_sft_steps, seed, sft_lr)
+    judge_base = build_base_model(out / "judge_base", seed + 1000)
+    judge_dir, judge_sft_s = train_judge(judge_base, judge_rows(train_rows, seed), out / "judge_sft", judge_sft_steps,
+                                         seed, sft_lr)
+    return policy_dir, policy_sft_s, judge_dir, judge_sft_s
+
+
+def _stop_before_rl(out: Path, agreement: float, floor: float, judge_sft_steps: int, judge_sft_s: float,
+                    seconds: float, seed: int) -> None:
+    """Write why the run stops at the judge's agreement floor to the summary, and raise :class:`JudgeTooWeak`."""
+    reason = (f"the judge agrees with the exact rule on {100 * agreement:.1f}% of held-out pairs, below "
+              f"min_judge_agreement={floor}: GRPO on its scores would teach the policy to game it. "
+              f"Train it longer (judge_sft_steps, now {judge_sft_steps}) or lower the floor")
+    summary = {"stopped": reason, "judge_heldout_agreement": agreement, "judge_sft_steps": judge_sft_steps,
+               "judge_sft_seconds": judge_sft_s, "seconds": seconds, "seed": seed}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    raise JudgeTooWeak(reason)
+
+
+def _grpo_on_the_judge(config, out: Path, rl_steps: int, rl_start: float, max_seconds: float | None):
+    """The GRPO run on the judge's scores, its progress shown live; its history."""
+    from hybridflow.quickstart.addition import LiveLogger
+    from hybridflow.tracking import Tracking
+    from hybridflow.trainer.main_ppo import train_ppo
+
+    tracking = Tracking("quickstart", "addition_fixed_judge_grpo", default_backend=["file"], output_dir=out,
+                        total_steps=rl_steps)
+    stop = None if max_seconds is None else (lambda: time.perf_counter() - rl_start > max_seconds)
+    return train_ppo(config, logger=LiveLogger(tracking, rl_steps, rl_start, tag="grpo+judge",
+                                               extra=((AGREE_KEY, "judge agrees"),)), should_stop=stop)
+
+
+def _rl_results(history, heldout_agreement: float) -> dict[str, Any]:
+    """Held-out accuracy before and after RL, the judge's agreement (held out, and on the RL steps' answers)."""
+    vals = [m for m in history.metrics if VAL_KEY in m]
+    agree = [m[AGREE_KEY] for m in history.metrics if AGREE_KEY in m]
+    return {
+        "before": {"accuracy": vals[0][VAL_KEY], "step": vals[0]["step"]},
+        "after": {"accuracy": vals[-1][VAL_KEY], "step": vals[-1]["step"]},
+        "judge_heldout_agreement": heldout_agreement,
+        "judge_agreement_during_rl": sum(agree) / len(agree) if agree else None,
+        "steps": int(history.metrics[-1]["step"]) if history.metrics else 0,
+    }
+
+
+def _write_results(out: Path, history, summary: dict[str, Any]) -> None:
+    """``summary.json`` and the HTML report, and the before/after line."""
+    from hybridflow.tracking.report import write_report
+
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     write_report(out, history.metrics, history.samples, summary=summary,
                  title="hybridflow quickstart: GRPO on a judge's scores (RLAIF)")
     print(f"[quickstart] held-out accuracy (greedy, exact rule): before RL {100 * summary['before']['accuracy']:.1f}%"
           f"  ->  after {100 * summary['after']['accuracy']:.1f}%   judge agreement during RL "
           f"{100 * (summary['judge_agreement_during_rl'] or 0):.1f}%   ({summary['seconds']:.0f}s total)", flush=True)
-    return summary
 
 
 __all__ = ["run_judge_quickstart", "JudgeTooWeak", "reversed_sum", "judge_score", "judge_rows", "near_misses",

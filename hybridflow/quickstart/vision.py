@@ -99,38 +99,21 @@ def warm_up_vision(base: str, rows: list[dict], out_dir: Path, steps: int, seed:
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from hybridflow.data.mrope import model_position_ids, spec_from_processor, vlm_position_ids
+    from hybridflow.data.mrope import spec_from_processor
     from hybridflow.utils.hf_processor import load_processor, save_processor
 
     start = time.perf_counter()
     torch.manual_seed(seed)
     processor = load_processor(base)
-    tok = processor.tokenizer
     model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32)
     spec = spec_from_processor(processor)
     rng = random.Random(f"vision-sft:{seed}")
-    examples = []
-    for row, truth in zip(rows, warm_up_answers(rows, rng, shuffle_answers)):
-        image = _row_image(row)
-        prompt = processor(text=[_prompt_text(processor, row, image)], images=[image], return_tensors="pt")
-        answer = tok.encode(truth, add_special_tokens=False) + [tok.eos_token_id]
-        examples.append((prompt["input_ids"][0].tolist(), answer, prompt["pixel_values"], prompt["image_grid_thw"]))
+    examples = _warm_up_examples(processor, rows, warm_up_answers(rows, rng, shuffle_answers))
     optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     model.train()
     for step in range(1, steps + 1):
         batch = rng.sample(examples, min(batch_size, len(examples)))
-        width = max(len(p) + len(a) for p, a, _, _ in batch)
-        ids = torch.full((len(batch), width), tok.pad_token_id, dtype=torch.long)
-        labels = torch.full_like(ids, -100)
-        mask = torch.zeros_like(ids)
-        for i, (p, a, _, _) in enumerate(batch):
-            ids[i, : len(p) + len(a)] = torch.tensor(p + a)
-            labels[i, len(p): len(p) + len(a)] = torch.tensor(a)
-            mask[i, : len(p) + len(a)] = 1
-        grids = torch.cat([g for _, _, _, g in batch])
-        positions = torch.stack([vlm_position_ids(ids[i], mask[i], spec, batch[i][3]) for i in range(len(batch))])
-        loss = model(input_ids=ids, attention_mask=mask, position_ids=model_position_ids(positions), labels=labels,
-                     pixel_values=torch.cat([x for _, _, x, _ in batch]), image_grid_thw=grids).loss
+        loss = model(**_warm_up_inputs(batch, processor.tokenizer.pad_token_id, spec)).loss
         optim.zero_grad()
         loss.backward()
         optim.step()
@@ -140,6 +123,40 @@ def warm_up_vision(base: str, rows: list[dict], out_dir: Path, steps: int, seed:
     model.save_pretrained(hf_dir)
     save_processor(processor, str(hf_dir))
     return str(hf_dir), time.perf_counter() - start
+
+
+def _warm_up_examples(processor, rows: list[dict], answers: list[str]) -> list[tuple]:
+    """(prompt ids, answer ids + EOS, pixel values, image grid) of each row: its picture and question rendered
+    by the processor, answered with ``answers``."""
+    tok = processor.tokenizer
+    examples = []
+    for row, truth in zip(rows, answers):
+        image = _row_image(row)
+        prompt = processor(text=[_prompt_text(processor, row, image)], images=[image], return_tensors="pt")
+        answer = tok.encode(truth, add_special_tokens=False) + [tok.eos_token_id]
+        examples.append((prompt["input_ids"][0].tolist(), answer, prompt["pixel_values"], prompt["image_grid_thw"]))
+    return examples
+
+
+def _warm_up_inputs(batch: list[tuple], pad_token_id: int, spec) -> dict:
+    """The model's keyword arguments for a batch of examples: right-padded ids, labels on the answer tokens only,
+    M-RoPE positions, and the pixel inputs concatenated in row order."""
+    import torch
+
+    from hybridflow.data.mrope import model_position_ids, vlm_position_ids
+
+    width = max(len(p) + len(a) for p, a, _, _ in batch)
+    ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    mask = torch.zeros_like(ids)
+    for i, (p, a, _, _) in enumerate(batch):
+        ids[i, : len(p) + len(a)] = torch.tensor(p + a)
+        labels[i, len(p): len(p) + len(a)] = torch.tensor(a)
+        mask[i, : len(p) + len(a)] = 1
+    positions = torch.stack([vlm_position_ids(ids[i], mask[i], spec, batch[i][3]) for i in range(len(batch))])
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": model_position_ids(positions), "labels": labels,
+            "pixel_values": torch.cat([x for _, _, x, _ in batch]),
+            "image_grid_thw": torch.cat([g for _, _, _, g in batch])}
 
 
 def vision_overrides(model: str, data_dir: Path, out_dir: Path, backend: str, steps: int, seed: int, lr: float,

@@ -18,13 +18,17 @@ raises :class:`JudgeParseError`: the sample then scores ``reward_model.error_sco
 :func:`judge_compute_score` is the built-in judge function (used when ``custom_reward_function.path`` is null):
 it fills ``reward_model.reward_kwargs.judge_template`` with the question (``extra_info.question``, else the
 decoded prompt), the response and the ground truth, asks with ``judge_max_tokens`` at temperature
-``judge_temperature``, and scales the first number it finds (``judge_score_pattern``) by ``judge_score_scale``.
+``judge_temperature``, and reads the score strictly on the scale 0..``judge_score_scale`` (:func:`parse_score`).
+
+A judge whose engine fails -- e.g. non-finite logits from broken weights -- raises :class:`JudgeError` naming the
+judge (``reward_model.model.path`` / ``reward_model.rollout.*``), never the policy's keys.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from typing import Any
 
@@ -106,7 +110,7 @@ class JudgeClient:
         if status == 504:
             raise JudgeTimeout(payload.get("error", {}).get("message", "judge request timed out"))
         if status != 200:
-            raise JudgeError(f"judge router answered {status}: {payload.get('error', {}).get('message', text)}")
+            raise JudgeError(judge_failure(status, str(payload.get("error", {}).get("message", text))))
         return payload
 
     async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> str:
@@ -121,22 +125,47 @@ class JudgeClient:
         return payload["choices"][0]["text"]
 
 
+def judge_failure(status: int, message: str) -> str:
+    """The router's error as the judge's: the engine under it words its errors for the policy it usually serves."""
+    if "non-finite logits" in message:
+        return (f"the judge (reward_model.model.path) produced non-finite logits (NaN or inf): its weights are broken "
+                f"or its dtype overflows (reward_model.rollout.dtype); this is the judge's failure, not the policy's "
+                f"(router answered {status})")
+    return f"judge router answered {status}: {message}"
+
+
 async def chat_complete(router_address: str, chat_complete_request: dict[str, Any]) -> dict[str, Any]:
     """verl's helper shape: post an OpenAI chat request to ``router_address``, return the JSON answer."""
     return await JudgeClient(router_address)._post("/v1/chat/completions", dict(chat_complete_request))
 
 
-def parse_score(text: str, pattern: str = DEFAULT_SCORE_PATTERN, scale: float = 1.0) -> float:
-    """The first match of ``pattern`` (its first group) in ``text`` divided by ``scale``; no match ->
-    :class:`JudgeParseError` quoting the text."""
-    match = re.search(pattern, text or "")
-    if match is None:
-        shown = (text or "")[:200]
-        raise JudgeParseError(f"the judge's answer holds no score matching {pattern!r}: {shown!r}")
-    try:
-        return float(match.group(1) if match.groups() else match.group(0)) / float(scale)
-    except ValueError:
-        raise JudgeParseError(f"the judge's score {match.group(0)!r} is not a number") from None
+def parse_score(text: str, pattern: str = DEFAULT_SCORE_PATTERN, scale: float = 1.0, low: float = 0.0) -> float:
+    """The judge's score on its declared scale ``[low, scale]``, divided by ``scale``.
+
+    Strict (issue 34: the first number anywhere, unbounded, let a random judge score ~2 on a 0-1 scale): the score
+    is the first match of ``pattern`` (its first group); it must be a finite number within ``[low, scale]``, and
+    every other number the pattern finds must repeat it or be a bound of the scale (``7/10``, ``7 out of 10``).
+    Anything else -- no match, a number off the scale, several different candidates -- raises
+    :class:`JudgeParseError` quoting the text: the sample is the judge's failure, scored ``error_score``."""
+    shown = repr((text or "")[:200])
+    values = []
+    for match in re.finditer(pattern, text or ""):
+        raw = match.group(1) if match.groups() else match.group(0)
+        try:
+            values.append(float(raw))
+        except (TypeError, ValueError):
+            raise JudgeParseError(f"the judge's score {raw!r} is not a number: {shown}") from None
+    if not values:
+        raise JudgeParseError(f"the judge's answer holds no score matching {pattern!r}: {shown}")
+    score = values[0]
+    if not (math.isfinite(score) and low <= score <= scale):
+        raise JudgeParseError(f"the judge's score {score:g} is outside its declared scale {low:g}..{scale:g} "
+                              f"(judge_score_scale): {shown}")
+    others = sorted({v for v in values[1:] if v not in (score, low, scale)})
+    if others:
+        raise JudgeParseError(f"the judge's answer holds several different scores ({score:g} and "
+                              f"{', '.join(f'{v:g}' for v in others[:3])}): {shown}")
+    return score / float(scale)
 
 
 async def judge_compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,

@@ -89,7 +89,7 @@ def load_reward_manager(config, tokenizer, num_examine: int = 0, judge_kwargs: d
     """Reward manager named by ``config.reward_model.reward_manager``.
 
     Reads ``config.custom_reward_function.{path,name}`` (null path = built-in scorers by data_source),
-    ``config.data.reward_fn_key``, ``config.reward_model.{reward_kwargs,num_workers,timeout_s,error_score}``,
+    ``config.data.reward_fn_key``, ``config.reward_model.{reward_kwargs,num_workers,timeout_s,error_score,worker_memory_mb}``,
     ``config.reward_model.sandbox_fusion.{url,max_concurrent,memory_limit_mb}`` (see :func:`sandbox_fusion_kwargs`).
     ``max_resp_len`` / ``overlong_buffer_cfg`` in the kwargs configure the ``dapo`` manager (verl passes them
     the same way); all other kwargs are forwarded to every ``compute_score`` call.  ``judge_kwargs`` (a run with
@@ -97,7 +97,8 @@ def load_reward_manager(config, tokenizer, num_examine: int = 0, judge_kwargs: d
     """
     cls, spec, kwargs, ctor = _manager_parts(config, reward_kwargs)
     rm = config.reward_model
-    scoring = ScoringConfig(num_workers=rm.num_workers, timeout_s=rm.timeout_s, error_score=rm.error_score)
+    scoring = ScoringConfig(num_workers=rm.num_workers, timeout_s=rm.timeout_s, error_score=rm.error_score,
+                            worker_memory_mb=rm.worker_memory_mb)
     if judge_kwargs and not any(spec.accepts(k) for k in judge_kwargs):
         raise ValueError(f"reward_model.rollout.name={config.reward_model.rollout.name} serves a judge, but the reward "
                          f"function {spec.describe()} takes none of {', '.join(judge_kwargs)}: add `judge` (a client: "

@@ -74,7 +74,8 @@ class RewardManager:
         self.offered = {k: v for k, v in (offered_kwargs or {}).items() if spec.accepts(k)}
         self.reward_kwargs.update(self.offered)
         spec.check_call(self.call_keywords(), self.expected_signature)  # a bad path / name / signature: now
-        self.pool = ScoringPool(spec, self.scoring.num_workers, self.scoring.timeout_s)
+        self.pool = ScoringPool(spec, self.scoring.num_workers, self.scoring.timeout_s,
+                                memory_mb=self.scoring.worker_memory_mb)
         self.errors = ErrorTracker(self.scoring.error_score, judge=bool(offered_kwargs))
 
     expected_signature = "(data_source, solution_str, ground_truth, extra_info=None, **kwargs)"
@@ -110,7 +111,8 @@ class RewardManager:
         out = {
             "reward_tensor": reward_tensor,
             "reward_extra_info": _columns(extras),
-            "reward_metrics": self.errors.metrics(len(scores)),
+            "reward_metrics": {**self.errors.metrics(len(scores)),
+                               "reward/workers_recycled": float(self.pool.recycled)},
             "reward_errors": list(self.errors.sample_errors),
         }
         return out if return_dict else reward_tensor

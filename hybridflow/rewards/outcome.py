@@ -29,13 +29,18 @@ REWARD_LIMIT = 1e6
 
 @dataclass
 class ScoringConfig:
-    """How scorers run: ``num_workers`` processes (0 = in-process), ``timeout_s`` per call, ``error_score``."""
+    """How scorers run: ``num_workers`` processes (0 = in-process), ``timeout_s`` per call, ``error_score``, and
+    ``worker_memory_mb``: the resident memory a scoring process may reach (then it is replaced)."""
 
     num_workers: int = 1
     timeout_s: float = 30.0
     error_score: float = 0.0
+    worker_memory_mb: float = 4096.0
 
     def __post_init__(self):
+        if not self.worker_memory_mb >= 64:
+            raise ValueError(f"reward_model.worker_memory_mb must be >= 64 MiB (a scoring process that grows past it "
+                             f"is replaced), got {self.worker_memory_mb}")
         if self.num_workers < 0:
             raise ValueError(f"reward_model.num_workers must be >= 0 (0 scores in-process), got {self.num_workers}")
         if not self.timeout_s > 0:

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -42,10 +44,14 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from hybridflow.rewards.custom_function import ScoreFnSpec, call_score_fn
+from hybridflow.rewards.proc_tree import kill_descendants
 from hybridflow.utils.stopping import check_stop
 from hybridflow.utils.threads import DaemonExecutor
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
+BURST_WORKERS = 16  # after a timeout, the batch's remaining samples run on up to this many workers at once
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+logger = logging.getLogger(__name__)
 _STOP_POLL_S = 0.25  # the longest a wait on workers goes without looking at a stop request
 _WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_main.py")
 
@@ -72,9 +78,9 @@ class _Worker:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self.proc = subprocess.Popen(
+        self.proc = subprocess.Popen(  # its own session: what the scorer starts is killed with it (kill)
             [sys.executable, _WORKER_SCRIPT, str(to_child_r), str(from_child_w)],
-            pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL,
+            pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         os.close(to_child_r)
         os.close(from_child_w)
@@ -98,10 +104,29 @@ class _Worker:
     def send(self, msg: Any) -> None:
         self.send_conn.send(msg)
 
+    def rss_mb(self) -> float:
+        """The worker's resident memory (0 once it has exited)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/statm", "rb") as f:
+                return int(f.read().split()[1]) * _PAGE / 2**20
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
     def kill(self) -> None:
+        """End the worker and everything its scorer started: detached processes are re-parented to the worker
+        (a subreaper, ``proc_tree``) or stay in its session, so nothing outlives it."""
         if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGSTOP)  # no new children while its tree is killed
+            except ProcessLookupError:
+                pass
+            kill_descendants(self.proc.pid)
             self.proc.kill()
         self.proc.wait(timeout=10)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its session: children that left the tree
+        except (ProcessLookupError, PermissionError):
+            pass
         self.send_conn.close()
         self.conn.close()
 
@@ -123,7 +148,8 @@ def _shutdown(workers: list[_Worker]) -> None:
 class ScoringPool:
     """Runs ``fn(**kwargs)`` for many kwargs dicts on ``num_workers`` processes, each with ``timeout_s``."""
 
-    def __init__(self, spec: ScoreFnSpec, num_workers: int, timeout_s: float, start_timeout_s: float = 300.0):
+    def __init__(self, spec: ScoreFnSpec, num_workers: int, timeout_s: float, start_timeout_s: float = 300.0,
+                 memory_mb: float = 4096.0):
         if num_workers < 0:
             raise ValueError(f"reward scoring num_workers must be >= 0, got {num_workers}")
         if timeout_s <= 0:
@@ -131,6 +157,9 @@ class ScoringPool:
         self.spec = spec
         self.num_workers = num_workers
         self.timeout_s = timeout_s
+        self.memory_mb = memory_mb  # a worker over it is replaced (between samples) or killed (during one)
+        self.recycled = 0  # workers replaced for their memory in the last run()
+        self._warned_memory = False
         self.start_timeout_s = start_timeout_s
         self._fn = spec.resolve()  # fail fast in the parent on a bad path / name
         self.concurrent = inspect.iscoroutinefunction(self._fn)
@@ -146,16 +175,26 @@ class ScoringPool:
             self._inline = None
 
     def run(self, tasks: list[dict[str, Any]]) -> list[TaskResult]:
+        self.recycled = 0
         if self.concurrent:
             return self._run_concurrent(tasks)
         if self.num_workers == 0:
             return self._run_inline(tasks)
-        while len(self._workers) < min(self.num_workers, len(tasks)):
-            self._workers.append(_Worker(self.spec, self.start_timeout_s))
+        try:
+            return self._run_in_workers(tasks)
+        finally:
+            self._trim()
+
+    def _run_in_workers(self, tasks: list[dict[str, Any]]) -> list[TaskResult]:
+        """One task per worker at a time, each within ``timeout_s``. After a timeout the batch's other samples
+        are spread over up to :data:`BURST_WORKERS` workers, so hung scorers time out together, not one after
+        another (issue 34: ~8 min a step at 30 s each)."""
         results: list[TaskResult | None] = [None] * len(tasks)
         pending = deque(range(len(tasks)))
         busy: dict[int, tuple[int, float]] = {}  # worker slot -> (task index, deadline)
+        timed_out = False
         while pending or busy:
+            self._grow(len(tasks), len(pending) + len(busy), burst=timed_out)
             for slot, worker in enumerate(self._workers):
                 if worker.ready and slot not in busy and pending:
                     idx = pending.popleft()
@@ -172,18 +211,56 @@ class ScoringPool:
                 else:
                     idx, _ = busy.pop(slot)
                     results[idx] = self._receive(slot)
-            self._expire(busy, results)
+                    self._recycle_if_bloated(slot)
+            timed_out = self._expire(busy, results) or timed_out
         return [r for r in results if r is not None]
 
-    def _expire(self, busy: dict[int, tuple[int, float]], results: list[TaskResult | None]) -> None:
+    def _grow(self, n_tasks: int, outstanding: int, burst: bool) -> None:
+        target = min(self.num_workers, n_tasks)
+        if burst:
+            target = max(target, min(outstanding, BURST_WORKERS))
+        while len(self._workers) < target:
+            self._workers.append(_Worker(self.spec, self.start_timeout_s))
+
+    def _trim(self) -> None:
+        """Back to ``num_workers`` after a burst."""
+        while len(self._workers) > self.num_workers:
+            self._workers.pop().stop()
+
+    def _recycle_if_bloated(self, slot: int) -> None:
+        """A worker whose memory passed ``memory_mb`` after a sample is replaced (said once per pool)."""
+        rss = self._workers[slot].rss_mb()
+        if rss <= self.memory_mb:
+            return
+        self.recycled += 1
+        if self._warned_memory:
+            self._replace(slot)
+            return
+        self._warned_memory = True
+        logger.warning("reward worker pid %d grew to %.0f MiB, over reward_model.worker_memory_mb=%g: replaced by a "
+                       "fresh process (the scoring function keeps memory between calls, a leak or a cache; raise "
+                       "the key if it needs that much; further replacements are counted in reward/workers_recycled)",
+                       self._workers[slot].proc.pid, rss, self.memory_mb)
+        self._replace(slot)
+
+    def _expire(self, busy: dict[int, tuple[int, float]], results: list[TaskResult | None]) -> bool:
+        """Time out (and replace) overdue workers, kill ones over ``memory_mb``; True when something timed out."""
         now = time.monotonic()
-        for slot in [s for s, (_, deadline) in busy.items() if deadline <= now]:
+        overdue = [s for s, (_, deadline) in busy.items() if deadline <= now]
+        for slot in overdue:
             idx, _ = busy.pop(slot)
             results[idx] = TaskResult(TIMEOUT, error=f"scoring exceeded timeout_s={self.timeout_s}")
+            self._replace(slot)
+        for slot in [s for s in busy if self._workers[s].rss_mb() > self.memory_mb]:  # growing inside one call
+            idx, _ = busy.pop(slot)
+            results[idx] = TaskResult(ERROR, error=f"MemoryError: scoring used over reward_model.worker_memory_mb="
+                                                   f"{self.memory_mb:g} MiB; the worker was killed")
+            self.recycled += 1
             self._replace(slot)
         for worker in self._workers:
             if not worker.ready and worker.start_deadline <= now and worker.conn.poll() is False:
                 raise RuntimeError(f"reward worker did not start within {self.start_timeout_s:.0f}s")
+        return bool(overdue)
 
     def _run_concurrent(self, tasks: list[dict[str, Any]]) -> list[TaskResult]:
         """Coroutine scorers: each worker (or this process) runs its share of ``tasks`` concurrently."""
@@ -216,6 +293,7 @@ class ScoringPool:
                     for idx, status, payload in replies:
                         results[idx] = TaskResult(status, payload if status == OK else None,
                                                   None if status == OK else payload)
+                    self._recycle_if_bloated(slot)
                 except (EOFError, OSError):
                     code = self._workers[slot].proc.poll()
                     for idx in share:

@@ -2,7 +2,8 @@
 
 Protocol over two pipes given as file descriptors: the parent sends the :class:`ScoreFnSpec`, the worker
 answers ``("ready", None)`` (or ``("init_error", traceback)``), then serves ``(index, kwargs)`` tasks with
-``(index, "ok", value)`` / ``(index, "error", traceback)`` until it receives ``None`` or the pipe closes.
+``(index, "ok", value)`` / ``(index, "error", traceback)`` until it receives ``None`` or the pipe closes; it
+then kills every process its scorer started (``proc_tree``: it is their subreaper) before it exits.
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ if __name__ == "__main__":
 
 from hybridflow.rewards.custom_function import call_score_fn  # noqa: E402
 from hybridflow.rewards.pool import ERROR, OK, run_tasks_concurrently  # noqa: E402
+from hybridflow.rewards.proc_tree import become_subreaper, kill_descendants, reap_children  # noqa: E402
+
+
+def serve_and_clean_up(recv: Connection, send: Connection) -> None:
+    """Serve until told to stop (or the parent is gone), then end every process the scorer started, detached
+    ones included: as a subreaper this worker has inherited them."""
+    become_subreaper()
+    try:
+        serve(recv, send)
+    finally:
+        kill_descendants(os.getpid())
+        reap_children()
 
 
 def serve(recv: Connection, send: Connection) -> None:
@@ -83,4 +96,4 @@ def serve(recv: Connection, send: Connection) -> None:
 
 if __name__ == "__main__":
     read_fd, write_fd = int(sys.argv[1]), int(sys.argv[2])
-    serve(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
+    serve_and_clean_up(Connection(read_fd, writable=False), Connection(write_fd, readable=False))

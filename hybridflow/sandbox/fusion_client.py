@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 import threading
 import time
 import urllib.error
@@ -90,6 +91,21 @@ def _result_from_response(data: dict) -> SandboxResult:
                              f"{str(data)[:200]!r}")
 
 
+_WEAK_SERVICES: set[str] = set()
+_WEAK_LOCK = threading.Lock()
+
+
+def _warn_weak_service(endpoint: str) -> None:
+    """Say once per service that it runs model-written code with no OS isolation (``--isolation audit``)."""
+    with _WEAK_LOCK:
+        if endpoint in _WEAK_SERVICES:
+            return
+        _WEAK_SERVICES.add(endpoint)
+    print(f"hybridflow sandbox: WARNING: the sandbox service {endpoint} runs model-written code with "
+          "isolation=audit (NO OS ISOLATION: a Python audit hook only); restart it without --isolation audit "
+          "unless the code is trusted (docs/sandbox.md)", file=sys.stderr, flush=True)
+
+
 def run_code_remote(url: str, code: str, stdin: str = "", timeout_s: float = 10.0, memory_mb: int = 1024,
                     language: str = "python", max_retries: int = 3) -> SandboxResult:
     """Run ``code`` on the SandboxFusion service at ``url`` (blocking; thread-safe)."""
@@ -123,9 +139,14 @@ def run_code_remote(url: str, code: str, stdin: str = "", timeout_s: float = 10.
             last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
             continue
         try:
-            return _result_from_response(json.loads(body))
+            data = json.loads(body)
+            result = _result_from_response(data)
         except json.JSONDecodeError:
             raise SandboxFusionError(f"sandbox service {endpoint} answered non-JSON: {body[:200]!r}") from None
+        result.isolation = str(data.get("isolation") or "remote")  # hybridflow's server says which mode ran it
+        if result.isolation == "audit":
+            _warn_weak_service(endpoint)
+        return result
     raise SandboxFusionError(f"sandbox service {endpoint} unreachable after {max(1, max_retries)} attempt(s): {last}")
 
 

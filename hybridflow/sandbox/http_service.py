@@ -21,33 +21,33 @@ It runs arbitrary code, so by default it is reachable only by this machine's own
   cross-site ``text/plain`` POSTs);
 * bodies need a valid ``Content-Length`` (missing -> 411, negative or not a number -> 400, over 16 MiB -> 413,
   chunked -> 411); a connection idle for ``--idle-timeout`` seconds (default 30) is closed (408 when a request
-  was half sent); at most ``--max-connections`` (512) are served at once, more get 503; the listen backlog is
-  1024. Every refused request gets a status and a JSON ``message``.
+  was half sent), and a request must arrive whole within ``--request-timeout`` seconds (default 60) however it
+  trickles in (408); at most ``--max-connections`` (512) are served at once, connections that have not sent the
+  token yet hold at most ``--max-unauthenticated`` of them (half; over it the oldest is dropped with 503), so
+  slow clients cannot starve an authenticated one; the listen backlog is 1024. Every refused request gets a
+  status and a JSON ``message``.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import hmac
 import ipaddress
-import json
 import math
 import os
 import secrets
 import socket
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
+from hybridflow.sandbox.http_connections import ConnectionTable, drop, http_answer
+from hybridflow.sandbox.http_handler import MAX_BODY_BYTES, TOKEN_ENV, make_handler, sandbox_error
 from hybridflow.sandbox.limits import SandboxConfig, SandboxResult
 from hybridflow.sandbox.modes import SandboxUnavailable, resolve_isolation
 from hybridflow.sandbox.run import run_python
 
-MAX_BODY_BYTES = 16 * 1024 * 1024
 LISTEN_BACKLOG = 1024
-TOKEN_ENV = "HYBRIDFLOW_SANDBOX_TOKEN"
 _PYTHON = ("python", "python3")
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
@@ -65,12 +65,7 @@ def response_for(result: SandboxResult) -> dict[str, Any]:
     else:
         api_status, message = ("Success", "") if result.status == "pass" else ("Failed", "")
     return {"status": api_status, "message": message, "compile_result": None, "run_result": _run_result(result),
-            "executor_pod_name": None, "files": {}}
-
-
-def _sandbox_error(message: str) -> dict[str, Any]:
-    return {"status": "SandboxError", "message": message, "compile_result": None, "run_result": None,
-            "executor_pod_name": None, "files": {}}
+            "executor_pod_name": None, "files": {}, "isolation": result.isolation}
 
 
 def _number(request: dict, key: str, default: float) -> float | None:
@@ -101,42 +96,28 @@ class SandboxService:
     def run(self, request: Any) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON answer) for one ``/run_code`` body."""
         if not isinstance(request, dict):
-            return 400, _sandbox_error("the request body must be a JSON object")
+            return 400, sandbox_error("the request body must be a JSON object")
         code = request.get("code")
         if not isinstance(code, str):
-            return 400, _sandbox_error("'code' (a string) is required")
+            return 400, sandbox_error("'code' (a string) is required")
         language = request.get("language") or "python"
         if language not in _PYTHON:
-            return 200, _sandbox_error(f"language {language!r} is not supported by hybridflow's sandbox (python only)")
+            return 200, sandbox_error(f"language {language!r} is not supported by hybridflow's sandbox (python only)")
         if request.get("files") or request.get("fetch_files"):
-            return 200, _sandbox_error("'files' and 'fetch_files' are not supported by hybridflow's sandbox")
+            return 200, sandbox_error("'files' and 'fetch_files' are not supported by hybridflow's sandbox")
         stdin = request.get("stdin") or ""
         timeout = _number(request, "run_timeout", 10.0)
         memory = _number(request, "memory_limit_MB", 1024)
         if timeout is None or memory is None:
-            return 400, _sandbox_error("'run_timeout' and 'memory_limit_MB' must be finite numbers")
+            return 400, sandbox_error("'run_timeout' and 'memory_limit_MB' must be finite numbers")
         if not isinstance(stdin, str) or timeout <= 0 or memory < 32:
-            return 400, _sandbox_error("'stdin' must be a string, 'run_timeout' > 0 and 'memory_limit_MB' >= 32")
+            return 400, sandbox_error("'stdin' must be a string, 'run_timeout' > 0 and 'memory_limit_MB' >= 32")
         with self._slots:
             result = run_python(code, stdin=stdin, timeout_s=min(timeout, self.max_timeout_s),
                                 memory_mb=int(min(memory, self.max_memory_mb)), config=self.base)
         with self._count_lock:
             self.programs_run += 1
         return 200, response_for(result)
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
-
-
-def _host_name(header: str) -> str:
-    """``Host`` header -> host name without the port (``[::1]:80`` -> ``::1``)."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1:].split("]", 1)[0]
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 def allowed_hosts(bind_host: str, extra: list[str] | tuple[str, ...] = ()) -> set[str]:
@@ -150,169 +131,45 @@ def allowed_hosts(bind_host: str, extra: list[str] | tuple[str, ...] = ()) -> se
     return names
 
 
-def _handler(service: SandboxService, token: str, hosts: set[str], idle_timeout_s: float):
-    expected = token.encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        default_request_version = "HTTP/1.0"  # a garbled request line still gets a status line back
-        timeout = idle_timeout_s  # socket timeout: idle and half-open connections are closed
-
-        def _send(self, status: int, body: Any, content_type: str = "application/json",
-                  headers: dict[str, str] | None = None) -> None:
-            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(data)
-
-        def send_error(self, code, message=None, explain=None):  # http.server's own refusals, as JSON
-            self.close_connection = True
-            try:
-                text = message or explain or self.responses.get(code, ("",))[0]
-                self._send(code, {"status": "Error", "message": text})
-            except OSError:
-                pass
-
-        def parse_request(self) -> bool:
-            try:
-                return super().parse_request()
-            except TimeoutError:
-                self.send_error(408, "request headers not received in time")
-                return False
-
-        def _check(self, needs_auth: bool = True) -> None:
-            host = self.headers.get("Host")
-            if host is None or ("*" not in hosts and _host_name(host) not in hosts):
-                raise _Refused(403, f"Host header {host!r} does not name this server; add it with --allow-host "
-                                    "if this is intended")
-            if self.headers.get("Origin") is not None:
-                raise _Refused(403, "cross-origin requests (with an Origin header) are refused")
-            if needs_auth and not self._authorized():
-                raise _Refused(401, "missing or wrong token: send 'Authorization: Bearer <token>' (the token "
-                                    "`hybridflow sandbox serve` printed, or --token / $" + TOKEN_ENV + ")",
-                               {"WWW-Authenticate": 'Bearer realm="hybridflow-sandbox"'})
-
-        def _authorized(self) -> bool:
-            auth = self.headers.get("Authorization") or ""
-            scheme, _, value = auth.partition(" ")
-            if scheme.lower() == "bearer":
-                return hmac.compare_digest(value.strip().encode(), expected)
-            if scheme.lower() == "basic":
-                try:
-                    _, _, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
-                except (ValueError, UnicodeDecodeError):
-                    return False
-                return hmac.compare_digest(password.encode(), expected)
-            return False
-
-        def _body(self) -> bytes:
-            if self.headers.get("Transfer-Encoding"):
-                raise _Refused(411, "chunked bodies are not accepted: send a Content-Length")
-            raw = self.headers.get("Content-Length")
-            if raw is None:
-                raise _Refused(411, "a Content-Length header is required")
-            if not raw.strip().isdigit():
-                raise _Refused(400, f"Content-Length {raw!r} is not a non-negative integer")
-            length = int(raw)
-            if length > MAX_BODY_BYTES:
-                raise _Refused(413, f"request body of {length} bytes is over the limit of {MAX_BODY_BYTES}")
-            try:
-                data = self.rfile.read(length)
-            except TimeoutError:
-                raise _Refused(408, f"request body not received within {idle_timeout_s:g} s") from None
-            if len(data) != length:
-                raise _Refused(400, f"request body ended after {len(data)} of {length} bytes")
-            return data
-
-        def _answer(self, work) -> None:
-            try:
-                work()
-            except _Refused as e:
-                self.close_connection = True
-                self._send(e.status, _sandbox_error(e.message), headers=e.headers)
-            except OSError:
-                self.close_connection = True  # the client went away
-            except Exception as e:  # a status and a message, never a silently dropped connection
-                self.close_connection = True
-                self._send(500, _sandbox_error(f"internal error: {type(e).__name__}: {e}"))
-
-        def do_GET(self):  # noqa: N802 (http.server's naming)
-            self._answer(self._get)
-
-        def _get(self):
-            path = self.path.rstrip("/")
-            self._check(needs_auth=path != "/v1/ping")
-            if path == "/v1/ping":
-                self._send(200, "pong", "text/plain")
-            elif path == "/health":
-                self._send(200, {"status": "ok", "workers": service.workers, "isolation": service.isolation,
-                                 "programs_run": service.programs_run})
-            else:
-                raise _Refused(404, f"unknown path {self.path}; POST /run_code")
-
-        def do_POST(self):  # noqa: N802
-            self._answer(self._post)
-
-        def _post(self):
-            self._check()
-            if self.path.rstrip("/") != "/run_code":
-                raise _Refused(404, f"unknown path {self.path}; POST /run_code")
-            body = self._body()
-            try:
-                request = json.loads(body or b"null")
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise _Refused(400, f"the request body is not JSON: {e}") from None
-            status, answer = service.run(request)
-            self._send(status, answer)
-
-        def do_PUT(self):  # noqa: N802
-            self._answer(self._not_allowed)
-
-        do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_PUT  # noqa: N815
-
-        def _not_allowed(self):
-            raise _Refused(405, f"method {self.command} is not supported; POST /run_code or GET /health")
-
-        def log_message(self, format, *args):  # quiet: one line per request would flood training logs
-            pass
-
-    return Handler
-
-
 class SandboxHTTPServer(ThreadingHTTPServer):
-    """A thread per connection, up to ``max_connections`` at once (more get 503), with a deep listen backlog."""
+    """A thread per connection, at most ``max_connections`` at once, with a deep listen backlog. Each request must
+    arrive whole within ``request_timeout_s`` and unauthenticated connections hold at most ``max_unauthenticated``
+    slots (:mod:`hybridflow.sandbox.http_connections`); more than that gets 503."""
 
     request_queue_size = LISTEN_BACKLOG
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address, handler, max_connections: int = 512):
+    def __init__(self, address, handler, max_connections: int = 512, max_unauthenticated: int | None = None,
+                 request_timeout_s: float = 60.0):
         self.max_connections = max_connections
-        self._active = 0
-        self._active_lock = threading.Lock()
-        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self.address_family = family
+        self.connections = ConnectionTable(max_connections, max_unauthenticated or max(1, max_connections // 2),
+                                           request_timeout_s)
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, handler)
+        self._closed = threading.Event()
+        threading.Thread(target=self._reap, name="hybridflow-sandbox-reaper", daemon=True).start()
+
+    def _reap(self) -> None:
+        """Cut the connections whose request is late (408), four times per request time-out at least."""
+        interval = min(0.25, self.connections.request_timeout_s / 4)
+        timeout = self.connections.request_timeout_s
+        answer = http_answer(408, "Request Timeout", sandbox_error(
+            f"request not received whole within {timeout:g} s (--request-timeout)"))
+        while not self._closed.wait(interval):
+            for sock in self.connections.late():
+                drop(sock, answer)
 
     def process_request(self, request, client_address):
-        with self._active_lock:
-            full = self._active >= self.max_connections
-            if not full:
-                self._active += 1
-        if full:
-            body = json.dumps(_sandbox_error(f"server busy: {self.max_connections} connections open")).encode()
-            try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                                b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
-                                + body)
-            except OSError:
-                pass
+        admitted, victims = self.connections.admit(request)
+        evicted = http_answer(503, "Service Unavailable", sandbox_error(
+            "connection dropped: too many connections have not sent the token yet (--max-unauthenticated "
+            f"{self.connections.max_unauthenticated})"))
+        for victim in victims:
+            drop(victim, evicted)
+        if not admitted:
+            drop(request, http_answer(503, "Service Unavailable", sandbox_error(
+                f"server busy: {self.max_connections} authenticated requests running")))
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
@@ -321,22 +178,37 @@ class SandboxHTTPServer(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            with self._active_lock:
-                self._active -= 1
+            self.connections.remove(request)
+
+    def request_started(self, sock) -> None:
+        self.connections.request_started(sock)
+
+    def request_authenticated(self, sock) -> bool:
+        return self.connections.request_authenticated(sock)
+
+    def request_received(self, sock) -> None:
+        self.connections.request_received(sock)
+
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
 
 
 def make_server(host: str = "127.0.0.1", port: int = 8080, token: str | None = None,
                 allow_hosts: list[str] | tuple[str, ...] = (), idle_timeout_s: float = 30.0,
-                max_connections: int = 512, **service_kwargs) -> SandboxHTTPServer:
+                max_connections: int = 512, max_unauthenticated: int | None = None, request_timeout_s: float = 60.0,
+                **service_kwargs) -> SandboxHTTPServer:
     """A ready-to-serve HTTP server (``port=0`` picks a free port: ``server.server_address[1]``).
 
-    ``token`` defaults to ``$HYBRIDFLOW_SANDBOX_TOKEN``, else a random one (``server.token``)."""
+    ``token`` defaults to ``$HYBRIDFLOW_SANDBOX_TOKEN``, else a random one (``server.token``);
+    ``max_unauthenticated`` defaults to half of ``max_connections``."""
     token = token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
     if not idle_timeout_s > 0:
         raise ValueError(f"--idle-timeout must be > 0 seconds, got {idle_timeout_s}")
     service = SandboxService(**service_kwargs)
-    handler = _handler(service, token, allowed_hosts(host, allow_hosts), idle_timeout_s)
-    server = SandboxHTTPServer((host, port), handler, max_connections=max_connections)
+    handler = make_handler(service, token, allowed_hosts(host, allow_hosts), idle_timeout_s)
+    server = SandboxHTTPServer((host, port), handler, max_connections=max_connections,
+                               max_unauthenticated=max_unauthenticated, request_timeout_s=request_timeout_s)
     server.service = service
     server.token = token
     return server
@@ -379,6 +251,11 @@ def setup_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-memory-mb", type=int, default=4096, help="cap on a request's memory_limit_MB")
     parser.add_argument("--idle-timeout", type=float, default=30.0, help="close connections idle this long (s)")
     parser.add_argument("--max-connections", type=int, default=512, help="connections served at once")
+    parser.add_argument("--max-unauthenticated", type=int, default=None,
+                        help="slots that connections without the token yet may hold (default: half of "
+                             "--max-connections); over it the oldest such connection is dropped")
+    parser.add_argument("--request-timeout", type=float, default=60.0,
+                        help="a request must arrive whole (headers and body) within this many seconds (default 60)")
     parser.add_argument("--isolation", default="auto", choices=["auto", "namespace", "bwrap", "userns", "audit"],
                         help="sandbox mode (see docs/sandbox.md; 'audit' is weak and must be asked for)")
 
@@ -392,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = make_server(args.host, args.port, token=given, allow_hosts=args.allow_host,
                              idle_timeout_s=args.idle_timeout, max_connections=args.max_connections,
+                             max_unauthenticated=args.max_unauthenticated, request_timeout_s=args.request_timeout,
                              workers=args.workers, max_timeout_s=args.max_timeout, max_memory_mb=args.max_memory_mb,
                              isolation=args.isolation)
     except (SandboxUnavailable, ValueError, OSError) as e:

@@ -103,11 +103,30 @@ def _copy_private(src, dst, uid, gid, mode):
 
 
 def _build_root(spec, owner):
-    """Populate a tmpfs root with read-only views of what the interpreter needs, and nothing else."""
+    """Populate a tmpfs root with read-only views of what the interpreter needs, and nothing else; only
+    ``/sandbox``, ``/tmp`` and ``/dev/shm`` stay writable (in an unprivileged user namespace the root's own
+    directories belong to the program's uid, so the read-only remount is what keeps them unwritable)."""
     root = spec["root_dir"]
     os.makedirs(root, exist_ok=True)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['disk_mb']}m,mode=755")
-    for path in spec["readonly_paths"]:
+    _expose_system(root, spec["readonly_paths"])
+    _add_devices_and_proc(root)
+    for scratch in ("/tmp", "/dev/shm"):  # /dev/shm: multiprocessing's semaphores live there
+        os.makedirs(root + scratch, exist_ok=True)
+        _mount("tmpfs", root + scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['disk_mb']}m,mode=1777")
+    _add_supervisor_files(root, spec, owner)
+    work = root + "/sandbox"
+    os.makedirs(work)
+    _mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['disk_mb']}m,mode=755")
+    shutil.copyfile(os.path.join(spec["host_workdir"], "main.py"), work + "/main.py")
+    os.chown(work, *owner)
+    os.chown(work + "/main.py", *owner)
+    _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _expose_system(root, paths):
+    """Read-only binds of the system dirs and the Python prefix (links recreated as links)."""
+    for path in paths:
         if os.path.realpath(path) == "/":
             raise ValueError("refusing to expose the host's / inside the sandbox")
         if not os.path.lexists(path):
@@ -119,6 +138,9 @@ def _build_root(spec, owner):
                 os.symlink(os.readlink(path), dst)
             continue
         _bind_readonly(path, dst)
+
+
+def _add_devices_and_proc(root):
     os.makedirs(root + "/dev", exist_ok=True)
     for dev in DEVICES:
         src = "/dev/" + dev
@@ -128,22 +150,22 @@ def _build_root(spec, owner):
             _mount(src, dst, None, MS_BIND)
     os.makedirs(root + "/proc", exist_ok=True)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for scratch in ("/tmp", "/dev/shm"):  # /dev/shm: multiprocessing's semaphores live there
-        os.makedirs(root + scratch, exist_ok=True)
-        os.chmod(root + scratch, 0o1777)
-    inner = root + INNER_DIR  # what the supervisor reads; not writable by the program
+
+
+def _add_supervisor_files(root, spec, owner):
+    """What the supervisor reads, read-only. Owned by root where root exists in the namespace (``namespace``, or
+    ``userns`` started by root); an unprivileged user namespace maps one id only, the program's (a chown to an
+    id absent from the namespace fails with EINVAL): the files are then the program's own, still read-only and
+    read by the supervisor before the program starts."""
+    inner = root + INNER_DIR
     os.makedirs(inner)
     host = spec["host_workdir"]
-    _copy_private(spec["supervisor_path"], inner + "/supervisor.py", 0, 0, 0o444)
-    _copy_private(os.path.join(host, "spec.json"), inner + "/spec.json", 0, 0, 0o444)
+    uid, gid = (0, 0) if spec["privileged"] else owner
+    _copy_private(spec["supervisor_path"], inner + "/supervisor.py", uid, gid, 0o444)
+    _copy_private(os.path.join(host, "spec.json"), inner + "/spec.json", uid, gid, 0o444)
     if spec.get("seccomp_path"):
-        _copy_private(spec["seccomp_path"], inner + "/seccomp.bpf", 0, 0, 0o444)
+        _copy_private(spec["seccomp_path"], inner + "/seccomp.bpf", uid, gid, 0o444)
     os.chmod(inner, 0o555)
-    work = root + "/sandbox"
-    os.makedirs(work)
-    shutil.copyfile(os.path.join(host, "main.py"), work + "/main.py")
-    os.chown(work, *owner)
-    os.chown(work + "/main.py", *owner)
 
 
 def _exec_supervisor(spec, report_fd):
@@ -186,13 +208,18 @@ def _in_child(fn, *args):
     os._exit(SETUP_FAILED_EXIT)
 
 
+def _limit_processes(spec):
+    """The kernel's per-uid process count, set before the switch to the run's own uid (OS modes only)."""
+    resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc_limit"], spec["nproc_limit"]))
+
+
 def _run_namespace(spec, report_fd):
     _pdeathsig()
     _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     uid, gid = spec["uid"], spec["gid"]
 
     def become_user():
-        resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc_limit"], spec["nproc_limit"]))
+        _limit_processes(spec)
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)  # drops every capability: no remount, no chroot escape, the process count enforced
@@ -236,7 +263,7 @@ def _userns_child(spec, report_fd, ready_w, go_r):
     inner = (spec["inner_uid"], spec["inner_gid"])
 
     def become_user():
-        resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc_limit"], spec["nproc_limit"]))
+        _limit_processes(spec)
         if privileged:
             os.setgroups([])
         os.setresgid(inner[1], inner[1], inner[1])
@@ -292,16 +319,15 @@ def _run_bwrap(spec, report_fd):
     os.execve(argv[0], argv, {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
 
 
-def _set_limits(spec):
-    """RLIMIT_CPU (soft then SIGKILL 1 s later), RLIMIT_AS, file size, open files, no core dumps."""
-    cpu = spec["cpu_limit_s"]
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    mem = spec["memory_mb"] * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    fsize = spec["disk_mb"] * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (spec["max_open_files"], spec["max_open_files"]))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def _apply_limits(spec):
+    """The programs' resource limits, as the supervisor sets them in the OS modes (one definition: it is loaded
+    from the supervisor's file; RLIMIT_NPROC is left out here, it would count all the host user's processes)."""
+    import importlib.util
+
+    module_spec = importlib.util.spec_from_file_location("hybridflow_sandbox_supervisor", spec["supervisor_path"])
+    supervisor = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(supervisor)
+    supervisor.apply_limits(spec)
 
 
 def _run_audit(spec, report_fd):
@@ -310,7 +336,7 @@ def _run_audit(spec, report_fd):
     os.makedirs(work, exist_ok=True)
     shutil.copy(os.path.join(spec["host_workdir"], "main.py"), work + "/main.py")
     os.chdir(work)
-    _set_limits(spec)
+    _apply_limits(spec)
     env = dict(spec["env"], HOME=work, TMPDIR=work)
     with open(spec["audit_bootstrap_path"]) as f:
         bootstrap = f.read()

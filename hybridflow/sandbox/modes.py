@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import subprocess
 import sys
 import threading
 
@@ -37,11 +38,40 @@ DESCRIPTIONS = {
     "audit": "NO OS ISOLATION: a Python audit hook and rlimits only (stops accidental escapes, not a "
              "determined program)",
 }
-_FIXES = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap), or allow unprivileged user "
-          "namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; on Ubuntu "
-          "24.04+ also kernel.apparmor_restrict_unprivileged_userns=0), or run as root; or run the code on "
-          "another machine with `hybridflow sandbox serve` (reward_model.sandbox_fusion.url); or, for trusted "
-          "code only, ask for the weak mode by name with isolation='audit'")
+_USERNS_SYSCTLS = ("sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; on Ubuntu 24.04+ "
+                   "also kernel.apparmor_restrict_unprivileged_userns=0")
+_USERNS_PROBE = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                 "raise SystemExit(0 if libc.unshare(0x10000000) == 0 else 1)")  # CLONE_NEWUSER
+
+
+@functools.lru_cache(maxsize=1)
+def user_namespaces_allowed() -> bool:
+    """True when this user may create a user namespace (tried in a throwaway process)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    try:
+        return subprocess.run([python, "-I", "-S", "-c", _USERNS_PROBE], timeout=20,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def fixes() -> str:
+    """What would make an OS-level mode work here; never asks for what this machine already allows."""
+    steps = []
+    if shutil.which("bwrap") is None:
+        steps.append("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)")
+    if user_namespaces_allowed():
+        steps.append("user namespaces are already allowed here, so a failing 'userns' mode is a hybridflow bug: "
+                     "report its reason (above)")
+    else:
+        steps.append(f"allow unprivileged user namespaces ({_USERNS_SYSCTLS})")
+    if os.geteuid() != 0:
+        steps.append("run as root")
+    steps.append("run the code on another machine with `hybridflow sandbox serve` (reward_model.sandbox_fusion.url)")
+    steps.append("for trusted code only, ask for the weak mode by name with isolation='audit'")
+    return "; or ".join(steps)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -88,7 +118,7 @@ def _auto_choice() -> str:
         reasons.append(f"{mode}: {why}")
     raise SandboxUnavailable(
         "no OS-level sandbox works on this machine, so model-written code cannot run safely (tried "
-        + "; ".join(reasons) + "). Fix: " + _FIXES)
+        + "; ".join(reasons) + "). Fix: " + fixes())
 
 
 _announced: set[str] = set()
@@ -117,7 +147,7 @@ def resolve_isolation(config: SandboxConfig, quiet: bool = False) -> str:
         ok, why = probe(mode)
         if not ok:
             raise SandboxUnavailable(f"SandboxConfig.isolation={mode!r} does not work here: {why}. "
-                                     f"Modes that work: {', '.join(available_isolations())}")
+                                     f"Modes that work: {', '.join(available_isolations())}. Fix: {fixes()}")
     if not quiet:
         announce(mode)
     return mode
@@ -128,5 +158,5 @@ def namespaces_available() -> bool:
     return probe("namespace")[0]
 
 
-__all__ = ["DESCRIPTIONS", "OS_MODES", "SandboxUnavailable", "announce", "available_isolations",
-           "namespaces_available", "probe", "resolve_isolation"]
+__all__ = ["DESCRIPTIONS", "OS_MODES", "SandboxUnavailable", "announce", "available_isolations", "fixes",
+           "namespaces_available", "probe", "resolve_isolation", "user_namespaces_allowed"]

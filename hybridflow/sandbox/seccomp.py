@@ -90,61 +90,96 @@ def supported() -> bool:
     return _machine() in _TABLES
 
 
+class _Assembler:
+    """Classic-BPF instructions with symbolic jump targets, resolved to relative offsets by :meth:`assemble`."""
+
+    def __init__(self):
+        self.prog: list[tuple[int, int, int, int]] = []  # (code, jt, jf, k)
+        self.labels: dict[str, int] = {}
+        self.fixups: list[tuple[int, str, str]] = []
+
+    def emit(self, code: int, k: int, jt: str = "", jf: str = "") -> None:
+        if jt or jf:
+            self.fixups.append((len(self.prog), jt, jf))
+        self.prog.append((code, 0, 0, k))
+
+    def label(self, name: str) -> None:
+        self.labels[name] = len(self.prog)
+
+    def assemble(self) -> bytes:
+        prog = list(self.prog)
+        for pc, jt, jf in self.fixups:
+            code, _, _, k = prog[pc]
+            offsets = [self.labels[t] - pc - 1 if t else 0 for t in (jt, jf)]
+            if not all(0 <= o <= 255 for o in offsets):
+                raise AssertionError(f"seccomp jump out of range at {pc}: {offsets}")
+            prog[pc] = (code, offsets[0], offsets[1], k)
+        return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+
+
+def _check_arch(asm: _Assembler, arch: int, x32_possible: bool) -> None:
+    """A foreign architecture is killed; an x32 system call (x86-64 only) is refused."""
+    asm.emit(_LD_W_ABS, _ARCH)
+    asm.emit(_JEQ_K, arch, jt="arch_ok", jf="kill")
+    asm.label("arch_ok")
+    asm.emit(_LD_W_ABS, _NR)
+    if x32_possible:
+        asm.emit(_JGE_K, _X32_BIT, jt="deny", jf="next0")
+        asm.label("next0")
+
+
+def _deny_numbers(asm: _Assembler, numbers: list[int]) -> None:
+    for i, number in enumerate(numbers):
+        asm.emit(_JEQ_K, number, jt="deny", jf=f"d{i}")
+        asm.label(f"d{i}")
+
+
+def _dispatch_on_arguments(asm: _Assembler, nr: dict[str, int]) -> None:
+    """``clone3`` -> ENOSYS; ``clone`` and ``ioctl`` go to their argument checks; anything else is allowed."""
+    asm.emit(_JEQ_K, nr["clone3"], jt="enosys", jf="not_clone3")
+    asm.label("not_clone3")
+    asm.emit(_JEQ_K, nr["clone"], jt="clone", jf="not_clone")
+    asm.label("not_clone")
+    asm.emit(_JEQ_K, nr["ioctl"], jt="ioctl", jf="allow")
+
+
+def _check_clone_flags(asm: _Assembler) -> None:
+    asm.label("clone")
+    asm.emit(_LD_W_ABS, _ARG0)  # low 32 bits of the flags (little-endian)
+    asm.emit(_AND_K, CLONE_NEW_FLAGS)
+    asm.emit(_JEQ_K, 0, jt="allow", jf="deny")
+
+
+def _check_tty_ioctls(asm: _Assembler) -> None:
+    asm.label("ioctl")
+    asm.emit(_LD_W_ABS, _ARG1)  # the request number
+    for j, request in enumerate(_TTY_IOCTLS):
+        asm.emit(_JEQ_K, request, jt="deny", jf=f"t{j}")
+        asm.label(f"t{j}")
+
+
+def _verdicts(asm: _Assembler) -> None:
+    for name, value in (("allow", _ALLOW), ("deny", _ERRNO | EPERM), ("enosys", _ERRNO | ENOSYS),
+                        ("kill", _KILL_PROCESS)):
+        asm.label(name)
+        asm.emit(_RET_K, value)
+
+
 def build_filter(machine: str | None = None) -> bytes | None:
     """The filter for ``machine`` (default: this one) as raw ``sock_filter`` bytes, or ``None`` if unsupported."""
-    table = _TABLES.get(machine or _machine())
+    machine = machine or _machine()
+    table = _TABLES.get(machine)
     if table is None:
         return None
     arch, nr = table
-    denied = [nr[name] for name in DENIED if name in nr]
-    prog: list[tuple[int, int, int, int]] = []  # (code, jt, jf, k); jump targets patched below
-    labels: dict[str, int] = {}
-    fixups: list[tuple[int, str, str]] = []
-
-    def emit(code, k, jt="", jf=""):
-        if jt or jf:
-            fixups.append((len(prog), jt, jf))
-        prog.append((code, 0, 0, k))
-
-    emit(_LD_W_ABS, _ARCH)
-    emit(_JEQ_K, arch, jt="arch_ok", jf="kill")
-    labels["arch_ok"] = len(prog)
-    emit(_LD_W_ABS, _NR)
-    if (machine or _machine()) == "x86_64":
-        emit(_JGE_K, _X32_BIT, jt="deny", jf="next0")
-        labels["next0"] = len(prog)
-    for i, number in enumerate(denied):
-        emit(_JEQ_K, number, jt="deny", jf=f"d{i}")
-        labels[f"d{i}"] = len(prog)
-    emit(_JEQ_K, nr["clone3"], jt="enosys", jf="not_clone3")
-    labels["not_clone3"] = len(prog)
-    emit(_JEQ_K, nr["clone"], jt="clone", jf="not_clone")
-    labels["not_clone"] = len(prog)
-    emit(_JEQ_K, nr["ioctl"], jt="ioctl", jf="allow")
-    labels["clone"] = len(prog)
-    emit(_LD_W_ABS, _ARG0)  # low 32 bits of the flags (little-endian)
-    emit(_AND_K, CLONE_NEW_FLAGS)
-    emit(_JEQ_K, 0, jt="allow", jf="deny")
-    labels["ioctl"] = len(prog)
-    emit(_LD_W_ABS, _ARG1)  # the request number
-    for j, request in enumerate(_TTY_IOCTLS):
-        emit(_JEQ_K, request, jt="deny", jf=f"t{j}")
-        labels[f"t{j}"] = len(prog)
-    labels["allow"] = len(prog)
-    emit(_RET_K, _ALLOW)
-    labels["deny"] = len(prog)
-    emit(_RET_K, _ERRNO | EPERM)
-    labels["enosys"] = len(prog)
-    emit(_RET_K, _ERRNO | ENOSYS)
-    labels["kill"] = len(prog)
-    emit(_RET_K, _KILL_PROCESS)
-    for pc, jt, jf in fixups:
-        code, _, _, k = prog[pc]
-        offsets = [labels[t] - pc - 1 if t else 0 for t in (jt, jf)]
-        if not all(0 <= o <= 255 for o in offsets):
-            raise AssertionError(f"seccomp jump out of range at {pc}: {offsets}")
-        prog[pc] = (code, offsets[0], offsets[1], k)
-    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+    asm = _Assembler()
+    _check_arch(asm, arch, x32_possible=machine == "x86_64")
+    _deny_numbers(asm, [nr[name] for name in DENIED if name in nr])
+    _dispatch_on_arguments(asm, nr)
+    _check_clone_flags(asm)
+    _check_tty_ioctls(asm)
+    _verdicts(asm)
+    return asm.assemble()
 
 
 __all__ = ["DENIED", "build_filter", "supported"]

@@ -1,5 +1,6 @@
 """PID 1 of a sandboxed run's PID namespace (stdlib only; run inside the sandbox as
-``python -I -S /.hf/supervisor.py /.hf/spec.json REPORT_FD``; never imported by hybridflow).
+``python -I -S /.hf/supervisor.py /.hf/spec.json REPORT_FD``; never imported by hybridflow; the launcher loads
+it by path in ``audit`` mode for :func:`apply_limits`, the one definition of the programs' resource limits).
 
 It starts the program and watches the whole namespace, because some limits only make sense over all the
 processes of a run, and a per-process ``RLIMIT_AS`` lets N forks use N times the memory:
@@ -53,18 +54,28 @@ def _load_seccomp(libc, path):
     _prctl(libc, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog))
 
 
+def rlimits(spec):
+    """{resource: (soft, hard)} every sandboxed program runs under, in every mode: CPU time (SIGXCPU at the soft
+    limit, SIGKILL a second later), address space, file size, open files, no core dumps."""
+    cpu, mem, fsize = spec["cpu_limit_s"], spec["memory_mb"] * 1024 * 1024, spec["disk_mb"] * 1024 * 1024
+    return {resource.RLIMIT_CPU: (cpu, cpu + 1), resource.RLIMIT_AS: (mem, mem),
+            resource.RLIMIT_FSIZE: (fsize, fsize),
+            resource.RLIMIT_NOFILE: (spec["max_open_files"], spec["max_open_files"]),
+            resource.RLIMIT_CORE: (0, 0)}
+
+
+def apply_limits(spec):
+    """Set :func:`rlimits` on this process (the one place they are set: the OS modes' supervisor calls it before
+    starting the program, the launcher's ``audit`` mode loads this file and calls it too)."""
+    for which, limits in rlimits(spec).items():
+        resource.setrlimit(which, limits)
+
+
 def _exec_program(spec, libc):
     """(the forked child) limits, no new privileges, the seccomp filter, then the program."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-    cpu = spec["cpu_limit_s"]
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    mem = spec["memory_mb"] * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    fsize = spec["disk_mb"] * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (spec["max_open_files"], spec["max_open_files"]))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    apply_limits(spec)
     _prctl(libc, PR_SET_NO_NEW_PRIVS, 1)
     if spec.get("seccomp_inner"):
         _load_seccomp(libc, spec["seccomp_inner"])

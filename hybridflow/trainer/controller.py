@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, final
 
 from hybridflow.config.plan import StepPlan, plan_step
+from hybridflow.trainer import run_checkpoint as ckpt
 from hybridflow.trainer.async_reward import AsyncRewardScorer
 from hybridflow.trainer.controller_checkpoint import load_run, save_run
 from hybridflow.trainer.hooks import Hooks, hooks_for
@@ -140,6 +141,7 @@ class RLController:
             raise
         finally:
             self.mode.stop(self)
+            ckpt.release_checkpoint_dir(tcfg.default_local_dir)
             if finished:
                 self._finish()
         return self.history

@@ -45,7 +45,19 @@ def save_run(run: Run) -> None:
 
 
 def load_run(run: Run) -> bool:
-    """Restore everything from the folder ``trainer.resume_mode`` selects; False on a fresh start."""
+    """Hold ``trainer.default_local_dir`` when the run saves (one run saves into a folder at a time: a second one
+    is refused), then restore from the folder ``trainer.resume_mode`` selects; False on a fresh start."""
+    tcfg = run.config.trainer
+    if tcfg.save_freq > 0:
+        ckpt.lock_checkpoint_dir(tcfg.default_local_dir)
+    try:
+        return _restore(run)
+    except BaseException:
+        ckpt.release_checkpoint_dir(tcfg.default_local_dir)
+        raise
+
+
+def _restore(run: Run) -> bool:
     tcfg = run.config.trainer
     ckpt.clean_stale_temp_dirs(tcfg.default_local_dir)
     folder = ckpt.find_resume_dir(tcfg.default_local_dir, tcfg.resume_mode, tcfg.resume_from_path)

@@ -36,7 +36,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import random
 import re
 import shutil
 import sys
@@ -46,9 +45,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from hybridflow.utils.rng_state import capture_rng_state, restore_rng_state
 from hybridflow.utils.safe_load import load_torch_file
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -56,6 +55,7 @@ MANIFEST_FILE = "hybridflow_checkpoint.json"
 TRAINER_STATE_FILE = "trainer_state.pt"
 DATA_STATE_FILE = "data.pt"
 FORMAT_VERSION = 1
+RUN_LOCK_FILE = "hybridflow_run.lock"
 _STEP_RE = re.compile(r"^global_step_(\d+)$")
 
 
@@ -80,23 +80,6 @@ class TrainerState:
     rng: dict[str, Any] = field(default_factory=dict)
     kl_ctrl: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-# ---------------------------------------------------------------------------------------------- RNG
-def capture_rng_state() -> dict[str, Any]:
-    """RNG states of python, numpy and torch (CPU and, when present, CUDA) in this process."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # ---------------------------------------------------------------------------------------------- paths
@@ -271,6 +254,94 @@ def clean_stale_temp_dirs(root: str | os.PathLike) -> list[Path]:
     return stale
 
 
+# ---------------------------------------------------------------------------------------------- one writer
+class CheckpointDirLock:
+    """This process's hold on ``default_local_dir``: a lock file naming the holder (pid, host, start time) and an
+    ``flock`` on it that the kernel drops when the holder dies, so a lock left by a crash is recognised as stale.
+    Two runs saving into one folder would interleave their ``global_step_*`` folders (issue 34)."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self.fd = path, fd
+
+    def release(self) -> None:
+        if self.fd < 0:
+            return
+        try:
+            if _lock_holder(self.path).get("pid") == os.getpid():
+                self.path.unlink()
+        except OSError:
+            pass
+        os.close(self.fd)  # drops the flock
+        self.fd = -1
+        _HELD_LOCKS.pop(str(self.path.parent), None)
+
+
+_HELD_LOCKS: dict[str, CheckpointDirLock] = {}
+
+
+def _lock_holder(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def lock_checkpoint_dir(root: str | os.PathLike) -> CheckpointDirLock:
+    """Hold ``root`` for this run until :meth:`CheckpointDirLock.release` or the process ends; a second run gets
+    a :class:`CheckpointError` naming the holder. Re-entrant within one process."""
+    import atexit
+    import fcntl
+    import socket
+
+    root = Path(root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    if str(root) in _HELD_LOCKS:
+        return _HELD_LOCKS[str(root)]
+    path, host = root / RUN_LOCK_FILE, socket.gethostname()
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CheckpointError(_held_message(root, path, _lock_holder(path), "is saving into it")) from None
+        try:
+            same_file = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same_file = False
+        if same_file:
+            break
+        os.close(fd)  # the holder released (unlinked) it between our open and flock: take the new file
+    holder = _lock_holder(path)
+    if holder and holder.get("host") != host:
+        os.close(fd)  # its flock may not reach us across hosts: whether it still runs cannot be told from here
+        raise CheckpointError(_held_message(root, path, holder, "may still be saving into it") +
+                              f"; if that run has ended, delete {path}")
+    if holder:
+        _warn(f"{path}: the run that held this checkpoint folder (pid {holder.get('pid')}) is gone; taking it over")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": host, "since": time.time()}).encode(), 0)
+    os.fsync(fd)
+    lock = _HELD_LOCKS[str(root)] = CheckpointDirLock(path, fd)
+    atexit.register(lock.release)
+    return lock
+
+
+def _held_message(root: Path, path: Path, holder: dict[str, Any], doing: str) -> str:
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
+    return (f"checkpoint folder {root} is in use: another run (pid {holder.get('pid', '?')} on host "
+            f"{holder.get('host', '?')}, since {since}; lock file {path}) {doing}, and two runs saving into one "
+            "folder interleave their global_step_* folders. Give this run its own trainer.default_local_dir, "
+            "or wait for that run to end")
+
+
+def release_checkpoint_dir(root: str | os.PathLike) -> None:
+    """Let go of ``root`` if this process holds it (the run ended)."""
+    lock = _HELD_LOCKS.get(str(Path(root).resolve()))
+    if lock is not None:
+        lock.release()
+
+
 # ---------------------------------------------------------------------------------------------- load
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     folder = Path(folder)
@@ -442,8 +513,12 @@ def lora_metadata(model_cfg) -> dict[str, Any] | None:
 
 
 __all__ = [
+    "CheckpointDirLock",
     "CheckpointError",
+    "RUN_LOCK_FILE",
+    "lock_checkpoint_dir",
     "lora_metadata",
+    "release_checkpoint_dir",
     "CheckpointWriter",
     "TrainerState",
     "LATEST_FILE",

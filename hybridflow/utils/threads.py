@@ -348,7 +348,6 @@ class LoopRuns:
 
     def run(self, main: Awaitable[T]) -> T:
         """Run ``main`` on the loop and wait for its result in this thread (see the class docstring)."""
-        loop = self.loop
         if threading.get_ident() == self._thread_id:  # it would wait for itself forever
             if asyncio.iscoroutine(main):
                 main.close()
@@ -359,47 +358,62 @@ class LoopRuns:
         context = contextvars.copy_context()
         context.run(_RUN_TASKS.set, tasks)
         started: list[asyncio.Task] = []
-
-        def report(task: asyncio.Task) -> None:
-            if task.cancelled():
-                settle(done, error=asyncio.CancelledError())
-            elif task.exception() is not None:
-                settle(done, error=task.exception())
-            else:
-                settle(done, task.result())
-
-        def finished(task: asyncio.Task) -> None:
-            left = _cancel_pending(tasks)
-            if not left:
-                report(task)
-                return
-            timer = loop.call_later(_CANCEL_WAIT_S, report, task)
-            asyncio.gather(*left, return_exceptions=True).add_done_callback(lambda _: (timer.cancel(), report(task)))
-
-        def start() -> None:
-            task = loop.create_task(main)  # type: ignore[arg-type]
-            started.append(task)
-            task.add_done_callback(finished)
-
         key = id(done)
         with self._lock:
             self._waiting[key] = (done, tasks)
         try:
-            try:
-                loop.call_soon_threadsafe(start, context=context)
-            except RuntimeError:  # the loop is closed
-                if asyncio.iscoroutine(main):
-                    main.close()
-                raise
+            self._submit(main, _run_starter(self.loop, main, done, tasks, started), context)
             return done.result()
         finally:
             with self._lock:
                 self._waiting.pop(key, None)
             if not (started and started[0].done()):  # left early: interrupted, failed, or the loop is stuck
                 try:
-                    loop.call_soon_threadsafe(_cancel_pending, tasks)
+                    self.loop.call_soon_threadsafe(_cancel_pending, tasks)
                 except RuntimeError:  # the loop is closed: nothing is left to run them
                     pass
+
+    def _submit(self, main: Awaitable, start: Callable[[], None], context: contextvars.Context) -> None:
+        """Have the loop call ``start`` (in ``context``); a closed loop closes ``main`` unstarted and raises."""
+        try:
+            self.loop.call_soon_threadsafe(start, context=context)
+        except RuntimeError:  # the loop is closed
+            if asyncio.iscoroutine(main):
+                main.close()
+            raise
+
+
+def _run_starter(loop: asyncio.AbstractEventLoop, main: Awaitable, done: concurrent.futures.Future,
+                 tasks: weakref.WeakSet, started: list[asyncio.Task]) -> Callable[[], None]:
+    """The callback that starts ``main`` as a task on ``loop`` (appended to ``started``).  When the task ends, the
+    tasks of its run still pending (``tasks``) are cancelled and waited for, ``_CANCEL_WAIT_S`` at most, before
+    its outcome settles ``done``."""
+
+    def finished(task: asyncio.Task) -> None:
+        left = _cancel_pending(tasks)
+        if not left:
+            _settle_with(done, task)
+            return
+        timer = loop.call_later(_CANCEL_WAIT_S, _settle_with, done, task)
+        asyncio.gather(*left, return_exceptions=True).add_done_callback(
+            lambda _: (timer.cancel(), _settle_with(done, task)))
+
+    def start() -> None:
+        task = loop.create_task(main)  # type: ignore[arg-type]
+        started.append(task)
+        task.add_done_callback(finished)
+
+    return start
+
+
+def _settle_with(done: concurrent.futures.Future, task: asyncio.Task) -> None:
+    """``done`` takes ``task``'s outcome: its result, its exception, or a cancellation."""
+    if task.cancelled():
+        settle(done, error=asyncio.CancelledError())
+    elif task.exception() is not None:
+        settle(done, error=task.exception())
+    else:
+        settle(done, task.result())
 
 
 @contextlib.contextmanager

@@ -12,7 +12,10 @@ Two tokenizers are offered:
 :data:`FAMILIES` names the model families hybridflow is tested on (Qwen2, Qwen2.5, Qwen3, Llama-3.1, Mistral,
 Gemma-2, DeepSeek-V3, Qwen3-MoE): each is the family's ``model_type`` plus the config fields that make it that
 family (rope scaling, sliding windows, soft-capping, MLA and MoE shapes), scaled down so that every feature is
-still exercised by short test sequences (windows of 8 tokens, 4 experts).
+still exercised by short test sequences (windows of 8 tokens, 4 experts), and what the random init must set for
+that (DeepSeek-V3's routing bias).  It is the one table of families: the library's benchmarks and every test that
+builds a family's model (``tests/families``, ``tests/engine``'s tensor / expert parallel cases, the vLLM family
+tests) read it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -42,12 +45,26 @@ MODEL_SIZES: dict[str, tuple[int, int, int, int, int]] = {
 
 @dataclass(frozen=True)
 class Family:
-    """A model family as a tiny config: its ``model_type`` and the config fields that characterise it."""
+    """A model family as a tiny config: its ``model_type``, the config fields that characterise it, and what a
+    random init must set for the family's features to be exercised (``init_weights(model)``, after the init)."""
 
     name: str
     model_type: str
     overrides: dict[str, Any] = field(default_factory=dict)
     features: str = ""  # what the tiny config exercises (docs, test ids)
+    init_weights: Callable[[Any], None] | None = None
+
+
+def _spread_routing_bias(model) -> None:
+    """DeepSeek-V3's router picks experts (and expert groups) by its scores plus ``e_score_correction_bias``, which a
+    random init leaves at zero: a spread across the experts makes the selection depend on it."""
+    import torch
+
+    with torch.no_grad():
+        for module in model.modules():
+            bias = getattr(module, "e_score_correction_bias", None)
+            if isinstance(bias, torch.Tensor):
+                bias.copy_(torch.linspace(-0.05, 0.05, bias.numel()))
 
 
 # Windows of 8 tokens are shorter than the tests' prompt + response, so a model that ignored a window (or applied
@@ -79,7 +96,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
         "qk_rope_head_dim": 8, "v_head_dim": 12, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 2,
         "topk_group": 1, "n_shared_experts": 1, "moe_intermediate_size": 32, "first_k_dense_replace": 1,
         "tie_word_embeddings": False},
-           "MLA attention (K and V head dims differ), a dense layer then a MoE layer with group-limited routing"),
+           "MLA attention (K and V head dims differ), a dense layer then a MoE layer with group-limited routing by "
+           "scores plus a non-zero correction bias", _spread_routing_bias),
     Family("qwen3-moe", "qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                                       "norm_topk_prob": True, "decoder_sparse_step": 1, "head_dim": 16},
            "sparse MoE layers (softmax top-k router, load-balancing auxiliary loss)"),
@@ -193,10 +211,9 @@ def build_tiny_model(tokenizer, size: str = "tiny", arch: str = "qwen2", seed: i
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hidden, inter, layers, heads, kv = MODEL_SIZES[size]
-    if family is not None:
-        if family not in FAMILIES:
-            raise ValueError(f"unknown model family {family!r}; known: {sorted(FAMILIES)}")
-        arch, overrides = FAMILIES[family].model_type, {**FAMILIES[family].overrides, **overrides}
+    chosen = _family(family)
+    if chosen is not None:
+        arch, overrides = chosen.model_type, {**chosen.overrides, **overrides}
     fields = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -215,7 +232,18 @@ def build_tiny_model(tokenizer, size: str = "tiny", arch: str = "qwen2", seed: i
         fields["num_key_value_heads"] = heads
     cfg = AutoConfig.for_model(arch, **fields)
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if chosen is not None and chosen.init_weights is not None:
+        chosen.init_weights(model)
+    return model
+
+
+def _family(name: str | None) -> Family | None:
+    if name is None:
+        return None
+    if name not in FAMILIES:
+        raise ValueError(f"unknown model family {name!r}; known: {sorted(FAMILIES)}")
+    return FAMILIES[name]
 
 
 def make_tiny_checkpoint(

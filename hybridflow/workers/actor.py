@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,7 +41,7 @@ from hybridflow.algorithms.rollout_correction import (
     rollout_probs_diff_from_sums,
     rollout_probs_diff_sums,
 )
-from hybridflow.engine.forward import response_log_probs, response_token_outputs
+from hybridflow.engine.forward import response_log_probs, response_token_outputs, token_outputs_pass
 from hybridflow.engine.moe import MoEUpdateTracker
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
@@ -96,17 +97,23 @@ def compute_token_outputs(
     module = engine.module
     batch = _model_inputs(data, list(_MODEL_KEYS))
     micro_batches, parts = split_micro_batches(batch, spec, sp=engine.parallel_dims.sp)
+    batches = [mb.batch.to(engine.device) for mb in micro_batches]
+
+    def run_one(i: int) -> dict[str, torch.Tensor]:
+        return response_token_outputs(
+            module, batches[i], temperature, calculate_entropy, use_remove_padding, packed=packed,
+            calculate_sum_pi_squared=calculate_sum_pi_squared, use_torch_compile=use_torch_compile,
+            multi_modal_inputs=micro_batches[i].non_tensor_batch.get(_MULTI_MODAL_KEY),
+            sequence_parallel=engine.sequence_parallel, prefix_grouping=prefix_grouping,
+        )
+
     pieces: dict[str, list[torch.Tensor]] = {}
     was_training = module.training
     module.eval()
     with torch.no_grad(), engine.on_device(), engine.autocast():
-        for mb in micro_batches:
-            outs = response_token_outputs(
-                module, mb.batch.to(engine.device), temperature, calculate_entropy, use_remove_padding,
-                packed=packed, calculate_sum_pi_squared=calculate_sum_pi_squared, use_torch_compile=use_torch_compile,
-                multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY), sequence_parallel=engine.sequence_parallel,
-                prefix_grouping=prefix_grouping,
-            )
+        pipeline_pass = token_outputs_pass(module, data.batch["responses"].shape[-1], temperature, calculate_entropy,
+                                           False, use_remove_padding, calculate_sum_pi_squared, use_torch_compile)
+        for outs in engine.forward_passes(batches, pipeline_pass, run_one):
             for key, value in outs.items():
                 pieces.setdefault(key, []).append(value.float().cpu())
     module.train(was_training)
@@ -146,6 +153,28 @@ class _MicroBatchMetrics:
         stacked = [self._sums[n] for n in self._sums]
         stacked += [torch.stack([v.to(device) for v in vs]).mean() for vs in self._per_micro.values()]
         return dict(zip(names, torch.stack(stacked).tolist()))
+
+
+@dataclass
+class _LossSetup:
+    """What every micro-batch of one mini-batch computes its loss with."""
+
+    view: Any  # the actor config with the mini-batch's global normalisers (``with_global_batch_info``)
+    agg: dict[str, Any]  # those normalisers, as ``agg_loss`` takes them
+    global_tokens: int  # response tokens of the mini-batch on all data-parallel ranks
+    entropy_in_loss: bool
+    want_entropy: bool
+    bypass: Any = None  # rollout correction in bypass mode: its settings
+    distill: Any = None  # distillation: its settings
+
+
+def _add_probs_diff(sums: dict[str, torch.Tensor], micro: dict[str, torch.Tensor]) -> None:
+    """Fold one micro-batch's rollout/actor drift sums into the mini-batch's (``max_d`` is a maximum)."""
+    for key, value in micro.items():
+        if key not in sums:
+            sums[key] = value
+        else:
+            sums[key] = torch.maximum(sums[key], value) if key == "max_d" else sums[key] + value
 
 
 class PPOActor:
@@ -263,81 +292,127 @@ class PPOActor:
         self, mini_batch: DataProto, temperature: float, metrics: dict[str, list[float]], from_update: bool = False,
         at_pi_old: bool = False, bypass=None, distill=None,
     ) -> None:
-        cfg = self.config
+        """One optimiser step on ``mini_batch``: every micro-batch's loss back-propagated, then the step; the
+        mini-batch's metrics are appended to ``metrics``."""
         micro_batches, _ = split_micro_batches(mini_batch, self.update_spec, sp=self.engine.parallel_dims.sp)
+        # The skipped old_log_prob stage reported actor/entropy; the update's pass at pi_old reports it instead.
+        setup = self._loss_setup(micro_batches, from_update or at_pi_old, bypass, distill)
+        diff_sums: dict[str, torch.Tensor] = {}
+        acc = _MicroBatchMetrics()
+        self.engine.zero_grad()
+        # read before the copy to the device (no sync): a micro-batch of padding rows has no statistics to average in
+        has_tokens = [bool(mb.batch["response_mask"].any()) for mb in micro_batches]
+        batches = [mb.batch.to(self.engine.device) for mb in micro_batches]
+        routing: dict[int, Any] = {}
+
+        def run_one(i: int) -> dict[str, torch.Tensor]:
+            log_prob, entropy, routing[i] = self._micro_batch_forward(batches[i], micro_batches[i], temperature, setup)
+            return {"log_probs": log_prob, **({"entropy": entropy} if entropy is not None else {})}
+
+        def loss(out: dict[str, torch.Tensor], i: int) -> torch.Tensor:
+            b, log_prob = batches[i], out["log_probs"]
+            old_log_prob = log_prob.detach() if from_update else b["old_log_probs"]
+            if at_pi_old and "rollout_log_probs" in b:
+                drift = rollout_probs_diff_sums(b["rollout_log_probs"], log_prob, b["response_mask"])
+                _add_probs_diff(diff_sums, drift)
+            term, pg_metrics = self._micro_batch_loss(b, log_prob, old_log_prob, out.get("entropy"), routing.get(i),
+                                                      setup, acc, has_tokens[i])
+            if has_tokens[i]:
+                acc.observe(pg_metrics)
+            return term
+
+        self.engine.backward_passes(batches, self._update_pass(mini_batch, temperature, setup), run_one, loss)
+        step = self.engine.optimizer_step(self.config.grad_clip)
+        self._track_skips(step.stepped, step.grad_norm)
+        probs_diff = diff_sums if at_pi_old and "rollout_log_probs" in mini_batch.batch else None
+        self._record_update(metrics, acc, step, probs_diff)
+
+    def _loss_setup(self, micro_batches: list[DataProto], pass_at_pi_old: bool, bypass, distill) -> _LossSetup:
+        cfg = self.config
         normalizers = self._global_normalizers(micro_batches)
         view = with_global_batch_info(
             cfg, loss_scale_factor=cfg.loss_scale_factor, dp_size=self.engine.dp_size, **normalizers
         )
-        agg = {k: v for k, v in view.global_batch_info.items() if v is not None}
         entropy_in_loss = cfg.entropy_coeff != 0
-        # The skipped old_log_prob stage reported actor/entropy; the update's pass at pi_old reports it instead.
-        want_entropy = bool(entropy_in_loss or cfg.calculate_entropy or from_update or at_pi_old)
-        diff_sums: dict[str, torch.Tensor] = {}
-        acc = _MicroBatchMetrics()
-        self.engine.zero_grad()
-        for mb in micro_batches:
-            has_tokens = bool(mb.batch["response_mask"].any())  # read before the copy to the device: no sync
-            b = mb.batch.to(self.engine.device)
-            mask = b["response_mask"]
-            routing = self.moe.forward(self.engine.module) if self.moe is not None else contextlib.nullcontext()
-            with self.engine.autocast(), self.engine.activation_offload(), routing as routed:
-                log_prob, entropy = response_log_probs(
-                    self.engine.module, b, temperature, want_entropy, self.use_remove_padding,
-                    entropy_grad=entropy_in_loss, packed=self.packed, use_torch_compile=bool(cfg.use_torch_compile),
-                    entropy_checkpointing=bool(cfg.entropy_checkpointing),
-                    multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY),
-                    sequence_parallel=self.engine.sequence_parallel, prefix_grouping=self.prefix_grouping,
-                )
-            old_log_prob = log_prob.detach() if from_update else b["old_log_probs"]
-            if at_pi_old and "rollout_log_probs" in b:
-                for key, value in rollout_probs_diff_sums(b["rollout_log_probs"], log_prob, mask).items():
-                    diff_sums[key] = value if key not in diff_sums else (
-                        torch.maximum(diff_sums[key], value) if key == "max_d" else diff_sums[key] + value)
-            if bypass is not None:
-                pg_loss, pg_metrics = compute_policy_loss_bypass_mode(
-                    old_log_prob, log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, bypass
-                )
-            else:
-                pg_loss, pg_metrics = self.policy_loss_fn(
-                    old_log_prob, log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, b.get("rollout_is_weights")
-                )
-            loss = pg_loss
-            acc.add("actor/pg_loss", pg_loss)
-            if distill is not None:  # the task's loss (kept or dropped) plus the teacher's term
-                distill_term, distill_metrics = compute_distillation_loss(
-                    old_log_prob, log_prob, b[TEACHER_LOG_PROBS], mask, cfg.loss_agg_mode, view, distill)
-                loss = distill.task_coef * pg_loss + distill.coef * distill_term
-                acc.add("distillation/loss", distill_term)
-                if has_tokens:
-                    acc.observe(distill_metrics)
-            if want_entropy:
-                entropy_term = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
-                acc.add("actor/entropy", entropy_term)
-                if entropy_in_loss:
-                    loss = loss - cfg.entropy_coeff * entropy_term
-            if cfg.use_kl_loss:
-                kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.kl_loss_type)
-                kl_term = agg_loss(kld, mask, cfg.loss_agg_mode, **agg)
-                loss = loss + cfg.kl_loss_coef * kl_term
-                acc.add("actor/kl_loss", kl_term)
-            if self.moe is not None:
-                share = mask.sum() / max(normalizers["global_token_num"], 1) * self.engine.dp_size
-                aux = self.moe.loss_term(routed, share)
-                if aux is not None:
-                    loss = loss + self.moe.spec.aux_loss_coef * aux
-                    acc.add("actor/moe_aux_loss", aux)
-            loss.backward()
-            if has_tokens:  # a micro-batch of padding rows only has no policy-loss statistics to average in
-                acc.observe(pg_metrics)
-        step = self.engine.optimizer_step(cfg.grad_clip)
-        self._track_skips(step.stepped, step.grad_norm)
+        return _LossSetup(view=view, agg={k: v for k, v in view.global_batch_info.items() if v is not None},
+                          global_tokens=normalizers["global_token_num"], entropy_in_loss=entropy_in_loss,
+                          want_entropy=bool(entropy_in_loss or cfg.calculate_entropy or pass_at_pi_old),
+                          bypass=bypass, distill=distill)
+
+    def _update_pass(self, mini_batch: DataProto, temperature: float, setup: _LossSetup):
+        """The update's head for passes through pipeline stages (the same as :meth:`_micro_batch_forward`'s)."""
+        cfg = self.config
+        with self.engine.autocast():
+            return token_outputs_pass(self.engine.module, mini_batch.batch["responses"].shape[-1], temperature,
+                                      setup.want_entropy, setup.entropy_in_loss, self.use_remove_padding,
+                                      use_torch_compile=bool(cfg.use_torch_compile),
+                                      entropy_checkpointing=bool(cfg.entropy_checkpointing))
+
+    def _micro_batch_forward(self, b, mb: DataProto, temperature: float, setup: _LossSetup):
+        """(response log-probs, entropies or ``None``, the MoE routing record or ``None``) of one micro-batch."""
+        cfg = self.config
+        routing = self.moe.forward(self.engine.module) if self.moe is not None else contextlib.nullcontext()
+        with self.engine.autocast(), self.engine.activation_offload(), routing as routed:
+            log_prob, entropy = response_log_probs(
+                self.engine.module, b, temperature, setup.want_entropy, self.use_remove_padding,
+                entropy_grad=setup.entropy_in_loss, packed=self.packed, use_torch_compile=bool(cfg.use_torch_compile),
+                entropy_checkpointing=bool(cfg.entropy_checkpointing),
+                multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY),
+                sequence_parallel=self.engine.sequence_parallel, prefix_grouping=self.prefix_grouping,
+            )
+        return log_prob, entropy, routed
+
+    def _micro_batch_loss(self, b, log_prob: torch.Tensor, old_log_prob: torch.Tensor, entropy, routed,
+                          setup: _LossSetup, acc: _MicroBatchMetrics, has_tokens: bool):
+        """(loss, policy-loss metrics) of one micro-batch: the policy gradient (or the distillation mix), minus the
+        entropy bonus, plus the KL and MoE auxiliary terms the config asks for; each term's value goes to ``acc``."""
+        cfg, mask, view, agg = self.config, b["response_mask"], setup.view, setup.agg
+        if setup.bypass is not None:
+            pg_loss, pg_metrics = compute_policy_loss_bypass_mode(
+                old_log_prob, log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, setup.bypass
+            )
+        else:
+            pg_loss, pg_metrics = self.policy_loss_fn(
+                old_log_prob, log_prob, b["advantages"], mask, cfg.loss_agg_mode, view, b.get("rollout_is_weights")
+            )
+        loss = pg_loss
+        acc.add("actor/pg_loss", pg_loss)
+        if setup.distill is not None:  # the task's loss (kept or dropped) plus the teacher's term
+            distill = setup.distill
+            distill_term, distill_metrics = compute_distillation_loss(
+                old_log_prob, log_prob, b[TEACHER_LOG_PROBS], mask, cfg.loss_agg_mode, view, distill)
+            loss = distill.task_coef * pg_loss + distill.coef * distill_term
+            acc.add("distillation/loss", distill_term)
+            if has_tokens:
+                acc.observe(distill_metrics)
+        if setup.want_entropy:
+            entropy_term = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
+            acc.add("actor/entropy", entropy_term)
+            if setup.entropy_in_loss:
+                loss = loss - cfg.entropy_coeff * entropy_term
+        if cfg.use_kl_loss:
+            kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.kl_loss_type)
+            kl_term = agg_loss(kld, mask, cfg.loss_agg_mode, **agg)
+            loss = loss + cfg.kl_loss_coef * kl_term
+            acc.add("actor/kl_loss", kl_term)
+        if self.moe is not None:
+            share = mask.sum() / max(setup.global_tokens, 1) * self.engine.dp_size
+            aux = self.moe.loss_term(routed, share)
+            if aux is not None:
+                loss = loss + self.moe.spec.aux_loss_coef * aux
+                acc.add("actor/moe_aux_loss", aux)
+        return loss, pg_metrics
+
+    def _record_update(self, metrics: dict[str, list[float]], acc: _MicroBatchMetrics, step,
+                       probs_diff: dict[str, torch.Tensor] | None) -> None:
+        """Append one optimiser step's metrics: the loss terms, the rollout/actor drift at pi_old (when measured),
+        the KL coefficient, the MoE load, the gradient norm and whether the step was skipped."""
         for name, value in acc.values().items():
             metrics[name].append(value)
-        if at_pi_old and "rollout_log_probs" in mini_batch.batch:
-            metrics.update({k: [v] for k, v in self._global_probs_diff(diff_sums).items()})
-        if cfg.use_kl_loss:
-            metrics["actor/kl_coef"].append(float(cfg.kl_loss_coef))
+        if probs_diff is not None:
+            metrics.update({k: [v] for k, v in self._global_probs_diff(probs_diff).items()})
+        if self.config.use_kl_loss:
+            metrics["actor/kl_coef"].append(float(self.config.kl_loss_coef))
         if self.moe is not None:
             for name, value in self.moe.pop_metrics(self.engine.all_reduce_sum).items():
                 metrics[name].append(value)

@@ -284,7 +284,7 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_actor_weights(self, full: bool = False) -> dict[str, Any]:
-        """Rank 0: ``{"tensors": {name: full CPU tensor}, "stats": DeltaStats}`` of the actor's tensors that changed
+        """Rank 0: ``{"tensors": {name: full CPU tensor}, "stats": TransferStats}`` of the actor's tensors that changed
         since the last committed export (all with ``full``), grouped as vLLM loads them (LoRA: the adapter only);
         ``{}`` on the other ranks, which take part in the gathers.  Feeds standalone vLLM servers."""
         if self.actor is None:
@@ -352,7 +352,7 @@ class ActorRolloutRefWorker(Worker):
     def send_rollout_weights(self, full: bool = False) -> dict[str, float]:
         """Broadcast the actor's weights to the replicas, bucket by bucket (every rank gathers its shards; rank 0
         sends): the tensors that changed since the last verified sync, or all of them with ``full``.  Returns
-        what was sent (``{}`` on the other ranks)."""
+        what was sent (``TransferStats.as_floats()``; ``{}`` on the other ranks)."""
         from hybridflow.rollout.weights.checkpoint_engine import full_tensors
 
         if self.actor is None:
@@ -366,8 +366,7 @@ class ActorRolloutRefWorker(Worker):
         if sync is None:
             raise RuntimeError("send_rollout_weights: connect_weight_sync has not run on rank 0")
         stats = sync.send_weights(tensors, delta=self._weight_delta, full=full)
-        return {"tensors": float(stats.tensors), "bytes": float(stats.bytes), "buckets": float(stats.buckets),
-                "seconds": stats.seconds, "skipped": float(stats.skipped), "skipped_bytes": float(stats.skipped_bytes)}
+        return stats.as_floats()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def commit_rollout_weights(self, verified: bool) -> None:

@@ -19,7 +19,7 @@ from hybridflow.algorithms.masked import masked_mean
 from hybridflow.algorithms.value_loss import compute_value_loss
 from hybridflow.controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
-from hybridflow.engine.forward import response_values
+from hybridflow.engine.forward import response_values, values_pass
 from hybridflow.engine.model_loader import apply_lora, enable_gradient_checkpointing, load_tokenizer, load_value_model
 from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.train_engine import TrainEngine
@@ -61,16 +61,20 @@ class PPOCritic:
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
         module = self.engine.module
-        sp = self.engine.sequence_parallel
         micro_batches, parts = split_micro_batches(data.select(batch_keys=list(_MODEL_KEYS)), self.forward_spec,
                                                    sp=self.engine.parallel_dims.sp)
-        outs = []
+        batches = [mb.batch.to(self.engine.device) for mb in micro_batches]
         module.eval()
         with torch.no_grad(), self.engine.on_device(), self.engine.autocast():
-            for mb in micro_batches:
-                outs.append(response_values(module, mb.batch.to(self.engine.device), self.use_remove_padding,
-                                            sequence_parallel=sp).cpu())
-        return gather_in_order(outs, parts) * data.batch["response_mask"]
+            outs = self.engine.forward_passes(batches, self._values_pass(data), lambda i: self._values(batches[i]))
+        return gather_in_order([o["values"].cpu() for o in outs], parts) * data.batch["response_mask"]
+
+    def _values(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"values": response_values(self.engine.module, batch, self.use_remove_padding,
+                                          sequence_parallel=self.engine.sequence_parallel)}
+
+    def _values_pass(self, data: DataProto):
+        return values_pass(self.engine.module, data.batch["responses"].shape[-1], self.use_remove_padding)
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         cfg = self.config
@@ -99,20 +103,23 @@ class PPOCritic:
             norm["loss_scale_factor"] = float(cfg.loss_scale_factor)
         self.engine.zero_grad()
         vf_loss_sum, clipfracs, vpred_means = 0.0, [], []
-        for mb in micro_batches:
-            b = mb.batch.to(self.engine.device)
+        batches = [mb.batch.to(self.engine.device) for mb in micro_batches]
+
+        def loss(out: dict[str, torch.Tensor], i: int) -> torch.Tensor:
+            nonlocal vf_loss_sum
+            b, vpreds = batches[i], out["values"]
             mask = b["response_mask"]
-            with self.engine.autocast(), self.engine.activation_offload():
-                vpreds = response_values(self.engine.module, b, self.use_remove_padding,
-                                         sequence_parallel=self.engine.sequence_parallel)
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds, b["returns"], b["values"], mask, float(cfg.cliprange_value), cfg.loss_agg_mode, **norm
             )
-            vf_loss.backward()
             vf_loss_sum += float(vf_loss.detach())
             if bool(mask.any()):  # a micro-batch of padding rows only has no statistics to average in
                 clipfracs.append(float(vf_clipfrac))
                 vpred_means.append(float(masked_mean(vpreds.detach(), mask)))
+            return vf_loss
+
+        with self.engine.autocast(), self.engine.activation_offload():
+            self.engine.backward_passes(batches, self._values_pass(mini_batch), lambda i: self._values(batches[i]), loss)
         step = self.engine.optimizer_step(cfg.grad_clip)
         metrics["critic/vf_loss"].append(vf_loss_sum)
         metrics["critic/vf_clipfrac"].append(sum(clipfracs) / max(len(clipfracs), 1))

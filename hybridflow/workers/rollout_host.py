@@ -122,7 +122,7 @@ class RolloutHost:
                 self._push(module, full=True)
         self.delta.commit()
         self.checksum_mismatches += int(mismatch)
-        self.last_sync = {**self.delta.stats.metrics(), "weight_sync/checksum_mismatch": float(mismatch),
+        self.last_sync = {**self.delta.stats.weight_sync_metrics(), "weight_sync/checksum_mismatch": float(mismatch),
                           "weight_sync/checksum_mismatch_total": float(self.checksum_mismatches)}
         return time.perf_counter() - start
 
@@ -161,7 +161,7 @@ class RolloutHost:
             raise failed[0]
         self.delta.commit()
         self.checksum_mismatches += mismatches[0]
-        self.last_sync = {**stats.as_metrics(), **self.delta.stats.metrics(),
+        self.last_sync = {**stats.update_weights_metrics(), **self.delta.stats.weight_sync_metrics(),
                           "weight_sync/checksum_mismatch": float(mismatches[0] > 0),
                           "weight_sync/checksum_mismatch_total": float(self.checksum_mismatches)}
         return stats.seconds

@@ -181,6 +181,29 @@ def test_verl_names_at_verl_paths(tokenizer):
     assert json.loads(json.dumps(AgentLoopMetrics().model_dump()))["compute_score"] == 0.0
 
 
+# what verl's users import from ``verl.experimental.agent_loop`` and its ``agent_loop`` module
+VERL_AGENT_LOOP_NAMES = ("AgentLoopBase", "AgentLoopManager", "AgentLoopMetrics", "AgentLoopOutput", "AgentLoopWorker",
+                         "AsyncLLMServerManager", "DictConfigWrap", "SingleTurnAgentLoop", "TokenOutput",
+                         "ToolAgentLoop", "ToolListWrap", "register")
+
+
+@pytest.mark.parametrize("path", ["hybridflow.experimental.agent_loop", "hybridflow.experimental.agent_loop.agent_loop"])
+def test_verls_agent_loop_paths_re_export_the_one_list(path):
+    """Both verl paths export :mod:`hybridflow.agents`' ``__all__`` -- the same objects, nothing more or less -- and
+    it holds every name verl's users import there."""
+    import importlib
+
+    import hybridflow.agents as agents
+
+    module = importlib.import_module(path)
+    assert module.__all__ == agents.__all__
+    assert all(getattr(module, name) is getattr(agents, name) for name in agents.__all__)
+    assert set(VERL_AGENT_LOOP_NAMES) <= set(agents.__all__)
+    namespace: dict = {}
+    exec(f"from {path} import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(agents.__all__)
+
+
 # --------------------------------------------------------------------------------------------- worker
 SEEN: dict = {}
 

@@ -16,6 +16,7 @@ class DataCfg:
     reward_fn_key: str = "data_source"
     max_prompt_length: int = 64
     truncation: str = "error"
+    max_row_bytes: int = 16 * 2**20
     filter_overlong_prompts: bool = False
     apply_chat_template_kwargs: dict = field(default_factory=dict)
     return_full_prompt: bool = False

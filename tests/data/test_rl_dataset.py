@@ -92,17 +92,19 @@ def test_truncation_modes(tmp_path, bpe_tokenizer, data_cfg, mode, verl_row):
     assert item["attention_mask"].sum() == 11
 
 
-def test_truncation_error_names_row_length_limit_and_fixes(tmp_path, bpe_tokenizer, data_cfg, verl_row):
+def test_truncation_error_names_row_length_limit_and_fixes_when_the_dataset_is_built(tmp_path, bpe_tokenizer,
+                                                                                      data_cfg, verl_row):
+    """Issue 34: the overlong prompt was found only when a step drew it (after 8 steps): now at the start."""
     path = write_parquet([verl_row(0, SHORT), verl_row(1, LONG)], str(tmp_path / "t.parquet"))
     data_cfg.max_prompt_length = 30
-    ds = RLHFDataset(path, bpe_tokenizer, data_cfg)
-    ds[0]
     n = len(_template_ids(bpe_tokenizer, LONG))
     with pytest.raises(PromptTooLongError) as err:
-        ds[1]
+        RLHFDataset(path, bpe_tokenizer, data_cfg)
     msg = str(err.value)
-    assert "row 1" in msg and f"{n} tokens" in msg and "max_prompt_length=30" in msg
-    assert "filter_overlong_prompts" in msg and "data.truncation" in msg
+    assert f"row 1 of '{path}'" in msg and f"{n} tokens" in msg and "data.max_prompt_length=30" in msg
+    assert "data.filter_overlong_prompts=true" in msg and "data.truncation" in msg
+    data_cfg.truncation = "left"  # truncating modes still take it (and cut it when drawn)
+    assert len(RLHFDataset(path, bpe_tokenizer, data_cfg)[1]["raw_prompt_ids"]) == 30
 
 
 def test_filter_overlong_prompts(tmp_path, bpe_tokenizer, data_cfg, verl_row):
@@ -203,3 +205,30 @@ def test_return_full_prompt_adds_the_templated_text(tmp_path, bpe_tokenizer, dat
     data_cfg.return_full_prompt = True
     item = RLHFDataset(path, tok, data_cfg)[0]
     assert item["full_prompts"] == "Q: hi A:" == tok.decode(item["raw_prompt_ids"])
+
+
+def test_a_huge_row_is_refused_before_it_is_tokenized(tmp_path, bpe_tokenizer, data_cfg, verl_row):
+    """Issue 34: one 200 MB row was tokenized and the OOM killer took the trainer (scaled: a 3 MiB row, 1 MiB cap)."""
+    path = write_parquet([verl_row(0, SHORT), verl_row(1, "x" * (3 * 2**20))], str(tmp_path / "t.parquet"))
+    data_cfg.max_row_bytes = 2**20
+    data_cfg.truncation = "left"
+    with pytest.raises(DataFileError) as err:
+        RLHFDataset(path, bpe_tokenizer, data_cfg)
+    msg = str(err.value)
+    assert f"row 1 of '{path}' holds 3.0 MiB" in msg and "data.max_row_bytes=1048576" in msg, msg
+    data_cfg.max_row_bytes = 4 * 2**20  # raised: the row is read
+    assert len(RLHFDataset(path, bpe_tokenizer, data_cfg)) == 2
+
+
+@pytest.mark.parametrize("depth", [100, 100_000])
+def test_deeply_nested_json_is_a_clear_error(tmp_path, bpe_tokenizer, data_cfg, verl_row, depth):
+    """Issue 34: JSON nested 100,000 deep ended in a RecursionError traceback."""
+    row = verl_row(0, SHORT)
+    text = json.dumps(row)[:-1] + ', "deep": ' + "[" * depth + "]" * depth + "}"
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(verl_row(1, SHORT)) + "\n" + text + "\n")
+    with pytest.raises(DataFileError) as err:
+        RLHFDataset(str(path), bpe_tokenizer, data_cfg)
+    msg = str(err.value)
+    assert ("line 2" in msg and "deeper than the JSON reader can follow" in msg) if depth > 1000 else \
+        (f"row 1 of '{path}' nests lists/objects more than 64 levels deep" in msg), msg

@@ -29,17 +29,17 @@ import torch.distributed as dist
 
 HERE = Path(__file__).resolve().parent
 
-# name -> (family, tp, ep, sp, role)
+# name -> (family of utils/tiny_model.FAMILIES, tp, ep, sp, role)
 CASES = {
     2: {
         "tp2-qwen2": ("qwen2", 2, 1, 1, "actor"),
-        "tp2-llama": ("llama", 2, 1, 1, "actor"),
+        "tp2-llama3.1": ("llama3.1", 2, 1, 1, "actor"),
         "tp2-qwen3": ("qwen3", 2, 1, 1, "actor"),
         "tp2-mistral": ("mistral", 2, 1, 1, "actor"),
-        "tp2-qwen3_moe": ("qwen3_moe", 2, 1, 1, "actor"),
-        "tp2-deepseek_v3": ("deepseek_v3", 2, 1, 1, "actor"),
-        "ep2-qwen3_moe": ("qwen3_moe", 1, 2, 1, "actor"),
-        "ep2-deepseek_v3": ("deepseek_v3", 1, 2, 1, "actor"),
+        "tp2-qwen3-moe": ("qwen3-moe", 2, 1, 1, "actor"),
+        "tp2-deepseek-v3": ("deepseek-v3", 2, 1, 1, "actor"),
+        "ep2-qwen3-moe": ("qwen3-moe", 1, 2, 1, "actor"),
+        "ep2-deepseek-v3": ("deepseek-v3", 1, 2, 1, "actor"),
         "tp2-critic-qwen2": ("qwen2", 2, 1, 1, "critic"),
         # LoRA on every linear of the decoder layers (q/k/v/gate/up column-wise, o/down row-wise): the adapters'
         # gradients, the sync of the merged weights into an hf rollout engine and the saved PEFT adapter
@@ -48,14 +48,14 @@ CASES = {
     4: {
         "dp2xtp2-qwen2": ("qwen2", 2, 1, 1, "actor"),
         "dp2xtp2-qwen3": ("qwen3", 2, 1, 1, "actor"),
-        "dp2xtp2-llama": ("llama", 2, 1, 1, "actor"),
-        "ep2xtp2-qwen3_moe": ("qwen3_moe", 2, 2, 1, "actor"),
-        "ep2xtp2-deepseek_v3": ("deepseek_v3", 2, 2, 1, "actor"),
-        "ep2xedp2-qwen3_moe": ("qwen3_moe", 1, 2, 1, "actor"),
-        "ep4-qwen3_moe": ("qwen3_moe", 1, 4, 1, "actor"),
+        "dp2xtp2-llama3.1": ("llama3.1", 2, 1, 1, "actor"),
+        "ep2xtp2-qwen3-moe": ("qwen3-moe", 2, 2, 1, "actor"),
+        "ep2xtp2-deepseek-v3": ("deepseek-v3", 2, 2, 1, "actor"),
+        "ep2xedp2-qwen3-moe": ("qwen3-moe", 1, 2, 1, "actor"),
+        "ep4-qwen3-moe": ("qwen3-moe", 1, 4, 1, "actor"),
         # expert groups over dp x tp (ep 4 does not divide dp 2): Megatron's layout of verl's Qwen3-30B lines
-        "ep4xtp2-qwen3_moe": ("qwen3_moe", 2, 4, 1, "actor"),
-        "ep4xsp2xtp2-qwen3_moe": ("qwen3_moe", 2, 4, 2, "actor"),  # groups over sp x tp (dp 1)
+        "ep4xtp2-qwen3-moe": ("qwen3-moe", 2, 4, 1, "actor"),
+        "ep4xsp2xtp2-qwen3-moe": ("qwen3-moe", 2, 4, 2, "actor"),  # groups over sp x tp (dp 1)
         "sp2xtp2-qwen2": ("qwen2", 2, 1, 2, "actor"),
     },
 }
@@ -65,11 +65,11 @@ CASES = {
 CHECKPOINTS = {
     2: {
         "ckpt-tp2-qwen2": ("qwen2", {"tp": 2}, {"same": {"tp": 2}, "tp1": {}, "single": None}),
-        "ckpt-ep2-qwen3_moe": ("qwen3_moe", {"ep": 2}, {"same": {"ep": 2}, "ep1": {}, "single": None}),
+        "ckpt-ep2-qwen3-moe": ("qwen3-moe", {"ep": 2}, {"same": {"ep": 2}, "ep1": {}, "single": None}),
     },
     4: {
         "ckpt-dp2xtp2-qwen3": ("qwen3", {"tp": 2}, {"same": {"tp": 2}, "tp1": {}, "sp2": {"sp": 2}, "single": None}),
-        "ckpt-ep2xtp2-qwen3_moe": ("qwen3_moe", {"tp": 2, "ep": 2}, {"same": {"tp": 2, "ep": 2}, "ep4": {"ep": 4},
+        "ckpt-ep2xtp2-qwen3-moe": ("qwen3-moe", {"tp": 2, "ep": 2}, {"same": {"tp": 2, "ep": 2}, "ep4": {"ep": 4},
                                                                     "tp2": {"tp": 2},
                                                                     "ep4xtp2": {"tp": 2, "ep": 4}}),
     },
@@ -206,18 +206,18 @@ def _break_expert_choice():
 
 def _break_expert_gradient_scale():
     """The experts' gradients averaged over their FSDP ranks only (the ep factor forgotten)."""
-    import hybridflow.engine.train_engine as te
+    import hybridflow.engine.parallel.parallelize as pz
 
-    return _patch(te, "expert_gradient_divide_factor", lambda fsdp_size, ep, tp_in_ep=1: fsdp_size)
+    return _patch(pz, "expert_gradient_divide_factor", lambda fsdp_size, ep, tp_in_ep=1: fsdp_size)
 
 
 def _break_expert_token_split():
     """Expert groups over dp x tp without the token split: every tp rank sends all of its (shared) tokens, so each
     token reaches its experts tp times."""
-    import hybridflow.engine.split_model as sm
+    import hybridflow.engine.parallel.parallelize as pz
 
-    real = sm.apply_expert_parallel
-    return _patch(sm, "apply_expert_parallel", lambda module, mesh, key, tp_split=None: real(module, mesh, key))
+    real = pz.apply_expert_parallel
+    return _patch(pz, "apply_expert_parallel", lambda module, mesh, key, tp_split=None: real(module, mesh, key))
 
 
 def _break_shared_rotary_key():
@@ -246,11 +246,11 @@ def _break_lora_rowwise_sum():
 BREAKS = {
     "head_norm_placement": (_break_head_norm_placement, "tp2-qwen3"),
     "missing_allreduce": (_break_missing_allreduce, "tp2-qwen2"),
-    "vocab_normaliser": (_break_vocab_normaliser, "tp2-llama"),
-    "expert_choice": (_break_expert_choice, "ep2-qwen3_moe"),
-    "expert_gradient_scale": (_break_expert_gradient_scale, "ep2-deepseek_v3"),
-    "shared_rotary_key": (_break_shared_rotary_key, "tp2-deepseek_v3"),
-    "expert_token_split": (_break_expert_token_split, "ep4xtp2-qwen3_moe"),
+    "vocab_normaliser": (_break_vocab_normaliser, "tp2-llama3.1"),
+    "expert_choice": (_break_expert_choice, "ep2-qwen3-moe"),
+    "expert_gradient_scale": (_break_expert_gradient_scale, "ep2-deepseek-v3"),
+    "shared_rotary_key": (_break_shared_rotary_key, "tp2-deepseek-v3"),
+    "expert_token_split": (_break_expert_token_split, "ep4xtp2-qwen3-moe"),
     "lora_rowwise_sum": (_break_lora_rowwise_sum, "tp2-lora-qwen3"),
 }
 

@@ -48,7 +48,7 @@ def test_reshard_fills_another_copy_and_reports_what_moved():
     assert stats.bytes == sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in
                                                                       source.state_dict().values()}.values())
     assert stats.buckets > 1 and stats.max_bucket_bytes <= max(40_000, max(t.numel() * 4 for t in own.values()))
-    metrics = stats.as_metrics()
+    metrics = stats.update_weights_metrics()
     assert metrics["update_weights/bytes"] == stats.bytes and "update_weights/seconds" not in metrics
     if reset_peak_rss():
         assert peak_rss_bytes() > 0 and stats.peak_rss_rise_bytes is not None

@@ -2,8 +2,9 @@
 equality with the unsharded model on 2 and 4 gloo processes (``nd_scenario.py``, one process-group start per
 world size).
 
-For every case -- TP=2 on Qwen2 (tied embeddings), Llama, Qwen3 (per-head norms), Mistral, Qwen3-MoE and
-DeepSeek-V3 (latent attention); EP=2 on Qwen3-MoE and DeepSeek-V3; a TP=2 critic; LoRA on a TP=2 Qwen3; FSDP2 x TP
+For every case -- TP=2 on Qwen2 (tied embeddings), Llama-3.1 (llama3 rope scaling), Qwen3 (per-head norms), Mistral
+(a sliding window shorter than the sequences), Qwen3-MoE and DeepSeek-V3 (latent attention), built from the
+library's family table (``nd_models.py``); EP=2 on Qwen3-MoE and DeepSeek-V3; a TP=2 critic; LoRA on a TP=2 Qwen3; FSDP2 x TP
 (dp 2 x tp 2); EP x TP; EP with expert data parallelism; EP=4; expert groups wider than dp (ep 4 over dp 2 x tp 2,
 over sp 2 x tp 2); Ulysses SP x TP -- the response log-probs, the entropies and every
 parameter's gradient equal a plain single-process forward/backward of the whole batch within 1e-5 (fp32), and so
@@ -51,7 +52,7 @@ def test_layout_of_tp_and_ep_inside_dp():
     # tp peers are adjacent ranks and share the rows; ep peers are consecutive dp indices
     assert [dims.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert [dims.is_collect(r) for r in range(8)] == [True, False] * 4
-    assert dims.full_coordinate(5) == {"dp": 2, "edp": 1, "ep": 0, "sp": 0, "tp": 1}
+    assert dims.full_coordinate(5) == {"pp": 0, "dp": 2, "edp": 1, "ep": 0, "sp": 0, "tp": 1}
     assert dims.tp_peers(5) == [4, 5] and dims.nd
     both = ParallelDims(world=8, sp=2, tp=2)
     assert both.sp_peers(5) == [5, 7] and both.tp_peers(5) == [4, 5] and both.dp_rank(5) == 1
@@ -105,18 +106,21 @@ def test_role_layout_reads_the_megatron_node_only_with_the_megatron_strategy():
 
     from hybridflow.engine.parallel_dims import role_layout
 
-    megatron = NS(tensor_model_parallel_size=2, expert_model_parallel_size=4)
+    megatron = NS(tensor_model_parallel_size=2, expert_model_parallel_size=4, pipeline_model_parallel_size=2,
+                  virtual_pipeline_model_parallel_size=None)
     assert role_layout(NS(strategy="megatron", megatron=megatron, ulysses_sequence_parallel_size=2)) == \
-        {"sp": 2, "tp": 2, "ep": 4}
+        {"sp": 2, "tp": 2, "ep": 4, "pp": 2, "vpp": 1}
     assert role_layout(NS(strategy="fsdp2", megatron=megatron, ulysses_sequence_parallel_size=1)) == \
-        {"sp": 1, "tp": 1, "ep": 1}
+        {"sp": 1, "tp": 1, "ep": 1, "pp": 1, "vpp": 1}
 
 
 # ---------------------------------------------------------------------------------------------- N processes
 @pytest.fixture(scope="module")
 def nd_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("nd_models")
-    models = {f: _nd_models().write_model(root / f, f) for f in _nd_models().FAMILIES}
+    scenario = _scenario()
+    families = {c[0] for cases in (*scenario.CASES.values(), *scenario.CHECKPOINTS.values()) for c in cases.values()}
+    models = {f: _nd_models().write_model(root / f, f) for f in sorted(families)}
     path = root / "models.json"
     path.write_text(json.dumps(models))
     return path

@@ -7,7 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
+from hybridflow.engine.engine_checkpoint import (
+    CheckpointMismatchError,
+    load_engine_checkpoint,
+    save_engine_checkpoint,
+)
 from hybridflow.engine.model_loader import apply_lora, load_causal_lm, load_tokenizer
 from hybridflow.engine.train_engine import TrainEngine
 
@@ -118,6 +122,22 @@ def test_loading_with_another_world_size_is_a_clear_error(tiny_model_dir, tmp_pa
     (tmp_path / "model_world_size_2_rank_0.pt").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="world size"):
         load_engine_checkpoint(engine, str(tmp_path))
+
+
+def test_a_checkpoint_of_another_model_names_the_folder_the_parameter_and_both_shapes(tiny_model_dir, nano_model_dir,
+                                                                                       tmp_path):
+    """Issue 34: torch's raw size-mismatch traceback named no folder."""
+    path = str(tmp_path / "global_step_2" / "actor")
+    save_engine_checkpoint(TrainEngine(load_causal_lm(tiny_model_dir), fsdp_cfg(), optim_cfg()), path)
+    other = TrainEngine(load_causal_lm(nano_model_dir), fsdp_cfg(), optim_cfg())
+    with pytest.raises(CheckpointMismatchError) as err:
+        load_engine_checkpoint(other, path, field="actor_rollout_ref.actor.checkpoint.load_contents")
+    text = str(err.value)
+    assert f"checkpoint {path} does not fit this model: parameter 'model.embed_tokens.weight' has shape" in text
+    saved = load_causal_lm(tiny_model_dir).model.embed_tokens.weight.shape
+    own = other.module.model.embed_tokens.weight.shape
+    assert f"{tuple(saved)} in the checkpoint and {tuple(own)} in the model" in text
+    assert "actor_rollout_ref.actor's model path" in text and "trainer.resume_mode=disable" in text
 
 
 def test_lora_export_is_merged(tiny_model_dir, tmp_path):

@@ -281,20 +281,14 @@ def _nd_model(family: str):
     spec = importlib.util.spec_from_file_location("hf_test_nd_models", Path(__file__).with_name("nd_models.py"))
     nd = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nd)
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    model_type, extra = nd.FAMILIES[family]
-    cfg = AutoConfig.for_model(model_type, vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                               num_attention_heads=4, **extra)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg)
+    return nd.build_model(family)
 
 
 @pytest.mark.parametrize("family,colwise,rowwise,norms,experts", [
     ("qwen2", {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}, {"o_proj", "down_proj"}, 0, False),
     ("qwen3", {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}, {"o_proj", "down_proj"}, 2, False),
-    ("qwen3_moe", {"q_proj", "k_proj", "v_proj"}, {"o_proj"}, 2, True),
-    ("deepseek_v3", {"q_b_proj", "kv_b_proj", "gate_proj", "up_proj"}, {"o_proj", "down_proj"}, 0, True),
+    ("qwen3-moe", {"q_proj", "k_proj", "v_proj"}, {"o_proj"}, 2, True),
+    ("deepseek-v3", {"q_b_proj", "kv_b_proj", "gate_proj", "up_proj"}, {"o_proj", "down_proj"}, 0, True),
 ])
 def test_decoder_layer_split_names_modules_that_exist(family, colwise, rowwise, norms, experts):
     """Every name the split gives is a module of that class in the layer (parallelize_module would silently skip a
@@ -308,12 +302,12 @@ def test_decoder_layer_split_names_modules_that_exist(family, colwise, rowwise, 
         assert isinstance(layer.get_submodule(name), torch.nn.Linear), name
     assert len(split.head_norms) == norms and all(layer.get_submodule(n) is not None for n in split.head_norms)
     assert (split.experts is not None) == experts
-    if family == "deepseek_v3":  # the latent attention's rotary key columns, shared by every head
+    if family == "deepseek-v3":  # the latent attention's rotary key columns, shared by every head
         (name, first), = split.shared_columns
         assert layer.get_submodule(name).out_features == first + model.config.qk_rope_head_dim
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["qwen3-moe", "deepseek-v3"])
 def test_moe_experts_layout_and_forward_contract(family):
     """transformers' experts module computes, for rows grouped by expert, exactly what expert parallelism's
     ``expert_forward`` computes from the (E, 2I, H) / (E, H, I) weights with the gate in the first I rows; routing
@@ -343,7 +337,7 @@ def test_embedding_and_head_find_tied_and_untied_heads():
     tied.config.tie_word_embeddings = True
     tied.tie_weights()
     assert tfa.embedding_and_head(tied) == ("model.embed_tokens", "lm_head", True)
-    assert tfa.embedding_and_head(_nd_model("llama")) == ("model.embed_tokens", "lm_head", False)
+    assert tfa.embedding_and_head(_nd_model("llama3.1")) == ("model.embed_tokens", "lm_head", False)
 
 
 # ---------------------------------------------------------------------------------------------- sliding windows

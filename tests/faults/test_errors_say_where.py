@@ -25,6 +25,8 @@ def _run(tmp_path, model, train, extra=(), steps=1):
     (f"{A}.actor.clip_ratio=-0.2", f"{A}.actor.clip_ratio=-0.2 is out of range"),
     (f"{A}.actor.ppo_epochs=0", f"{A}.actor.ppo_epochs=0 is out of range"),
     ("reward_model.error_score=nan", "reward_model.error_score=nan is out of range"),
+    ("reward_model.worker_memory_mb=10", "reward_model.worker_memory_mb=10 is out of range"),
+    ("data.max_row_bytes=0", "data.max_row_bytes=0 is out of range"),
 ])
 def test_out_of_range_values_are_refused_at_config_time(override, needle, tmp_path, fault_data):
     """Refused before anything loads: the model path does not even exist here."""

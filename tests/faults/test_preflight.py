@@ -94,3 +94,27 @@ def test_cli_refuses_a_vision_model_vllm_cannot_load_before_training(tmp_path, t
     assert "actor_rollout_ref.rollout.name=vllm" in result.message and "write_image_only_processor" in result.message
     assert "actor_rollout_ref.rollout.name=hf" in result.message
     assert read_metrics(tmp_path) == []
+
+
+def test_an_overlong_prompt_and_a_huge_row_are_refused_at_the_run_stage(tmp_path, nano_model_dir, fault_data):
+    """Issue 34: an overlong prompt was found only when a step drew it (after 8 steps), and a 200 MB row went to the
+    tokenizer. Both are now run-stage errors naming the file and row, before anything starts."""
+    from hybridflow.data.io import read_rows, write_parquet
+
+    rows = read_rows(str(fault_data / "train.parquet"))
+    long_rows = [dict(r) for r in rows]
+    long_rows[11] = dict(rows[11], prompt=[{"role": "user", "content": "1+1=" * 40}])
+    overlong = write_parquet(long_rows, str(tmp_path / "overlong.parquet"))
+    cfg = load_config(base_args(nano_model_dir, overlong, tmp_path))
+    with pytest.raises(ConfigError) as err:
+        check_for_run(cfg, logger_dir=tmp_path / "logs")
+    assert f"data.train_files: row 11 of '{overlong}': prompt is" in str(err.value)
+    assert "data.max_prompt_length=32" in str(err.value) and "data.filter_overlong_prompts=true" in str(err.value)
+    check_for_run(load_config(base_args(nano_model_dir, overlong, tmp_path,  # the filter drops it instead
+                                        extra=["data.filter_overlong_prompts=true"])), logger_dir=tmp_path / "logs")
+    huge_rows = [dict(r) for r in rows]
+    huge_rows[3] = dict(rows[3], extra_info={**rows[3]["extra_info"], "blob": "x" * 3000})
+    huge = write_parquet(huge_rows, str(tmp_path / "huge.parquet"))
+    cfg = load_config(base_args(nano_model_dir, huge, tmp_path, extra=["data.max_row_bytes=2048"]))
+    with pytest.raises(ConfigError, match=rf"data.train_files: row 3 of '{huge}' holds .* over data.max_row_bytes=2048"):
+        check_for_run(cfg, logger_dir=tmp_path / "logs")

@@ -1,5 +1,6 @@
 """`hybridflow sandbox serve` is safe by default: loopback, a token, a Host check, correct body caps, idle
-time-outs, a status and a message for every bad request, and a listen backlog that takes 200 clients at once."""
+time-outs, a status and a message for every bad request, a listen backlog that takes 200 clients at once, and slow
+clients that can neither hold a request open forever nor take the slots an authenticated client needs."""
 
 from __future__ import annotations
 
@@ -187,3 +188,104 @@ def test_200_concurrent_clients_are_all_answered(served):
     for t in threads:
         t.join(60)
     assert outcomes.count("200") == n, {o: outcomes.count(o) for o in set(outcomes)}
+
+
+def test_a_service_running_the_audit_mode_says_so_to_its_clients(capsys):
+    """Issue 34: the weak audit mode must never run model-written code without a word, remote runs included."""
+    from hybridflow.sandbox.fusion_client import run_code_remote
+
+    server, url = serve_in_thread(workers=1, max_timeout_s=5, max_memory_mb=256, isolation="audit",
+                                  token="audit-token")
+    try:
+        capsys.readouterr()
+        first = run_code_remote(url, "print(6 * 7)")
+        second = run_code_remote(url, "print(1)")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert first.status == "pass" and first.stdout == "42\n" and first.isolation == second.isolation == "audit"
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "sandbox service" in line]
+    assert len(warnings) == 1 and "runs model-written code with isolation=audit (NO OS ISOLATION" in warnings[0]
+
+
+def test_a_service_with_os_isolation_names_its_mode(served):
+    from hybridflow.sandbox.fusion_client import run_code_remote
+
+    port = served.server_address[1]
+    result = run_code_remote(f"http://:test-token-123@127.0.0.1:{port}/run_code", "print(2)")
+    assert result.status == "pass" and result.isolation == served.service.isolation != "audit"
+
+
+# ------------------------------------------------------------------------------------------------ slow clients
+class SlowClient(threading.Thread):
+    """Sends a request line, then one header byte every ``every_s`` (under the idle time-out) until cut off."""
+
+    def __init__(self, server, every_s: float, stop: threading.Event):
+        super().__init__(daemon=True)
+        self.server, self.every_s, self.stop = server, every_s, stop
+        self.answer = b""
+        self.cut = threading.Event()
+
+    def run(self):
+        try:
+            with socket.create_connection(self.server.server_address[:2], timeout=30) as s:
+                s.sendall(b"POST /run_code HTTP/1.1\r\nX-Slow: ")
+                while not self.stop.is_set():
+                    s.sendall(b"a")
+                    time.sleep(self.every_s)
+                    s.setblocking(False)
+                    try:
+                        chunk = s.recv(4096)
+                        self.answer += chunk
+                        if not chunk:
+                            break
+                    except BlockingIOError:
+                        pass
+                    finally:
+                        s.setblocking(True)
+        except OSError:
+            pass
+        self.cut.set()
+
+
+def test_slow_clients_cannot_starve_an_authenticated_request():
+    """Issue 34: 600 clients sending a byte every 2 s held all 512 slots and /run_code got 503 (scaled down: 8
+    slots, 20 slow clients, requests allowed a whole minute, so only the unauthenticated share can help)."""
+    server, _ = serve_in_thread(workers=1, max_timeout_s=5, max_memory_mb=256, idle_timeout_s=2.0, token="t0k",
+                                max_connections=8, max_unauthenticated=4, request_timeout_s=60.0)
+    stop = threading.Event()
+    slow = [SlowClient(server, 0.3, stop) for _ in range(20)]
+    try:
+        for client in slow:
+            client.start()
+            time.sleep(0.02)
+        deadline = time.monotonic() + 30
+        while sum(c.cut.is_set() for c in slow) < 12 and time.monotonic() < deadline:
+            time.sleep(0.1)  # 12 have no slot (before issue 34: 8 slots held, the rest refused)
+        payload = b'{"code": "print(6 * 7)"}'
+        status, answer = raw(server, f"POST /run_code HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer t0k\r\n"
+                                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload, wait_s=30)
+        assert status == 200 and answer["run_result"]["stdout"] == "42\n", (status, answer)
+        assert len(server.connections) <= 4  # the slow ones hold no more than their share
+        evicted = [c for c in slow if c.cut.is_set() and b"503" in c.answer[:20]]
+        assert evicted and b"--max-unauthenticated 4" in evicted[0].answer
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_request_trickling_in_is_cut_at_the_request_deadline():
+    """Each read arrives within the idle time-out, so only a bound on the whole request ends it."""
+    server, _ = serve_in_thread(workers=1, max_timeout_s=5, max_memory_mb=256, idle_timeout_s=2.0, token="t0k",
+                                request_timeout_s=1.5)
+    stop = threading.Event()
+    client = SlowClient(server, 0.3, stop)
+    try:
+        client.start()
+        assert client.cut.wait(30), "the slow request was never cut"
+        assert client.answer.startswith(b"HTTP/1.1 408") and b"within 1.5 s (--request-timeout)" in client.answer
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()

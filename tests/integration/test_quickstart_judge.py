@@ -56,3 +56,19 @@ def test_a_judge_below_the_agreement_floor_stops_the_run_and_says_why(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert "stopped" in summary and summary["judge_heldout_agreement"] < 0.9
     assert not (tmp_path / "metrics.jsonl").exists()  # no RL step ran
+
+
+def test_above_the_floor_the_demo_runs_grpo_on_the_judge_and_writes_its_results(tmp_path):
+    """Toy scale (an untrained judge, the floor lowered to 0): the run reaches RL, steps on the judge's scores, and
+    writes the summary (every key), the metrics and the report."""
+    from hybridflow.quickstart.judge import run_judge_quickstart
+
+    summary = run_judge_quickstart(str(tmp_path), policy_sft_steps=2, judge_sft_steps=2, rl_steps=2, train_size=200,
+                                   test_size=20, test_freq=1, min_judge_agreement=0.0)
+    assert list(summary) == ["before", "after", "judge_heldout_agreement", "judge_agreement_during_rl", "steps",
+                             "seconds", "cpu_seconds", "policy_sft_seconds", "judge_sft_seconds", "rl_seconds",
+                             "backend", "seed"]
+    assert (summary["before"]["step"], summary["after"]["step"], summary["steps"]) == (0, 2, 2)
+    assert 0.0 < summary["judge_agreement_during_rl"] <= 1.0  # the judge scored the RL steps' answers
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert (tmp_path / "metrics.jsonl").exists() and (tmp_path / "report.html").exists()

@@ -27,7 +27,7 @@ def test_naive_places_score_on_last_valid_token(char_tokenizer, make_batch):
     assert torch.equal(out["reward_tensor"], expected)
     assert out["reward_extra_info"] == {}
     assert out["reward_metrics"] == {"reward/error_count": 0.0, "reward/timeout_count": 0.0, "reward/error_rate": 0.0,
-                                     "reward/clipped_count": 0.0}
+                                     "reward/clipped_count": 0.0, "reward/workers_recycled": 0.0}
     assert torch.equal(mgr(data), expected)  # return_dict=False gives the tensor
 
 
@@ -129,7 +129,7 @@ def test_load_reward_manager_from_config(char_tokenizer, tmp_path):
     from types import SimpleNamespace as NS
 
     cfg = NS(
-        reward_model=NS(reward_manager="dapo", num_workers=0, timeout_s=5.0, error_score=-1.0,
+        reward_model=NS(reward_manager="dapo", num_workers=0, timeout_s=5.0, error_score=-1.0, worker_memory_mb=4096,
                         reward_kwargs={"max_resp_len": 8, "overlong_buffer_cfg": {"enable": True, "len": 2}},
                         sandbox_fusion=NS(url=None, max_concurrent=64, memory_limit_mb=1024)),
         custom_reward_function=NS(path=None, name="compute_score"),
@@ -160,7 +160,7 @@ def test_reward_manager_class_from_a_file_verl09_importlib_source(char_tokenizer
     cfg = NS(
         reward_model=NS(reward_manager="naive", reward_loop_source="importlib",
                         reward_loop_module_path=str(tmp_path / "my_manager.py"), reward_loop_class_name="HalfManager",
-                        num_workers=0, timeout_s=5.0, error_score=0.0, reward_kwargs={},
+                        num_workers=0, timeout_s=5.0, error_score=0.0, worker_memory_mb=4096, reward_kwargs={},
                         sandbox_fusion=NS(url=None, max_concurrent=64, memory_limit_mb=1024)),
         custom_reward_function=NS(path=None, name="compute_score"),
         data=NS(reward_fn_key="data_source"),

@@ -64,7 +64,8 @@ def test_verl_flat_key_and_refusals(served, char_tokenizer):
 
 
 def test_no_url_no_keywords(char_tokenizer):
-    cfg = NS(reward_model=NS(reward_manager="naive", num_workers=0, timeout_s=5.0, error_score=0.0, reward_kwargs={},
+    cfg = NS(reward_model=NS(reward_manager="naive", num_workers=0, timeout_s=5.0, error_score=0.0,
+                             worker_memory_mb=4096, reward_kwargs={},
                              sandbox_fusion=NS(url=None, max_concurrent=64, memory_limit_mb=1024)),
              custom_reward_function=NS(path=None, name="compute_score"), data=NS(reward_fn_key="data_source"))
     assert load_reward_manager(cfg, char_tokenizer).reward_kwargs == {}

@@ -258,3 +258,17 @@ def test_a_failing_prefill_reaches_the_waiting_request_instead_of_hanging(model_
         hook.remove()
     out = engine.generate_batch(prompts[:1], SamplingParams(do_sample=False, max_tokens=3))  # still usable
     assert len(out[0].token_ids) == 3
+
+
+def test_stop_and_pad_ids_come_from_the_arguments_then_the_tokenizer_then_the_model():
+    from hybridflow.utils.tiny_model import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, size="nano", eos_token_id=5, pad_token_id=None)  # the model names other ids
+    model.generation_config.eos_token_id = [5, 6]
+    assert (HFRolloutEngine(model, tok).eos_token_ids, HFRolloutEngine(model, tok)._batcher.pad_token_id) == (
+        (tok.eos_token_id,), tok.pad_token_id)
+    assert HFRolloutEngine(model, tok, eos_token_ids=[7, 8], pad_token_id=9).eos_token_ids == (7, 8)
+    assert HFRolloutEngine(model, tok, eos_token_ids=[7, 8], pad_token_id=9)._batcher.pad_token_id == 9
+    bare = HFRolloutEngine(model)  # no tokenizer: the generation config's EOS ids, pad 0 (the model names none)
+    assert (bare.eos_token_ids, bare._batcher.pad_token_id) == ((5, 6), 0)

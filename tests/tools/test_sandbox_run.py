@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +14,7 @@ from hybridflow.sandbox.runner import _CappedBuffer
 from hybridflow.sandbox import (
     SandboxConfig,
     SandboxResult,
+    available_isolations,
 
     namespaces_available,
     resolve_isolation,
@@ -121,3 +123,66 @@ def test_seccomp_filter_builds_for_both_architectures():
         assert prog is not None and len(prog) % 8 == 0
         assert len(prog) // 8 > len(DENIED)  # one test per denied call, plus the arch / clone / ioctl checks
     assert build_filter("sparc") is None  # unknown: the sandbox runs without a filter and its docs say so
+
+
+@pytest.mark.parametrize("mode", available_isolations())
+def test_every_mode_runs_the_program_under_the_same_resource_limits(mode, tmp_path):
+    """One definition (supervisor.rlimits) for the OS modes' supervisor and the audit launcher (issue 34: the block
+    was written twice)."""
+    import resource
+
+    from hybridflow.sandbox.runner import build_spec
+    from hybridflow.sandbox.supervisor import rlimits
+
+    config = SandboxConfig(isolation=mode, timeout_s=7.0, memory_mb=300, disk_mb=9, max_open_files=77)
+    names = ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CORE")
+    result = run_python("import resource\n" + "".join(f"print(list(resource.getrlimit(resource.{n})))\n"
+                                                      for n in names), config=config)
+    assert result.status == "pass", result.stderr
+    expected = rlimits(build_spec(config, mode, str(tmp_path)))
+    assert [list(expected[getattr(resource, n)]) for n in names] == \
+        [json.loads(line) for line in result.stdout.splitlines()]
+    mib = 1024 * 1024
+    assert expected[resource.RLIMIT_CPU] == (7, 8) and expected[resource.RLIMIT_AS] == (300 * mib, 300 * mib)
+    assert expected[resource.RLIMIT_FSIZE] == (9 * mib, 9 * mib) and expected[resource.RLIMIT_NOFILE] == (77, 77)
+
+
+def _run_bpf(program: bytes, nr: int, arch: int, args: tuple[int, ...] = (0, 0)) -> int:
+    """A classic-BPF interpreter for the instructions the filter uses; returns the verdict for one system call."""
+    import struct
+
+    ins = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
+    data = struct.pack("=iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = ins[pc]
+        pc += 1
+        if code == 0x20:
+            acc = struct.unpack_from("=I", data, k)[0]
+        elif code == 0x54:
+            acc &= k
+        elif code in (0x15, 0x35):
+            pc += jt if (acc == k if code == 0x15 else acc >= k) else jf
+        elif code == 0x06:
+            return k
+        else:
+            raise AssertionError(f"unexpected instruction {code:#x}")
+
+
+def test_seccomp_filter_verdicts():
+    from hybridflow.sandbox.seccomp import build_filter
+
+    prog, x86 = build_filter("x86_64"), 0xC000003E
+    allow, eperm, enosys, kill = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
+    assert _run_bpf(prog, 0, x86) == allow  # read
+    assert _run_bpf(prog, 101, x86) == eperm  # ptrace
+    assert _run_bpf(prog, 323, x86) == eperm  # userfaultfd
+    assert _run_bpf(prog, 435, x86) == enosys  # clone3: its flags cannot be read
+    assert _run_bpf(prog, 56, x86, (0x01200011,)) == allow  # clone as fork does
+    assert _run_bpf(prog, 56, x86, (0x10000000,)) == eperm  # clone(CLONE_NEWUSER)
+    assert _run_bpf(prog, 16, x86, (1, 0x5412)) == eperm  # ioctl(TIOCSTI)
+    assert _run_bpf(prog, 16, x86, (1, 0x5401)) == allow  # ioctl(TCGETS)
+    assert _run_bpf(prog, 0x40000000, x86) == eperm  # an x32 system call
+    assert _run_bpf(prog, 0, 0xC00000B7) == kill  # another architecture's ABI
+    arm = build_filter("aarch64")
+    assert _run_bpf(arm, 117, 0xC00000B7) == eperm and _run_bpf(arm, 63, 0xC00000B7) == allow  # ptrace, read

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -97,3 +102,52 @@ def test_rng_state_round_trip():
     a = (random.random(), np.random.rand(), torch.rand(1).item())
     ckpt.restore_rng_state(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
+
+
+# ---------------------------------------------------------------------------------------------- one writer
+HOLD_LOCK = """
+import sys, time
+from hybridflow.trainer import run_checkpoint as ckpt
+ckpt.lock_checkpoint_dir(sys.argv[1])
+print("held", flush=True)
+time.sleep(300)
+"""
+
+
+def hold_lock_in_another_process(folder) -> subprocess.Popen:
+    """A second process (another run) holding ``folder``; kill it to leave a stale lock behind."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_writer_of_a_checkpoint_folder_is_refused_and_a_dead_holder_is_taken_over(tmp_path, capsys):
+    """Issue 34: two runs writing one folder both succeeded, interleaving global_step_*."""
+    holder = hold_lock_in_another_process(tmp_path)
+    try:
+        with pytest.raises(ckpt.CheckpointError) as err:
+            ckpt.lock_checkpoint_dir(tmp_path)
+        text = str(err.value)
+        assert f"checkpoint folder {tmp_path} is in use: another run (pid {holder.pid} on host " \
+               f"{socket.gethostname()}" in text, text
+        assert "trainer.default_local_dir" in text and ckpt.RUN_LOCK_FILE in text
+    finally:
+        holder.kill()  # dies holding it: the lock file stays, its flock goes with the process
+        holder.wait()
+    assert json.loads((tmp_path / ckpt.RUN_LOCK_FILE).read_text())["pid"] == holder.pid
+    lock = ckpt.lock_checkpoint_dir(tmp_path)
+    assert f"(pid {holder.pid}) is gone; taking it over" in capsys.readouterr().err
+    assert ckpt.lock_checkpoint_dir(tmp_path) is lock  # re-entrant in one process
+    assert json.loads((tmp_path / ckpt.RUN_LOCK_FILE).read_text())["pid"] == os.getpid()
+    ckpt.release_checkpoint_dir(tmp_path)
+    assert not (tmp_path / ckpt.RUN_LOCK_FILE).exists()
+    after = hold_lock_in_another_process(tmp_path)  # released: the next run takes it at once
+    after.kill()
+    after.wait()
+
+
+def test_a_lock_left_by_a_run_on_another_host_is_not_taken_silently(tmp_path):
+    (tmp_path / ckpt.RUN_LOCK_FILE).write_text(json.dumps({"pid": 4242, "host": "node-elsewhere", "since": 0}))
+    with pytest.raises(ckpt.CheckpointError, match=r"pid 4242 on host node-elsewhere.*if that run has ended, "
+                                                    r"delete .*hybridflow_run.lock"):
+        ckpt.lock_checkpoint_dir(tmp_path)

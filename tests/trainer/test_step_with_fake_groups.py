@@ -8,10 +8,14 @@ the golden values of the controller-side arithmetic are checked in milliseconds.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from hybridflow.launch.config import load_config
+from hybridflow.trainer import run_checkpoint as ckpt
 from hybridflow.trainer.controller import RLController
 from hybridflow.trainer.stages import WorkerGroups
 from hybridflow.trainer.step_failures import StepFailedError
@@ -172,3 +176,25 @@ def test_too_many_failed_rewards_stop_the_run_with_the_counts(tmp_path):
     with pytest.raises(StepFailedError, match="reward"):
         trainer.fit()
     assert "update_actor" not in rec.calls
+
+
+def test_a_run_saving_into_a_folder_another_run_holds_is_refused_before_training(tmp_path):
+    """Issue 34: two runs writing one checkpoint folder both succeeded, interleaving global_step_*."""
+    trainer, rec = make_trainer(tmp_path, extra=["trainer.save_freq=1"])
+    folder = tmp_path / "ckpt"
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom hybridflow.trainer import run_checkpoint "
+                              "as c\nc.lock_checkpoint_dir(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(300)",
+                              str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with pytest.raises(ckpt.CheckpointError, match=rf"checkpoint folder {folder} is in use: another run "
+                                                        rf"\(pid {other.pid} on host"):
+            trainer.fit()
+        assert rec.calls == [] and sorted(p.name for p in folder.iterdir()) == [ckpt.RUN_LOCK_FILE]
+    finally:
+        other.kill()
+        other.wait()
+    trainer, rec = make_trainer(tmp_path, extra=["trainer.save_freq=1"])
+    trainer.fit()  # the holder is gone: its lock is stale and taken over
+    assert "save_checkpoint" in rec.calls and ckpt.completed_steps(folder) == [1]
+    assert not (folder / ckpt.RUN_LOCK_FILE).exists()  # released at the end of the run

@@ -101,6 +101,33 @@ def test_kl_loss_and_entropy_bonus_are_applied_and_reported(tiny_model_dir, conf
     assert metrics["actor/lr"] == [1e-3]
 
 
+def _mean_over_responses(worker, data, key):
+    mask = data.batch["response_mask"].bool()
+    return float(worker.compute_log_prob(data).batch[key][mask].mean())
+
+
+@pytest.mark.parametrize("term", ["entropy_bonus", "kl_loss"])
+def test_the_entropy_bonus_and_the_kl_loss_pull_the_policy_their_way(term, tiny_model_dir, config_factory, batches):
+    """With zero advantages the policy gradient is zero and one term alone moves the actor: the entropy bonus
+    (``- entropy_coeff x H``) raises the entropy, the KL loss (``+ kl_loss_coef x KL``) pulls the log-probs towards
+    a reference that gives the sampled tokens more probability."""
+    A = "actor_rollout_ref.actor"
+    overrides = ([f"{A}.entropy_coeff=0.5"] if term == "entropy_bonus" else
+                 [f"{A}.use_kl_loss=true", f"{A}.kl_loss_coef=1.0", f"{A}.entropy_coeff=0"])
+    # Adam with eps 1: a small step along the gradient (a sign-like step of lr on every weight could overshoot
+    # the near-uniform random model's entropy maximum)
+    worker = _worker(config_factory, tiny_model_dir, *overrides, f"{A}.optim.lr=0.1")
+    data = batches.make_update_batch(_vocab(worker), seed=7)
+    data.batch["advantages"] = torch.zeros_like(data.batch["advantages"])
+    key = "entropys" if term == "entropy_bonus" else "old_log_probs"
+    before = _mean_over_responses(worker, data, key)
+    if term == "kl_loss":
+        data.batch["ref_log_prob"] = worker.compute_log_prob(data).batch["old_log_probs"] + 0.5
+    batches.run_update(worker, data)
+    after = _mean_over_responses(worker, data, key)
+    assert after > before + 1e-5, (before, after)
+
+
 def test_update_without_ref_log_prob_is_a_clear_error(tiny_model_dir, config_factory, batches):
     worker = _worker(config_factory, tiny_model_dir, "actor_rollout_ref.actor.use_kl_loss=true", role="actor")
     data = batches.make_update_batch(_vocab(worker), seed=7)

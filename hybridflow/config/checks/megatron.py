@@ -13,9 +13,13 @@ FSDP2 engine as ``fsdp2``, laid out by its ``megatron`` node:
   ``<role>.ulysses_sequence_parallel_size``; an explicit, different Ulysses size is a conflict);
 * ``param_offload`` / ``optimizer_offload``: written into the role's ``fsdp_config`` (the engine moves parameters /
   Adam moments to the CPU between phases);
+* ``pipeline_model_parallel_size`` / ``virtual_pipeline_model_parallel_size``: the pp dimension (decoder layers cut
+  into ``pp x vpp`` stages, interleaved over the pp ranks; ``engine/parallel/pipeline.py``), with
+  ``override_transformer_config.num_layers_in_{first,last}_pipeline_stage`` fixing the end stages' layers and
+  ``pipeline_schedule`` (hybridflow's: ``1f1b`` | ``gpipe``; virtual stages always run interleaved 1F1B);
 * ``expert_tensor_parallel_size``: experts are never split by tensor parallelism, so only 1 (or null) is
-  accepted; ``pipeline_model_parallel_size`` > 1 is refused (pipelining is not built);
-  ``use_distributed_optimizer=false`` is refused (FSDP2 always shards the optimizer state over the data ranks).
+  accepted; ``use_distributed_optimizer=false`` is refused (FSDP2 always shards the optimizer state over the data
+  ranks).
 
 The remaining keys of the node are Megatron-LM internals: ``key_policy`` lists them as inert or refused.
 The keys of a role on another strategy must stay at their defaults (they would silently do nothing).
@@ -25,11 +29,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_megatron", "megatron_roles", "without_echoes"]
+__all__ = ["PIPELINE_SCHEDULES", "check_megatron", "megatron_roles", "pipeline_split", "without_echoes"]
 
 _ENGINES = ("dp", "fsdp", "megatron")
 _DEFAULTS = {"tensor_model_parallel_size": 1, "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
-             "pipeline_model_parallel_size": 1, "context_parallel_size": 1, "param_offload": False,
+             "pipeline_model_parallel_size": 1, "virtual_pipeline_model_parallel_size": None,
+             "pipeline_schedule": "1f1b", "context_parallel_size": 1, "param_offload": False,
              "optimizer_offload": False, "use_distributed_optimizer": True}
 
 
@@ -65,12 +70,7 @@ def _stray_keys(prefix: str, node: Any, errors: list[str]) -> None:
 def _layout(prefix: str, node: Any, fsdp: Any, lora: bool, errors: list[str], notes: list[str]) -> None:
     m = node.megatron
     key = f"{prefix}.megatron"
-    if int(m.pipeline_model_parallel_size or 1) > 1:
-        errors.append(f"{key}.pipeline_model_parallel_size={m.pipeline_model_parallel_size}: pipeline parallelism is "
-                      "not built in hybridflow's torch-native engine. Set it to 1: the layers are split by "
-                      f"{key}.tensor_model_parallel_size (heads, MLP, vocabulary) and "
-                      f"{key}.expert_model_parallel_size (MoE experts), and FSDP2 shards everything over the data "
-                      "ranks, which fits what pipeline stages would")
+    _pipeline_keys(key, m, errors)
     etp = m.expert_tensor_parallel_size
     if etp is not None and int(etp) != 1:
         errors.append(f"{key}.expert_tensor_parallel_size={etp}: experts are split over "
@@ -145,3 +145,34 @@ def without_echoes(found: list[str]) -> list[str]:
     return [e for e in found if not (ref in e and e.replace(ref, actor) in found)]
 
 
+
+
+PIPELINE_SCHEDULES = ("1f1b", "gpipe")
+PIPELINE_SPLIT_KEYS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
+
+
+def _pipeline_keys(key: str, m: Any, errors: list[str]) -> None:
+    """The pipeline sizes, verl's stage-split keys and the schedule (the model's layer count is the run stage's)."""
+    pp, vpp = int(m.pipeline_model_parallel_size or 1), m.virtual_pipeline_model_parallel_size
+    if pp < 1:
+        errors.append(f"{key}.pipeline_model_parallel_size={pp}: must be >= 1")
+    if vpp is not None and int(vpp) < 1:
+        errors.append(f"{key}.virtual_pipeline_model_parallel_size={vpp}: must be >= 1 (or null)")
+    elif vpp is not None and int(vpp) > 1 and pp == 1:
+        errors.append(f"{key}.virtual_pipeline_model_parallel_size={vpp} interleaves stages over the pipeline ranks: it "
+                      f"needs {key}.pipeline_model_parallel_size > 1")
+    if m.pipeline_schedule not in PIPELINE_SCHEDULES:
+        errors.append(f"{key}.pipeline_schedule={m.pipeline_schedule!r}: choose one of {', '.join(PIPELINE_SCHEDULES)} "
+                      "(virtual stages always run interleaved 1F1B)")
+    for name in PIPELINE_SPLIT_KEYS:
+        value = (m.override_transformer_config or {}).get(name)
+        if value is not None and (pp == 1 or int(value) < 1):
+            errors.append(f"{key}.override_transformer_config.{name}={value}: " + (
+                "a pipeline stage needs at least one layer" if pp > 1 else
+                f"it places layers on pipeline stages; set {key}.pipeline_model_parallel_size > 1 or drop it"))
+
+
+def pipeline_split(node: Any) -> tuple[int | None, int | None]:
+    """verl's ``num_layers_in_{first,last}_pipeline_stage`` of a role's megatron node (``None``: split evenly)."""
+    over = getattr(node.megatron, "override_transformer_config", None) or {}
+    return tuple(int(over[n]) if over.get(n) is not None else None for n in PIPELINE_SPLIT_KEYS)

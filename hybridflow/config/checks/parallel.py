@@ -42,18 +42,20 @@ def sp_roles(cfg: Any) -> list[tuple[str, int, bool, str]]:
 
 
 def role_model_parallel(cfg: Any, role: str) -> int:
-    """The tensor-parallel size of ``role`` (1 unless its strategy is megatron: config/checks/megatron.py)."""
+    """The ranks of ``role`` that hold the same rows besides its sequence-parallel peers: tensor x pipeline parallel
+    (1 unless its strategy is megatron: config/checks/megatron.py)."""
     node = {"actor_rollout_ref.actor": cfg.actor_rollout_ref.actor, "actor_rollout_ref.ref": cfg.actor_rollout_ref.ref,
             "critic": cfg.critic}.get(role)
     if node is None or node.strategy != "megatron":
         return 1
-    return max(1, int(node.megatron.tensor_model_parallel_size or 1))
+    m = node.megatron
+    return max(1, int(m.tensor_model_parallel_size or 1)) * max(1, int(m.pipeline_model_parallel_size or 1))
 
 
 def data_parallel_size(cfg: Any, role: str) -> int:
-    """Data-parallel groups of ``role`` (``actor_rollout_ref.actor``, ``critic``, ...): devices / (sp x tp)."""
+    """Data-parallel groups of ``role`` (``actor_rollout_ref.actor``, ``critic``, ...): devices / (pp x sp x tp)."""
     sp = {prefix: size for prefix, size, _, _ in sp_roles(cfg)}.get(role, 1)
-    sp = max(1, sp) * role_model_parallel(cfg, role)  # tensor-parallel peers share their rows too
+    sp = max(1, sp) * role_model_parallel(cfg, role)  # tensor- and pipeline-parallel peers share their rows too
     n_dev = n_devices(cfg)
     return n_dev // sp if n_dev % sp == 0 else n_dev
 

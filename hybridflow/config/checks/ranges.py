@@ -41,6 +41,9 @@ VALUE_RANGES: tuple[tuple[str, object, str], ...] = (
     ("algorithm.gamma", lambda v: _finite(v) and 0 <= v <= 1, "in [0, 1] (discount factor)"),
     ("algorithm.lam", lambda v: _finite(v) and 0 <= v <= 1, "in [0, 1] (GAE lambda)"),
     ("reward_model.error_score", _finite, "a finite number: it is the reward of every sample whose scoring failed"),
+    ("reward_model.worker_memory_mb", lambda v: _finite(v) and v >= 64,
+     "at least 64 MiB: a scoring process whose resident memory passes it is replaced"),
+    ("data.max_row_bytes", lambda v: _finite(v) and v >= 1, "at least 1 byte: larger data rows are refused when read"),
     ("trainer.tolerated_failure_fraction", lambda v: _finite(v) and 0 <= v <= 1,
      "between 0 (stop at the first failed trajectory, reward or tool call of a step) and 1 (stop only when all of a "
      "step's failed)"),

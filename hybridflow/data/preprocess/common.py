@@ -1,4 +1,4 @@
-"""Shared pieces of the preprocessors: finding split files, loading hub datasets, the CLI skeleton."""
+"""Shared pieces of the preprocessors: finding split files, the CLI skeleton (hub datasets: ``io.read_hub_rows``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any, Callable
 from hybridflow.data.io import DataFileError, read_rows
 
 _SUFFIXES = (".jsonl", ".json", ".parquet")
+HUB_FIX = "without network access pass --input DIR with local files"  # what a preprocessor says when the hub fails
 
 
 def read_split(input_dir: str, split: str) -> list[dict[str, Any]]:
@@ -23,40 +24,6 @@ def read_split(input_dir: str, split: str) -> list[dict[str, Any]]:
         f"(found: {', '.join(found) or 'nothing'}). Pass --input pointing at the folder with those files, or "
         "omit --input to download from the hub"
     )
-
-
-def _hub_unreachable() -> str | None:
-    """Why the Hugging Face hub cannot be reached (one connection attempt, 5 s at most), or None. Offline mode
-    (``HF_HUB_OFFLINE=1``: the local cache only) is not probed."""
-    import socket
-    from urllib.parse import urlsplit
-
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        return None
-    url = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((host, port), timeout=5.0).close()
-    except OSError as exc:
-        return f"{host}:{port}: {exc.strerror or exc}"
-    return None
-
-
-def load_hub_split(name: str, split: str, config_name: str | None = None) -> list[dict[str, Any]]:
-    unreachable = _hub_unreachable()  # before datasets' own retries (a minute of backoff messages)
-    if unreachable:
-        raise DataFileError(f"cannot reach the Hugging Face hub to download '{name}' ({unreachable}); without "
-                            "network access pass --input DIR with local files")
-    try:
-        import datasets
-
-        ds = datasets.load_dataset(name, config_name, split=split)
-    except Exception as exc:
-        raise DataFileError(
-            f"could not load '{name}' split '{split}' from the hub ({type(exc).__name__}: {exc}); "
-            "without network access pass --input DIR with local files"
-        ) from exc
-    return [dict(r) for r in ds]
 
 
 def require_columns(rows: list[dict[str, Any]], columns: tuple[str, ...], source: str) -> None:

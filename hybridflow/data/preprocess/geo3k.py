@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from hybridflow.data.io import DataFileError, write_parquet
+from hybridflow.data.io import DataFileError, read_hub_rows, write_parquet
 from hybridflow.data.multimodal import IMAGE_PLACEHOLDER, as_media_list
-from hybridflow.data.preprocess.common import load_hub_split, read_split, require_columns, run_main, standard_parser
+from hybridflow.data.preprocess.common import HUB_FIX, read_split, require_columns, run_main, standard_parser
 
 DATA_SOURCE = "hiyouga/geometry3k"
 INSTRUCTION = (
@@ -47,7 +47,7 @@ def preprocess_geo3k(input_dir: str | None, local_dir: str) -> dict[str, str]:
     """Write ``train.parquet`` / ``test.parquet`` under ``local_dir`` from ``input_dir`` files or the hub."""
     paths = {}
     for split in ("train", "test"):
-        rows = read_split(input_dir, split) if input_dir else load_hub_split(DATA_SOURCE, split)
+        rows = read_split(input_dir, split) if input_dir else read_hub_rows(DATA_SOURCE, split, fix=HUB_FIX)
         require_columns(rows, ("problem", "answer", "images"), f"Geometry3K {split} split")
         out = [to_row(r, split, i) for i, r in enumerate(rows)]
         paths[split] = write_parquet(out, os.path.join(local_dir, f"{split}.parquet"))

@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from hybridflow.data.io import write_parquet
-from hybridflow.data.preprocess.common import load_hub_split, read_split, require_columns, run_main, standard_parser
+from hybridflow.data.io import read_hub_rows, write_parquet
+from hybridflow.data.preprocess.common import HUB_FIX, read_split, require_columns, run_main, standard_parser
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -77,7 +77,7 @@ def preprocess_gsm8k(input_dir: str | None, local_dir: str, tool: bool = False) 
     paths = {}
     make_row = to_tool_row if tool else to_row
     for split in ("train", "test"):
-        rows = read_split(input_dir, split) if input_dir else load_hub_split("openai/gsm8k", split, "main")
+        rows = read_split(input_dir, split) if input_dir else read_hub_rows("openai/gsm8k", split, "main", HUB_FIX)
         require_columns(rows, ("question", "answer"), f"GSM8K {split} split")
         out = [make_row(r, split, i) for i, r in enumerate(rows)]
         paths[split] = write_parquet(out, os.path.join(local_dir, f"{split}.parquet"))

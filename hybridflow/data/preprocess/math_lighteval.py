@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from hybridflow.data.io import write_parquet
-from hybridflow.data.preprocess.common import load_hub_split, read_split, require_columns, run_main, standard_parser
+from hybridflow.data.io import read_hub_rows, write_parquet
+from hybridflow.data.preprocess.common import HUB_FIX, read_split, require_columns, run_main, standard_parser
 from hybridflow.rewards.scorers.boxed import extract_boxed_answer
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
@@ -36,7 +36,7 @@ def preprocess_math(input_dir: str | None, local_dir: str) -> dict[str, str]:
     """Write ``train.parquet`` / ``test.parquet`` from ``input_dir`` (jsonl/json/parquet) or the hub."""
     paths = {}
     for split in ("train", "test"):
-        rows = read_split(input_dir, split) if input_dir else load_hub_split(DATA_SOURCE, split, "default")
+        rows = read_split(input_dir, split) if input_dir else read_hub_rows(DATA_SOURCE, split, "default", HUB_FIX)
         require_columns(rows, ("problem", "solution"), f"MATH {split} split")
         out = [to_row(r, split, i) for i, r in enumerate(rows)]
         paths[split] = write_parquet(out, os.path.join(local_dir, f"{split}.parquet"))

@@ -1,27 +1,5 @@
-"""verl's ``verl.experimental.agent_loop.agent_loop`` module path (see :mod:`hybridflow.agents`)."""
+"""verl's ``verl.experimental.agent_loop.agent_loop`` module path: the agent-loop API of :mod:`hybridflow.agents`
+(its ``__all__`` is the one list of these names)."""
 
-from hybridflow.agents.base import (
-    AgentLoopBase,
-    AgentLoopMetrics,
-    AgentLoopOutput,
-    DictConfigWrap,
-    ToolListWrap,
-    register,
-)
-from hybridflow.agents.loop_manager import AgentLoopManager
-from hybridflow.agents.loop_worker import AgentLoopWorker
-from hybridflow.rollout.base import TokenOutput
-from hybridflow.rollout.service.server_manager import AsyncLLMServerManager
-
-__all__ = [
-    "AgentLoopBase",
-    "AgentLoopManager",
-    "AgentLoopMetrics",
-    "AgentLoopOutput",
-    "AgentLoopWorker",
-    "AsyncLLMServerManager",
-    "DictConfigWrap",
-    "TokenOutput",
-    "ToolListWrap",
-    "register",
-]
+from hybridflow.agents import *  # noqa: F401,F403 - the agent-loop API's public names
+from hybridflow.agents import __all__  # noqa: F401

@@ -36,8 +36,8 @@ from hybridflow.rollout.base import TokenOutput, engine_failure
 from hybridflow.rollout.hf.attention_masks import EngineMasks
 from hybridflow.rollout.hf.exact import exact_next_tokens
 from hybridflow.rollout.hf.fast_decode import fast_decoder_for
-from hybridflow.rollout.hf.prefill import PrefillJob, run_prefill
-from hybridflow.rollout.hf.kv_cache import KVGeometry, SlotKVCache, cache_columns
+from hybridflow.rollout.hf.prefill import PrefillJob, group_prefill_jobs, run_prefill
+from hybridflow.rollout.hf.kv_cache import KVGeometry, SlotKVCache, cache_columns, plan_row_moves
 from hybridflow.rollout.hf.prefix_pool import ParkedSequence, PrefixPool
 from hybridflow.rollout.hf.requests import BatcherLimits, GenerationRequest
 from hybridflow.rollout.hf.weights_stamp import WeightsStamp
@@ -301,49 +301,25 @@ class ContinuousBatcher:
                 raise
 
     def _start(self, reqs: list[GenerationRequest], cols: int, budget: int | None) -> None:
-        """Give ``reqs`` rows, prefill them (reusing parked prefixes) and sample their first tokens.
-
-        Identical prompts (GRPO's ``rollout.n`` copies) form one job: one forward row whose K/V is written
-        into every row that asked for it (each row then samples on its own).
-        """
-        jobs: dict[tuple, PrefillJob] = {}
-        job_of: list[PrefillJob] = []
-        for i, req in enumerate(reqs):
-            # Image prompts share a prefill only with the same pixels (the image tokens alone are all alike).
-            key = (tuple(req.prompt_ids), req.vision.key if req.vision is not None else None)
-            job = jobs.get(key)
-            if job is None:
-                job = jobs[key] = PrefillJob(req.prompt_ids, vision=req.vision)
-            job.members.append(i)
-            job_of.append(job)
-        takeovers: list[tuple[ParkedSequence, list[int]]] = []  # parked row -> the new rows it becomes
-        if self.pool is not None and len(self.pool):
-            for job in jobs.values():
-                if job.vision is not None:  # parked K/V hold no pixels' identity: image prompts prefill whole
-                    continue
-                entry, reuse = self.pool.lookup(job.prompt)
-                if entry is not None and reuse > 0:  # several jobs may share one parked row (copied)
-                    entry.pinned, job.start = True, reuse
-                    takeovers.append((entry, job.members))
+        """Give ``reqs`` rows, prefill them (reusing parked prefixes; identical prompts share one prefill, see
+        :func:`~hybridflow.rollout.hf.prefill.group_prefill_jobs`) and sample their first tokens."""
+        jobs, job_of = group_prefill_jobs(reqs)
+        takeovers = self._claim_parked_prefixes(jobs)
         k = self._layout(len(reqs), cols, budget, takeovers)
-        for job in jobs.values():
+        for job in jobs:
             job.rows = [k + i for i in job.members]
         for entry, _ in takeovers:
             self.pool.remove(entry)
         self.counters["prefix_hits"] += len(takeovers)
-        dev = self.device
         self.doing = f"prefill of {len(reqs)} request(s)"
-        logits, forwards = run_prefill(self.model, self.cache, list(jobs.values()), self.pad_token_id,
-                                       self.limits.max_num_batched_tokens, self.param_dtype, dev, self.masks)
-
-        lens = [len(r.prompt_ids) for r in reqs]
-        m = len(reqs)
-        new_rows_idx = torch.arange(k, k + m, device=dev)
+        logits, forwards = run_prefill(self.model, self.cache, jobs, self.pad_token_id,
+                                       self.limits.max_num_batched_tokens, self.param_dtype, self.device, self.masks)
+        dev = self.device
+        m, lens = len(reqs), [len(r.prompt_ids) for r in reqs]
         lens_t = torch.tensor(lens, device=dev)
-        self.cache.set_valid_prefix(new_rows_idx, lens_t)
-        job_index = {id(job): j for j, job in enumerate(jobs.values())}
-        row_logits = logits[torch.tensor([job_index[id(job)] for job in job_of], device=dev)]
+        self.cache.set_valid_prefix(torch.arange(k, k + m, device=dev), lens_t)
         params = [r.params for r in reqs]
+        row_logits = logits[torch.tensor(job_of, device=dev)]
         sampling = RowSampling.build(params, row_logits.shape[-1], dev)
         zeros = torch.zeros(m, dtype=torch.long, device=dev)
         if self.exact:
@@ -351,15 +327,7 @@ class ContinuousBatcher:
                                                   self.generator, zeros, self.suppress, self.pad_token_id)
         else:
             tokens, log_probs = sample_next_tokens(row_logits, sampling, self.generator, zeros, self.suppress)
-
-        c = self.counters
-        c["requests"] += m
-        c["prompt_tokens"] += sum(lens)
-        c["prefill_forwards"] += forwards
-        for job in jobs.values():
-            c["prefill_tokens"] += len(job.prompt) - job.start
-            c["prefix_reused_tokens"] += job.start
-            c["shared_prefill_tokens"] += (len(job.members) - 1) * len(job.prompt)
+        self._count_prefill(reqs, jobs, forwards)
         new_rows = {
             "next_token": tokens,
             "write_col": lens_t,  # column = index in the sequence: rows start at column 0, no padding
@@ -374,6 +342,31 @@ class ContinuousBatcher:
         self.kv_len = max(self.kv_len, max(lens) + 1)
         self._record(k, tokens, log_probs)
 
+    def _claim_parked_prefixes(self, jobs: list[PrefillJob]) -> list[tuple[ParkedSequence, list[int]]]:
+        """Parked rows whose tokens start a job's prompt, pinned for the job (its ``start`` set past them): each
+        becomes the job's new rows (several jobs may share one parked row: it is then copied)."""
+        takeovers: list[tuple[ParkedSequence, list[int]]] = []
+        if self.pool is None or not len(self.pool):
+            return takeovers
+        for job in jobs:
+            if job.vision is not None:  # parked K/V hold no pixels' identity: image prompts prefill whole
+                continue
+            entry, reuse = self.pool.lookup(job.prompt)
+            if entry is not None and reuse > 0:
+                entry.pinned, job.start = True, reuse
+                takeovers.append((entry, job.members))
+        return takeovers
+
+    def _count_prefill(self, reqs: list[GenerationRequest], jobs: list[PrefillJob], forwards: int) -> None:
+        c = self.counters
+        c["requests"] += len(reqs)
+        c["prompt_tokens"] += sum(len(r.prompt_ids) for r in reqs)
+        c["prefill_forwards"] += forwards
+        for job in jobs:
+            c["prefill_tokens"] += len(job.prompt) - job.start
+            c["prefix_reused_tokens"] += job.start
+            c["shared_prefill_tokens"] += (len(job.members) - 1) * len(job.prompt)
+
     def _layout(self, extra_rows: int, cols: int, budget: int | None,
                 takeovers: list[tuple[ParkedSequence, list[int]]] = ()) -> int:
         """Make room for ``extra_rows`` new decode rows of up to ``cols`` columns; return the first new row.
@@ -385,48 +378,17 @@ class ContinuousBatcher:
         row moves happen in one gather / scatter per layer.  Parked rows never make the cache grow: they
         keep the rows left over, least recently used evicted first.
         """
-        cache = self.cache
         keep = self.rows["alive"].nonzero().flatten() if self.n_dead else None
         k = keep.shape[0] if keep is not None else len(self.reqs)
         n_decode = k + extra_rows
-        cur_rows, cur_cols = (cache.max_rows, cache.capacity) if cache is not None else (0, 0)
-        new_cols = cur_cols if cols <= cur_cols else cache_columns(cols)
-        realloc = cache is None or new_cols != cur_cols or n_decode > cur_rows
-        new_rows = cur_rows
-        if realloc:
-            if budget is None:
-                budget = self._budget_bytes()
-            limit = self._row_limit(new_cols, budget)
-            grown = max(_round_up(n_decode, _ROW_QUANTUM), cur_rows * 3 // 2 if n_decode > cur_rows else cur_rows)
-            new_rows = max(n_decode, min(grown, limit))
-        taken = {id(e) for e, _ in takeovers}  # they become decode rows: no parked row of their own
-        entries = [e for e in self.pool.entries() if id(e) not in taken] if self.pool is not None else []
-        if n_decode + len(entries) > new_rows:  # evict the least recently used
-            for e in self.pool.lru()[: n_decode + len(entries) - new_rows]:
-                self.pool.remove(e)
-                self.counters["evicted"] += 1
-            entries = [e for e in self.pool.entries() if id(e) not in taken]
-        live_src = keep.tolist() if keep is not None else list(range(k))
-        moves = [(s, d) for d, s in enumerate(live_src) if realloc or s != d]
-        moves += [(e.row, k + i) for e, members in takeovers for i in members]
-        if realloc:  # everything is copied anyway: parked rows go right after the decode region
-            targets = list(range(n_decode, n_decode + len(entries)))
-        else:  # in place: parked rows inside the decode region move to rows nobody keeps
-            staying = {e.row for e in entries if e.row >= n_decode}
-            free = (r for r in range(n_decode, cur_rows) if r not in staying)
-            targets = [e.row if e.row >= n_decode else next(free) for e in entries]
-        moves += [(e.row, t) for e, t in zip(entries, targets) if realloc or e.row != t]
+        realloc, new_rows, new_cols = self._cache_shape(n_decode, cols, budget)
+        entries = self._parked_rows_kept(n_decode, new_rows, takeovers)
+        live = keep.tolist() if keep is not None else list(range(k))
+        cur_rows = self.cache.max_rows if self.cache is not None else 0
+        moves, targets = plan_row_moves(live, [(e.row, members) for e, members in takeovers],
+                                        [e.row for e in entries], n_decode, cur_rows, realloc)
         width = max([self.kv_len] + [len(e.tokens) for e in entries] + [len(e.tokens) for e, _ in takeovers])
-        src = torch.tensor([s for s, _ in moves], dtype=torch.long, device=self.device)
-        dst = torch.tensor([d for _, d in moves], dtype=torch.long, device=self.device)
-        if cache is None:  # checked before it is kept: a refused cache leaves the batcher as it was
-            fresh = SlotKVCache(new_rows, new_cols, self.compute_dtype, self.param_dtype, self.device)
-            check_cache_object(fresh)
-            self.cache = fresh
-        elif realloc:
-            self.cache = cache.resized(new_rows, new_cols, src, dst, width)
-        elif moves:
-            cache.move_rows(src, dst, width)
+        self._move_cache_rows(moves, width, new_rows, new_cols, realloc)
         for e, t in zip(entries, targets):
             e.row = t
         if realloc:
@@ -434,6 +396,47 @@ class ContinuousBatcher:
         if keep is not None:
             self._compact_rows(keep, outputs_moved=realloc)
         return k
+
+    def _cache_shape(self, n_decode: int, cols: int, budget: int | None) -> tuple[bool, int, int]:
+        """(reallocate, rows, columns) of a cache for ``n_decode`` decode rows of up to ``cols`` columns: the cache
+        as it is when they fit, else grown by half (rows) within the memory budget."""
+        cache = self.cache
+        cur_rows, cur_cols = (cache.max_rows, cache.capacity) if cache is not None else (0, 0)
+        new_cols = cur_cols if cols <= cur_cols else cache_columns(cols)
+        if cache is not None and new_cols == cur_cols and n_decode <= cur_rows:
+            return False, cur_rows, cur_cols
+        limit = self._row_limit(new_cols, self._budget_bytes() if budget is None else budget)
+        grown = max(_round_up(n_decode, _ROW_QUANTUM), cur_rows * 3 // 2 if n_decode > cur_rows else cur_rows)
+        return True, max(n_decode, min(grown, limit)), new_cols
+
+    def _parked_rows_kept(self, n_decode: int, rows: int,
+                          takeovers: list[tuple[ParkedSequence, list[int]]]) -> list[ParkedSequence]:
+        """The parked rows that stay parked (not taken over by new requests) in the ``rows - n_decode`` rows left
+        after the decode region; the least recently used are evicted until they fit."""
+        if self.pool is None:
+            return []
+        taken = {id(e) for e, _ in takeovers}  # they become decode rows: no parked row of their own
+        entries = [e for e in self.pool.entries() if id(e) not in taken]
+        if n_decode + len(entries) > rows:
+            for e in self.pool.lru()[: n_decode + len(entries) - rows]:
+                self.pool.remove(e)
+                self.counters["evicted"] += 1
+            entries = [e for e in self.pool.entries() if id(e) not in taken]
+        return entries
+
+    def _move_cache_rows(self, moves: list[tuple[int, int]], width: int, rows: int, cols: int, realloc: bool) -> None:
+        """Apply ``moves`` (source row, destination row) to the first ``width`` columns: in place, or while
+        reallocating the cache to ``rows`` x ``cols`` (allocating it the first time)."""
+        src = torch.tensor([s for s, _ in moves], dtype=torch.long, device=self.device)
+        dst = torch.tensor([d for _, d in moves], dtype=torch.long, device=self.device)
+        if self.cache is None:  # checked before it is kept: a refused cache leaves the batcher as it was
+            fresh = SlotKVCache(rows, cols, self.compute_dtype, self.param_dtype, self.device)
+            check_cache_object(fresh)
+            self.cache = fresh
+        elif realloc:
+            self.cache = self.cache.resized(rows, cols, src, dst, width)
+        elif moves:
+            self.cache.move_rows(src, dst, width)
 
     def _compact_rows(self, keep: torch.Tensor, outputs_moved: bool) -> None:
         """Drop finished rows from the decode state (per-row tensors, sampling, outputs)."""

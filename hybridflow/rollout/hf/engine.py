@@ -78,6 +78,30 @@ def rollout_compute_dtype(dtype: str | torch.dtype | None, device: torch.device,
     return resolved
 
 
+def _check_attention(model: torch.nn.Module) -> None:
+    attn = attention_implementation(model.config)
+    if attn not in _SUPPORTED_ATTENTION:
+        raise ValueError(
+            f"hf rollout engine needs attn_implementation in {_SUPPORTED_ATTENTION}, the model uses '{attn}'; "
+            "load it with attn_implementation='sdpa'"
+        )
+
+
+def _special_token_ids(model: torch.nn.Module, tokenizer, eos_token_ids, pad_token_id) -> tuple[tuple[int, ...], int]:
+    """(EOS ids, pad id): the ones given, else the tokenizer's, else the model's (its generation config's EOS
+    first; pad 0 when the model names none)."""
+    if eos_token_ids is None:
+        eos_token_ids = getattr(tokenizer, "eos_token_id", None)
+    if eos_token_ids is None:
+        gen_cfg = getattr(model, "generation_config", None)
+        eos_token_ids = getattr(gen_cfg, "eos_token_id", None) or model.config.eos_token_id
+    if pad_token_id is None:
+        pad_token_id = getattr(tokenizer, "pad_token_id", None)
+    if pad_token_id is None:
+        pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    return tuple(_as_id_list(eos_token_ids)), pad_token_id
+
+
 class HFRolloutEngine(RolloutEngine):
     """Generate with an HF ``*ForCausalLM`` module already in memory.
 
@@ -132,24 +156,10 @@ class HFRolloutEngine(RolloutEngine):
         name: str = "hf",
         exact_log_probs: bool = False,
     ):
-        attn = attention_implementation(model.config)
-        if attn not in _SUPPORTED_ATTENTION:
-            raise ValueError(
-                f"hf rollout engine needs attn_implementation in {_SUPPORTED_ATTENTION}, the model uses '{attn}'; "
-                "load it with attn_implementation='sdpa'"
-            )
+        _check_attention(model)
         self.model = model
         self.name = name
-        if eos_token_ids is None:
-            eos_token_ids = getattr(tokenizer, "eos_token_id", None)
-        if eos_token_ids is None:
-            gen_cfg = getattr(model, "generation_config", None)
-            eos_token_ids = getattr(gen_cfg, "eos_token_id", None) or model.config.eos_token_id
-        self.eos_token_ids = tuple(_as_id_list(eos_token_ids))
-        if pad_token_id is None:
-            pad_token_id = getattr(tokenizer, "pad_token_id", None)
-        if pad_token_id is None:
-            pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        self.eos_token_ids, pad_token_id = _special_token_ids(model, tokenizer, eos_token_ids, pad_token_id)
         first = next(model.parameters())
         self.compute_dtype = rollout_compute_dtype(dtype, first.device, first.dtype)
         limits = BatcherLimits(

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KVGeometry", "SlotKVCache", "cache_columns"]
+__all__ = ["KVGeometry", "SlotKVCache", "cache_columns", "plan_row_moves"]
 
 _WIDE = 64  # past this many columns a cache grows in multiples of it
 
@@ -204,3 +204,26 @@ class SlotKVCache:
 
     def memory_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in (*self.keys, *self.values))
+
+
+def plan_row_moves(live: list[int], takeovers: list[tuple[int, list[int]]], parked: list[int], n_decode: int,
+                   cur_rows: int, realloc: bool) -> tuple[list[tuple[int, int]], list[int]]:
+    """Where each row of a cache goes when it is compacted or reallocated: ``(moves, parked targets)``.
+
+    The ``live`` decode rows come first, in order; each row of ``takeovers`` (a parked row, the offsets among
+    the ``n_decode - len(live)`` new rows it becomes) is copied to those rows; the ``parked`` rows go after the
+    decode region -- right after it on a reallocation (``realloc``: every row is copied anyway), else only the
+    ones inside it move, to rows below ``cur_rows`` nobody keeps.  ``moves`` lists (source, destination) rows,
+    leaving out rows that stay where they are when nothing is reallocated.
+    """
+    k = len(live)
+    moves = [(s, d) for d, s in enumerate(live) if realloc or s != d]
+    moves += [(row, k + i) for row, members in takeovers for i in members]
+    if realloc:
+        targets = list(range(n_decode, n_decode + len(parked)))
+    else:
+        staying = {r for r in parked if r >= n_decode}
+        free = (r for r in range(n_decode, cur_rows) if r not in staying)
+        targets = [r if r >= n_decode else next(free) for r in parked]
+    moves += [(r, t) for r, t in zip(parked, targets) if realloc or r != t]
+    return moves, targets

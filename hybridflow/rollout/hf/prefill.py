@@ -35,7 +35,7 @@ from hybridflow.engine.transformers_adapter import forward_with_cache
 from hybridflow.rollout.hf.attention_masks import EngineMasks
 from hybridflow.rollout.hf.kv_cache import SlotKVCache
 
-__all__ = ["PrefillJob", "run_prefill"]
+__all__ = ["PrefillJob", "group_prefill_jobs", "run_prefill"]
 
 # A chunk joins a forward only if it fills at least this share of the forward's width: shorter ones wait for a
 # forward of their own length. Padding is computed like real tokens (the matmuls are most of a prefill), so
@@ -53,6 +53,23 @@ class PrefillJob:
     rows: list[int] = field(default_factory=list)  # their cache rows
     start: int = 0  # leading prompt tokens already in the rows
     vision: Any = None  # hf_vision.VisionRequest of an image prompt (then start == 0, one chunk)
+
+
+def group_prefill_jobs(reqs: list) -> tuple[list[PrefillJob], list[int]]:
+    """One job per distinct prompt of ``reqs`` (GRPO's ``rollout.n`` copies share one forward row, whose K/V is
+    written into every row that asked for it), and the index of each request's job."""
+    index: dict[tuple, int] = {}
+    jobs: list[PrefillJob] = []
+    job_of: list[int] = []
+    for i, req in enumerate(reqs):
+        # Image prompts share a prefill only with the same pixels (the image tokens alone are all alike).
+        key = (tuple(req.prompt_ids), req.vision.key if req.vision is not None else None)
+        if key not in index:
+            index[key] = len(jobs)
+            jobs.append(PrefillJob(req.prompt_ids, vision=req.vision))
+        jobs[index[key]].members.append(i)
+        job_of.append(index[key])
+    return jobs, job_of
 
 
 def run_prefill(model, cache: SlotKVCache, jobs: list[PrefillJob], pad_token_id: int, max_tokens: int,

@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from hybridflow.engine.transfer_stats import TransferStats
 from hybridflow.rollout.weights.checkpoint_engine import WeightSyncSpec
 from hybridflow.rollout.service.fleet import RolloutFleet
 from hybridflow.rollout.service.replica import ReplicaError
@@ -106,6 +107,7 @@ class StandaloneFleet(RolloutFleet):
         self.names = [r.name for r in self.replicas]
         self.version = 0
         self.last_sync: dict[str, float] = {}
+        self.last_sent = TransferStats()  # what the actor's rank 0 sent in the last sync
         self._connected = False
         self._asleep = False
 
@@ -180,6 +182,7 @@ class StandaloneFleet(RolloutFleet):
         self.weight_source.commit(True)
         self.version = version
         seconds = time.perf_counter() - start
+        self.last_sent = TransferStats.from_floats(sent or {})
         self.last_sync = {"seconds": seconds, **{f"sent_{k}": float(v) for k, v in (sent or {}).items()},
                           "receive_seconds_max": max((r.get("seconds", 0.0) for r in received), default=0.0),
                           "checksum_mismatch": float(bool(mismatch))}
@@ -194,10 +197,7 @@ class StandaloneFleet(RolloutFleet):
         s = self.last_sync
         if not s:
             return {}
-        sent_bytes = s.get("sent_bytes", 0.0)
-        return {"weight_sync/bytes_sent": sent_bytes, "weight_sync/bytes_total": sent_bytes + s.get("sent_skipped_bytes", 0.0),
-                "weight_sync/tensors_sent": s.get("sent_tensors", 0.0), "weight_sync/skipped": s.get("sent_skipped", 0.0),
-                "weight_sync/skipped_bytes": s.get("sent_skipped_bytes", 0.0),
+        return {**self.last_sent.weight_sync_metrics(),
                 "weight_sync/checksum_mismatch": s.get("checksum_mismatch", 0.0),
                 "weight_sync/checksum_mismatch_total": float(self.checksum_mismatches)}
 

@@ -32,7 +32,7 @@ from typing import Any
 from hybridflow.rollout.multi_modal import vision_model_type
 
 __all__ = ["VLLM_CPU_REFUSED", "vllm_cpu_model_error", "cpu_safe_chunking", "vllm_engine_kwargs",
-           "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket",
+           "kv_cache_bytes_needed", "engine_kwargs_to_cli", "lora_rank_bucket", "enable_lora",
            "VLLM_EXTRA_HINT", "vllm_vision_settings",
            "VLLM_VISION_MODEL_TYPES"]
 
@@ -91,21 +91,42 @@ def vllm_vision_settings(model_path: str, model_impl: str | None = None, trust_r
     model_type = vision_model_type(model_path)
     if model_type is None:
         return None, ""
-    key, fix = "actor_rollout_ref.rollout.name=vllm", "Set actor_rollout_ref.rollout.name=hf, which generates with " \
-        "images (docs/vision.md)"
     where = f"the model at actor_rollout_ref.model.path={model_path} is a vision-language model (model_type " \
         f"{model_type!r})"
-    if model_type not in VLLM_VISION_MODEL_TYPES:
-        raise ValueError(f"{key}: {where}; the vllm adapter generates with images for {list(VLLM_VISION_MODEL_TYPES)} "
-                         "only (Qwen2.5-VL: vLLM 0.32's transformers backend miscounts its image features, and its "
-                         f"native module needs torchvision). {fix}")
-    if not hybrid:
-        raise ValueError(f"{key} with actor_rollout_ref.hybrid_engine=false: {where}, and the standalone vLLM server "
-                         "replicas take token prompts through /v1/completions, which carries no images. Set "
-                         f"actor_rollout_ref.hybrid_engine=true (the colocated vLLM engine generates with images), or "
-                         f"{fix[0].lower()}{fix[1:]}")
+    _check_vision_served(model_type, hybrid, where)
     if torchvision is None:
         torchvision = _torchvision_importable()
+    impl, note = _vision_backend(model_impl, torchvision, where)
+    kwargs: dict[str, Any] = {"model_impl": impl, "skip_tokenizer_init": False,  # the processor needs the tokenizer
+                              "limit_mm_per_prompt": {"image": 16, "video": 0}}
+    if impl == "transformers" and not torchvision:
+        _check_folder_processor(model_path, trust_remote_code, where)
+    if trust_remote_code:
+        kwargs["trust_remote_code"] = True
+    return kwargs, note
+
+
+_VISION_KEY = "actor_rollout_ref.rollout.name=vllm"
+_VISION_FIX = "set actor_rollout_ref.rollout.name=hf, which generates with images (docs/vision.md)"
+
+
+def _check_vision_served(model_type: str, hybrid: bool, where: str) -> None:
+    """Refuse a vision-language model type the adapter does not serve, and standalone (non-hybrid) replicas."""
+    if model_type not in VLLM_VISION_MODEL_TYPES:
+        raise ValueError(f"{_VISION_KEY}: {where}; the vllm adapter generates with images for "
+                         f"{list(VLLM_VISION_MODEL_TYPES)} only (Qwen2.5-VL: vLLM 0.32's transformers backend "
+                         "miscounts its image features, and its native module needs torchvision). "
+                         f"{_VISION_FIX[0].upper()}{_VISION_FIX[1:]}")
+    if not hybrid:
+        raise ValueError(f"{_VISION_KEY} with actor_rollout_ref.hybrid_engine=false: {where}, and the standalone vLLM "
+                         "server replicas take token prompts through /v1/completions, which carries no images. Set "
+                         "actor_rollout_ref.hybrid_engine=true (the colocated vLLM engine generates with images), or "
+                         f"{_VISION_FIX}")
+
+
+def _vision_backend(model_impl: str | None, torchvision: bool, where: str) -> tuple[str, str]:
+    """(vLLM ``model_impl``, note): the user's choice when set (refused when it needs the missing torchvision),
+    else the native module with torchvision and the transformers backend without it (noted)."""
     impl = str(model_impl) if model_impl else None
     note = ""
     if impl is None:
@@ -113,31 +134,31 @@ def vllm_vision_settings(model_path: str, model_impl: str | None = None, trust_r
             impl = "auto"
         else:
             impl = "transformers"
-            note = (f"{key}: vLLM's native Qwen2-VL module needs torchvision, which is not installed; using vLLM's "
-                    "transformers backend (model_impl=transformers)")
+            note = (f"{_VISION_KEY}: vLLM's native Qwen2-VL module needs torchvision, which is not installed; using "
+                    "vLLM's transformers backend (model_impl=transformers)")
     if impl in ("auto", "vllm") and not torchvision:
-        raise ValueError(f"{key} with engine_kwargs.vllm.model_impl={impl}: {where}, and vLLM's native Qwen2-VL module "
-                         "imports transformers' torchvision image processor, but torchvision is not installed (PyPI "
-                         "has no build for the CPU torch). Remove actor_rollout_ref.rollout.engine_kwargs.vllm.model_impl "
-                         f"(vLLM's transformers backend is then used), or {fix[0].lower()}{fix[1:]}")
-    kwargs: dict[str, Any] = {"model_impl": impl, "skip_tokenizer_init": False,  # the processor needs the tokenizer
-                              "limit_mm_per_prompt": {"image": 16, "video": 0}}
-    if impl == "transformers" and not torchvision:
-        remote = _remote_processor(model_path)
-        if remote is None:
-            raise ValueError(f"{key}: {where}; vLLM's transformers backend builds the checkpoint's processor, and "
-                             "transformers' Qwen2VLProcessor needs a video processor, i.e. torchvision, which is not "
-                             "installed. Ship an image-only processor in the folder (python -c \"from "
-                             "hybridflow.utils.hf_processor import write_image_only_processor; "
-                             f"write_image_only_processor('{model_path}')\") and set "
-                             f"actor_rollout_ref.model.trust_remote_code=true, or {fix[0].lower()}{fix[1:]}")
-        if not trust_remote_code:
-            raise ValueError(f"{key}: {where} whose processor is a class shipped in the folder ({remote}); vLLM loads "
-                             "it only with actor_rollout_ref.model.trust_remote_code=true. Set it, or "
-                             f"{fix[0].lower()}{fix[1:]}")
-    if trust_remote_code:
-        kwargs["trust_remote_code"] = True
-    return kwargs, note
+        raise ValueError(f"{_VISION_KEY} with engine_kwargs.vllm.model_impl={impl}: {where}, and vLLM's native "
+                         "Qwen2-VL module imports transformers' torchvision image processor, but torchvision is not "
+                         "installed (PyPI has no build for the CPU torch). Remove "
+                         "actor_rollout_ref.rollout.engine_kwargs.vllm.model_impl (vLLM's transformers backend is then "
+                         f"used), or {_VISION_FIX}")
+    return impl, note
+
+
+def _check_folder_processor(model_path: str, trust_remote_code: bool, where: str) -> None:
+    """vLLM's transformers backend without torchvision: the folder must ship an image-only processor class, and
+    ``trust_remote_code`` must let vLLM load it."""
+    remote = _remote_processor(model_path)
+    if remote is None:
+        raise ValueError(f"{_VISION_KEY}: {where}; vLLM's transformers backend builds the checkpoint's processor, and "
+                         "transformers' Qwen2VLProcessor needs a video processor, i.e. torchvision, which is not "
+                         "installed. Ship an image-only processor in the folder (python -c \"from "
+                         "hybridflow.utils.hf_processor import write_image_only_processor; "
+                         f"write_image_only_processor('{model_path}')\") and set "
+                         f"actor_rollout_ref.model.trust_remote_code=true, or {_VISION_FIX}")
+    if not trust_remote_code:
+        raise ValueError(f"{_VISION_KEY}: {where} whose processor is a class shipped in the folder ({remote}); vLLM "
+                         f"loads it only with actor_rollout_ref.model.trust_remote_code=true. Set it, or {_VISION_FIX}")
 
 
 # Model types vLLM's CPU build lists but does not serve correctly (tests/rollout_vllm/test_vllm_families.py keeps
@@ -258,6 +279,16 @@ def lora_rank_bucket(rank: int) -> int:
         if rank <= allowed:
             return allowed
     return rank
+
+
+def enable_lora(kwargs: dict[str, Any], lora_rank: int) -> None:
+    """vLLM's LoRA arguments for the actor's adapter of rank ``lora_rank`` (each unless given): one adapter at a
+    time, its rank bucketed; the frozen base is read from the checkpoint (never dummy weights)."""
+    if kwargs.get("load_format") == "dummy":
+        kwargs["load_format"] = "auto"
+    kwargs.setdefault("enable_lora", True)
+    kwargs.setdefault("max_lora_rank", lora_rank_bucket(lora_rank))
+    kwargs.setdefault("max_loras", 1)
 
 
 # Server flags with a --no- form (argparse BooleanOptionalAction); other False flags are simply left out.

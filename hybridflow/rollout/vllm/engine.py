@@ -50,7 +50,7 @@ import torch
 
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
 from hybridflow.rollout.sampling_params import SamplingParams, engine_request_settings
-from hybridflow.rollout.vllm.config import VLLM_EXTRA_HINT, cpu_safe_chunking, lora_rank_bucket, vllm_engine_kwargs
+from hybridflow.rollout.vllm.config import VLLM_EXTRA_HINT, cpu_safe_chunking, enable_lora, vllm_engine_kwargs
 from hybridflow.rollout.vllm.cpu_features import request_amx_tiles
 from hybridflow.rollout.vllm.weight_check import EXTENSION as CHECK_EXTENSION
 from hybridflow.rollout.weights.delta import ChecksumMismatch
@@ -97,6 +97,38 @@ def require_vllm() -> None:
                           f"{VLLM_EXTRA_HINT} (or use actor_rollout_ref.rollout.name=hf)")
 
 
+def _engine_settings(model_path: str | None, rollout_config: Any, engine_args: dict[str, Any] | None, device: str,
+                     lora_rank: int, hybrid: bool, free_cache_engine: bool | None,
+                     bucket_megabytes: int | None) -> tuple[dict[str, Any], bool | None, int | None]:
+    """(vLLM engine kwargs, free_cache_engine, bucket megabytes): from verl's rollout config when given (its
+    values for the two settings the caller left ``None``), else a bare token-in/token-out engine on
+    ``model_path``; ``engine_args`` apply last."""
+    kwargs: dict[str, Any] = {}
+    if rollout_config is not None:
+        if model_path is None:
+            raise ValueError("VLLMRolloutEngine: rollout_config needs model_path (actor_rollout_ref.model.path)")
+        kwargs = vllm_engine_kwargs(rollout_config, model_path, device, lora_rank=lora_rank, hybrid=hybrid)
+        if free_cache_engine is None:
+            free_cache_engine = bool(rollout_config.free_cache_engine)
+        if bucket_megabytes is None:
+            bucket_megabytes = int(rollout_config.checkpoint_engine.update_weights_bucket_megabytes)
+    elif model_path is not None:
+        kwargs = {"model": str(model_path), "skip_tokenizer_init": True, "logprobs_mode": "processed_logprobs"}
+    kwargs.update(engine_args or {})
+    if "model" not in kwargs:
+        raise ValueError("VLLMRolloutEngine needs model_path (or engine_args['model'])")
+    return kwargs, free_cache_engine, bucket_megabytes
+
+
+def _engine_core_in_child(multiprocess: bool | None) -> bool:
+    """Whether vLLM's engine core runs in a child process: as asked, else when this process is already in a
+    multi-rank torch.distributed group (a hybrid worker rank), to keep vLLM's own distributed state out of it."""
+    if multiprocess is None:
+        multiprocess = torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1
+    return bool(multiprocess)
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """vLLM behind :class:`~hybridflow.rollout.base.RolloutEngine`.
 
@@ -130,43 +162,16 @@ class VLLMRolloutEngine(RolloutEngine):
         require_vllm()
         self.name = name
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        kwargs: dict[str, Any] = {}
-        if rollout_config is not None:
-            if model_path is None:
-                raise ValueError("VLLMRolloutEngine: rollout_config needs model_path (actor_rollout_ref.model.path)")
-            kwargs = vllm_engine_kwargs(rollout_config, model_path, self.device, lora_rank=lora_rank, hybrid=hybrid)
-            if free_cache_engine is None:
-                free_cache_engine = bool(rollout_config.free_cache_engine)
-            if bucket_megabytes is None:
-                bucket_megabytes = int(rollout_config.checkpoint_engine.update_weights_bucket_megabytes)
-        elif model_path is not None:
-            kwargs = {"model": str(model_path), "skip_tokenizer_init": True, "logprobs_mode": "processed_logprobs"}
-        kwargs.update(engine_args or {})
-        if "model" not in kwargs:
-            raise ValueError("VLLMRolloutEngine needs model_path (or engine_args['model'])")
-        # a vision-language model: refused here, before vLLM starts, if it cannot load
-        self.image_token_id, self._placeholder_bias, child = vision_engine_settings(
-            kwargs, trust_remote_code, logger.warning)
-        if child:  # vLLM's transformers backend (see hybridflow.rollout.vllm.vision)
-            multiprocess = True
-        if lora_rank > 0:  # the frozen base comes from the checkpoint; only adapters are synced
-            if kwargs.get("load_format") == "dummy":
-                kwargs["load_format"] = "auto"
-            kwargs.setdefault("enable_lora", True)
-            kwargs.setdefault("max_lora_rank", lora_rank_bucket(lora_rank))
-            kwargs.setdefault("max_loras", 1)
-        if self.device == "cpu":
-            cpu_safe_chunking(kwargs)
-        kwargs.setdefault("worker_extension_cls", CHECK_EXTENSION)  # workers verify the weight files they read
+        kwargs, free_cache_engine, bucket_megabytes = _engine_settings(
+            model_path, rollout_config, engine_args, self.device, lora_rank, hybrid, free_cache_engine,
+            bucket_megabytes)
+        if self._apply_model_settings(kwargs, trust_remote_code, lora_rank):
+            multiprocess = True  # vLLM's transformers backend (see hybridflow.rollout.vllm.vision)
         self.engine_args = kwargs
         self.model_path = str(kwargs["model"])
         self.free_cache_engine = bool(free_cache_engine) if free_cache_engine is not None else True
         self.bucket_bytes = int(bucket_megabytes or 512) << 20
-        if multiprocess is None:  # a process already in a multi-rank torch.distributed group (a hybrid worker
-            # rank) keeps vLLM's own distributed state out of it: the engine core gets its own process
-            multiprocess = torch.distributed.is_available() and torch.distributed.is_initialized() \
-                and torch.distributed.get_world_size() > 1
-        self.multiprocess = bool(multiprocess)
+        self.multiprocess = _engine_core_in_child(multiprocess)
         if self.multiprocess and kwargs.get("load_format") == "dummy":  # reloads then read a safetensors folder,
             kwargs["load_format"] = "auto"  # which vLLM refuses for a dummy-loaded model (as the server fleet)
         self.hybrid = hybrid
@@ -175,6 +180,26 @@ class VLLMRolloutEngine(RolloutEngine):
         self._tied_embeddings = bool(model_config(self.model_path).get("tie_word_embeddings", False))
         self._rng = random.Random(int(seed if seed is not None else kwargs.get("seed", 0)))
         self._weights_loaded = kwargs.get("load_format", "auto") != "dummy"
+        self._init_serving_state()
+        self._driver = _Driver(self._build_engine, name=f"vllm-driver-{name}", engine_name=name)
+        self._start_driver(start_timeout_s)
+
+    def _apply_model_settings(self, kwargs: dict[str, Any], trust_remote_code: bool, lora_rank: int) -> bool:
+        """What the model and the machine decide, applied to ``kwargs``: a vision-language model's settings (refused
+        here, before vLLM starts, if it cannot load), LoRA's, CPU chunking, the workers' weight-file checks.
+        Returns whether vLLM's engine core must run in a child process."""
+        self.image_token_id, self._placeholder_bias, child = vision_engine_settings(
+            kwargs, trust_remote_code, logger.warning)
+        if lora_rank > 0:
+            enable_lora(kwargs, lora_rank)  # only the adapter is synced
+        if self.device == "cpu":
+            cpu_safe_chunking(kwargs)
+        kwargs.setdefault("worker_extension_cls", CHECK_EXTENSION)  # workers verify the weight files they read
+        return child
+
+    def _init_serving_state(self) -> None:
+        """What changes while the engine serves: asleep or not, the LoRA adapter loaded, the weights folder, the
+        request counter (and its lock)."""
         self._asleep = False
         self._weights_asleep = False
         self._lora_version = 0
@@ -183,7 +208,10 @@ class VLLMRolloutEngine(RolloutEngine):
         self._counter = 0
         self._lock = threading.Lock()
         self.start_seconds = 0.0
-        self._driver = _Driver(self._build_engine, name=f"vllm-driver-{name}", engine_name=name)
+
+    def _start_driver(self, start_timeout_s: float) -> None:
+        """Start the driver thread and wait for the engine it builds; a failure or a timeout is a
+        :class:`RolloutEngineStartError` with vLLM's last log lines."""
         log_tail = _LogTail()
         vllm_logger = logging.getLogger("vllm")
         vllm_logger.addHandler(log_tail)
@@ -193,10 +221,10 @@ class VLLMRolloutEngine(RolloutEngine):
             self._driver.started_future.result(timeout=start_timeout_s)
         except concurrent.futures.TimeoutError:
             self._driver.stop()
-            raise RolloutEngineStartError(f"vLLM engine '{name}' did not start within {start_timeout_s:.0f}s "
+            raise RolloutEngineStartError(f"vLLM engine '{self.name}' did not start within {start_timeout_s:.0f}s "
                                           f"(model {self.model_path}); last log lines:\n{log_tail.text()}") from None
         except BaseException as e:
-            raise RolloutEngineStartError(f"vLLM engine '{name}' failed to start (model {self.model_path}): "
+            raise RolloutEngineStartError(f"vLLM engine '{self.name}' failed to start (model {self.model_path}): "
                                           f"{type(e).__name__}: {e}\nlast log lines:\n{log_tail.text()}") from e
         finally:
             vllm_logger.removeHandler(log_tail)

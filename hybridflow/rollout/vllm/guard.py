@@ -91,49 +91,63 @@ class HybridflowGuard:
         try:
             body = await _read_body(receive)
             payload = json.loads(body) if body.strip() else {}
-            if action == "reload_weights":
-                path = payload.get("weights_path")
-                if not isinstance(path, str) or not os.path.isdir(path):
-                    return await _json_response(send, 400, {"error": "weights_path must be an existing folder"})
-                await engine.collective_rpc("reload_weights",
-                                            kwargs={"weights_path": path, "is_checkpoint_format": True})
-            elif action in ("reload_checked", "check_folder"):
-                key = "weights_path" if action == "reload_checked" else "folder"
-                path, sums = payload.get(key), payload.get("checksums")
-                if not isinstance(path, str) or not os.path.isdir(path) or not isinstance(sums, str):
-                    return await _json_response(send, 400, {"error": f"{key} must be an existing folder and "
-                                                                     "checksums a JSON string"})
-                results = await engine.collective_rpc(action, kwargs={key: path, "checksums": sums})
-                bad = sorted({n for r in (results or []) if isinstance(r, dict) for n in r.get("mismatch", [])})
-                return await _json_response(send, 200, {"status": "ok", "action": action, "mismatch": bad})
-            elif action == "reset_prefix_cache":
-                await engine.reset_prefix_cache()
-            elif action == "sleep":
-                level = int(query.get("level", "1"))
-                if level not in (0, 1, 2):
-                    return await _json_response(send, 400, {"error": "level must be 0, 1 or 2"})
-                await engine.sleep(level)
-            elif action == "wake_up":
-                await engine.wake_up(None)
-            elif action == "pause":
-                mode = query.get("mode", "abort")
-                if mode not in PAUSE_MODES:
-                    return await _json_response(send, 400, {"error": f"mode must be one of {PAUSE_MODES}"})
-                if query.get("hold") == "1":
-                    self.held = True  # before the abort: an aborted request must see the hold
-                await engine.pause_generation(mode=mode)
-            elif action == "resume":
-                await engine.resume_generation()
-                self.held = False
-            elif action == "held":
-                return await _json_response(send, 200, {"status": "ok", "action": action, "held": self.held})
+            if action in _WEIGHT_ACTIONS:
+                status, reply = await _weights_call(engine, action, payload)
             else:
-                return await _json_response(send, 404, {"error": f"unknown control call {action!r}"})
+                status, reply = await self._lifecycle_call(engine, action, query)
         except (ValueError, TypeError) as e:
             return await _json_response(send, 400, {"error": f"{type(e).__name__}: {e}"})
         except Exception as e:  # noqa: BLE001 - the fleet reports it with the replica's name
             return await _json_response(send, 500, {"error": f"{action} failed: {type(e).__name__}: {e}"})
-        return await _json_response(send, 200, {"status": "ok", "action": action})
+        return await _json_response(send, status, reply)
+
+    async def _lifecycle_call(self, engine, action: str, query: dict[str, str]) -> tuple[int, dict]:
+        """``reset_prefix_cache``, ``sleep``, ``wake_up``, ``pause``, ``resume``, ``held``: (status, reply)."""
+        if action == "reset_prefix_cache":
+            await engine.reset_prefix_cache()
+        elif action == "sleep":
+            level = int(query.get("level", "1"))
+            if level not in (0, 1, 2):
+                return 400, {"error": "level must be 0, 1 or 2"}
+            await engine.sleep(level)
+        elif action == "wake_up":
+            await engine.wake_up(None)
+        elif action == "pause":
+            mode = query.get("mode", "abort")
+            if mode not in PAUSE_MODES:
+                return 400, {"error": f"mode must be one of {PAUSE_MODES}"}
+            if query.get("hold") == "1":
+                self.held = True  # before the abort: an aborted request must see the hold
+            await engine.pause_generation(mode=mode)
+        elif action == "resume":
+            await engine.resume_generation()
+            self.held = False
+        elif action == "held":
+            return 200, {"status": "ok", "action": action, "held": self.held}
+        else:
+            return 404, {"error": f"unknown control call {action!r}"}
+        return 200, {"status": "ok", "action": action}
+
+
+_WEIGHT_ACTIONS = ("reload_weights", "reload_checked", "check_folder")
+
+
+async def _weights_call(engine, action: str, payload: dict) -> tuple[int, dict]:
+    """``reload_weights`` (a safetensors folder), ``reload_checked`` / ``check_folder`` (the folder verified
+    against the trainer's digests first; the reply names the tensors that did not match): (status, reply)."""
+    if action == "reload_weights":
+        path = payload.get("weights_path")
+        if not isinstance(path, str) or not os.path.isdir(path):
+            return 400, {"error": "weights_path must be an existing folder"}
+        await engine.collective_rpc("reload_weights", kwargs={"weights_path": path, "is_checkpoint_format": True})
+        return 200, {"status": "ok", "action": action}
+    key = "weights_path" if action == "reload_checked" else "folder"
+    path, sums = payload.get(key), payload.get("checksums")
+    if not isinstance(path, str) or not os.path.isdir(path) or not isinstance(sums, str):
+        return 400, {"error": f"{key} must be an existing folder and checksums a JSON string"}
+    results = await engine.collective_rpc(action, kwargs={key: path, "checksums": sums})
+    bad = sorted({n for r in (results or []) if isinstance(r, dict) for n in r.get("mismatch", [])})
+    return 200, {"status": "ok", "action": action, "mismatch": bad}
 
 
 __all__ = ["HybridflowGuard", "KEY_ENV", "OPEN_GETS"]

@@ -62,6 +62,26 @@ LORA_NAME = "actor_lora"  # the served name of the actor's adapter (clients requ
 WeightsSource = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 
 
+def _server_engine_kwargs(model_path: str, engine_kwargs: dict[str, Any], device: str, lora_rank: int,
+                          stall_timeout_s: float) -> dict[str, Any]:
+    """The engine arguments of every server process; a vision-language model is refused here, before any server
+    starts (the replicas take no images)."""
+    from hybridflow.rollout.vllm.config import cpu_safe_chunking, enable_lora, vllm_vision_settings
+
+    vllm_vision_settings(str(model_path), engine_kwargs.get("model_impl"), hybrid=False)
+    kwargs = {**engine_kwargs, "model": str(model_path)}
+    if stall_timeout_s > 0:  # the watchdog reads the servers' token counters (their log file gets stat lines)
+        kwargs["disable_log_stats"] = False
+    if kwargs.get("load_format") == "dummy":  # reloads read safetensors folders, which a dummy loader cannot
+        kwargs["load_format"] = "auto"
+    if device == "cpu":
+        cpu_safe_chunking(kwargs)
+    if lora_rank > 0:
+        enable_lora(kwargs, lora_rank)
+    kwargs.setdefault("worker_extension_cls", EXTENSION)  # the servers verify what they load
+    return kwargs
+
+
 class VLLMServerFleet(RolloutFleet):
     """``n_servers`` vLLM server processes and their clients (see the module docstring)."""
 
@@ -70,26 +90,7 @@ class VLLMServerFleet(RolloutFleet):
                  lora_rank: int = 0, lora_alpha: float = 16.0, seed: int = 0, log_dir: str | None = None,
                  start_timeout_s: float = 600.0, python: str | None = None, name: str = "vllm-server",
                  keep_awake: bool = False, delta: bool = True, stall_timeout_s: float = 300.0):
-        from hybridflow.rollout.vllm.config import vllm_vision_settings
-
-        # a vision-language model is refused before any server process starts (the replicas take no images)
-        vllm_vision_settings(str(model_path), engine_kwargs.get("model_impl"), hybrid=False)
-        kwargs = {**engine_kwargs, "model": str(model_path)}
-        if stall_timeout_s > 0:  # the watchdog reads the servers' token counters (their log file gets stat lines)
-            kwargs["disable_log_stats"] = False
-        if kwargs.get("load_format") == "dummy":  # reloads read safetensors folders, which a dummy loader cannot
-            kwargs["load_format"] = "auto"
-        if device == "cpu":
-            from hybridflow.rollout.vllm.config import cpu_safe_chunking
-
-            cpu_safe_chunking(kwargs)
-        if lora_rank > 0:
-            from hybridflow.rollout.vllm.config import lora_rank_bucket
-
-            kwargs.setdefault("enable_lora", True)
-            kwargs.setdefault("max_lora_rank", lora_rank_bucket(lora_rank))
-            kwargs.setdefault("max_loras", 1)
-        kwargs.setdefault("worker_extension_cls", EXTENSION)  # the servers verify what they load
+        kwargs = _server_engine_kwargs(model_path, engine_kwargs, device, lora_rank, stall_timeout_s)
         self.checked = kwargs["worker_extension_cls"] == EXTENSION
         self.model_path = str(model_path)
         self.weights_source = weights_source
@@ -197,7 +198,7 @@ class VLLMServerFleet(RolloutFleet):
                                       f"match what was written to {self._shm_dir}): /dev/shm is unreliable")
         self._commit(True)
         seconds = time.perf_counter() - start
-        self.last_sync = {**self._stats.metrics(), "weight_sync/checksum_mismatch": float(mismatch),
+        self.last_sync = {**self._stats.weight_sync_metrics(), "weight_sync/checksum_mismatch": float(mismatch),
                           "weight_sync/checksum_mismatch_total": float(self.checksum_mismatches)}
         return seconds
 

@@ -42,11 +42,12 @@ from typing import Iterable, Iterator
 
 import torch
 
+from hybridflow.engine.transfer_stats import TransferStats
 from hybridflow.rollout.weights.delta import DeltaTracker, digest
 from hybridflow.utils.rendezvous_bind import free_port as _free_port
 from hybridflow.utils.rendezvous_bind import rendezvous_host, tcp_store
 
-__all__ = ["WeightSyncSpec", "SyncStats", "CheckpointEngine", "BroadcastCheckpointEngine", "resolve_backend",
+__all__ = ["WeightSyncSpec", "CheckpointEngine", "BroadcastCheckpointEngine", "resolve_backend",
            "free_port", "node_address", "full_tensors"]
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
@@ -70,16 +71,6 @@ class WeightSyncSpec:
     overlap: bool = False
     timeout_s: float = 600.0
     delta: bool = True  # send only the tensors that changed since the last verified sync
-
-
-@dataclass
-class SyncStats:
-    tensors: int = 0
-    bytes: int = 0
-    buckets: int = 0
-    seconds: float = 0.0
-    skipped: int = 0  # tensors a delta sync left out (unchanged since the last verified sync)
-    skipped_bytes: int = 0
 
 
 def resolve_backend(name: str, device_type: str) -> str:
@@ -117,7 +108,7 @@ class CheckpointEngine(ABC):
 
     @abstractmethod
     def send_weights(self, named_tensors: NamedTensors, delta: DeltaTracker | None = None,
-                     full: bool = False) -> SyncStats:
+                     full: bool = False) -> TransferStats:
         """Deliver every tensor to every receiver (rank 0 only) -- with ``delta``, every tensor that changed since
         the last verified sync (``full``: every tensor regardless); returns what was sent."""
 
@@ -239,7 +230,7 @@ class BroadcastCheckpointEngine(CheckpointEngine):
             yield bucket
 
     def send_weights(self, named_tensors: NamedTensors, delta: DeltaTracker | None = None,
-                     full: bool = False) -> SyncStats:
+                     full: bool = False) -> TransferStats:
         if self.rank != 0:
             raise RuntimeError("only rank 0 of a weight-sync group sends")
         try:
@@ -248,9 +239,9 @@ class BroadcastCheckpointEngine(CheckpointEngine):
             self.abort(exc)
             raise
 
-    def _send(self, named_tensors: NamedTensors, delta: DeltaTracker | None, full: bool) -> SyncStats:
+    def _send(self, named_tensors: NamedTensors, delta: DeltaTracker | None, full: bool) -> TransferStats:
         start_time = time.perf_counter()
-        stats = SyncStats()
+        stats = TransferStats()
         if delta is not None:
             named_tensors = delta.select(named_tensors, full)
         pending: list = [None, None]
@@ -274,16 +265,15 @@ class BroadcastCheckpointEngine(CheckpointEngine):
             if work is not None:
                 pending[slot] = work
                 slot ^= 1
-            stats.tensors += len(bucket)
-            stats.bytes += sum(t.numel() * t.element_size() for _, t, _ in bucket)
+            stats.count(len(bucket), sum(t.numel() * t.element_size() for _, t, _ in bucket))
             stats.buckets += 1
         for work in pending:
             if work is not None:
                 work.wait()
         self._send_meta(None, 0)
         stats.seconds = time.perf_counter() - start_time
-        if delta is not None:
-            stats.skipped, stats.skipped_bytes = delta.stats.skipped, delta.stats.skipped_bytes
+        if delta is not None:  # what a full sync would have sent, the unchanged tensors included
+            stats.tensors_total, stats.bytes_total = delta.stats.tensors_total, delta.stats.bytes_total
         return stats
 
     # ------------------------------------------------------------------ receivers

@@ -14,20 +14,22 @@ Digests: on CPU BLAKE2b-128 of the bytes (a changed tensor keeps its digest with
 64-bit sums over the tensor's 32-bit words (plain and position-weighted, computed on the device with one host
 sync), which change with any single changed word.
 
-Metrics of a sync (``weight_sync/*``): ``bytes_sent``, ``bytes_total`` (what a full sync sends),
-``tensors_sent``, ``skipped`` (tensors not sent), ``skipped_bytes``, ``checksum_mismatch`` (1 when the sync had to
-be resent), ``seconds``.
+Metrics of a sync (``weight_sync/*``, counted in :attr:`DeltaTracker.stats`, a
+:class:`~hybridflow.engine.transfer_stats.TransferStats`): ``bytes_sent``, ``bytes_total`` (what a full sync sends),
+``tensors_sent``, ``skipped`` (tensors not sent), ``skipped_bytes``; the fleets add ``checksum_mismatch`` (1 when the
+sync had to be resent).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import torch
 
-__all__ = ["digest", "DeltaTracker", "DeltaStats", "ChecksumMismatch", "vllm_load_group", "lora_group", "hex_digests"]
+from hybridflow.engine.transfer_stats import TransferStats
+
+__all__ = ["digest", "DeltaTracker", "ChecksumMismatch", "vllm_load_group", "lora_group", "hex_digests"]
 
 
 class ChecksumMismatch(RuntimeError):
@@ -61,27 +63,6 @@ def digest(tensor: torch.Tensor) -> bytes:
                            digest_size=16).digest()
 
 
-@dataclass
-class DeltaStats:
-    tensors_total: int = 0
-    bytes_total: int = 0
-    tensors_sent: int = 0
-    bytes_sent: int = 0
-
-    @property
-    def skipped(self) -> int:
-        return self.tensors_total - self.tensors_sent
-
-    @property
-    def skipped_bytes(self) -> int:
-        return self.bytes_total - self.bytes_sent
-
-    def metrics(self) -> dict[str, float]:
-        return {"weight_sync/bytes_sent": float(self.bytes_sent), "weight_sync/bytes_total": float(self.bytes_total),
-                "weight_sync/tensors_sent": float(self.tensors_sent), "weight_sync/skipped": float(self.skipped),
-                "weight_sync/skipped_bytes": float(self.skipped_bytes)}
-
-
 def vllm_load_group(name: str) -> str:
     """The unit vLLM reloads together: tensors that may be fused into one vLLM parameter (q/k/v into qkv_proj,
     gate/up into gate_up_proj, an MoE layer's experts) live under the same module two levels up
@@ -108,25 +89,23 @@ class DeltaTracker:
         self.group_of = group_of
         self.held: dict[str, bytes] = {}
         self._pending: dict[str, bytes] = {}
-        self.stats = DeltaStats()
+        self.stats = TransferStats()
 
     def select(self, named_tensors: Iterable[tuple[str, torch.Tensor]], full: bool = False
                ) -> Iterator[tuple[str, torch.Tensor]]:
         """The tensors to send (all of them with ``full`` or when delta is off); counts into :attr:`stats`."""
-        self._pending, self.stats = {}, DeltaStats()
+        self._pending, self.stats = {}, TransferStats()
         if self.group_of is not None:
             yield from self._select_groups(named_tensors, full)
             return
         for name, tensor in named_tensors:
             nbytes = tensor.numel() * tensor.element_size()
-            self.stats.tensors_total += 1
-            self.stats.bytes_total += nbytes
             d = digest(tensor) if self.enabled else b""
-            if self.enabled and not full and self.held.get(name) == d:
+            unchanged = self.enabled and not full and self.held.get(name) == d
+            self.stats.count(1, nbytes, moved=not unchanged)
+            if unchanged:
                 continue
             self._pending[name] = d
-            self.stats.tensors_sent += 1
-            self.stats.bytes_sent += nbytes
             yield name, tensor
 
     def _select_groups(self, named_tensors, full: bool) -> Iterator[tuple[str, torch.Tensor]]:
@@ -137,20 +116,18 @@ class DeltaTracker:
                 continue
             groups.setdefault(key, []).append((name, tensor, digest(tensor) if self.enabled else b""))
         for members in groups.values():
-            nbytes = [t.numel() * t.element_size() for _, t, _ in members]
-            self.stats.tensors_total += len(members)
-            self.stats.bytes_total += sum(nbytes)
-            if self.enabled and not full and all(self.held.get(n) == d for n, _, d in members):
+            nbytes = sum(t.numel() * t.element_size() for _, t, _ in members)
+            unchanged = self.enabled and not full and all(self.held.get(n) == d for n, _, d in members)
+            self.stats.count(len(members), nbytes, moved=not unchanged)
+            if unchanged:
                 continue
-            self.stats.tensors_sent += len(members)
-            self.stats.bytes_sent += sum(nbytes)
             for name, tensor, d in members:
                 self._pending[name] = d
                 yield name, tensor
 
     def begin(self) -> None:
         """Start a sync that is judged bucket by bucket (:meth:`bucket_changed`)."""
-        self._pending, self.stats = {}, DeltaStats()
+        self._pending, self.stats = {}, TransferStats()
 
     def bucket_changed(self, bucket: list[tuple[str, torch.Tensor]], full: bool = False) -> bool:
         """Whether ``bucket`` must travel: any of its tensors differs from what the receivers hold (all of them
@@ -158,12 +135,10 @@ class DeltaTracker:
         parameters) stay whole; counts into :attr:`stats`."""
         digests = {name: digest(t) if self.enabled else b"" for name, t in bucket}
         nbytes = sum(t.numel() * t.element_size() for _, t in bucket)
-        self.stats.tensors_total += len(bucket)
-        self.stats.bytes_total += nbytes
-        if self.enabled and not full and all(self.held.get(n) == d for n, d in digests.items()):
+        unchanged = self.enabled and not full and all(self.held.get(n) == d for n, d in digests.items())
+        self.stats.count(len(bucket), nbytes, moved=not unchanged)
+        if unchanged:
             return False
-        self.stats.tensors_sent += len(bucket)
-        self.stats.bytes_sent += nbytes
         self._pending.update(digests)
         return True
 

@@ -1,0 +1,145 @@
+"""The per-token passes of ``engine/forward.py`` through pipeline stages: log-probs / entropy and values.
+
+Without pipeline parallelism a worker runs its micro-batches one after another through the whole model. With it,
+the micro-batches of a pass (a mini-batch's update, an old-log-prob or reference pass, the critic's values) go
+through the stages together (``PipelineRunner``), so the stages work on different micro-batches at once. Each
+micro-batch is laid out as the unpipelined pass lays it out -- the trimmed layout (the columns padding in every
+row cut off) or, with ``use_remove_padding``, packed rows with attention padded inside -- and the last stage runs
+the same head (``forward._lm_head``, ``forward._token_value_head``) on it, so the outputs are the unpipelined
+pass's. A head's outputs come back as a (rows, kinds, R) tensor per micro-batch: the response tokens' values of
+each output kind (``log_probs``, ``entropy``, ``values``...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from hybridflow.data.mrope import model_position_ids
+from hybridflow.engine.padded_attention import padded_attention
+from hybridflow.engine.parallel.pipeline import MicroBatchInputs, PipelineRunner
+
+__all__ = ["PipelinePass", "pipeline_outputs", "pipeline_train"]
+
+
+@dataclass
+class _Layout:
+    """Where a micro-batch's compact model inputs come from and where their outputs go back."""
+
+    inputs: MicroBatchInputs
+    keep: int | None  # the last ``keep`` positions are wanted (None: all)
+    start: int  # the first wanted column of the (B, L) batch
+    hi: int  # one past the last valid column
+    shape: tuple[int, int]  # (B, L)
+    packed_mask: torch.Tensor | None = None  # packed layout: the (B, L) mask of the packed row's tokens
+
+
+@dataclass
+class PipelinePass:
+    """One pass's head: ``head_fn`` (a ``forward`` head), the output kinds it returns, the response length."""
+
+    head_fn: Callable
+    kinds: tuple[str, ...]
+    response_length: int
+    packed: bool = False
+
+    def shape(self, rows: int, length: int) -> tuple[int, ...]:
+        return (rows, len(self.kinds), self.response_length)
+
+
+def _trimmed(batch: dict[str, torch.Tensor], first_col: int) -> _Layout:
+    mask = batch["attention_mask"].bool()
+    B, L = mask.shape
+    cols = mask.any(dim=0).nonzero().flatten()
+    lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
+    start = min(max(first_col, lo), hi - 1)
+    keep = None if start == lo else hi - start
+    pos = model_position_ids(batch["position_ids"][..., lo:hi])
+    inputs = MicroBatchInputs(batch["input_ids"][:, lo:hi], batch["attention_mask"][:, lo:hi], pos)
+    return _Layout(inputs, keep, start, hi, (B, L))
+
+
+def _packed(batch: dict[str, torch.Tensor], first_col: int) -> _Layout:
+    """All valid tokens of the micro-batch in one row (positions restarting per sequence); the stages attend within
+    each sequence through ``padded_attention`` over the micro-batch's mask."""
+    mask = batch["attention_mask"].bool()
+    B, L = mask.shape
+    ids = batch["input_ids"][mask].unsqueeze(0)
+    pos = batch["position_ids"][mask].unsqueeze(0)
+    layout = _Layout(MicroBatchInputs(ids, torch.ones_like(ids), pos), None, first_col, L, (B, L),
+                     packed_mask=batch["attention_mask"])
+    return layout
+
+
+def _head(spec: PipelinePass, layouts: list[_Layout]):
+    """The last stage's computation: the head on a micro-batch, its outputs at the response tokens."""
+
+    class Head:
+        def shape(self, rows: int, length: int) -> tuple[int, ...]:
+            return spec.shape(rows, length) if not spec.packed else spec.shape(max(l.shape[0] for l in layouts), 0)
+
+        def __call__(self, model, ids, attention_mask, position_ids, i):
+            lay = layouts[i]
+            R = spec.response_length
+            B, L = lay.shape
+            if spec.packed:  # (inside the stage's padded_attention context: _context)
+                mask = lay.packed_mask.bool()
+                outs = spec.head_fn(model, ids, None, position_ids, None, torch.roll(ids, shifts=-1, dims=1))
+                full = {k: v.new_zeros((B, L) + tuple(v.shape[2:])) for k, v in outs.items()}
+                for k, v in outs.items():
+                    full[k][mask] = v[0]
+            else:
+                labels = torch.roll(ids, shifts=-1, dims=1)
+                if lay.keep is not None:
+                    labels = labels[:, -lay.keep:]
+                outs = spec.head_fn(model, ids, attention_mask, position_ids, lay.keep, labels)
+                full = {k: v.new_zeros((B, L) + tuple(v.shape[2:])) for k, v in outs.items()}
+                for k, v in outs.items():
+                    full[k][:, lay.start: lay.hi] = v
+            return torch.stack([full[k][:, -R - 1: -1].float() for k in spec.kinds], dim=1)
+
+    return Head()
+
+
+def _layouts(batches: list[dict[str, torch.Tensor]], spec: PipelinePass) -> list[_Layout]:
+    make = _packed if spec.packed else _trimmed
+    return [make(b, b["input_ids"].shape[-1] - spec.response_length - 1) for b in batches]
+
+
+def pipeline_outputs(runner: PipelineRunner, batches: list[dict[str, torch.Tensor]],
+                     spec: PipelinePass) -> list[dict[str, torch.Tensor]]:
+    """Forward-only: each micro-batch's ``{kind: (B, R)}`` outputs -- real on the rank holding the last stage, zeros
+    of the same shape elsewhere (the controller collects the last stage's)."""
+    layouts = _layouts(batches, spec)
+    outs = runner.forward([lay.inputs for lay in layouts], _head(spec, layouts), _context(layouts), spec.packed)
+    result = []
+    for i, b in enumerate(batches):
+        rows = b["input_ids"].shape[0]
+        out = outs[i][:rows] if outs is not None else torch.zeros(rows, len(spec.kinds), spec.response_length)
+        result.append({k: out[:, j] for j, k in enumerate(spec.kinds)})
+    return result
+
+
+def pipeline_train(runner: PipelineRunner, batches: list[dict[str, torch.Tensor]], spec: PipelinePass,
+                   loss: Callable[[dict[str, torch.Tensor], int], torch.Tensor]) -> None:
+    """Forward and backward of every micro-batch; ``loss(outputs, i)`` (on the last stage) is micro-batch ``i``'s
+    loss from its ``{kind: (B, R)}`` outputs."""
+    layouts = _layouts(batches, spec)
+
+    def micro_loss(out: torch.Tensor, i: int) -> torch.Tensor:
+        rows = batches[i]["input_ids"].shape[0]
+        return loss({k: out[:rows, j] for j, k in enumerate(spec.kinds)}, i)
+
+    runner.train([lay.inputs for lay in layouts], _head(spec, layouts), micro_loss, _context(layouts), spec.packed)
+
+
+def _context(layouts: list[_Layout]) -> Callable[[int], contextlib.AbstractContextManager]:
+    """Packed rows: each stage's attention kept within the micro-batch's sequences (``padded_attention``)."""
+    def context(i: int):
+        mask = layouts[i].packed_mask
+        return padded_attention(mask.bool()) if mask is not None else contextlib.nullcontext({})
+
+    return context
