@@ -44,7 +44,16 @@ SECTIONS: tuple[Section, ...] = (
             "rollout's generation cap."),
         Row("`truncation`",
             "`error`",
-            "`error` \\| `left` \\| `right` \\| `middle` for over-long prompts."),
+            "`error` \\| `left` \\| `right` \\| `middle` for over-long prompts. With `error` and "
+            "`filter_overlong_prompts=false`, every prompt is tokenized when the dataset is built and"
+            " the first over-long one stops the run there, naming its file and row (not when a step "
+            "draws it)."),
+        Row("`max_row_bytes`",
+            "16777216",
+            "hybridflow-only. A data row holding more text and binary data than this (16 MiB) is "
+            "refused when the file is read, before anything tokenizes it, naming the file and row; "
+            "rows nested more than 64 levels deep are refused too. Raise it for rows with many large "
+            "images."),
         Row("`filter_overlong_prompts`",
             "false",
             "drop over-long prompts at load time instead."),
@@ -365,6 +374,14 @@ SECTIONS: tuple[Section, ...] = (
         Row("`reward_model.error_score`",
             "0.0",
             "hybridflow-only: score for a sample whose function raised, hung or returned NaN."),
+        Row("`reward_model.worker_memory_mb`",
+            "4096",
+            "hybridflow-only: a scoring process whose resident memory passes this after a sample is "
+            "replaced by a fresh one (a warning once, `reward/workers_recycled` per step); one that "
+            "passes it during a sample is killed and the sample scores `error_score`. Scoring "
+            "processes are their scorers' subreapers: whatever a scorer starts, detached or not, is "
+            "killed when its process ends. After a time-out the batch's other samples run on up to 16"
+            " processes, so hung scorers time out together."),
         Row("`reward_model.reward_loop_source`, `reward_loop_module_path`, `reward_loop_class_name`",
             "register, null, custom_reward_manager",
             "verl's reward-manager source (verl 0.9: "
