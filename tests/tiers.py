@@ -44,6 +44,8 @@ FULL_TIER: dict[str, str] = {
     "benchmarks/": "the benchmark scripts' smoke runs",
     "test_quiet_console.py": "the console of whole runs",
     "rollout_vllm/": "vLLM (make test-vllm)",
+    "tracking/test_live_report_browser.py": "the live report in headless Chromium (Debian's chromium, .ci/run)",
+    "cli/test_user_errors.py": "every command fed its bad inputs, one process each (~3 min)",
 }
 
 # Fast-tier scenarios kept from the folders above: one end-to-end run of each kind.

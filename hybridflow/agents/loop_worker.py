@@ -187,13 +187,16 @@ class AgentLoopWorker:
     def _metrics(output: AgentLoopOutput, seconds: float, failed: float) -> dict[str, float]:
         mask = output.response_mask
         timing = output.metrics.model_dump() if isinstance(output.metrics, AgentLoopMetrics) else dict(output.metrics)
+        # the model's tokens of a trajectory the strict tokenization check masked are still the model's tokens
+        untrained = float(output.extra_fields.get("untrained_model_tokens") or 0.0)
         metrics = {
             "generate_sequences": float(timing.get("generate_sequences", 0.0)),
             "tool_calls": float(timing.get("tool_calls", 0.0)),
             "num_preempted": float(timing.get("num_preempted", -1)),
             "seconds": seconds,
-            "model_tokens": float(sum(mask)),
-            "observation_tokens": float(len(mask) - sum(mask)),
+            "model_tokens": float(sum(mask)) + untrained,
+            "observation_tokens": float(len(mask) - sum(mask)) - untrained,
+            "untrained_model_tokens": untrained,
             "error": failed,
         }
         for key in ("tool_call_count", "tool_error_count"):

@@ -50,5 +50,5 @@ class SingleTurnAgentLoop(AgentLoopBase):
             multi_modal_data={"image": images} if images else None,
             num_turns=2,
             metrics=metrics,
-            extra_fields={"finish_reason": output.finish_reason},
+            extra_fields={"finish_reason": output.finish_reason, "turn_scores": [], "tool_rewards": []},
         )

@@ -152,6 +152,15 @@ class AlgoConfig(AlgoRecipeKeys):
 
 
 @dataclass(**KW)
+class PrometheusConfig:
+    """``trainer.prometheus``: where the ``prometheus`` logger serves ``/metrics`` (hybridflow/tracking/prometheus.py)."""
+
+    host: str
+    port: int
+    drift_threshold: float  # max |p_rollout - p_actor| of a step above which the step counts as drift
+
+
+@dataclass(**KW)
 class TrainerConfig(TrainerRecipeKeys):
     backend: str
     device: str
@@ -184,6 +193,7 @@ class TrainerConfig(TrainerRecipeKeys):
     use_legacy_worker_impl: Any  # "auto" | "enable" | "disable" (verl scripts also write False); inert here
     seed: int
     report: bool
+    prometheus: PrometheusConfig
     tolerated_failure_fraction: float  # hybridflow-only: see hybridflow.trainer.step_failures
     import_modules: list  # user modules (dotted or .py) imported in every process: they register extensions
     use_v1: bool  # verl 0.9's V1 trainer (hybridflow.config.v1); false = the same synchronous trainer as sync

@@ -38,7 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     from hybridflow.utils.quiet import quiet_libraries
 
     quiet_libraries()
-    cfg, cl = load_trainer_config(list(sys.argv[1:] if argv is None else argv))       # parse (the config checks)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from hybridflow.cli.help import train_help, wants_help
+
+    if wants_help(argv):  # --help [NODE]: options and config groups, or a node's keys with defaults
+        return train_help(argv)
+    cfg, cl = load_trainer_config(argv)                                              # parse (the config checks)
     if not check_trainer_run(cfg):  # the pipeline's run stage: files, device, output folders
         return EXIT_CONFIG_ERROR
     if cl.dry_run:
