@@ -194,6 +194,7 @@ def check_case(model_dir: str, layout: dict, spec_kwargs: dict, role: str, packe
     result["param_after_step"] = max(float((after[n if n in after else embedding] - p).abs().max())
                                      for n, p in got_after.items())
     result["stage_params"] = float(len(got_after))
+    result["stages_per_rank"] = float(len(engine.pipeline.stages))
     return result
 
 

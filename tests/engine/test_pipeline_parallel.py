@@ -110,6 +110,10 @@ def test_the_first_stage_holds_what_the_split_keys_say(two_ranks):
     assert split["stage_params"] > even["stage_params"]
 
 
+def test_virtual_stages_put_two_stages_on_each_rank(two_ranks):
+    assert two_ranks["pp2-vpp2-qwen2"]["stages_per_rank"] == 2 and two_ranks["pp2-qwen2"]["stages_per_rank"] == 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(_scenario().CASES[4]))
 def test_four_ranks_equal_the_unsharded_model(case, four_ranks):

@@ -219,8 +219,10 @@ class PassInfo:
 
 
 def _pad_to(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    if tuple(t.shape) == tuple(shape):
-        return t
+    """``t`` in the top-left corner of zeros of ``shape`` -- always a new tensor, also when ``t`` has the shape
+    already: FSDP hangs its backward hooks on the stage's outputs, and their order must not depend on whether a
+    micro-batch happens to be the pass's longest (ranks of one data-parallel group would gather different
+    parameter groups at once)."""
     full = t.new_zeros(shape)
     full[tuple(slice(0, n) for n in t.shape)] = t
     return full
