@@ -112,7 +112,8 @@ def compute_token_outputs(
     module.eval()
     with torch.no_grad(), engine.on_device(), engine.autocast():
         pipeline_pass = token_outputs_pass(module, data.batch["responses"].shape[-1], temperature, calculate_entropy,
-                                           False, use_remove_padding, calculate_sum_pi_squared, use_torch_compile)
+                                           False, use_remove_padding, calculate_sum_pi_squared, use_torch_compile,
+                                           sequence_parallel=engine.sequence_parallel)
         for outs in engine.forward_passes(batches, pipeline_pass, run_one):
             for key, value in outs.items():
                 pieces.setdefault(key, []).append(value.float().cpu())
@@ -346,7 +347,8 @@ class PPOActor:
             return token_outputs_pass(self.engine.module, mini_batch.batch["responses"].shape[-1], temperature,
                                       setup.want_entropy, setup.entropy_in_loss, self.use_remove_padding,
                                       use_torch_compile=bool(cfg.use_torch_compile),
-                                      entropy_checkpointing=bool(cfg.entropy_checkpointing))
+                                      entropy_checkpointing=bool(cfg.entropy_checkpointing),
+                                      sequence_parallel=self.engine.sequence_parallel)
 
     def _micro_batch_forward(self, b, mb: DataProto, temperature: float, setup: _LossSetup):
         """(response log-probs, entropies or ``None``, the MoE routing record or ``None``) of one micro-batch."""

@@ -188,34 +188,45 @@ class StageModel(nn.Module):
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, ids: torch.Tensor,
                 mb_index: torch.Tensor):
         """One micro-batch: its inputs cut back to its own shape, the stage run on them (the head on the last
-        stage), the outputs padded to the pass's shape for the next stage."""
+        stage), the outputs padded to the pass's shape for the next stage.  With sequence parallelism every stage
+        works on this rank's slice of the micro-batch's packed row (``PassInfo.seq_slices``): the first stage
+        cuts the token ids, the hidden states that travel between stages are the slice's."""
         info = self.pass_info
         if info is None:
             raise RuntimeError("a pipeline stage was run outside a pass of its runner")
         i = int(mb_index.reshape(-1)[0])
         rows, length = info.sizes[i]
+        local = info.seq_slices[i] if info.seq_slices is not None else slice(0, length)
         cut = (slice(0, rows), slice(0, length))
-        x_i, mask_i, pos_i, ids_i = x[cut], attention_mask[cut], position_ids[cut], ids[cut]
+        mask_i, pos_i, ids_i = attention_mask[cut], position_ids[cut][..., local], ids[cut]
+        x_i = x[cut][:, local] if self.is_first else x[:rows, : local.stop - local.start]
+        pass_rows, pass_length = ids.shape[:2]
         with info.context(i) as extra:  # keyword arguments of the model call (a packed row's layout)
             if self.is_last:
                 out = info.head(_FedModel(self.model, None if self.is_first else x_i, extra or {}), ids_i,
                                 None if info.packed else mask_i, pos_i, i)
-                return _pad_to(out.float(), info.head.shape(*x.shape[:2]))
+                return _pad_to(out.float(), info.head.shape(pass_rows, pass_length))
             embeds = {"input_ids": x_i} if self.is_first else {"inputs_embeds": x_i}
             hidden = self.decoder(**embeds, attention_mask=None if info.packed else mask_i, position_ids=pos_i,
                                   use_cache=False, **(extra or {})).last_hidden_state
-        return _pad_to(hidden, (*x.shape[:2], hidden.shape[-1])), attention_mask, position_ids, ids, mb_index
+        return (_pad_to(hidden, (pass_rows, pass_length // info.sp, hidden.shape[-1])), attention_mask, position_ids,
+                ids, mb_index)
 
 
 @dataclass
 class PassInfo:
     """What every stage needs to know of the pass in flight: each micro-batch's own (rows, length), the context
-    its stages run in (packed rows: attention kept within each sequence), and the last stage's head."""
+    its stages run in (packed rows: attention kept within each sequence, or the sequence-parallel layout), and the
+    last stage's head."""
 
     sizes: list[tuple[int, int]]
     head: "PipelineHead"
     context: Callable[[int], Any] = lambda i: contextlib.nullcontext({})
     packed: bool = False
+    # sequence parallelism: this rank's slice of each micro-batch's packed row, and the group's size (the hidden
+    # states between stages are pass_length // sp long)
+    seq_slices: list[slice] | None = None
+    sp: int = 1
 
 
 def _pad_to(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -318,20 +329,21 @@ class PipelineRunner:
 
     def train(self, micro_batches: list[MicroBatchInputs], head: PipelineHead,
               loss: Callable[[torch.Tensor, int], torch.Tensor], context: Callable[[int], Any] | None = None,
-              packed: bool = False) -> None:
+              packed: bool = False, seq_slices: list[slice] | None = None, sp: int = 1) -> None:
         """Forward and backward of every micro-batch (gradients accumulate in the stages' parameters);
         ``loss(output, i)``: micro-batch ``i``'s loss from its head output (padded to the pass's ``head.shape``). ``context(i)``: the
         context micro-batch ``i`` runs in on every stage; ``packed``: the rows are packed (no attention mask)."""
-        self._run(micro_batches, head, loss, context, packed)
+        self._run(micro_batches, head, loss, context, packed, seq_slices, sp)
 
     @torch.no_grad()
     def forward(self, micro_batches: list[MicroBatchInputs], head: PipelineHead,
-                context: Callable[[int], Any] | None = None, packed: bool = False) -> list[torch.Tensor] | None:
+                context: Callable[[int], Any] | None = None, packed: bool = False,
+                seq_slices: list[slice] | None = None, sp: int = 1) -> list[torch.Tensor] | None:
         """The head's outputs of every micro-batch (padded to the pass's ``head.shape``) on the rank holding the last
         stage, else ``None``."""
-        return self._run(micro_batches, head, None, context, packed)
+        return self._run(micro_batches, head, None, context, packed, seq_slices, sp)
 
-    def _run(self, micro_batches, head, loss, context, packed: bool):
+    def _run(self, micro_batches, head, loss, context, packed: bool, seq_slices=None, sp: int = 1):
         from torch.distributed.pipelining import PipelineStage
 
         backward = loss is not None
@@ -342,12 +354,12 @@ class PipelineRunner:
                           for k in ("input_ids", "attention_mask", "position_ids"))
         index = torch.arange(n, device=self.device).repeat_interleave(rows)
         sizes = [tuple(mb.input_ids.shape[:2]) for mb in micro_batches]
-        info = PassInfo(sizes, head, context or (lambda i: contextlib.nullcontext({})), packed)
+        info = PassInfo(sizes, head, context or (lambda i: contextlib.nullcontext({})), packed, seq_slices, sp)
         for stage in self.stages:
             stage.pass_info = info
         pipe_stages = [PipelineStage(s, s.index, s.num_stages, self.device,
-                                     input_args=self._meta_in(s, rows, length, backward),
-                                     output_args=self._meta_out(s, rows, length, head, backward),
+                                     input_args=self._meta_in(s, rows, length, backward, sp),
+                                     output_args=self._meta_out(s, rows, length, head, backward, sp),
                                      group=self.group) for s in self.stages]
         loss_fn = (lambda output, target: loss(output, int(target[0]))) if backward else None
         schedule = self._schedule(pipe_stages, n, loss_fn)
@@ -371,18 +383,19 @@ class PipelineRunner:
             out[i * rows: i * rows + t.shape[0], : t.shape[1]] = t
         return out.to(self.device)
 
-    def _meta_in(self, stage: StageModel, rows: int, length: int, backward: bool) -> tuple[torch.Tensor, ...]:
+    def _meta_in(self, stage: StageModel, rows: int, length: int, backward: bool,
+                 sp: int = 1) -> tuple[torch.Tensor, ...]:
         ints = [torch.empty(rows, length, dtype=torch.long, device="meta") for _ in range(3)]
         first = (torch.empty(rows, length, dtype=torch.long, device="meta") if stage.is_first
-                 else torch.empty(rows, length, self.hidden_size, dtype=self.compute_dtype, device="meta",
+                 else torch.empty(rows, length // sp, self.hidden_size, dtype=self.compute_dtype, device="meta",
                                   requires_grad=backward))
         return (first, *ints, torch.empty(rows, dtype=torch.long, device="meta"))
 
     def _meta_out(self, stage: StageModel, rows: int, length: int, head: PipelineHead,
-                  backward: bool) -> tuple[torch.Tensor, ...]:
+                  backward: bool, sp: int = 1) -> tuple[torch.Tensor, ...]:
         if stage.is_last:
             return (torch.empty(head.shape(rows, length), dtype=torch.float32, device="meta", requires_grad=backward),)
-        hidden = torch.empty(rows, length, self.hidden_size, dtype=self.compute_dtype, device="meta",
+        hidden = torch.empty(rows, length // sp, self.hidden_size, dtype=self.compute_dtype, device="meta",
                              requires_grad=backward)
         ints = [torch.empty(rows, length, dtype=torch.long, device="meta") for _ in range(3)]
         return (hidden, *ints, torch.empty(rows, dtype=torch.long, device="meta"))
