@@ -207,7 +207,10 @@ class PPOActor:
                 "(or enable actor_rollout_ref.actor.use_dynamic_bsz with ppo_max_token_len_per_gpu)"
             )
         self._skipped_in_a_row = 0
-        self.moe = MoEUpdateTracker.of(engine.module)  # MoE: expert-load metrics, the optional router aux loss
+        # MoE: expert-load metrics, the optional router aux loss (not with pipeline stages: each rank holds some of the
+        # routers and the aux loss of a stage's routers would have to reach the last stage's loss -- refused at
+        # config time, see config/checks/megatron.py)
+        self.moe = MoEUpdateTracker.of(engine.module) if engine.pipeline is None else None
 
     # ------------------------------------------------------------------ log-probs
     def compute_log_prob(
