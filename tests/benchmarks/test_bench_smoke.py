@@ -136,3 +136,9 @@ def test_bench_agent_loop_smoke(capsys):
     on = re.search(r"^\| 3-turn agent loop \| on \| 48 \| (\d+) \| (\d+) \|", out, re.M)
     off = re.search(r"^\| 3-turn agent loop \| off \| 48 \| (\d+) \| 0 \|", out, re.M)
     assert on and off and int(on.group(2)) > 0 and int(on.group(1)) < int(off.group(1))
+
+
+def test_bench_pipeline_smoke(capsys):
+    out = _run("bench_pipeline", capsys)
+    assert "| 1f1b | 2 |" in out and "| gpipe | 4 |" in out
+    assert 0 < _number(out, "bubble_1f1b_m2") < 1  # the pipeline ran and was measured against one process
