@@ -12,7 +12,8 @@ of it, so the pipeline's ideal time is ``T_single / pp``; the measured bubble is
 (the time the stages wait for each other, plus the point-to-point traffic and the schedule's own work), printed
 beside the formula of both schedules, ``(pp - 1) / (m + pp - 1)``.  GPipe runs every forward before any backward
 and keeps the activations of all m micro-batches; 1F1B keeps at most pp in flight: the growth of each rank's
-resident memory during the pass (``VmHWM`` reset before it) shows that difference.
+resident memory during the pass (``VmHWM`` reset before it; every process runs with ``MALLOC_MMAP_THRESHOLD_``
+fixed at 64 KiB so that freed tensors leave the resident set at once) shows that difference.
 
 Run: ``.venv/bin/python benchmarks/bench_pipeline.py [--smoke] [--micro 2,4,8] [--size small]``.
 """
@@ -138,12 +139,21 @@ def _single(model_dir: str, micro: list[int], repeats: int) -> dict[int, tuple[f
     return {m: _time_passes(engine, _batches(m, engine.module.config.vocab_size), repeats) for m in micro}
 
 
+def _env() -> dict[str, str]:
+    return {**C.single_thread_env(), "MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
 def run(model_dir: str, micro: list[int], repeats: int, workdir: Path, pp: int = 2) -> list[dict]:
-    single = _single(model_dir, micro, repeats)
     out = workdir / "pipeline"
+    single_json = workdir / "single.json"
+    done = subprocess.run([sys.executable, __file__, "--single", model_dir, ",".join(map(str, micro)), str(repeats),
+                           str(single_json)], env=_env(), capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the one-process run failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    single = {int(m): tuple(v) for m, v in json.loads(single_json.read_text()).items()}
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(pp), port, model_dir,
-                               ",".join(map(str, micro)), str(repeats), str(out)], env=C.single_thread_env(),
+                               ",".join(map(str, micro)), str(repeats), str(out)], env=_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(pp)]
     logs = [p.communicate(timeout=3600)[0] for p in procs]
     for r, (p, log) in enumerate(zip(procs, logs)):
@@ -176,7 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=8, help="decoder layers (split 4 + 4 over the two stages)")
     ap.add_argument("--repeats", type=int, default=None, help="measured passes after one warm-up pass")
     ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
+    ap.add_argument("--single", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.single:
+        model, micro, repeats, out = args.single
+        result = _single(model, [int(x) for x in micro.split(",")], int(repeats))
+        Path(out).write_text(json.dumps({str(m): list(v) for m, v in result.items()}))
+        return 0
     if args.worker:
         r, w, port, model, micro, repeats, out = args.worker
         worker(int(r), int(w), int(port), model, micro, int(repeats), out)
