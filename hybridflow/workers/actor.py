@@ -44,6 +44,7 @@ from hybridflow.algorithms.rollout_correction import (
 from hybridflow.engine.forward import response_log_probs, response_token_outputs, token_outputs_pass
 from hybridflow.engine.moe import MoEUpdateTracker
 from hybridflow.engine.train_engine import TrainEngine
+from hybridflow.engine.vision import merge_multi_modal_inputs
 from hybridflow.protocol import DataProto
 from hybridflow.workers.micro_batching import (
     MicroBatchSpec,
@@ -75,6 +76,13 @@ def _model_inputs(data: DataProto, batch_keys: list[str]) -> DataProto:
 
 class NonFiniteGradientError(RuntimeError):
     """Too many consecutive optimizer steps were skipped because gradients were inf/nan."""
+
+
+def _pixel_inputs(micro_batches: list[DataProto], device) -> list[dict[str, torch.Tensor]] | None:
+    """Each micro-batch's merged pixel inputs for a pass through pipeline stages (``None``: a text batch)."""
+    if not micro_batches or _MULTI_MODAL_KEY not in micro_batches[0].non_tensor_batch:
+        return None
+    return [merge_multi_modal_inputs(mb.non_tensor_batch.get(_MULTI_MODAL_KEY), device) for mb in micro_batches]
 
 
 def compute_token_outputs(
@@ -114,6 +122,7 @@ def compute_token_outputs(
         pipeline_pass = token_outputs_pass(module, data.batch["responses"].shape[-1], temperature, calculate_entropy,
                                            False, use_remove_padding, calculate_sum_pi_squared, use_torch_compile,
                                            sequence_parallel=engine.sequence_parallel)
+        pipeline_pass.multi_modal = _pixel_inputs(micro_batches, engine.device)
         for outs in engine.forward_passes(batches, pipeline_pass, run_one):
             for key, value in outs.items():
                 pieces.setdefault(key, []).append(value.float().cpu())
@@ -325,7 +334,9 @@ class PPOActor:
                 acc.observe(pg_metrics)
             return term
 
-        self.engine.backward_passes(batches, self._update_pass(mini_batch, temperature, setup), run_one, loss)
+        pipeline_pass = self._update_pass(mini_batch, temperature, setup)
+        pipeline_pass.multi_modal = _pixel_inputs(micro_batches, self.engine.device)
+        self.engine.backward_passes(batches, pipeline_pass, run_one, loss)
         step = self.engine.optimizer_step(self.config.grad_clip)
         self._track_skips(step.stepped, step.grad_norm)
         probs_diff = diff_sums if at_pi_old and "rollout_log_probs" in mini_batch.batch else None

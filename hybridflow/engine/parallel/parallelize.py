@@ -26,7 +26,6 @@ from torch import nn
 from hybridflow.engine.expert_parallel import apply_expert_parallel, expert_gradient_divide_factor
 from hybridflow.engine.fsdp import apply_expert_fsdp2, apply_fsdp2, decoder_layer_classes
 from hybridflow.engine.parallel.pipeline import (
-    PipelineError,
     PipelineLayout,
     PipelineRunner,
     StageModel,
@@ -39,7 +38,6 @@ from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.tensor_parallel import apply_tensor_parallel
 from hybridflow.engine.transformers_adapter import text_config
 from hybridflow.engine.ulysses_forward import SequenceParallel
-from hybridflow.engine.vision import vision_tower
 
 if TYPE_CHECKING:
     from hybridflow.config.schema import FSDPConfig
@@ -114,10 +112,6 @@ def parallelize(module: nn.Module, dims: ParallelDims, rank: int, device: torch.
 def _split_pipeline(out: ParallelModel, dims: ParallelDims, rank: int, device: torch.device, compute: torch.dtype,
                     spec: PipelineSpec) -> None:
     model = out.module
-    if vision_tower(model) is not None:
-        raise PipelineError(f"{dims.pp_key}={dims.pp}: a vision-language model is not split into pipeline stages "
-                            "(its vision tower feeds the first stage's embeddings); use tensor_model_parallel_size "
-                            "or context_parallel_size for it and set the pipeline size to 1")
     cfg = text_config(model.config)
     num_layers = int(cfg.num_hidden_layers)
     ranges = stage_layer_ranges(num_layers, dims.pp * dims.vpp, spec.first, spec.last, dims.pp_key)

@@ -18,9 +18,8 @@ from typing import Callable
 
 import torch
 
-from hybridflow.data.mrope import model_position_ids
 from hybridflow.engine.padded_attention import padded_attention
-from hybridflow.engine.parallel.pipeline import MicroBatchInputs, PipelineRunner
+from hybridflow.engine.parallel.pipeline import MicroBatchInputs, PassOptions, PipelineError, PipelineRunner
 from hybridflow.engine.ulysses_forward import SequenceParallel, UlyssesPlan, ulysses_pass
 
 __all__ = ["PipelinePass", "pipeline_outputs", "pipeline_train"]
@@ -48,6 +47,9 @@ class PipelinePass:
     response_length: int
     packed: bool = False
     sequence_parallel: SequenceParallel | None = None  # sp > 1: every stage works on this rank's slice of the row
+    # a vision-language model: each micro-batch's merged pixel inputs (``vision.merge_multi_modal_inputs``), which
+    # the first stage's backbone takes with the token ids
+    multi_modal: list[dict[str, torch.Tensor]] | None = None
 
     def shape(self, rows: int, length: int) -> tuple[int, ...]:
         return (rows, len(self.kinds), self.response_length)
@@ -60,7 +62,7 @@ def _trimmed(batch: dict[str, torch.Tensor], first_col: int) -> _Layout:
     lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
     start = min(max(first_col, lo), hi - 1)
     keep = None if start == lo else hi - start
-    pos = model_position_ids(batch["position_ids"][..., lo:hi])
+    pos = batch["position_ids"][..., lo:hi]  # (B, L) or (B, 4, L): the stages give the model model_position_ids
     inputs = MicroBatchInputs(batch["input_ids"][:, lo:hi], batch["attention_mask"][:, lo:hi], pos)
     return _Layout(inputs, keep, start, hi, (B, L))
 
@@ -71,7 +73,8 @@ def _packed(batch: dict[str, torch.Tensor], first_col: int) -> _Layout:
     mask = batch["attention_mask"].bool()
     B, L = mask.shape
     ids = batch["input_ids"][mask].unsqueeze(0)
-    pos = batch["position_ids"][mask].unsqueeze(0)
+    position_ids = batch["position_ids"]
+    pos = (position_ids[mask] if position_ids.dim() == 2 else position_ids.transpose(0, 1)[:, mask]).unsqueeze(0)
     layout = _Layout(MicroBatchInputs(ids, torch.ones_like(ids), pos), None, first_col, L, (B, L),
                      packed_mask=batch["attention_mask"])
     return layout
@@ -82,7 +85,8 @@ def _ulysses(batch: dict[str, torch.Tensor], first_col: int, sp: SequenceParalle
     (``UlyssesPlan``, as without a pipeline); the stages run this rank's slice of it."""
     mask = batch["attention_mask"]
     plan = UlyssesPlan.build(batch["input_ids"], mask, batch["position_ids"], first_col, sp)
-    inputs = MicroBatchInputs(plan.ids, torch.ones_like(plan.ids), plan.position_ids)
+    pos = plan.position_ids if plan.position_ids.dim() == 2 else plan.position_ids.transpose(0, 1)  # (1, 4, N)
+    inputs = MicroBatchInputs(plan.ids, torch.ones_like(plan.ids), pos)
     return _Layout(inputs, None, first_col, mask.shape[1], tuple(mask.shape), packed_mask=mask, plan=plan)
 
 
@@ -142,15 +146,22 @@ def _layouts(batches: list[dict[str, torch.Tensor]], spec: PipelinePass) -> list
     return [make(b, c) for b, c in zip(batches, first_cols)]
 
 
-def _run_options(spec: PipelinePass, layouts: list[_Layout]) -> dict:
-    """The runner's layout arguments of a pass: the context, packed rows, and under sequence parallelism this
-    rank's slice of each row and the group's size."""
-    options = {"context": _context(layouts), "packed": spec.packed or spec.sequence_parallel is not None}
+def _run_options(spec: PipelinePass, layouts: list[_Layout]) -> PassOptions:
+    """The runner's layout of a pass: the context, packed rows, under sequence parallelism this rank's slice of
+    each row and the group's size, and a vision-language model's pixel inputs for the first stage."""
+    options = PassOptions(context=_context(layouts), packed=spec.packed or spec.sequence_parallel is not None)
     sp = spec.sequence_parallel
     if sp is not None:
-        options["seq_slices"] = [slice(sp.rank * lay.plan.batch.local_len, (sp.rank + 1) * lay.plan.batch.local_len)
-                                 for lay in layouts]
-        options["sp"] = sp.size
+        if spec.multi_modal is not None:
+            raise PipelineError("a vision-language model with pipeline stages and sequence parallelism together is "
+                                "not built: set context_parallel_size (ulysses_sequence_parallel_size) to 1 or the "
+                                "pipeline size to 1")
+        options.seq_slices = [slice(sp.rank * lay.plan.batch.local_len, (sp.rank + 1) * lay.plan.batch.local_len)
+                              for lay in layouts]
+        options.sp = sp.size
+    if spec.multi_modal is not None:
+        inputs = spec.multi_modal
+        options.first_inputs = lambda i: inputs[i]
     return options
 
 
@@ -159,7 +170,7 @@ def pipeline_outputs(runner: PipelineRunner, batches: list[dict[str, torch.Tenso
     """Forward-only: each micro-batch's ``{kind: (B, R)}`` outputs -- real on the rank holding the last stage, zeros
     of the same shape elsewhere (the controller collects the last stage's)."""
     layouts = _layouts(batches, spec)
-    outs = runner.forward([lay.inputs for lay in layouts], _head(spec, layouts), **_run_options(spec, layouts))
+    outs = runner.forward([lay.inputs for lay in layouts], _head(spec, layouts), _run_options(spec, layouts))
     result = []
     for i, b in enumerate(batches):
         rows = b["input_ids"].shape[0]
@@ -178,7 +189,7 @@ def pipeline_train(runner: PipelineRunner, batches: list[dict[str, torch.Tensor]
         rows = batches[i]["input_ids"].shape[0]
         return loss({k: out[:rows, j] for j, k in enumerate(spec.kinds)}, i)
 
-    runner.train([lay.inputs for lay in layouts], _head(spec, layouts), micro_loss, **_run_options(spec, layouts))
+    runner.train([lay.inputs for lay in layouts], _head(spec, layouts), micro_loss, _run_options(spec, layouts))
 
 
 def _context(layouts: list[_Layout]) -> Callable[[int], contextlib.AbstractContextManager]:
