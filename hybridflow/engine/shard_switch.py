@@ -18,7 +18,7 @@ the engine generates with the actor's own module) nothing is copied.  Persistent
 bias) travel like parameters.
 
 A :class:`~hybridflow.engine.transfer_stats.TransferStats` says what moved: ``bytes`` the bytes this rank sent to
-other ranks, ``bytes_total`` the bytes of its rollout shard, ``buckets``, ``max_bucket_bytes`` (send + receive
+other ranks, ``received_bytes`` what it received, ``bytes_total`` the bytes of its rollout shard, ``buckets``, ``max_bucket_bytes`` (send + receive
 buffers of the largest bucket), ``seconds`` and ``peak_rss_rise_bytes``.
 """
 
@@ -181,6 +181,17 @@ def _padded(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
+def _all_to_all(recv: torch.Tensor, send: torch.Tensor, recv_splits: list[int], send_splits: list[int],
+                group) -> None:
+    """``all_to_all_single``; device buffers go through host memory when the group is gloo's (ranks sharing a GPU)."""
+    if send.device.type != "cpu" and dist.get_backend(group) == "gloo":
+        host = torch.empty(recv.shape, dtype=recv.dtype)
+        dist.all_to_all_single(host, send.cpu(), recv_splits, send_splits, group=group)
+        recv.copy_(host)
+        return
+    dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group)
+
+
 def _exchange_bucket(plan: SwitchPlan, bucket: list[int], rank: int, world: int, train: dict, rollout: dict,
                      group, stats: TransferStats) -> None:
     """One bucket: local copies, then the packed pieces to and from every other rank in one all-to-all."""
@@ -210,7 +221,7 @@ def _exchange_bucket(plan: SwitchPlan, bucket: list[int], rank: int, world: int,
             offset += size(i, t)
     recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=device)
     if world > 1:  # a collective: every rank takes part in every bucket, sending or not
-        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group)
+        _all_to_all(recv, send, recv_splits, send_splits, group)
     offset = 0
     for pieces in recvs:
         for i, t in pieces:
@@ -218,6 +229,7 @@ def _exchange_bucket(plan: SwitchPlan, bucket: list[int], rank: int, world: int,
             dst.copy_(recv[offset:offset + dst.numel() * dst.element_size()].view(dst.dtype).view(dst.shape))
             offset += size(i, t)
     stats.bytes += sum(send_splits)
+    stats.received_bytes += sum(recv_splits)
     stats.tensors += len(bucket)
     stats.max_bucket_bytes = max(stats.max_bucket_bytes, int(send.numel() + recv.numel()))
 

@@ -33,6 +33,7 @@ class TransferStats:
     tensors_total: int = 0  # tensors a full transfer moves (a delta sync leaves the unchanged ones out)
     bytes_total: int = 0
     buckets: int = 0
+    received_bytes: int = 0  # bytes that arrived from other ranks (the switch to a sharded rollout)
     max_bucket_bytes: int = 0
     seconds: float = 0.0
     peak_rss_rise_bytes: int | None = None  # rise of the process's peak resident memory (Linux), when measured
