@@ -58,9 +58,9 @@ def models(tmp_path_factory):
     return root
 
 
-def _run(mode: str, world: int, models: Path, tmp: Path) -> list[dict]:
+def _run(mode: str, world: int, models: Path, tmp: Path, names: list[str] = ()) -> list[dict]:
     out = tmp / f"{mode}.json"
-    run_ranks(SCENARIO, world, [mode, models, out], tmp / "logs", timeout=900)
+    run_ranks(SCENARIO, world, [mode, models, out, *names], tmp / "logs", timeout=1700)
     return [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(world)]
 
 
@@ -81,15 +81,21 @@ def test_every_family_split_over_two_ranks_generates_what_the_whole_engine_does(
         assert follower[family]["followed_steps"] > 0
 
 
+_LAYOUT_GROUPS = {"dense": ["dp4", "dp2xtp2", "tp4", "sp2xtp2"], "moe-and-pipeline": ["ep2xtp2", "ep4-deepseek",
+                                                                                   "pp2xtp2", "pp2xdp2"]}
+
+
 @pytest.mark.full
 @pytest.mark.timeout(1800)
-def test_the_switch_gives_every_rank_its_shard_and_only_what_it_lacked(models, tmp_path):
+@pytest.mark.parametrize("group", list(_LAYOUT_GROUPS))
+def test_the_switch_gives_every_rank_its_shard_and_only_what_it_lacked(group, models, tmp_path):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("sharded_hf_scenario", SCENARIO)
     scenario = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(scenario)
-    ranks = _run("switch", 4, models, tmp_path)
+    names = _LAYOUT_GROUPS[group]
+    ranks = _run("switch", 4, models, tmp_path, names)
     for key in ranks[0]:
         for rank, per_rank in enumerate(ranks):
             res = per_rank[key]
@@ -99,7 +105,8 @@ def test_the_switch_gives_every_rank_its_shard_and_only_what_it_lacked(models, t
         sent = [per_rank[key]["sent"] for per_rank in ranks]
         assert ranks[0][key]["total_sent"] == sum(sent)
         assert sum(sent) == sum(per_rank[key]["redundancy"] for per_rank in ranks), key
-    assert set(ranks[0]) == {f"{name}->tp{t}" for name in scenario.SWITCH_LAYOUTS for t in scenario.ROLLOUT_TPS}
+    assert set(ranks[0]) == {f"{name}->tp{t}" for name in names for t in scenario.ROLLOUT_TPS}
+    assert set(scenario.SWITCH_LAYOUTS) == {n for g in _LAYOUT_GROUPS.values() for n in g}
 
 
 def _cfg(*overrides):
