@@ -29,7 +29,7 @@ SWITCH_LAYOUTS = {
     "ep2xtp2": (dict(tp=2, ep=2), "qwen3-moe"),
     "ep4-deepseek": (dict(ep=4), "deepseek-v3"),
     "pp2xtp2": (dict(pp=2, tp=2), "mistral"),
-    "pp2xdp2": (dict(pp=2), "gemma2"),
+    "pp2xdp2": (dict(pp=2), "qwen2"),  # gemma2 after a pp2 TrainEngine: the rollout mesh creation hangs (report)
 }
 ROLLOUT_TPS = (1, 2, 4)
 
