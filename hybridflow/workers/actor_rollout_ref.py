@@ -182,6 +182,13 @@ class ActorRolloutRefWorker(Worker):
             module = self._load_policy_module(self.config.actor.fsdp_config, trainable=False)
             self.actor_engine = TrainEngine(module, self.config.actor.fsdp_config, None, role="rollout")
         name = f"{self.role}/rank{self.rank}"
+        if rc.name == "hf" and int(rc.tensor_model_parallel_size) > 1 and self.world_size > 1:
+            from hybridflow.workers.sharded_rollout import build_sharded_rollout  # the model split over k ranks
+
+            self.rollout = build_sharded_rollout(self.actor_engine, self.actor_engine.module.config, self.tokenizer,
+                                                 rc, name, self._lora, float(self.config.nccl_timeout))
+            self.rollout.sync_weights()
+            return
         # an actor split by tensor / expert parallelism cannot generate with its own module (its layers run over
         # several ranks): the hf engine gets a module of its own; it and vLLM are filled bucket by bucket after
         # every update, each rank gathering one bucket of the split weights at a time

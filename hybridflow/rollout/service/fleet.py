@@ -59,7 +59,8 @@ class HybridFleet(RolloutFleet):
     def __init__(self, group: Any):
         self.last_metrics: dict[str, float] = {}
         self.group = group
-        self.replicas = list(group.rollout_replica(group.host_role))
+        # a rank following its shard group's leader (the hf engine split over ranks) has no replica of its own
+        self.replicas = [r for r in group.rollout_replica(group.host_role) if r is not None]
 
     def wake_up(self, global_step: int | None = None) -> None:
         self.group.wake_up_rollout(global_step)
