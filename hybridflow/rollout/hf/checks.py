@@ -52,8 +52,7 @@ def device_notes(cfg, device: str) -> list[str]:
     if k > 1 and _split(cfg) == 1:
         where = ("standalone hf replicas (hybrid_engine=false) run one process each" if not
                  cfg.actor_rollout_ref.hybrid_engine else "the run has one actor/rollout process")
-        notes.append(f"{_KEY}={k} does not split the hf engine here: {where}, so each engine holds the whole model "
-                     f"(verl's default is 2; set it to 1 to silence this)")
+        notes.append(f"{_KEY}={k} does not split the hf engine here: {where}, so each engine holds the whole model")
     return notes
 
 
