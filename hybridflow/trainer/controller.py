@@ -26,6 +26,7 @@ from hybridflow.config.plan import StepPlan, plan_step
 from hybridflow.trainer import run_checkpoint as ckpt
 from hybridflow.trainer.async_reward import AsyncRewardScorer
 from hybridflow.trainer.controller_checkpoint import load_run, save_run
+from hybridflow.trainer.drift import DriftMonitor
 from hybridflow.trainer.hooks import Hooks, hooks_for
 from hybridflow.trainer.modes import BatchSource, mode_for
 from hybridflow.trainer.stages import WorkerGroups
@@ -111,6 +112,7 @@ class RLController:
         # reward_model.launch_reward_fn_async: the reward function scores in the background during the log-prob,
         # reference and value passes (the config refuses it where scores are needed earlier)
         self.async_reward = AsyncRewardScorer(reward_fn) if config.reward_model.launch_reward_fn_async else None
+        self.drift = DriftMonitor.from_config(config)  # trainer.drift: rollout vs trainer log-probs, every step
         self.validator = None
         if val_dataloader is not None:
             tcfg = config.trainer

@@ -7,7 +7,7 @@ Every mode (``trainer/modes/``) gets its batch its own way, then trains it with 
     train               old log-prob (or none: pi_old from the rollout or the update) -> reference -> hooks'
                         extra scores (distillation teachers) -> values -> (background reward) -> hooks
                         (PRIME's PRM) -> advantage -> rollout correction -> update critic -> update actor ->
-                        the mode's weight-sync policy
+                        the mode's weight-sync policy -> the drift check (trainer/drift.py)
     step_metrics        verl's data / timing / throughput / MFU / memory metrics of the step
 
 Each function takes the controller (``run``: config, plan, worker groups, hooks, weight sync) and the step's
@@ -148,6 +148,8 @@ def train(run: Run, batch: DataProto, log: StepLog) -> DataProto:
     run.hooks.before_advantage(run, batch, log)
     batch = _advantage(run, batch, log)
     _updates(run, batch, log)
+    if run.drift is not None:  # rollout vs trainer log-probs of this step (trainer/drift.py): flag, name, stop
+        run.drift.check(run, batch, log)
     return batch
 
 
