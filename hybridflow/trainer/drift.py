@@ -28,7 +28,16 @@ import torch
 
 from hybridflow.algorithms.rollout_correction import rollout_probs_diff
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.drift_causes import CAUSES, Diagnosis, diagnose, fresh_rows, template_mismatch
+from hybridflow.trainer.drift_causes import (
+    CAUSES,
+    Diagnosis,
+    check_rows,
+    diagnose,
+    fresh_rows,
+    rows_gap,
+    template_mismatch,
+    trainer_log_probs,
+)
 from hybridflow.trainer.drift_levels import DriftLevels, levels_for
 from hybridflow.trainer.step_failures import StepFailedError
 from hybridflow.trainer.step_log import StepLog
@@ -39,7 +48,6 @@ if TYPE_CHECKING:
 __all__ = ["DriftError", "DriftMonitor", "fresh_rows"]
 
 _LOG = logging.getLogger(__name__)
-GAP_METRIC = "training/rollout_probs_diff_mean"
 
 
 class DriftError(StepFailedError):
@@ -65,9 +73,10 @@ class DriftMonitor:
 
     # ------------------------------------------------------------------ the step's check
     def check(self, run: Run, batch: DataProto, log: StepLog) -> None:
-        """Judge the step just trained (``batch`` with its log-probs, ``log`` with the update's metrics)."""
+        """Judge the step's batch before its update (``batch`` with the rollout's log-probs and pi_old if a pass
+        computed it); a stop raises before the update is applied."""
         metrics = log.metrics
-        gap, rows = self.measure(batch, metrics, from_pass=not run.plan.reuse_rollout_log_probs)
+        gap, rows = self.measure(run, batch)
         mismatch = template_mismatch(run, batch)
         metrics.update({"drift/warn_level": self.levels.warn, "drift/stop_level": self.levels.stop,
                         "drift/rows_checked": float(rows), "drift/template_mismatch_fraction": mismatch})
@@ -86,10 +95,12 @@ class DriftMonitor:
             raise DriftError(text, metrics=dict(metrics))
         _LOG.warning("%s", text)
 
-    def measure(self, batch: DataProto, metrics: dict[str, float], from_pass: bool = True) -> tuple[float | None, int]:
+    def measure(self, run: Run, batch: DataProto) -> tuple[float | None, int]:
         """The gap over the fresh rows and how many rows it covers; ``(None, 0)`` when the step has no pair of
-        log-probs to compare (no rollout log-probs, or only rows of older weights).  ``from_pass``: the batch's
-        ``old_log_probs`` come from a trainer pass (not the rollout's own, reused as pi_old)."""
+        log-probs to compare (no rollout log-probs, or only rows of older weights).  When the step ran no
+        old_log_prob pass (pi_old from the update's own pass, or the rollout's log-probs reused), the trainer
+        recomputes a few fresh rows (``drift_causes.check_rows``) -- before the update, with the weights that
+        generated them."""
         tensors = batch.batch
         if "rollout_log_probs" not in tensors:
             return None, 0
@@ -97,16 +108,17 @@ class DriftMonitor:
         if not fresh.any():
             return None, 0
         old = tensors.get("old_log_probs")
-        if old is not None and from_pass:  # the old_log_prob pass ran: judge it here, on the fresh rows only
+        if old is not None and not run.plan.reuse_rollout_log_probs:  # the old_log_prob pass ran: all fresh rows
             keep = torch.as_tensor(fresh)
             mask = tensors["response_mask"][keep]
             if not bool(mask.any()):
                 return None, 0
             diff = rollout_probs_diff(tensors["rollout_log_probs"][keep], old[keep], mask)
             return diff.get("training/rollout_probs_diff_mean"), int(keep.sum())
-        if GAP_METRIC in metrics and fresh.all():  # the update's first pass at pi_old measured it (all rows)
-            return float(metrics[GAP_METRIC]), len(batch)
-        return None, 0
+        rows = check_rows(run, batch)
+        if rows is None:
+            return None, 0
+        return rows_gap(rows, trainer_log_probs(run, rows, run.config.actor_rollout_ref.rollout.temperature)), len(rows)
 
     def describe(self, run: Run, gap: float | None, diagnosis: Diagnosis, over_stop: bool) -> str:
         level = "stop" if over_stop else "warn"

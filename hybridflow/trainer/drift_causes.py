@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from hybridflow.trainer.drift_levels import DriftLevels
     from hybridflow.trainer.run_view import Run
 
-__all__ = ["CAUSES", "Diagnosis", "diagnose", "fresh_rows", "template_mismatch"]
+__all__ = ["CAUSES", "Diagnosis", "check_rows", "diagnose", "fresh_rows", "rows_gap", "template_mismatch",
+           "trainer_log_probs"]
 
 CAUSES: dict[str, str] = {
     "weights": "the rollout generated with other weights than the trainer's (a weight sync skipped or failed, or "
@@ -105,7 +106,7 @@ def template_mismatch(run: Run, batch: DataProto) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- recomputation
-def _subset(run: Run, batch: DataProto) -> DataProto | None:
+def check_rows(run: Run, batch: DataProto) -> DataProto | None:
     """A few fresh rows with tokens, a multiple of the data-parallel size (the dispatch splits them evenly)."""
     mask = batch.batch["response_mask"]
     keep = np.flatnonzero(fresh_rows(batch) & mask.bool().any(-1).numpy())
@@ -120,7 +121,7 @@ def _subset(run: Run, batch: DataProto) -> DataProto | None:
     return sub[torch.as_tensor(keep[:size])]
 
 
-def _log_probs(run: Run, sub: DataProto, temperature: float, reference: bool = False) -> torch.Tensor:
+def trainer_log_probs(run: Run, sub: DataProto, temperature: float, reference: bool = False) -> torch.Tensor:
     """The trainer's log-probs of ``sub``'s tokens at ``temperature`` (the reference's with ``reference``)."""
     data = DataProto(batch=sub.batch, non_tensor_batch=dict(sub.non_tensor_batch),
                      meta_info={"temperature": float(temperature)})
@@ -129,7 +130,7 @@ def _log_probs(run: Run, sub: DataProto, temperature: float, reference: bool = F
     return run.groups.actor_rollout.compute_log_prob(data).batch["old_log_probs"]
 
 
-def _gap(sub: DataProto, log_probs: torch.Tensor) -> float:
+def rows_gap(sub: DataProto, log_probs: torch.Tensor) -> float:
     mask = sub.batch["response_mask"].bool()
     r = sub.batch["rollout_log_probs"].double()[mask].exp()
     a = log_probs.double()[mask].exp()
@@ -150,7 +151,7 @@ def _check_temperature(run: Run, sub: DataProto, gap_now: float, diag: Diagnosis
     t = float(run.config.actor_rollout_ref.rollout.temperature)
     best, best_t = gap_now, None
     for cand in _candidate_temperatures(t):
-        g = _gap(sub, _log_probs(run, sub, cand))
+        g = rows_gap(sub, trainer_log_probs(run, sub, cand))
         if g < best:
             best, best_t = g, cand
     if best_t is not None and best < _TENFOLD * gap_now:
@@ -181,7 +182,7 @@ def _check_reference(run: Run, sub: DataProto, gap_now: float, diag: Diagnosis) 
     """LoRA: the base model (reference) explains the rollout; otherwise the initial weights do (never synced)."""
     if not run.plan.use_ref or run.groups.ref is None:
         return False
-    gap_ref = _gap(sub, _log_probs(run, sub, float(run.config.actor_rollout_ref.rollout.temperature), reference=True))
+    gap_ref = rows_gap(sub, trainer_log_probs(run, sub, float(run.config.actor_rollout_ref.rollout.temperature), reference=True))
     if gap_ref >= _TENFOLD * gap_now:
         return False
     if int(run.config.actor_rollout_ref.model.lora_rank or 0) > 0:
@@ -212,11 +213,11 @@ def diagnose(run: Run, batch: DataProto, gap: float | None, levels: DriftLevels,
     if gap is None or gap <= levels.warn:
         return diag
     found = _check_weight_facts(run, diag)
-    sub = _subset(run, batch) if "rollout_log_probs" in batch.batch else None
+    sub = check_rows(run, batch) if "rollout_log_probs" in batch.batch else None
     if sub is None:
         return diag
-    now = _log_probs(run, sub, float(run.config.actor_rollout_ref.rollout.temperature))
-    gap_now = max(_gap(sub, now), 1e-30)
+    now = trainer_log_probs(run, sub, float(run.config.actor_rollout_ref.rollout.temperature))
+    gap_now = max(rows_gap(sub, now), 1e-30)
     found |= _check_reference(run, sub, gap_now, diag)
     if not found:
         found = _check_temperature(run, sub, gap_now, diag) or _check_renormalised(run, sub, now, diag)

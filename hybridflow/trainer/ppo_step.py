@@ -4,10 +4,11 @@ Every mode (``trainer/modes/``) gets its batch its own way, then trains it with 
 
     generate_and_score  prompts -> rollout -> (ReMax greedy baseline) -> reward
     collect             generate_and_score, round after round while DAPO's group filter needs more groups
-    train               old log-prob (or none: pi_old from the rollout or the update) -> reference -> hooks'
+    train               old log-prob (or none: pi_old from the rollout or the update) -> reference -> the drift
+                        check (trainer/drift.py) -> hooks'
                         extra scores (distillation teachers) -> values -> (background reward) -> hooks
                         (PRIME's PRM) -> advantage -> rollout correction -> update critic -> update actor ->
-                        the mode's weight-sync policy -> the drift check (trainer/drift.py)
+                        the mode's weight-sync policy
     step_metrics        verl's data / timing / throughput / MFU / memory metrics of the step
 
 Each function takes the controller (``run``: config, plan, worker groups, hooks, weight sync) and the step's
@@ -134,6 +135,8 @@ def train(run: Run, batch: DataProto, log: StepLog) -> DataProto:
         refresh_reference_if_due(run, log)
         with log.timed("ref"):
             stages.compute_ref_log_prob(groups, batch)
+    if run.drift is not None:  # rollout vs trainer log-probs (trainer/drift.py): flag, name, stop -- before the update
+        run.drift.check(run, batch, log)
     run.hooks.after_log_probs(run, batch, log)
     if plan.use_critic:
         with log.timed("values"):
@@ -148,8 +151,6 @@ def train(run: Run, batch: DataProto, log: StepLog) -> DataProto:
     run.hooks.before_advantage(run, batch, log)
     batch = _advantage(run, batch, log)
     _updates(run, batch, log)
-    if run.drift is not None:  # rollout vs trainer log-probs of this step (trainer/drift.py): flag, name, stop
-        run.drift.check(run, batch, log)
     return batch
 
 
