@@ -29,6 +29,7 @@ from hybridflow.trainer.controller_checkpoint import load_run, save_run
 from hybridflow.trainer.drift import DriftMonitor
 from hybridflow.trainer.hooks import Hooks, hooks_for
 from hybridflow.trainer.modes import BatchSource, mode_for
+from hybridflow.trainer.resume_guard import check_finished, check_restored
 from hybridflow.trainer.stages import WorkerGroups
 from hybridflow.trainer.step_failures import StepFailedError
 from hybridflow.trainer.step_log import StepLog
@@ -131,12 +132,14 @@ class RLController:
         resumed = load_run(self)
         finished = False  # the report is written for a run that ended or stopped on a failed step, not a crash
         try:
+            start = check_restored(self, resumed)  # resumed to step 0 with checkpoints there: an error
             self.mode.start(self, resumed)
             validate_only = self.validator is not None and tcfg.val_before_train and tcfg.val_only
             if self.validator is not None and tcfg.val_before_train:
                 self.validate()
             if not validate_only:
-                self._loop(self._prompt_stream(), should_stop)
+                ran_out, stopped = self._loop(self._prompt_stream(), should_stop)
+                check_finished(self, start, ran_out, stopped)  # no data left early / a resume that trained nothing
             finished = True
         except StepFailedError as e:
             self._error, finished = str(e), True
@@ -148,7 +151,8 @@ class RLController:
                 self._finish()
         return self.history
 
-    def _loop(self, prompts: Iterator[dict[str, Any]], should_stop: Callable[[], bool] | None) -> None:
+    def _loop(self, prompts: Iterator[dict[str, Any]], should_stop: Callable[[], bool] | None) -> tuple[bool, bool]:
+        """Step until the run's length; returns ``(the data ran out, should_stop ended it)``."""
         while self.global_steps < self.total_training_steps:
             try:
                 metrics = self.mode.step(self, prompts)
@@ -156,12 +160,14 @@ class RLController:
                 self._stopped(e)
                 raise
             if metrics is None:
-                return  # data exhausted (total_epochs reached)
+                return True, False  # data exhausted (total_epochs reached)
             self.global_steps += 1
-            last = self.global_steps >= self.total_training_steps or (should_stop is not None and should_stop())
+            stop = should_stop is not None and should_stop()
+            last = self.global_steps >= self.total_training_steps or stop
             self._after_step(metrics, last)
             if last:
-                return
+                return False, stop
+        return False, False
 
     def _after_step(self, metrics: dict[str, float], last: bool) -> None:
         """Validation and checkpoint if due (``timing_s/testing``, ``timing_s/save_checkpoint``), then the log."""

@@ -80,7 +80,9 @@ def fresh_rows(batch: DataProto) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- template
 def _rollout_prompt(batch: DataProto, i: int) -> list[int]:
-    prompts = batch.batch["prompts"][i]
+    """Row ``i``'s prompt ids as the rollout generated from them (left padding dropped)."""
+    width = batch.batch["input_ids"].shape[1] - batch.batch["responses"].shape[1]
+    prompts = batch.batch["prompts"][i] if "prompts" in batch.batch else batch.batch["input_ids"][i, :width]
     mask = batch.batch["attention_mask"][i, : prompts.shape[0]].bool()
     return prompts[mask].tolist()
 
@@ -90,7 +92,7 @@ def template_mismatch(run: Run, batch: DataProto) -> float:
     rows carry no rendering to compare with or the agent renders its own prompts (tool schemas shown)."""
     rows = batch.non_tensor_batch
     data = run.config.data
-    if ("raw_prompt_ids" not in rows or "prompts" not in batch.batch or data.tool_config_path
+    if ("raw_prompt_ids" not in rows or "responses" not in batch.batch or data.tool_config_path
             or getattr(data, "function_tool_path", None)):
         return 0.0
     default = run.config.actor_rollout_ref.rollout.agent.default_agent_loop
