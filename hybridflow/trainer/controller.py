@@ -193,6 +193,8 @@ class RLController:
             for batch_dict in self.train_dataloader:
                 produced = True
                 self.epoch = self._loader_epoch()
+                if self.epoch >= self.config.trainer.total_epochs:  # a loader resumed at an epoch's end rolled over
+                    return  # into one more epoch than the run has: the uninterrupted run would have stopped
                 yield batch_dict
             if not produced:
                 return
