@@ -126,6 +126,12 @@ class RolloutEngine(ABC):
     def reseed(self, seed: int) -> None:
         """Restart the sampling random stream (same seed + same requests => same samples)."""
 
+    def weight_tensors(self, names: Sequence[str]) -> dict[str, torch.Tensor] | None:
+        """The engine's own tensors of ``names`` (full, as it holds them), for the weight digest that checks it
+        holds the trainer's weights (:mod:`hybridflow.rollout.weights.digest`); ``None``: this engine cannot show
+        them (its weights live in another process), and the check says so instead of passing."""
+        return None
+
     def progress(self) -> tuple[int, str]:
         """``(counter, doing)`` for the server's stall watchdog, read from another thread (must not block):
         ``counter`` grows with every forward / engine step, ``doing`` says what the engine does now

@@ -131,10 +131,40 @@ def _another_chat_template():
 
 
 # ---------------------------------------------------------------------------------------------- tests
-def test_a_skipped_weight_sync_is_named_at_the_next_step(nano_model_dir, addition_data, tmp_path):
-    error = _named(tmp_path, "skip", nano_model_dir, addition_data, STANDALONE, [_skip_weight_sync()])
+def test_a_skipped_weight_sync_is_caught_by_the_weight_digest_before_generating(nano_model_dir, addition_data,
+                                                                                 tmp_path):
+    from hybridflow.rollout.service.replica import ReplicaError
+
+    with _skip_weight_sync(), pytest.raises(ReplicaError) as info:
+        _train(tmp_path, "skip_digest", nano_model_dir, addition_data, STANDALONE)
+    text = str(info.value)
+    assert "rollout replica 'rollout/replica0' does not hold the trainer's weights at wake_up" in text, text
+
+
+def test_a_skipped_weight_sync_is_named_by_the_drift_detector_at_the_next_step(nano_model_dir, addition_data,
+                                                                               tmp_path):
+    # the digests off: the drift detector is the second line and names the weights within one step
+    error = _named(tmp_path, "skip", nano_model_dir, addition_data, [*STANDALONE, "trainer.drift.check_weights=false"],
+                   [_skip_weight_sync()])
     assert "step 2:" in str(error) and "weights:" in str(error), str(error)
     assert error.metrics["drift/cause/weights"] == 1.0 and error.metrics["drift/tripped"] == 2.0
+
+
+def test_weights_lost_across_sleep_and_wake_are_caught_at_the_wake(nano_model_dir, addition_data, tmp_path):
+    from hybridflow.rollout.hf.engine import HFRolloutEngine
+    from hybridflow.rollout.service.replica import ReplicaError
+
+    wake = HFRolloutEngine.wake_up
+
+    def wake_with_lost_weights(self):  # what an engine that discards its weights while asleep and skips the reload does
+        wake(self)
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.mul_(0.5)
+
+    with _patched(HFRolloutEngine, "wake_up", wake_with_lost_weights), pytest.raises(ReplicaError) as info:
+        _train(tmp_path, "wake", nano_model_dir, addition_data, STANDALONE)
+    assert "does not hold the trainer's weights at wake_up" in str(info.value)
 
 
 def test_temperature_applied_to_the_rollout_log_probs_is_named_at_step_1(nano_model_dir, addition_data, tmp_path):
