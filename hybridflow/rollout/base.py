@@ -65,13 +65,15 @@ class TokenOutput:
     ``finish_reason`` is ``"stop"`` (a stop/EOS token was emitted; it is the last entry of
     ``token_ids``), ``"length"`` (``max_tokens`` reached), as in vLLM/OpenAI, or ``"abort"`` (the request
     was interrupted by :meth:`RolloutEngine.abort_all`; ``token_ids`` holds what was generated so far).  ``log_probs`` holds one
-    value per token when the request asked for them, else ``None``.
+    value per token when the request asked for them, else ``None``.  ``weight_segments``: set when a request was
+    continued after a weight sync (partial rollout) -- how many of its tokens each weight version generated.
     """
 
     request_id: str
     token_ids: list[int]
     log_probs: list[float] | None
     finish_reason: str
+    weight_segments: list[int] | None = None  # a partial rollout: tokens per weight version, in order
 
 
 class RolloutEngine(ABC):

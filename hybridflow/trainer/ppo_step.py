@@ -30,6 +30,7 @@ from hybridflow.tracking.metrics import (
     compute_timing_metrics,
 )
 from hybridflow.trainer import stages
+from hybridflow.trainer.asynchronous.staleness import tag_versions
 from hybridflow.trainer.balance import balance_batch
 from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator, zero_variance_fraction
 from hybridflow.trainer.rollout_correction_stage import apply_rollout_correction, correction_enabled
@@ -41,6 +42,7 @@ from hybridflow.trainer.step_failures import (
     trajectory_failures,
 )
 from hybridflow.trainer.step_log import StepLog
+from hybridflow.trainer.weight_sync import PushAfterUpdate
 
 if TYPE_CHECKING:
     from hybridflow.trainer.run_view import Run
@@ -88,6 +90,10 @@ def generate_and_score(run: Run, prompts: DataProto, log: StepLog, step: int | N
     log.update(gen_metrics)
     log.timing.update(batch.meta_info.pop("gen_timing", {}))  # verl's agent_loop/* timings
     check_generation(run, batch, gen_metrics, log)
+    version = getattr(run.weights, "version", None)
+    if isinstance(run.weights, PushAfterUpdate) and version is not None:  # synchronous: every token of this version
+        tag_versions(batch, version, version)
+        log.metrics["weights/version"] = float(version)
     if plan.remax_baseline:
         with log.timed("gen_max"):
             baselines = stages.generate_remax_baseline(run.groups, baseline_prompts, run.reward_fn)

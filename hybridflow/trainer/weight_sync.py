@@ -41,13 +41,19 @@ def first_sync(run: Run, resumed: bool) -> None:
 
 
 class PushAfterUpdate:
-    """After every actor update (synchronous modes)."""
+    """After every actor update (synchronous modes); ``version``: the actor updates the rollout holds."""
+
+    def __init__(self):
+        self.version = 0
 
     def start(self, run: Run, resumed: bool) -> None:
+        # a resumed run: one update per step after the critic warm-up
+        self.version = max(0, int(run.global_steps) - int(run.plan.critic_warmup))
         first_sync(run, resumed)
 
     def after_update(self, run: Run, log: StepLog) -> None:
         push(run, log)
+        self.version += 1
 
 
 class PushBeforeGeneration:

@@ -168,3 +168,35 @@ def test_prompts_that_are_not_the_trainers_rendering_name_the_template(tmp_path)
     steps = [m for m in healthy.fit().metrics if "training/global_step" in m]
     assert all(m["drift/template_mismatch_fraction"] == 0.0 for m in steps)
     assert P == 3  # (the fake prompts are P ids each, all attended)
+
+
+# ---------------------------------------------------------------------------------------------- weight versions
+def test_every_token_carries_the_weight_version_that_generated_it():
+    from hybridflow.trainer.asynchronous.staleness import tag_versions
+
+    batch = DataProto.from_dict({"response_mask": torch.ones(3, 5, dtype=torch.long),
+                                 "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 1, 1]] * 2 + [[1, 1, 1, 1, 1, 0, 0]])})
+    batch.non_tensor_batch["weight_segments"] = np.array([None, [2, 3], None], dtype=object)
+    tag_versions(batch, [4, 4, 5], [4, 5, 5])
+    assert batch.batch["token_versions"].tolist() == [[4, 4, 4, 4, 4],   # one version
+                                                      [4, 4, 5, 5, 5],   # a partial rollout across a sync
+                                                      [5, 5, 5, -1, -1]]  # padding: -1
+
+
+def test_the_synchronous_mode_tags_every_sample_with_the_version_that_generated_it(tmp_path):
+    run, rec = build(tmp_path)
+    steps = [m for m in run.fit().metrics if "training/global_step" in m]
+    assert [m["weights/version"] for m in steps] == [0.0, 1.0]  # step 2 generated after the first update
+    trained = rec.seen["update_actor"]
+    assert trained.batch["token_versions"].unique().tolist() == [1]
+    assert list(trained.non_tensor_batch["param_version_start"]) == [1] * 4
+
+
+def test_staleness_beyond_the_bound_is_an_error_not_a_count():
+    from hybridflow.trainer.asynchronous.staleness import StalenessError, staleness_metrics, tag_versions
+
+    batch = DataProto.from_dict({"response_mask": torch.ones(2, 2, dtype=torch.long)})
+    tag_versions(batch, [3, 1], [3, 1])
+    assert staleness_metrics(batch, 3, bound=2)["training/staleness/max"] == 2.0
+    with pytest.raises(StalenessError, match="staleness 2 is beyond this mode's bound of 1"):
+        staleness_metrics(batch, 3, bound=1)
