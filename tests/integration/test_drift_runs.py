@@ -194,9 +194,13 @@ def test_another_chat_template_in_the_rollout_is_named_at_step_1(nano_model_dir,
 
 def test_action_warn_flags_and_names_but_trains_on(nano_model_dir, addition_data, tmp_path):
     with _sampler_patch(_twice_the_temperature):
-        history = _train(tmp_path, "warn", nano_model_dir, addition_data, ["trainer.drift.action=warn"], steps=2)
+        history = _train(tmp_path, "warn", nano_model_dir, addition_data, ["trainer.drift.action=warn",
+                                                                           "trainer.report=true"], steps=2)
     steps = _steps(history)
     assert len(steps) == 2 and all(m["drift/tripped"] == 2.0 and m["drift/cause/sampling"] == 1.0 for m in steps)
+    report = (tmp_path / "warn" / "report.html").read_text(encoding="utf-8")  # the drift panel names the cause
+    assert "2 step(s) flagged" in report and "<td>1</td><td>stop</td>" in report and "<td>sampling</td>" in report
+    assert "alt='Weight versions'" in report
 
 
 HEALTHY = {
