@@ -19,7 +19,8 @@ from typing import Any, Callable, Mapping, Sequence
 __all__ = ["TRUST_PANELS", "trust_html"]
 
 TRUST_PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("Drift: rollout vs trainer", "mean |p_rollout - p_trainer|", ("drift/gap", "drift/warn_level", "drift/stop_level")),
+    ("Drift: rollout vs trainer", "mean |p_rollout - p_trainer|",
+     ("drift/gap", "drift/warn_level", "drift/stop_level")),
     ("Weight versions", "version / versions behind",
      ("weights/version", "fully_async/count/current_param_version", "training/staleness/max",
       "training/staleness/mean")),
@@ -79,5 +80,6 @@ def trust_html(history: Sequence[Mapping[str, Any]], plot: PlotFn, keys_of: Call
         parts.append(f"<h3>{html.escape(title)}</h3>" + summary(history))
         keys = keys_of(history, patterns)
         if keys:
-            parts.append(f"<img alt='{html.escape(title)}' src='data:image/png;base64,{plot(title, ylabel, history, keys)}'>")
+            png = plot(title, ylabel, history, keys)
+            parts.append(f"<img alt='{html.escape(title)}' src='data:image/png;base64,{png}'>")
     return "".join(parts)

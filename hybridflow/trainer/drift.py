@@ -123,10 +123,13 @@ class DriftMonitor:
     def describe(self, run: Run, gap: float | None, diagnosis: Diagnosis, over_stop: bool) -> str:
         level = "stop" if over_stop else "warn"
         value = self.levels.stop if over_stop else self.levels.warn
-        head = (f"step {run.global_steps + 1}: the rollout's log-probs drifted from the trainer's "
-                f"(mean |p_rollout - p_trainer| = {gap:.3g} over the step's tokens, above trainer.drift.{level}="
-                f"{value:.3g} for {self.levels.regime})" if gap is not None else
-                f"step {run.global_steps + 1}: the rollout's prompts are not the trainer's rendering")
+        step = run.global_steps + 1
+        if gap is not None and gap > self.levels.warn:
+            head = (f"step {step}: the rollout's log-probs drifted from the trainer's (mean |p_rollout - p_trainer| "
+                    f"= {gap:.3g} over the step's tokens, above trainer.drift.{level}={value:.3g} for "
+                    f"{self.levels.regime})")
+        else:  # the prompt ids alone: the trainer scores the rollout's ids, so no log-prob gap shows it
+            head = f"step {step}: the rollout's prompts are not the trainer's rendering of the same rows"
         lines = [head, "likely cause: " + (diagnosis.summary() if diagnosis.causes else
                                            "none of the checked causes (" + ", ".join(CAUSES) + ") matched")]
         lines += [f"  - {line}" for line in diagnosis.evidence]

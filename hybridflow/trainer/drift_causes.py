@@ -174,8 +174,9 @@ def _check_renormalised(run: Run, sub: DataProto, now: torch.Tensor, diag: Diagn
     if above < _ONE_SIDED:
         return False
     rc = run.config.actor_rollout_ref.rollout
-    diag.add("sampling", f"the rollout's log-probs are above the trainer's on {above:.0%} of the {int(differing.sum())} "
-                         "tokens that differ (never below): log-probs renormalised over a truncated distribution "
+    diag.add("sampling", f"the rollout's log-probs are above the trainer's on {above:.0%} of the "
+                         f"{int(differing.sum())} tokens that differ (never below): log-probs renormalised over a "
+                         "truncated distribution "
                          f"(top_k={rc.top_k}, top_p={rc.top_p} in the run's sampling settings)")
     return True
 
@@ -184,7 +185,8 @@ def _check_reference(run: Run, sub: DataProto, gap_now: float, diag: Diagnosis) 
     """LoRA: the base model (reference) explains the rollout; otherwise the initial weights do (never synced)."""
     if not run.plan.use_ref or run.groups.ref is None:
         return False
-    gap_ref = rows_gap(sub, trainer_log_probs(run, sub, float(run.config.actor_rollout_ref.rollout.temperature), reference=True))
+    temperature = float(run.config.actor_rollout_ref.rollout.temperature)
+    gap_ref = rows_gap(sub, trainer_log_probs(run, sub, temperature, reference=True))
     if gap_ref >= _TENFOLD * gap_now:
         return False
     if int(run.config.actor_rollout_ref.model.lora_rank or 0) > 0:

@@ -45,6 +45,7 @@ def _named(tmp_path, name, model, data, extra, patches, steps=3) -> DriftError:
             stack.enter_context(patch)
         with pytest.raises(DriftError) as info:
             _train(tmp_path, name, model, data, extra, steps=steps)
+    print(f"\ninjected fault {name}: {str(info.value).splitlines()[0]}")
     return info.value
 
 
