@@ -214,6 +214,11 @@ HEALTHY = {
                     f"{A}.rollout.free_cache_engine=false", "async_training.require_batches=1",
                     "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
                     f"{A}.actor.ppo_mini_batch_size=8"],
+    "fully_async, sync every 2 steps, partial": [
+        *STANDALONE, "async_training.mode=fully_async", f"{A}.rollout.calculate_log_probs=true",
+        f"{A}.rollout.free_cache_engine=false", "async_training.require_batches=1", "async_training.partial_rollout=true",
+        "async_training.staleness_threshold=0.5", "async_training.trigger_parameter_sync_step=2",
+        f"{A}.actor.ppo_mini_batch_size=8"],
     "v1 sync": ["trainer.use_v1=true"],
     "v1 colocate_async": ["trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async"],
 }
