@@ -266,6 +266,25 @@ class ActorRolloutRefWorker(Worker):
         return {"seconds": seconds, **host.last_sync}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_weight_fact(self) -> dict[str, Any]:
+        """The last weight-digest check of this rank's engine (``RolloutHost.weight_fact``)."""
+        return dict(self._rollout_host().weight_fact)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def actor_weights_digest(self, names: list[str] | None = None) -> dict[str, Any]:
+        """``{"names", "digest"}`` of the actor's current weights (:mod:`hybridflow.rollout.weights.digest`; the
+        sampled tensors of a sharded actor are gathered: every rank takes part, each returns the same)."""
+        from hybridflow.engine.reshard import distinct_state_items
+        from hybridflow.rollout.weights.digest import digest_names, weights_digest
+
+        if self.actor_engine is None:
+            raise RuntimeError(f"actor_weights_digest needs a role with 'actor' (this worker is {self.role!r})")
+        state = dict(distinct_state_items(self.actor_engine.module))
+        names = list(names) if names is not None else digest_names(
+            k for k, v in state.items() if torch.is_floating_point(v))
+        return {"names": names, "digest": weights_digest(state, names)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def abort_rollout(self) -> None:
         """Interrupt this rank's in-flight requests (they return with finish_reason 'abort')."""
         self._rollout_host().abort()

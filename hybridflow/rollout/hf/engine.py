@@ -343,6 +343,12 @@ class HFRolloutEngine(RolloutEngine):
                 copied += 1
         return copied
 
+    def weight_tensors(self, names: Sequence[str]) -> dict[str, torch.Tensor] | None:
+        """The module's tensors of ``names`` (``None`` when it has not all of them: e.g. merged LoRA weights)."""
+        own = dict(self.model.named_parameters())
+        own.update(self.model.named_buffers())
+        return {n: own[n] for n in names} if all(n in own for n in names) else None
+
     def sleep(self) -> None:
         """Before training: free the KV cache when ``free_cache_engine`` (weights stay: they are the
         actor's), and forget parked prefixes either way; generating raises until :meth:`wake_up`."""

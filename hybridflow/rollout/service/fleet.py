@@ -90,6 +90,11 @@ class HybridFleet(RolloutFleet):
     def abort_all(self) -> None:
         self.group.abort_rollout()
 
+    def weight_facts(self) -> list[dict]:
+        """Each rank's last weight-digest check (``RolloutHost.weight_fact``: the hosts check after every sync and
+        wake-up and raise on a mismatch themselves)."""
+        return list(self.group.rollout_weight_fact())
+
     def interrupt(self) -> int:
         """Cut every in-flight request short for an update; they continue after :meth:`resume` (V1 colocate)."""
         return int(sum(n or 0 for n in self.group.interrupt_rollout()))
