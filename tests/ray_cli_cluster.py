@@ -82,6 +82,20 @@ class RayCliCluster:
         self.address = f"127.0.0.1:{self.gcs_port}"
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
+        self.node_ports: dict[str, dict[str, int]] = {}  # per node: `ray start` option -> the port it was given
+        self.worker_ports: dict[str, range] = {}  # per node: its workers' port block (--min/max-worker-port)
+
+    # ------------------------------------------------------------------ where each node runs (hooks)
+    def node_ip(self, name: str) -> str:
+        """The address node ``name`` advertises (``--node-ip-address``)."""
+        return "127.0.0.1"
+
+    def node_cpus(self, name: str) -> int:
+        return self.num_cpus
+
+    def wrap(self, name: str, argv: list[str]) -> list[str]:
+        """The command line that runs ``argv`` where node ``name`` lives (here: as it is)."""
+        return argv
 
     # ------------------------------------------------------------------ environment
     def env(self, token: bool = True) -> dict[str, str]:
@@ -96,13 +110,13 @@ class RayCliCluster:
             env.pop("RAY_gcs_server_port_wait_time_s", None)
         return env
 
-    def _node_ports(self, block: range) -> list[str]:
-        p = self.ports.port
-        return [
-            f"--node-manager-port={p()}", f"--object-manager-port={p()}", f"--dashboard-agent-listen-port={p()}",
-            f"--dashboard-agent-grpc-port={p()}", f"--metrics-export-port={p()}", f"--runtime-env-agent-port={p()}",
-            f"--min-worker-port={block.start}", f"--max-worker-port={block.stop - 1}",
-        ]
+    def _node_ports(self, name: str, block: range, extra: dict[str, int]) -> list[str]:
+        options = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+                   "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port")
+        ports = {**{option: self.ports.port() for option in options}, **extra}
+        self.node_ports[name], self.worker_ports[name] = ports, block
+        return [*(f"--{option}={port}" for option, port in ports.items()),
+                f"--min-worker-port={block.start}", f"--max-worker-port={block.stop - 1}"]
 
     # ------------------------------------------------------------------ start / stop
     def generate_token(self) -> None:
@@ -118,32 +132,34 @@ class RayCliCluster:
         shutil.copy(generated, self.token_path)
         self.token_path.chmod(0o600)
 
-    def _start(self, name: str, args: list[str], block: range) -> None:
+    def _start(self, name: str, args: list[str], block: range, ports: dict[str, int] | None = None) -> None:
         log = self.root / f"{name}.log"
         self.logs[name] = log
         with open(log, "w") as f:
             self.procs[name] = subprocess.Popen(
-                [RAY, "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={self.num_cpus}",
-                 "--num-gpus=0", f"--resources={json.dumps({f'hf_{name}': 1})}", "--disable-usage-stats",
-                 *self._node_ports(block), *args],
+                self.wrap(name, [RAY, "start", "--block", f"--node-ip-address={self.node_ip(name)}",
+                                 f"--num-cpus={self.node_cpus(name)}", "--num-gpus=0",
+                                 f"--resources={json.dumps({f'hf_{name}': 1})}", "--disable-usage-stats",
+                                 *self._node_ports(name, block, ports or {}), *args]),
                 env=self.env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
     def start(self) -> None:
         self.generate_token()
         # --include-dashboard=false still starts a minimal dashboard process: on a port of its own, not 8265
-        self._start("head", ["--head", f"--port={self.gcs_port}", "--include-dashboard=false",
-                             f"--dashboard-port={self.ports.port()}", f"--ray-client-server-port={self.ports.port()}",
-                             f"--temp-dir={self.root / 'ray'}"], self.blocks[0])
+        self._start("head", ["--head", "--include-dashboard=false", f"--temp-dir={self.root / 'ray'}"], self.blocks[0],
+                    {"port": self.gcs_port, "dashboard-port": self.ports.port(),
+                     "ray-client-server-port": self.ports.port()})
         self._wait(lambda nodes: len(nodes) >= 1, "the head node")
         self._start("worker", [f"--address={self.address}"], self.blocks[1])
         self._wait(lambda nodes: len(nodes) == 2, "the worker node")
 
-    def _wait(self, ready, what: str) -> None:
+    def _wait(self, ready, what: str, lost: tuple[str, ...] = ()) -> None:
+        """Until ``ready(alive nodes)``; a node's ``ray start`` exiting meanwhile fails (except nodes in ``lost``)."""
         deadline = time.monotonic() + self.start_timeout_s
         last = ""
         while time.monotonic() < deadline:
             for name, proc in self.procs.items():
-                if proc.poll() is not None:
+                if proc.poll() is not None and name not in lost:
                     raise RuntimeError(f"ray start ({name}) exited with {proc.returncode}:\n{self.log_tail(name)}")
             try:
                 info = self.probe()
@@ -157,8 +173,8 @@ class RayCliCluster:
 
     def probe(self, token: bool = True, timeout_s: float = 60.0) -> dict:
         """Connect a short-lived driver and return the cluster's nodes and the driver's node (raises on failure)."""
-        out = subprocess.run([sys.executable, "-c", PROBE, self.address], env=self.env(token), capture_output=True,
-                             text=True, timeout=timeout_s)
+        out = subprocess.run(self.wrap("head", [sys.executable, "-c", PROBE, self.address]), env=self.env(token),
+                             capture_output=True, text=True, timeout=timeout_s)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("PROBE ")]
         if out.returncode != 0 or not lines:
             raise RuntimeError(f"probe failed ({out.returncode}): {(out.stderr or out.stdout)[-3000:]}")
@@ -184,8 +200,9 @@ class RayCliCluster:
         return pids
 
     def stop(self, timeout_s: float = 60.0) -> list[int]:
-        """Stop both nodes; returns the pids that had to be killed after the graceful stop (ideally none)."""
-        for name in ("worker", "head"):
+        """Stop every node (the head last); returns the pids that had to be killed after the graceful stop (ideally
+        none)."""
+        for name in reversed(list(self.procs)):
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

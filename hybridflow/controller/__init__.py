@@ -19,6 +19,7 @@ from hybridflow.controller.decorator import (
 )
 from hybridflow.controller.errors import (
     ControllerError,
+    NodeLostError,
     RayInitError,
     ResourceUnavailableError,
     WorkerDiedError,
@@ -56,6 +57,7 @@ __all__ = [
     "Execute",
     "LocalResourcePool",
     "LocalWorkerGroup",
+    "NodeLostError",
     "RayClassWithInitArgs",
     "RayInitError",
     "RayResourcePool",

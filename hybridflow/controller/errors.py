@@ -6,7 +6,8 @@ terminal, as exactly that -- instead of a bare ``RayTaskError`` or a silent hang
 
 from __future__ import annotations
 
-__all__ = ["ControllerError", "WorkerError", "WorkerDiedError", "ResourceUnavailableError", "RayInitError"]
+__all__ = ["ControllerError", "WorkerError", "WorkerDiedError", "NodeLostError", "ResourceUnavailableError",
+           "RayInitError"]
 
 
 class ControllerError(RuntimeError):
@@ -56,6 +57,33 @@ class WorkerDiedError(ControllerError):
 
     def __reduce__(self):
         return (type(self), (self.role, self.worker_class, self.method, self.rank, self.detail))
+
+
+class NodeLostError(WorkerDiedError):
+    """A worker died because its whole node is gone (every Ray process of that host), not by itself: names the node
+    (id and IP) and why it counts as lost (``hybridflow/controller/node_loss.py``)."""
+
+    def __init__(self, role: str, worker_class: str, method: str, rank: int, detail: str, node_id: str,
+                 node_ip: str, how: str):
+        self.role = role
+        self.worker_class = worker_class
+        self.method = method
+        self.rank = rank
+        self.detail = detail
+        self.node_id = node_id
+        self.node_ip = node_ip
+        self.how = how
+        ControllerError.__init__(
+            self,
+            f"Lost Ray node {node_id} ({node_ip}): {how}. Rank {rank} of worker group '{role}' ({worker_class}) ran "
+            f"there and died while running '{method}', with every other process of that node. The run cannot go "
+            f"on without the node: resume from the last checkpoint on the nodes that remain.\n"
+            f"Cause reported by Ray: {detail.strip()}"
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.role, self.worker_class, self.method, self.rank, self.detail, self.node_id,
+                             self.node_ip, self.how))
 
 
 class ResourceUnavailableError(ControllerError):

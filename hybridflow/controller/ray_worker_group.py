@@ -18,7 +18,8 @@ import sys
 from typing import Any, Iterable
 
 from hybridflow.controller.decorator import DispatchPlan
-from hybridflow.controller.errors import ControllerError, WorkerDiedError, WorkerError
+from hybridflow.controller.errors import ControllerError, NodeLostError, WorkerDiedError, WorkerError
+from hybridflow.controller.node_loss import lost_node_of
 from hybridflow.controller.ray_resources import RayResourcePool
 from hybridflow.controller.worker import ENV_DEVICE, ENV_NUM_THREADS, ENV_ROLE
 from hybridflow.controller.worker_group import CallInfo, ClassWithInitArgs, WorkerGroup
@@ -69,13 +70,21 @@ def _to_error(exc: BaseException, info: CallInfo, rank: int) -> Exception:
     if isinstance(exc, rex.RayActorError):
         if exc.actor_init_failed:  # the constructor raised: a code error, not a crash
             return WorkerError(info.role, info.worker_class, "__init__", rank, _traceback_of(exc))
-        return WorkerDiedError(info.role, info.worker_class, info.method, rank, _traceback_of(exc))
+        return _died(info, rank, _traceback_of(exc), exc.actor_id)
     if isinstance(exc, rex.RayTaskError):
         return WorkerError(info.role, info.worker_class, info.method, rank, _traceback_of(exc),
                            remote_cause=getattr(exc, "cause", None))
     if isinstance(exc, rex.RayError):
-        return WorkerDiedError(info.role, info.worker_class, info.method, rank, f"{type(exc).__name__}: {exc}")
+        return _died(info, rank, f"{type(exc).__name__}: {exc}", None)
     return WorkerError(info.role, info.worker_class, info.method, rank, f"{type(exc).__name__}: {exc}")
+
+
+def _died(info: CallInfo, rank: int, detail: str, actor_id: str | None) -> WorkerDiedError:
+    """A dead worker; a :class:`NodeLostError` naming the node when the worker's whole node is gone with it."""
+    lost = lost_node_of(actor_id)
+    if lost is None:
+        return WorkerDiedError(info.role, info.worker_class, info.method, rank, detail)
+    return NodeLostError(info.role, info.worker_class, info.method, rank, detail, lost.node_id, lost.ip, lost.how)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

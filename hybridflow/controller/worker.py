@@ -18,7 +18,7 @@ from datetime import timedelta
 import torch
 
 from hybridflow.utils.quiet import quiet_libraries
-from hybridflow.utils.rendezvous_bind import free_port, pin_gloo_to_loopback, rendezvous_host, tcp_store
+from hybridflow.utils.rendezvous_bind import free_port, pin_gloo_interface, rendezvous_host, tcp_store
 
 __all__ = ["Worker", "ENV_DEVICE", "ENV_NUM_THREADS", "ENV_ROLE", "find_free_port", "node_ip_address"]
 
@@ -153,7 +153,7 @@ class Worker:
         else:
             backend = "gloo"
         addr, port = self._get_master_addr_port()
-        pin_gloo_to_loopback(addr)
+        pin_gloo_interface(addr)
         timeout = timedelta(seconds=timeout_s)
         # rank 0's store listens on the rendezvous address only (torch's own would listen on every interface)
         store = tcp_store(addr, int(port), self._world_size, self._rank == 0, timeout)

@@ -67,6 +67,7 @@ def _describe_dry_run(cfg) -> int:
 
 def _train_with_exit_code(cfg) -> int:
     """The run; a failure becomes one line naming its cause and the exit code of its kind."""
+    from hybridflow.controller.errors import WorkerDiedError
     from hybridflow.launch.command_line import EXIT_CONFIG_ERROR, user_error_types
     from hybridflow.trainer.signals import GracefulInterrupt
     from hybridflow.trainer.step_failures import StepFailedError
@@ -89,6 +90,12 @@ def _train_with_exit_code(cfg) -> int:
             "failures are expected")
         print(f"hybridflow: {e}\nhybridflow: {hint}", file=sys.stderr)
         return EXIT_TRAINING_FAILED
+    except WorkerDiedError as e:  # a worker process, or a whole node (NodeLostError), is gone: which, how to go on
+        print(f"hybridflow: {e}\nhybridflow: the run stopped; its last checkpoint (if any) under "
+              f"{cfg.trainer.default_local_dir} is intact: run the same command again to resume from it "
+              "(trainer.resume_mode=auto); with a node lost, set trainer.nnodes / trainer.n_gpus_per_node to what "
+              "the cluster has left (a checkpoint loads on another number of ranks)", file=sys.stderr)
+        return EXIT_WORKER_LOST
     return interrupt.exit_code
 
 
@@ -96,6 +103,9 @@ EXIT_TRAINING_FAILED = 1
 
 
 EXIT_ROLLOUT_FAILED = 3
+
+
+EXIT_WORKER_LOST = 4  # a worker process died, or its node was lost (hybridflow.controller.errors.WorkerDiedError)
 
 
 def rollout_failure_types() -> tuple[type[BaseException], ...]:

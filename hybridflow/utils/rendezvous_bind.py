@@ -70,13 +70,32 @@ def tcp_store(host: str, port: int, world_size: int, is_master: bool, timeout: d
     return store
 
 
-def pin_gloo_to_loopback(host: str) -> None:
-    """Gloo's pair sockets listen where the hostname resolves; on one machine, make that the loopback."""
-    if is_loopback(host) and not os.environ.get("GLOO_SOCKET_IFNAME"):
-        names = {name for _, name in socket.if_nameindex()}
-        if "lo" in names:
-            os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+def interface_of(ip: str) -> str | None:
+    """The name of this machine's network interface that carries address ``ip`` (None when none does)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == ip for a in addrs):
+            return name
+    return None
 
 
-__all__ = ["ENV_HOST", "LOOPBACK", "free_port", "is_loopback", "pin_gloo_to_loopback", "rendezvous_host",
-           "tcp_store"]
+def pin_gloo_interface(master_host: str) -> None:
+    """Make gloo's pair sockets listen where the other ranks can reach them, and only there.
+
+    Without ``GLOO_SOCKET_IFNAME`` gloo listens on the address the machine's hostname resolves to: on many machines
+    that is a loopback address (``/etc/hosts``), which ranks on other nodes cannot reach (the rendezvous then
+    fails with "Connection refused, remote=[127.0.0.1]"), and on others an address of every network the machine
+    is on.  On one machine (a loopback rendezvous) gloo is pinned to the loopback interface; in a multi-node
+    cluster to the interface that carries this node's own rendezvous address (:func:`rendezvous_host`).  A
+    ``GLOO_SOCKET_IFNAME`` set by the user wins."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    own = LOOPBACK if is_loopback(master_host) else rendezvous_host()
+    name = interface_of(own) or ("lo" if is_loopback(own) and "lo" in {n for _, n in socket.if_nameindex()} else None)
+    if name:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+
+
+__all__ = ["ENV_HOST", "LOOPBACK", "free_port", "interface_of", "is_loopback", "pin_gloo_interface",
+           "rendezvous_host", "tcp_store"]

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from hybridflow.controller import Dispatch, Worker, WorkerDiedError, WorkerError, register
+from hybridflow.controller import Dispatch, NodeLostError, Worker, WorkerDiedError, WorkerError, register
 from hybridflow.protocol import DataProto
 
 ray = pytest.importorskip("ray")
@@ -89,6 +89,7 @@ def test_errors_deaths_and_kills_are_reported_within_seconds(ray_session):
             wg.exit_on(1, others_wait_s=3600.0)
         assert (ei.value.role, ei.value.worker_class, ei.value.method, ei.value.rank) == ("critic", "FaultWorker", "exit_on", 1)
         assert "rank 1" in str(ei.value) and "'critic'" in str(ei.value)
+        assert not isinstance(ei.value, NodeLostError)  # its node's raylet still answers: the worker died alone
 
         # 3. rank 0 is killed from outside (OOM killer, ray.kill): the next call fails fast, naming rank 0
         ray.kill(wg.workers[0], no_restart=True)

@@ -64,3 +64,16 @@ def test_a_workers_process_group_and_weight_sync_listen_on_the_loopback_only():
     assert report["listening"], report
     exposed = [s for s in report["listening"] if not s[0].startswith("127.") and s[0] != "::1"]
     assert exposed == [], f"listening beyond the loopback: {exposed} (all: {report['listening']})"
+
+
+def test_gloo_is_pinned_to_the_interface_that_carries_the_rendezvous_address(monkeypatch):
+    from hybridflow.utils.rendezvous_bind import interface_of, pin_gloo_interface
+
+    assert interface_of("127.0.0.1") == "lo" and interface_of("203.0.113.77") is None
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("HYBRIDFLOW_RENDEZVOUS_HOST", raising=False)
+    pin_gloo_interface(LOOPBACK)
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # the user's choice wins
+    pin_gloo_interface(LOOPBACK)
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"

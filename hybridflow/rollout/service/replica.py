@@ -23,6 +23,7 @@ import sys
 from abc import ABC, abstractmethod
 from typing import Any
 
+from hybridflow.controller.node_loss import lost_node_note
 from hybridflow.rollout.base import EngineError, TokenOutput
 from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.rollout.service.server import GenerateRequest, RolloutServer
@@ -168,7 +169,10 @@ class RayActorReplica(_TickBatching):
                     else:
                         target.set_result(output)
         except Exception as exc:  # noqa: BLE001 - the replica or the transport failed: every waiter learns it
-            error = ReplicaError(f"rollout replica '{self.name}' failed: {type(exc).__name__}: {exc}")
+            cause = f"{type(exc).__name__}: {exc}"
+            lost = await asyncio.to_thread(lost_node_note, exc)  # its whole node gone? (a bounded TCP knock)
+            error = ReplicaError(f"rollout replica '{self.name}' failed: "
+                                 + (f"{lost}. Cause reported by Ray: {cause}" if lost else cause))
             for f in futures:
                 if not f.done():
                     f.set_exception(error)
