@@ -45,6 +45,7 @@ from hybridflow.data.mrope import model_position_ids
 from hybridflow.engine.padded_attention import padded_attention, supports_padded_attention
 from hybridflow.engine.parallel.pipeline_forward import PipelinePass
 from hybridflow.engine.fsdp import unwrap_peft
+from hybridflow.engine.fused_head import fused_outputs
 from hybridflow.engine.transformers_adapter import attention_implementation, forward_parameters
 from hybridflow.engine.ulysses_forward import SequenceParallel, sequence_parallel_outputs
 from hybridflow.engine.vision import merge_multi_modal_inputs, vision_in_every_step
@@ -316,10 +317,21 @@ def _sum_pi_squared(logits: torch.Tensor, chunk: int = _CHUNK_ROWS) -> torch.Ten
 
 def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool, sum_pi_squared: bool = False,
              use_torch_compile: bool = False, entropy_checkpointing: bool = False) -> HeadFn:
+    """The causal LM's per-token head: ``log_probs`` (and ``entropy``, ``sum_pi_squared``) of ``logits / temperature``.
+    The model's LM head runs fused with the log-softmax (``engine/fused_head.py``: chunks of tokens, no full
+    logits) unless its settings or structure keep it materialised; ``use_torch_compile`` and
+    ``entropy_checkpointing`` act on the materialised path."""
     def head(module, ids, attn, pos, keep, labels, **multi_modal):
         extra = {"logits_to_keep": keep} if keep is not None and _accepts_logits_to_keep(module) else {}
-        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **extra,
-                        **multi_modal).logits
+
+        def run():
+            return module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **extra,
+                          **multi_modal)
+
+        fused = fused_outputs(module, run, labels, keep, temperature, calculate_entropy, entropy_grad, sum_pi_squared)
+        if fused is not None:  # engine/fused_head.py: no (tokens x vocabulary) logits
+            return fused
+        logits = run().logits
         if not extra:
             logits = _take(logits, keep)
         logits = logits / temperature
