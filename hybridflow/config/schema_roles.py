@@ -136,6 +136,7 @@ class CheckpointContents:
 @dataclass(**KW)
 class FusedKernelOptions:
     impl_backend: str
+    chunk_size: int  # hybridflow: rows per chunk of the fused LM head (0: by a 256 MB budget of logits)
 
 
 @dataclass(**KW)

@@ -260,7 +260,8 @@ def configure_fused_head(module, enabled: bool, chunk_rows: int | None = None) -
     pipeline stages, peft wrappers -- share the setting).  Models without a plain LM head ignore it."""
     head = _causal_lm(module)._modules.get(_HEAD)
     if chunk_rows is not None and int(chunk_rows) < 0:
-        raise ValueError(f"fused_kernel_options.chunk_size must be >= 0 (0: automatic), got {chunk_rows}")
+        raise ValueError(f"actor_rollout_ref.model.fused_kernel_options.chunk_size must be >= 0 (0: automatic), got "
+                         f"{chunk_rows}")
     if head is not None:
         _SETTINGS[head] = FusedHeadSettings(bool(enabled), int(chunk_rows) if chunk_rows else None)
 

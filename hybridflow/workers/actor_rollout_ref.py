@@ -144,6 +144,7 @@ class ActorRolloutRefWorker(Worker):
                                             role="actor", parallel_dims=self._actor_dims,
                                             activation_offload=bool(mc.enable_activation_offload))
             self.actor = PPOActor(ac, self.actor_engine, ac.use_remove_padding, rollout_n=self.config.rollout.n)
+            self._configure_fused_head(module, bool(ac.use_fused_kernels))
             if self.config.rollout.exact_log_probs:  # the layout the exact rollout's arithmetic matches
                 from hybridflow.engine.forward import ALIGNED
 
@@ -154,8 +155,15 @@ class ActorRolloutRefWorker(Worker):
             module = self._load_policy_module(self.config.ref.fsdp_config, trainable=False, reference=True)
             self.ref_engine = TrainEngine(module, self.config.ref.fsdp_config, None, role="ref",
                                           parallel_dims=self._ref_dims)
+            self._configure_fused_head(module, bool(mc.use_fused_kernels))
         if self._is_rollout and self.config.hybrid_engine:  # hybrid_engine=false: standalone server replicas
             self._build_rollout()
+
+    def _configure_fused_head(self, module, enabled: bool) -> None:
+        """The LM head fused with its log-softmax (``engine/fused_head.py``) when ``use_fused_kernels``."""
+        from hybridflow.engine.fused_head import configure_fused_head
+
+        configure_fused_head(module, enabled, int(self.config.model.fused_kernel_options.chunk_size))
 
     def _check_reference_vocab(self, ref_model: dict) -> None:
         """The reference scores the policy's token ids: its tokenizer must map them to the same tokens."""
