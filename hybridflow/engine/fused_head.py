@@ -35,7 +35,7 @@ adapted head) keep the materialised head (:func:`fused_head_problem` says why).
 Keys (verl's): ``actor_rollout_ref.model.use_fused_kernels=true`` with ``fused_kernel_options.impl_backend=torch``
 turns it on (off by default, as in verl: the materialised head and its compiled kernels, ``use_torch_compile``,
 run then); ``fused_kernel_options.chunk_size`` (hybridflow's) sets the rows per chunk, by default as many rows as
-keep a chunk's fp32 logits under :data:`CHUNK_BYTES` (441 rows at 151,936 tokens, every row of a micro-batch at
+keep a chunk's fp32 logits under :data:`CHUNK_BYTES` (220 rows at 151,936 tokens, every row of a micro-batch at
 512).
 """
 
@@ -57,7 +57,7 @@ from hybridflow.engine.fsdp import unwrap_peft
 __all__ = ["CHUNK_BYTES", "FusedHeadSettings", "configure_fused_head", "fused_head_problem", "fused_head_settings",
            "fused_outputs", "fused_token_outputs", "chunk_rows_for"]
 
-CHUNK_BYTES = 256 << 20  # fp32 logits of one chunk (the default chunk size)
+CHUNK_BYTES = 128 << 20  # fp32 logits of one chunk (the default chunk size)
 _HEAD = "lm_head"
 
 
@@ -133,13 +133,12 @@ def _chunk_forward(h: torch.Tensor, labels: torch.Tensor, split: _Split, tempera
     lse = _logsumexp(z, split.group)
     log_p = _label_logit(z, labels, split) - lse
     entropy = spq = None
-    if want_entropy:
-        if split.group is None:  # the materialised head's formula (algorithms/entropy.py)
-            entropy = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
-        else:
-            entropy = lse - _all_reduce(((z - lse[:, None]).exp() * z).sum(dim=-1), split.group)
-    if want_spq:
-        spq = _all_reduce((2 * (z - lse[:, None])).exp().sum(dim=-1), split.group)
+    if want_entropy or want_spq:
+        p = (z - lse[:, None]).exp_()  # one more (c, V) buffer, reused for both statistics
+        if want_spq:
+            spq = _all_reduce(p.square().sum(dim=-1), split.group)
+        if want_entropy:
+            entropy = lse - _all_reduce(p.mul_(z).sum(dim=-1), split.group)
     return log_p, lse, entropy, spq
 
 
@@ -183,30 +182,33 @@ class _FusedLogProbs(torch.autograd.Function):
             dz = _chunk_grad(h, labels[rows], split, ctx.temperature, lse[rows],
                              g_lp[rows] if g_lp is not None else None,
                              (g_ent[rows], entropy[rows]) if use_ent else None)
-            d_logits = (dz / ctx.temperature).to(weight.dtype)
+            d_logits = dz.div_(ctx.temperature).to(weight.dtype)
             if d_hidden is not None:
                 d_hidden[rows] = _all_reduce(d_logits @ weight, split.group)
             if d_weight is not None:
-                d_weight.addmm_(d_logits.t().float(), h.float())
+                d_weight.addmm_(d_logits.t().to(d_weight.dtype), h.to(d_weight.dtype))
         if d_weight is not None:
             d_weight = d_weight.to(weight.dtype)
         return d_hidden, d_weight, None, None, None, None, None, None, None
 
 
 def _chunk_grad(h, labels, split: _Split, temperature: float, lse, g_lp, ent) -> torch.Tensor:
-    """dL/dz of one chunk (c, V_local) from the saved log Z (and entropy), the logits recomputed."""
-    z = scaled_logits(h, split.weight, temperature)
-    log_p = z - lse[:, None]
+    """dL/dz of one chunk (c, V_local) from the saved log Z (and entropy), the logits recomputed; two (c, V) buffers:
+
+        dL/dz = -p (g_lp + g_H (log p + H)) + g_lp 1[v = y]
+    """
+    log_p = scaled_logits(h, split.weight, temperature).sub_(lse[:, None])
     p = log_p.exp()
-    dz = torch.zeros_like(z)
-    if g_lp is not None:
-        dz -= p * g_lp[:, None]
-        local = labels.long() - split.start
-        mine = ((local >= 0) & (local < z.shape[-1])).nonzero().flatten()
-        dz[mine, local[mine]] += g_lp[mine]
+    g_lp = g_lp if g_lp is not None else torch.zeros_like(lse)
     if ent is not None:
         g_ent, entropy = ent
-        dz -= p * (log_p + entropy[:, None]) * g_ent[:, None]
+        factor = log_p.add_(entropy[:, None]).mul_(g_ent[:, None]).add_(g_lp[:, None])
+    else:
+        factor = g_lp[:, None]
+    dz = p.mul_(factor).neg_()
+    local = labels.long() - split.start
+    mine = ((local >= 0) & (local < dz.shape[-1])).nonzero().flatten()
+    dz[mine, local[mine]] += g_lp[mine]
     return dz
 
 

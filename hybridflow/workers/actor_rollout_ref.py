@@ -145,10 +145,10 @@ class ActorRolloutRefWorker(Worker):
                                             activation_offload=bool(mc.enable_activation_offload))
             self.actor = PPOActor(ac, self.actor_engine, ac.use_remove_padding, rollout_n=self.config.rollout.n)
             self._configure_fused_head(module, bool(ac.use_fused_kernels))
-            if self.config.rollout.exact_log_probs:  # the layout the exact rollout's arithmetic matches
-                from hybridflow.engine.forward import ALIGNED
+            if self.config.rollout.exact_log_probs:  # the rollout's arithmetic, batch-invariant (rollout/hf/exact.py)
+                from hybridflow.rollout.hf.exact import prepare_exact_model
 
-                self.actor.packed = ALIGNED
+                prepare_exact_model(module, vision=self.processor is not None)
         if self._is_ref and not (self._lora and self._is_actor and not self.config.ref.model):
             if self.config.ref.model:
                 self._check_reference_vocab(self.config.ref.model)
