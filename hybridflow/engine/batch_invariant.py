@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["INVARIANT_FLAG", "INVARIANT_MODEL_TYPES", "PACKED_CALL_KWARG", "batch_invariance_problem", "config_problem", "enable_strict_matmul", "invariant_attention",
+__all__ = ["INVARIANT_FLAG", "INVARIANT_MODEL_TYPES", "KEY_QUANTUM", "PACKED_CALL_KWARG", "batch_invariance_problem", "config_problem", "enable_strict_matmul", "invariant_attention",
            "invariant_rms_norm", "invariant_silu", "is_batch_invariant", "mark_batch_invariant", "strict_matmul"]
 
 INVARIANT_FLAG = "hybridflow_batch_invariant"
@@ -189,11 +189,13 @@ def invariant_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     keys / values (B, Hkv, Lk, D); ``allowed`` (B or 1, 1, Lq, Lk) bool, or None for causal attention with Lq = Lk.
 
     Each row's keys are moved so that the first key its last query sees is column 0 (the visible keys of every query
-    must be one run starting there: left padding, packing, a cache), queries are at least two per product, and
-    masked keys contribute exact zeros, so a query's result does not depend on the batch, the padding or the number
-    of queries computed with it.  A query that sees no key gets zeros."""
+    must be one run starting there: left padding, packing, a cache), the keys are padded with masked ones to a
+    multiple of :data:`KEY_QUANTUM`, the query heads of one key head form the rows of one product (no copy of the
+    keys and values; at least two rows), and masked keys contribute exact zeros -- so a query's result does not depend
+    on the batch, the padding or the number of queries computed with it.  A query that sees no key gets zeros."""
     B, H, Lq, D = query.shape
-    Lk = key.shape[2]
+    Hkv, Lk = key.shape[1], key.shape[2]
+    rep = H // Hkv
     if allowed is None:
         allowed = torch.ones(Lq, Lk, dtype=torch.bool, device=query.device).tril(Lk - Lq)[None, None]
     allowed = allowed.expand(B, 1, Lq, Lk)
@@ -206,19 +208,22 @@ def invariant_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     if pad:
         key, value = F.pad(key, (0, 0, 0, pad)), F.pad(value, (0, 0, 0, pad))
         allowed = F.pad(allowed, (0, pad), value=False)
-    if key.shape[1] != H:  # grouped-query attention: each key head serves H / Hkv query heads
-        key = key.repeat_interleave(H // key.shape[1], dim=1)
-        value = value.repeat_interleave(H // value.shape[1], dim=1)
-    q = query if Lq > 1 else torch.cat([query, query], dim=2)  # a one-row product takes another kernel
-    scores = torch.matmul(q, key.transpose(-1, -2)) * scale
-    if Lq == 1:
-        scores = scores[:, :, :1]
-    scores = scores.masked_fill(~allowed, float("-inf"))
+    K = key.shape[2]
+    rows = rep * Lq
+    q = query.reshape(B, Hkv, rows, D)  # the query heads of key head j are rows j*rep .. (j+1)*rep - 1
+    if rows == 1:  # a one-row product takes another kernel
+        q = torch.cat([q, q], dim=2)
+    scores = torch.matmul(q, key.transpose(-1, -2))[:, :, :rows] * scale
+    hidden = ~allowed[:, :, None]  # (B, 1, 1, Lq, K)
+    scores = scores.view(B, Hkv, rep, Lq, K).masked_fill(hidden, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    probs = probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
-    p = probs if Lq > 1 else torch.cat([probs, probs], dim=2)
-    out = torch.matmul(p, value)
-    return out[:, :, :1] if Lq == 1 else out
+    blind = hidden.all(dim=-1, keepdim=True)
+    if bool(blind.any()):  # queries that see no key (padding): zeros, not NaN
+        probs = probs.masked_fill(blind, 0.0)
+    p = probs.view(B, Hkv, rows, K)
+    if rows == 1:
+        p = torch.cat([p, p], dim=2)
+    return torch.matmul(p, value)[:, :, :rows].reshape(B, H, Lq, D)
 
 
 def _allowed(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:

@@ -273,7 +273,7 @@ def fused_head_settings(module) -> FusedHeadSettings:
     return _SETTINGS.get(head, FusedHeadSettings()) if head is not None else FusedHeadSettings(False)
 
 
-_SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+_SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling")  # Gemma-2/3, Cohere, Granite
 
 
 def fused_head_problem(module) -> str | None:

@@ -26,6 +26,7 @@ import threading
 
 import torch
 
+from hybridflow.engine.batch_invariant import KEY_QUANTUM
 from hybridflow.engine.transformers_adapter import (
     attention_mask_layout,
     check_cache_object,
@@ -495,7 +496,10 @@ class ContinuousBatcher:
 
     def _decode(self) -> None:
         rows, cache = self.rows, self.cache
-        mask = self.masks.decode(cache.begin_decode(rows["write_col"], self.kv_len), rows["write_col"])
+        kv_len = self.kv_len
+        if self.exact:  # whole key quanta of the cache (masked past each row), so attention pads nothing
+            kv_len = min(-(-kv_len // KEY_QUANTUM) * KEY_QUANTUM, cache.capacity)
+        mask = self.masks.decode(cache.begin_decode(rows["write_col"], kv_len), rows["write_col"])
         positions = rows["write_col"] + rows["rope_delta"]
         try:
             if self.fast is not None and self.fast.usable():
