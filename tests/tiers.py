@@ -40,6 +40,7 @@ FULL_TIER: dict[str, str] = {
     "rollout/test_exact_log_probs.py::test_rollout_log_probs_equal_the_trainers_bit_for_bit": "a process per "
     "variant (MKL's strict mode is set at a process's start)",
     "rollout/test_exact_log_probs.py::test_without_batch_invariant_kernels_they_differ_in_the_last_bits": "a process",
+    "engine/test_pipeline_parallel.py::test_four_ranks": "pipeline x tp / dp / ep equality on 4 gloo processes",
     "engine/test_mixed_precision.py::test_fsdp2_on_two_gloo_ranks_uses_the_policy": "two gloo ranks",
     "config/test_megatron_command_lines.py::test_scaled_qwen3_megatron_grpo_runs_a_step_on_ray": "a Ray run",
     "trainer/test_main_ppo_startup.py": "Ray start-up with the driver's work in the background",
@@ -48,6 +49,8 @@ FULL_TIER: dict[str, str] = {
     "benchmarks/": "the benchmark scripts' smoke runs",
     "test_quiet_console.py": "the console of whole runs",
     "rollout_vllm/": "vLLM (make test-vllm)",
+    "tracking/test_live_report_browser.py": "the live report in headless Chromium (Debian's chromium, .ci/run)",
+    "cli/test_user_errors.py": "every command fed its bad inputs, one process each (~3 min)",
 }
 
 # Fast-tier scenarios kept from the folders above: one end-to-end run of each kind.

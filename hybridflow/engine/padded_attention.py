@@ -36,12 +36,12 @@ import torch
 from torch import nn
 
 from hybridflow.engine.batch_invariant import PACKED_CALL_KWARG, invariant_attention, is_batch_invariant
-from hybridflow.engine.fsdp import unwrap_peft
 from hybridflow.engine.transformers_adapter import (
     attention_implementation,
     forward_parameters,
     no_mask_while,
     text_config,
+    unwrap_peft,
     wrap_attention_function,
     wrap_mask_function,
 )
