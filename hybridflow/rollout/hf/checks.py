@@ -86,8 +86,8 @@ _EXACT = "actor_rollout_ref.rollout.exact_log_probs"
 
 def exact_problem(cfg, device: str) -> str | None:
     """Why this run's rollout log-probs cannot equal the trainer's bit for bit (``engine/batch_invariant.py``), or
-    None: CPU fp32, the hf engine unsplit, the actor's rows whole on one rank (no sp / tp / pp), a text model whose layers
-    have batch-invariant kernels."""
+    None: CPU fp32, the colocated hf engine unsplit, the actor's rows whole on one rank (no sp / tp / pp), a text
+    model whose layers have batch-invariant kernels."""
     from hybridflow.engine.batch_invariant import config_problem
     from hybridflow.engine.model_loader import ModelLoadError, load_hf_config
     from hybridflow.engine.parallel_dims import role_layout
@@ -106,6 +106,10 @@ def exact_problem(cfg, device: str) -> str | None:
     split = {k: v for k, v in layout.items() if k in ("sp", "tp", "pp") and v > 1}
     if split:
         return f"the actor's rows are split over ranks ({', '.join(f'{k}={v}' for k, v in split.items())})"
+    if not arr.hybrid_engine:
+        return ("standalone rollout replicas (hybrid_engine=false) compute with their own copy of the model, whose "
+                "prefill was measured one float32 ulp off the trainer's on some rows; exact agreement holds for the "
+                "colocated engine only")
     if _split(cfg) > 1:
         return (f"{_KEY}={_split(cfg)}: the split hf engine sums its row-parallel products over ranks, an order the "
                 "one-rank trainer does not share")
