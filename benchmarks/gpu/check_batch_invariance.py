@@ -12,12 +12,20 @@ H100-class GPU; needs torch + transformers, no Ray / vLLM):
 3. ``attention``: ``invariant_attention`` (the CPU kernel) for a decode step against a cache vs the full causal pass;
    and torch's sdpa (flash / memory-efficient) the same way;
 4. ``rowwise``: RMSNorm, softmax and logsumexp rows over 1..2048 rows (usually invariant on GPU: one row per block);
-5. ``model``: a Qwen2.5-0.5B-shaped 4-layer model (random init, 151,936-token vocabulary): the log-prob of each token
+5. ``fused_head``: the chunked fused LM head (``engine/fused_head.py``) vs materialised logits at Qwen2.5's
+   151,936-token vocabulary (T tokens x hidden 896): max |difference| of log-probs, entropy and both gradients, and
+   the peak CUDA memory and time of each (the check that must pass: see PASS below);
+6. ``model``: a Qwen2.5-0.5B-shaped 4-layer model (random init, 151,936-token vocabulary): the log-prob of each token
    of 8 sequences when it is decoded with a KV cache one token at a time vs scored in one forward (the trainer's),
    max |difference| -- with torch's kernels, and with the model marked batch-invariant.
 
-Prints ``BATCH-INVARIANCE {json}`` lines; exit code 0 whatever they say (it is a measurement).
-Run: ``python benchmarks/gpu/check_batch_invariance.py [--quick]``.
+Prints ``BATCH-INVARIANCE {json}`` lines, then ``PASS`` or ``FAIL: <reasons>`` and exits 0 / 1.  PASS means: every
+check ran without an error, and the fused head agrees with the materialised one -- fp32: log-probs and entropy within
+1e-4, gradients within 1e-4 relative to their largest entry; bf16: log-probs and entropy within 0.1 of the fp32
+reference and no worse than 1.5 x the materialised bf16 head's own error, gradients within 5e-2 relative -- while its
+peak memory is below the materialised head's.  Checks 1-4 and 6 are measurements (they say what exact log-probs
+would need on a GPU; exact mode is CPU-only and refused on CUDA at config time), not pass criteria.
+Writes nothing.  Run from the repository root: ``python benchmarks/gpu/check_batch_invariance.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -109,6 +117,67 @@ def check_rowwise(dtype, quick: bool) -> None:
         _report("rowwise", op=name, dtype=str(dtype), mismatched_row_counts=bad)
 
 
+def _head_run(h, w, labels, fused: bool, coef):
+    """Forward + backward of ``sum(coef_lp * lp) + sum(coef_ent * ent)``: outputs, gradients, peak bytes, seconds."""
+    import torch
+
+    from hybridflow.algorithms.entropy import entropy_from_logits, logprobs_from_logits
+    from hybridflow.engine.fused_head import fused_token_outputs
+
+    h, w = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    if fused:
+        out = fused_token_outputs(h, w, labels, 0.7, calculate_entropy=True)
+        lp, ent = out["log_probs"], out["entropy"]
+    else:
+        logits = (h @ w.t()) / 0.7
+        lp, ent = logprobs_from_logits(logits, labels), entropy_from_logits(logits)
+    ((coef[0] * lp.float()).sum() + (coef[1] * ent.float()).sum()).backward()
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() - base
+    return lp.detach().float(), ent.detach().float(), h.grad.float(), w.grad.float(), peak, seconds
+
+
+def check_fused_head(dtype, quick: bool) -> dict:
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    tokens, hidden, vocab = (2048 if quick else 4096), 896, 151_936
+    h = torch.randn(tokens, hidden, generator=g, device="cuda") * 0.5
+    w = torch.randn(vocab, hidden, generator=g, device="cuda") * 0.05
+    labels = torch.randint(0, vocab, (tokens,), generator=g, device="cuda")
+    coef = (torch.randn(tokens, generator=g, device="cuda"), 0.01 * torch.randn(tokens, generator=g, device="cuda"))
+    ref = _head_run(h, w, labels, False, coef)  # fp32 materialised: the reference
+    mat = _head_run(h.to(dtype), w.to(dtype), labels, False, coef)
+    _head_run(h.to(dtype), w.to(dtype), labels, True, coef)  # warm-up (kernel selection)
+    fus = _head_run(h.to(dtype), w.to(dtype), labels, True, coef)
+
+    def errors(run):
+        out = [float((run[i] - ref[i]).abs().max()) for i in (0, 1)]
+        return out + [float((run[i] - ref[i]).abs().max() / ref[i].abs().max()) for i in (2, 3)]
+
+    e_fus, e_mat = errors(fus), errors(mat)
+    row = {"dtype": str(dtype), "tokens": tokens, "vocab": vocab,
+           "max_diff_fused": dict(zip(("log_probs", "entropy", "grad_hidden_rel", "grad_weight_rel"), e_fus)),
+           "max_diff_materialised": dict(zip(("log_probs", "entropy", "grad_hidden_rel", "grad_weight_rel"), e_mat)),
+           "peak_mb_fused": round(fus[4] / 2**20, 1), "peak_mb_materialised": round(mat[4] / 2**20, 1),
+           "seconds_fused": round(fus[5], 4), "seconds_materialised": round(mat[5], 4)}
+    row["memory_ratio"] = round(fus[4] / max(mat[4], 1), 3)
+    row["time_ratio"] = round(fus[5] / max(mat[5], 1e-9), 3)
+    if dtype == torch.float32:
+        ok = max(e_fus[:2]) <= 1e-4 and max(e_fus[2:]) <= 1e-4
+    else:
+        ok = (max(e_fus[:2]) <= 0.1 and all(f <= 1.5 * m + 1e-6 for f, m in zip(e_fus[:2], e_mat[:2]))
+              and max(e_fus[2:]) <= 5e-2)
+    row["pass"] = bool(ok and fus[4] < mat[4])
+    _report("fused_head", **row)
+    return row
+
+
 def _decode_vs_forward(model, ids: "torch.Tensor") -> float:
     """Max |log-prob of each next token decoded with a KV cache, one token at a time - scored in one forward|."""
     import torch
@@ -157,14 +226,20 @@ def main() -> int:
         return 2
     start = time.perf_counter()
     _report("device", name=torch.cuda.get_device_name(), torch=torch.__version__)
+    failures = []
     for dtype in (torch.bfloat16, torch.float32):
-        for check in (check_linear, check_bmm, check_attention, check_rowwise, check_model):
+        for check in (check_linear, check_bmm, check_attention, check_rowwise, check_fused_head, check_model):
             try:
-                check(dtype, args.quick)
-            except Exception as e:  # noqa: BLE001 - a measurement script: report and go on
+                row = check(dtype, args.quick)
+            except Exception as e:  # noqa: BLE001 - report every check, then judge
                 _report(check.__name__, dtype=str(dtype), error=f"{type(e).__name__}: {e}")
+                failures.append(f"{check.__name__} {dtype}: {type(e).__name__}: {e}")
+                continue
+            if isinstance(row, dict) and not row.get("pass", True):
+                failures.append(f"fused head {dtype} out of tolerance or not smaller: {json.dumps(row)}")
     _report("done", seconds=round(time.perf_counter() - start, 1))
-    return 0
+    print("PASS" if not failures else "FAIL: " + " | ".join(failures), flush=True)
+    return 0 if not failures else 1
 
 
 if __name__ == "__main__":

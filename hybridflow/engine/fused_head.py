@@ -52,7 +52,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from hybridflow.engine.fsdp import unwrap_peft
+from hybridflow.engine.transformers_adapter import unwrap_peft
 
 __all__ = ["CHUNK_BYTES", "FusedHeadSettings", "configure_fused_head", "fused_head_problem", "fused_head_settings",
            "fused_outputs", "fused_token_outputs", "chunk_rows_for"]
