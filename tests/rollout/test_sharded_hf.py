@@ -125,13 +125,15 @@ def test_the_key_splits_the_hf_engine_or_is_refused_or_noted_at_config_time(mode
                   "critic.ppo_mini_batch_size=6")
     assert any("tensor_model_parallel_size=4 must divide the 6 actor/rollout processes" in e
                for e in device_errors(uneven, "cpu"))
-    lora = _cfg(*ray, "trainer.n_gpus_per_node=2", "actor_rollout_ref.model.lora_rank=4")
+    lora = _cfg(*ray, "trainer.n_gpus_per_node=2", "actor_rollout_ref.model.lora_rank=4",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
     assert any("with LoRA" in e for e in device_errors(lora, "cpu"))
     too_many = _cfg(*ray, "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=8")
     assert any("must divide the 4 key/value heads" in e or "must divide the 4 attention heads" in e
                for e in model_errors(too_many))
     fits = _cfg(*ray, "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=4")
     assert device_errors(fits, "cpu") == [] and model_errors(fits) == []
-    one = _cfg("trainer.backend=local", f"actor_rollout_ref.model.path={models / 'qwen2'}")  # one process
+    one = _cfg("trainer.backend=local", f"actor_rollout_ref.model.path={models / 'qwen2'}",  # one process
+               "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
     assert device_errors(one, "cpu") == [] and model_errors(one) == []
     assert any("does not split the hf engine here" in n for n in device_notes(one, "cpu"))
