@@ -6,6 +6,19 @@ One Python controller writes the RL dataflow; each model role runs as an SPMD wo
 
 __version__ = "0.1.0"
 
+
+def _strict_matmul_default() -> None:
+    # MKL's strict reproducibility mode (engine/batch_invariant.py): every row of an fp32 CPU matrix product the same
+    # bits whatever the product's shape and thread count -- what exact on-policy log-probs stand on. MKL reads it at
+    # its first call, so it is set here, before any; child processes (Ray workers, ranks) inherit it.
+    import os
+
+    if os.environ.get("HYBRIDFLOW_STRICT_MATMUL", "1") != "0":
+        os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+
+_strict_matmul_default()
+
 __all__ = ["DataProto", "__version__"]
 
 

@@ -37,6 +37,10 @@ FULL_TIER: dict[str, str] = {
     "workers/test_dp_padding.py": "data-parallel padding on two ranks",
     "engine/test_compiled_kernels.py": "torch.compile of the fused kernels",
     "engine/test_sequence_parallel.py": "Ulysses equality on 2 and 4 gloo processes",
+    "engine/test_fused_head.py::test_vocab_parallel_fused_head_equals_one_rank": "two gloo ranks",
+    "rollout/test_exact_log_probs.py::test_rollout_log_probs_equal_the_trainers_bit_for_bit": "a process per "
+    "variant (MKL's strict mode is set at a process's start)",
+    "rollout/test_exact_log_probs.py::test_without_batch_invariant_kernels_they_differ_in_the_last_bits": "a process",
     "engine/test_pipeline_parallel.py::test_four_ranks": "pipeline x tp / dp / ep equality on 4 gloo processes",
     "engine/test_mixed_precision.py::test_fsdp2_on_two_gloo_ranks_uses_the_policy": "two gloo ranks",
     "config/test_megatron_command_lines.py::test_scaled_qwen3_megatron_grpo_runs_a_step_on_ray": "a Ray run",

@@ -39,6 +39,9 @@ REFUSED: tuple[KeyRule, ...] = (
             "synchronously and atomically"),
     KeyRule("actor_rollout_ref.actor.checkpoint.strict",
             "checkpoints always load strictly here (a missing or unexpected tensor is an error): drop the key"),
+    KeyRule("actor_rollout_ref.model.fused_kernel_options.impl_backend",
+            "the fused LM head (actor_rollout_ref.model.use_fused_kernels=true) is hybridflow's chunked torch "
+            "function (engine/fused_head.py; no Triton kernels are shipped): impl_backend=torch"),
     KeyRule("actor_rollout_ref.rollout.skip_rollout",
             "verl's rollout dump-and-replay debugging aid (skip_rollout, skip_dump_dir) is not implemented; "
             "trainer.rollout_data_dir writes every step's generations"),
@@ -180,11 +183,10 @@ INERT: tuple[KeyRule, ...] = (
             "per-role profiler hooks (see global_profiler)"),
     KeyRule("{actor_rollout_ref.model,critic.model}.use_liger",
             "Liger GPU kernels (not shipped); they compute the same numbers as the plain modules"),
-    KeyRule("{actor_rollout_ref.model,actor_rollout_ref.actor,reward_model.model,critic.model}.use_fused_kernels",
-            "verl's fused Triton / NPU log-prob kernels (not shipped); hybridflow's chunked kernel, compiled under "
-            "use_torch_compile, computes the same numbers"),
-    KeyRule("{actor_rollout_ref.model,critic.model}.fused_kernel_options.impl_backend",
-            "backend of verl's fused kernels (see use_fused_kernels)"),
+    KeyRule("{reward_model.model,critic.model}.use_fused_kernels",
+            "a critic's / reward model's score head is no vocabulary projection: nothing to fuse (the actor's and "
+            "the reference's LM head runs fused with actor_rollout_ref.model.use_fused_kernels=true)"),
+    KeyRule("critic.model.fused_kernel_options", "options of the critic's fused kernels (see use_fused_kernels)"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref}.entropy_from_logits_with_chunking",
             "the entropy is always computed 2048 rows at a time here: the same numbers with bounded memory"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref}.entropy_from_logits_chunk_size",

@@ -136,6 +136,7 @@ class CheckpointContents:
 @dataclass(**KW)
 class FusedKernelOptions:
     impl_backend: str
+    chunk_size: int  # hybridflow: rows per chunk of the fused LM head (0: by a 128 MB budget of logits)
 
 
 @dataclass(**KW)
@@ -341,7 +342,7 @@ class RolloutConfig:
     disable_log_stats: bool
     over_sample_rate: float
     calculate_log_probs: bool
-    exact_log_probs: bool  # hybridflow: rollout log-probs == the actor's bit for bit (rollout/hf/exact.py)
+    exact_log_probs: Optional[bool]  # hybridflow: rollout log-probs == the actor's bit for bit (null: where possible)
     seed: int
     engine_kwargs: dict
     val_kwargs: SamplingConfig

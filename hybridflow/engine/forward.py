@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from hybridflow.data.mrope import model_position_ids
+from hybridflow.engine.fused_head import fused_outputs
 from hybridflow.engine.padded_attention import padded_attention, supports_padded_attention
 from hybridflow.engine.parallel.pipeline_forward import PipelinePass
 from hybridflow.engine.transformers_adapter import attention_implementation, forward_parameters, unwrap_peft
@@ -181,17 +182,12 @@ def per_position_outputs(
     ``first_col``: only columns >= ``first_col`` of the (B, L) layout are wanted (the rest are left 0), so a
     head can skip work on the prompt -- for a causal LM the vocabulary projection and log-softmax of every
     prompt position, which is most of a forward's memory and a large share of its FLOPs at 100k+ vocabularies.
-    ``packed=None`` picks the layout with :func:`use_packed_layout`; True/False forces one (tests);
-    :data:`ALIGNED` is the batch-invariant layout of ``rollout.exact_log_probs`` (see :func:`_aligned_outputs`).
+    ``packed=None`` picks the layout with :func:`use_packed_layout`; True/False forces one (tests).  Every layout
+    gives a row the same bits on a model marked batch-invariant (``engine/batch_invariant.py``: exact log-probs).
     ``multi_modal_inputs``: the rows' dicts of pixel inputs (a VLM batch), passed to ``head_fn`` as keyword
     arguments of the model.
     """
     mask = attention_mask.bool()
-    if packed == ALIGNED:
-        if multi_modal_inputs is not None or (sequence_parallel is not None and sequence_parallel.size > 1):
-            raise ValueError("the aligned (batch-invariant) layout of exact_log_probs takes text rows without "
-                             "sequence parallelism")
-        return _aligned_outputs(module, input_ids, mask, head_fn)
     if packed is None:
         packed = use_packed_layout(module, input_ids.device, use_remove_padding)
     mm = merge_multi_modal_inputs(multi_modal_inputs, input_ids.device)
@@ -251,36 +247,6 @@ def next_token_log_probs(module: nn.Module, input_ids: torch.Tensor, attention_m
     return per_position_outputs(module, input_ids, attention_mask, position_ids, head, use_remove_padding)["log_probs"]
 
 
-# The batch-invariant layout (``packed=ALIGNED``, set by ``actor_rollout_ref.rollout.exact_log_probs``): every row
-# starts at column 0 (its left padding removed), the batch is right-padded to a multiple of ALIGN_QUANTUM columns
-# and runs with plain causal attention and every position's logits.  A causal row then computes exactly what it
-# computes alone in a forward right-padded to a multiple of the quantum -- what the hf rollout's exact mode runs
-# (rollout/hf/exact.py) -- whatever its neighbours: the packed layout's offsets inside the pack and the trimmed
-# layout's left padding change the attention kernel's block boundaries, hence the last bits.
-ALIGNED = "aligned"
-ALIGN_QUANTUM = 16
-
-
-def _aligned_outputs(module: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor, head_fn: HeadFn):
-    B, L = input_ids.shape
-    lengths = mask.sum(dim=1)
-    starts = mask.to(torch.int8).argmax(dim=1)  # rows are contiguous: the first valid column
-    longest = int(lengths.max()) if B else 0
-    width = max(ALIGN_QUANTUM, -(-longest // ALIGN_QUANTUM) * ALIGN_QUANTUM)
-    offs = torch.arange(width, device=input_ids.device)
-    valid = offs[None, :] < lengths[:, None]
-    src = (starts[:, None] + offs[None, :]).clamp(max=L - 1)
-    ids = torch.where(valid, input_ids.gather(1, src), torch.zeros_like(src))
-    pos = offs.expand(B, width)
-    outs = head_fn(module, ids, None, pos, None, torch.roll(ids, shifts=-1, dims=1))
-
-    def put(buf: torch.Tensor, v: torch.Tensor) -> None:
-        rows = torch.arange(B, device=ids.device)[:, None].expand(B, width)
-        buf[rows[valid], src[valid]] = v[valid]
-
-    return _scatter(outs, (B, L), put)
-
-
 def _scatter(outs: dict[str, torch.Tensor], shape: tuple[int, int], put) -> dict[str, torch.Tensor]:
     full = {}
     for k, v in outs.items():
@@ -315,10 +281,21 @@ def _sum_pi_squared(logits: torch.Tensor, chunk: int = _CHUNK_ROWS) -> torch.Ten
 
 def _lm_head(temperature: float, calculate_entropy: bool, entropy_grad: bool, sum_pi_squared: bool = False,
              use_torch_compile: bool = False, entropy_checkpointing: bool = False) -> HeadFn:
+    """The causal LM's per-token head: ``log_probs`` (and ``entropy``, ``sum_pi_squared``) of ``logits / temperature``.
+    The model's LM head runs fused with the log-softmax (``engine/fused_head.py``: chunks of tokens, no full
+    logits) unless its settings or structure keep it materialised; ``use_torch_compile`` and
+    ``entropy_checkpointing`` act on the materialised path."""
     def head(module, ids, attn, pos, keep, labels, **multi_modal):
         extra = {"logits_to_keep": keep} if keep is not None and _accepts_logits_to_keep(module) else {}
-        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **extra,
-                        **multi_modal).logits
+
+        def run():
+            return module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **extra,
+                          **multi_modal)
+
+        fused = fused_outputs(module, run, labels, keep, temperature, calculate_entropy, entropy_grad, sum_pi_squared)
+        if fused is not None:  # engine/fused_head.py: no (tokens x vocabulary) logits
+            return fused
+        logits = run().logits
         if not extra:
             logits = _take(logits, keep)
         logits = logits / temperature

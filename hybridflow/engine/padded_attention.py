@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from hybridflow.engine.batch_invariant import PACKED_CALL_KWARG, invariant_attention, is_batch_invariant
 from hybridflow.engine.transformers_adapter import (
     attention_implementation,
     forward_parameters,
@@ -47,7 +48,7 @@ from hybridflow.engine.transformers_adapter import (
 
 __all__ = ["PACK_KWARG", "PackLayout", "padded_attention", "supports_padded_attention"]
 
-PACK_KWARG = "hybridflow_pack_layout"
+PACK_KWARG = PACKED_CALL_KWARG
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,10 @@ def _padded_sdpa(original: Callable) -> Callable:
         window = kwargs.get("sliding_window")
         # a window shorter than a sequence needs a banded causal mask; otherwise sdpa's causal kernel, no mask
         mask = layout.banded_mask(int(window)) if window is not None and int(window) < layout.width else None
+        if is_batch_invariant(module) and mask is None:  # exact log-probs: engine/batch_invariant.py
+            scale = kwargs.get("scaling") or getattr(module, "scaling", None) or query.shape[-1] ** -0.5
+            out = invariant_attention(layout.pad(query), layout.pad(key), layout.pad(value), None, scale)
+            return layout.unpad(out.transpose(1, 2)), None
         kwargs["is_causal"] = mask is None
         out, weights = original(module, layout.pad(query), layout.pad(key), layout.pad(value), mask, *args, **kwargs)
         return layout.unpad(out), weights

@@ -136,6 +136,7 @@ RUN_CHECKS: tuple[Check, ...] = (
     Check("rollout_precision", check_rollout_precision),  # pi_old from the rollout needs the training precision
     Check("model_files", check_model_files),              # config.json: a causal LM the engine can load
     Check("rollout_model", check_rollout_model),          # ... that the rollout engine can serve
+    Check("exact_log_probs", hf_checks.resolve_exact_log_probs),  # exact where it can be (null), or say why not
     Check("parallel_model", check_parallel_model),        # strategy=megatron: tp / ep divide heads, MLP, experts
     Check("data_files", check_data_files),                # files exist, a step's prompts are there
     Check("prompt_rows", check_prompt_rows),              # row sizes; prompt lengths under truncation=error

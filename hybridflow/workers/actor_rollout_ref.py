@@ -146,18 +146,26 @@ class ActorRolloutRefWorker(Worker):
                                             activation_offload=bool(mc.enable_activation_offload),
                                             pipeline=pipeline_spec_for(ac))
             self.actor = PPOActor(ac, self.actor_engine, ac.use_remove_padding, rollout_n=self.config.rollout.n)
-            if self.config.rollout.exact_log_probs:  # the layout the exact rollout's arithmetic matches
-                from hybridflow.engine.forward import ALIGNED
+            self._configure_fused_head(module, bool(ac.use_fused_kernels))
+            if self.config.rollout.exact_log_probs:  # the rollout's arithmetic, batch-invariant (rollout/hf/exact.py)
+                from hybridflow.rollout.hf.exact import prepare_exact_model
 
-                self.actor.packed = ALIGNED
+                prepare_exact_model(module, vision=self.processor is not None)
         if self._is_ref and not (self._lora and self._is_actor and not self.config.ref.model):
             if self.config.ref.model:
                 self._check_reference_vocab(self.config.ref.model)
             module = self._load_policy_module(self.config.ref.fsdp_config, trainable=False, reference=True)
             self.ref_engine = TrainEngine(module, self.config.ref.fsdp_config, None, role="ref",
                                           parallel_dims=self._ref_dims, pipeline=pipeline_spec_for(self.config.ref))
+            self._configure_fused_head(module, bool(mc.use_fused_kernels))
         if self._is_rollout and self.config.hybrid_engine:  # hybrid_engine=false: standalone server replicas
             self._build_rollout()
+
+    def _configure_fused_head(self, module, enabled: bool) -> None:
+        """The LM head fused with its log-softmax (``engine/fused_head.py``) when ``use_fused_kernels``."""
+        from hybridflow.engine.fused_head import configure_fused_head
+
+        configure_fused_head(module, enabled, int(self.config.model.fused_kernel_options.chunk_size))
 
     def _check_reference_vocab(self, ref_model: dict) -> None:
         """The reference scores the policy's token ids: its tokenizer must map them to the same tokens."""

@@ -135,7 +135,8 @@ def test_cli_dry_run_ok_and_error_exit_codes(dry_run_assets):
                  "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8")
     assert ok.returncode == 0, ok.stderr
     assert "adv_estimator: grpo" in ok.stdout and "8 prompts x rollout.n=5 = 40 trajectories" in ok.stdout
-    assert "# pi_old: the update's own forward pass" in ok.stdout  # the step plan, decided once
+    # the step plan, decided once: exact log-probs (the default for hf on CPU) make the rollout's log-probs pi_old
+    assert "# pi_old: the rollout's own log-probs" in ok.stdout
     bad = run_cli("train", "--dry-run", "actor_rollout_ref.actor.ppo_mini_batch_sz=3")
     assert bad.returncode == 2
     assert "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'" in bad.stderr

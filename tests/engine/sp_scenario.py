@@ -77,14 +77,17 @@ def _engine(module, model_dir, sp):
     return TrainEngine(module, _fsdp_config(model_dir), None, role="actor", parallel_dims=dims)
 
 
-def check_actor(model_dir: str, sp: int, batches, checkpointing: bool) -> dict[str, float]:
+def check_actor(model_dir: str, sp: int, batches, checkpointing: bool, fused: bool = False) -> dict[str, float]:
+    """``fused``: the sequence-parallel engine's LM head runs fused (engine/fused_head.py), the reference's not."""
     from hybridflow.engine.forward import response_log_probs
+    from hybridflow.engine.fused_head import configure_fused_head
     from hybridflow.engine.model_loader import enable_gradient_checkpointing, load_causal_lm
 
     ref = load_causal_lm(model_dir).train()
     got = load_causal_lm(model_dir).train()  # checkpointing recomputes only in training mode
     if checkpointing:
         enable_gradient_checkpointing(got)
+    configure_fused_head(got, fused, chunk_rows=5)
     engine = _engine(got, model_dir, sp)
     vocab = ref.config.vocab_size
     data = batches.make_update_batch(vocab, seed=3, rows=8, prompt_len=12, response_len=9)
@@ -182,6 +185,7 @@ def main(rank: int, world: int, port: int, sp: int, lm_dir: str, vlm_dir: str, o
     checks = {
         "actor": lambda: check_actor(lm_dir, sp, batches, checkpointing=False),
         "actor_checkpointing": lambda: check_actor(lm_dir, sp, batches, checkpointing=True),
+        "actor_fused_head": lambda: check_actor(lm_dir, sp, batches, checkpointing=False, fused=True),
         "critic": lambda: check_critic(lm_dir, sp, batches),
         "vlm": lambda: check_vlm(vlm_dir, sp),
     }

@@ -111,3 +111,35 @@ def test_register_center_timeout_sizes_the_ray_pool_wait(config_factory, tiny_mo
     assert pool_options(cfg) == {"ready_timeout_s": 17.0, "threads_per_worker": 1}
     cfg.trainer.backend = "local"
     assert pool_options(cfg) == {}
+
+
+def test_use_fused_kernels_fuses_the_head_and_trains_the_same(tiny_model_dir, config_factory, batches):
+    """``model.use_fused_kernels=true`` (+ ``fused_kernel_options.chunk_size``) runs the actor's and the reference's
+    LM head fused (engine/fused_head.py): the same log-probs and the same update as the materialised head."""
+    from hybridflow.engine.fused_head import fused_head_settings
+
+    results = []
+    for flag in ("false", "true"):
+        worker = _worker(config_factory, tiny_model_dir, f"{A}.model.use_fused_kernels={flag}",
+                         f"{A}.model.fused_kernel_options.chunk_size=3", role="actor_rollout_ref")
+        settings = fused_head_settings(worker.actor_engine.module)
+        assert settings.enabled is (flag == "true") and settings.chunk_rows == 3
+        assert fused_head_settings(worker.ref_engine.module).enabled is (flag == "true")
+        data = batches.make_update_batch(worker.actor_engine.module.config.vocab_size, seed=5)
+        logp = worker.compute_log_prob(data).batch["old_log_probs"]
+        metrics = batches.run_update(worker, data)
+        results.append((logp, metrics["actor/pg_loss"][0], metrics["actor/grad_norm"][0]))
+    (lp0, loss0, norm0), (lp1, loss1, norm1) = results
+    assert torch.allclose(lp0, lp1, atol=1e-5)
+    assert loss0 == pytest.approx(loss1, abs=1e-5) and norm0 == pytest.approx(norm1, rel=1e-4)
+
+
+@pytest.mark.parametrize("override, match", [
+    (f"{A}.model.fused_kernel_options.chunk_size=-2", "fused_kernel_options.chunk_size"),
+    (f"{A}.model.fused_kernel_options.impl_backend=triton", "impl_backend"),
+])
+def test_fused_kernel_options_outside_what_acts_are_refused(tiny_model_dir, config_factory, override, match):
+    from hybridflow.config.errors import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match=match):
+        config_factory(tiny_model_dir, override)

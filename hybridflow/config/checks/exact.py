@@ -10,7 +10,7 @@ _KEY = "actor_rollout_ref.rollout.exact_log_probs"
 def check_exact_log_probs(cfg, errors: list[str]) -> None:
     arr = cfg.actor_rollout_ref
     rc = arr.rollout
-    if not rc.exact_log_probs:
+    if rc.exact_log_probs is not True:  # null: resolved where it can act (rollout/hf/checks.py, run stage)
         return
     if rc.name != "hf":
         errors.append(f"{_KEY}=true computes each next-token distribution with the actor's own arithmetic, which the "
@@ -21,5 +21,5 @@ def check_exact_log_probs(cfg, errors: list[str]) -> None:
                       "skipped; they are only kept with actor_rollout_ref.rollout.calculate_log_probs=true: set it")
     sp = int(arr.actor.ulysses_sequence_parallel_size or 1)
     if sp > 1:
-        errors.append(f"{_KEY}=true recomputes each row whole on one rank (the batch-invariant layout); "
+        errors.append(f"{_KEY}=true needs each row computed whole on one rank, as the rollout computes it; "
                       f"actor.ulysses_sequence_parallel_size={sp} splits rows: set it to 1")

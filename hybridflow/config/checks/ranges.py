@@ -47,6 +47,8 @@ VALUE_RANGES: tuple[tuple[str, object, str], ...] = (
     ("trainer.tolerated_failure_fraction", lambda v: _finite(v) and 0 <= v <= 1,
      "between 0 (stop at the first failed trajectory, reward or tool call of a step) and 1 (stop only when all of a "
      "step's failed)"),
+    (f"{_A}.model.fused_kernel_options.chunk_size", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+     "an integer >= 0: rows per chunk of the fused LM head (0: as many as keep 128 MB of logits)"),
     (f"{_A}.rollout.stall_timeout_s", lambda v: _finite(v) and v >= 0,
      ">= 0: seconds without generation progress before a replica's requests fail (0 turns the watchdog off)"),
 )

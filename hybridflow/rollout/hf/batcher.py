@@ -26,6 +26,7 @@ import threading
 
 import torch
 
+from hybridflow.engine.batch_invariant import KEY_QUANTUM
 from hybridflow.engine.transformers_adapter import (
     attention_mask_layout,
     check_cache_object,
@@ -34,7 +35,7 @@ from hybridflow.engine.transformers_adapter import (
 )
 from hybridflow.rollout.base import TokenOutput, engine_failure
 from hybridflow.rollout.hf.attention_masks import EngineMasks
-from hybridflow.rollout.hf.exact import exact_next_tokens
+from hybridflow.rollout.hf.exact import exact_sample
 from hybridflow.rollout.hf.fast_decode import fast_decoder_for
 from hybridflow.rollout.hf.prefill import PrefillJob, group_prefill_jobs, run_prefill
 from hybridflow.rollout.hf.kv_cache import KVGeometry, SlotKVCache, cache_columns, plan_row_moves
@@ -77,10 +78,9 @@ class ContinuousBatcher:
                  exact: bool = False):
         self.model = model
         self.name = name
-        # exact on-policy log-probs (rollout/hf/exact.py): every distribution from a full forward, as the actor's
+        # exact on-policy log-probs (rollout/hf/exact.py): the model runs batch-invariant kernels (the engine marked
+        # it) and each row's log-prob is taken with the trainer's operations
         self.exact = bool(exact)
-        if self.exact:
-            fast_decode = False
         self.doing = "idle"  # what the step under way does: read by the stall watchdog (engine.progress)
         # Decode steps skip transformers' forward plumbing when the model has the supported structure.
         self.masks = EngineMasks(attention_mask_layout(model.config))  # refuses layers it cannot mask
@@ -102,8 +102,7 @@ class ContinuousBatcher:
         self.lock = threading.Lock()
         self.pending: collections.deque[GenerationRequest] = collections.deque()
         self.cache: SlotKVCache | None = None
-        # exact mode never reads the cache for logits: nothing to gain from parking prefixes
-        self.pool = PrefixPool() if limits.enable_prefix_caching and not self.exact else None
+        self.pool = PrefixPool() if limits.enable_prefix_caching else None
         self._pool_stamp: int | None = None
         self.stamp = WeightsStamp(model)  # tells when the weights changed under parked prefixes
         self.counters: collections.Counter[str] = collections.Counter()
@@ -323,11 +322,7 @@ class ContinuousBatcher:
         row_logits = logits[torch.tensor(job_of, device=dev)]
         sampling = RowSampling.build(params, row_logits.shape[-1], dev)
         zeros = torch.zeros(m, dtype=torch.long, device=dev)
-        if self.exact:
-            tokens, log_probs = exact_next_tokens(self.model, [list(r.prompt_ids) for r in reqs], params, sampling,
-                                                  self.generator, zeros, self.suppress, self.pad_token_id)
-        else:
-            tokens, log_probs = sample_next_tokens(row_logits, sampling, self.generator, zeros, self.suppress)
+        tokens, log_probs = self._sample(row_logits, params, sampling, zeros)
         self._count_prefill(reqs, jobs, forwards)
         new_rows = {
             "next_token": tokens,
@@ -494,27 +489,18 @@ class ContinuousBatcher:
         self._ensure_output_width(max(r.params.max_tokens for r in reqs))
 
     # ------------------------------------------------------------------ decode
-    def _exact_decode(self) -> None:
-        rows = self.rows
-        alive, gen_len = rows["alive"].tolist(), rows["gen_len"].tolist()
-        sequences = [None if req is None or not alive[i]
-                     else list(req.prompt_ids) + self.out_tokens[i, :gen_len[i]].tolist()
-                     for i, req in enumerate(self.reqs)]
-        self.doing = f"exact decode of {sum(alive)} row(s)"
-        params = [r.params if r is not None else None for r in self.reqs]
-        tokens, log_probs = exact_next_tokens(self.model, sequences, params, self.sampling, self.generator,
-                                              rows["gen_len"], self.suppress, self.pad_token_id)
-        rows["write_col"] += rows["alive"]
-        rows["next_token"] = tokens
-        self.kv_len = min(self.kv_len + 1, self.cache.capacity)
-        self.counters["decode_steps"] += 1
-        self._record(0, tokens, log_probs)
+    def _sample(self, logits: torch.Tensor, params, sampling: RowSampling, steps: torch.Tensor):
+        """(tokens, log-probs) of one draw per row; in exact mode with the trainer's scaling (``exact.py``)."""
+        if self.exact:
+            return exact_sample(logits, params, sampling, self.generator, steps, self.suppress)
+        return sample_next_tokens(logits, sampling, self.generator, steps, self.suppress)
 
     def _decode(self) -> None:
-        if self.exact:
-            return self._exact_decode()
         rows, cache = self.rows, self.cache
-        mask = self.masks.decode(cache.begin_decode(rows["write_col"], self.kv_len), rows["write_col"])
+        kv_len = self.kv_len
+        if self.exact:  # whole key quanta of the cache (masked past each row), so attention pads nothing
+            kv_len = min(-(-kv_len // KEY_QUANTUM) * KEY_QUANTUM, cache.capacity)
+        mask = self.masks.decode(cache.begin_decode(rows["write_col"], kv_len), rows["write_col"])
         positions = rows["write_col"] + rows["rope_delta"]
         try:
             if self.fast is not None and self.fast.usable():
@@ -527,7 +513,8 @@ class ContinuousBatcher:
                                             use_cache=True).logits[:, -1]
         finally:
             cache.end()
-        tokens, log_probs = sample_next_tokens(logits, self.sampling, self.generator, rows["gen_len"], self.suppress)
+        params = [r.params if r is not None else None for r in self.reqs] if self.exact else None
+        tokens, log_probs = self._sample(logits, params, self.sampling, rows["gen_len"])
         rows["write_col"] += rows["alive"]
         rows["next_token"] = tokens
         self.kv_len = min(self.kv_len + 1, cache.capacity)

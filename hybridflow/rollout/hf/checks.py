@@ -9,7 +9,7 @@ from __future__ import annotations
 from hybridflow.config.checks.machine import precision_name
 from hybridflow.config.checks.parallel import n_devices
 
-__all__ = ["device_errors", "device_notes", "model_errors"]
+__all__ = ["device_errors", "device_notes", "exact_problem", "model_errors", "resolve_exact_log_probs"]
 
 _KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 _EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
@@ -79,3 +79,62 @@ def model_errors(cfg) -> list[str]:
     problem = tensor_parallel_problem(config, k, _KEY) or (expert_parallel_problem(experts, k, _KEY) if experts
                                                            else None)
     return [f"{problem} ({model.path})"] if problem else []
+
+
+_EXACT = "actor_rollout_ref.rollout.exact_log_probs"
+
+
+def exact_problem(cfg, device: str) -> str | None:
+    """Why this run's rollout log-probs cannot equal the trainer's bit for bit (``engine/batch_invariant.py``), or
+    None: CPU fp32, the colocated hf engine unsplit, the actor's rows whole on one rank (no sp / tp / pp), a text
+    model whose layers have batch-invariant kernels."""
+    from hybridflow.engine.batch_invariant import config_problem
+    from hybridflow.engine.model_loader import ModelLoadError, load_hf_config
+    from hybridflow.engine.parallel_dims import role_layout
+    from hybridflow.engine.vision import is_vision_language_config
+
+    arr = cfg.actor_rollout_ref
+    if arr.rollout.name != "hf":
+        return f"rollout.name={arr.rollout.name} (the hf engine runs the batch-invariant kernels)"
+    if device != "cpu":
+        return (f"the device is {device}: MKL's strict mode makes CPU products batch-invariant; on GPU it takes "
+                "batch-invariant GPU kernels (benchmarks/gpu/check_batch_invariance.py)")
+    param_dtype = arr.actor.fsdp_config.mixed_precision.param_dtype  # on CPU the only key that makes it compute bf16
+    if param_dtype is not None and precision_name(param_dtype) != "fp32":
+        return f"actor.fsdp_config.mixed_precision.param_dtype={param_dtype} (exact log-probs are fp32)"
+    layout = role_layout(arr.actor)
+    split = {k: v for k, v in layout.items() if k in ("sp", "tp", "pp") and v > 1}
+    if split:
+        return f"the actor's rows are split over ranks ({', '.join(f'{k}={v}' for k, v in split.items())})"
+    if not arr.hybrid_engine:
+        return ("standalone rollout replicas (hybrid_engine=false) compute with their own copy of the model, whose "
+                "prefill was measured one float32 ulp off the trainer's on some rows; exact agreement holds for the "
+                "colocated engine only")
+    if _split(cfg) > 1:
+        return (f"{_KEY}={_split(cfg)}: the split hf engine sums its row-parallel products over ranks, an order the "
+                "one-rank trainer does not share")
+    model = arr.model
+    try:
+        config = load_hf_config(model.path, model.trust_remote_code, None, "actor_rollout_ref.model.path")
+    except ModelLoadError:
+        return None  # model_files reports it
+    if is_vision_language_config(config):
+        return "a vision-language model (its vision tower is not batch-invariant)"
+    return config_problem(config)
+
+
+def resolve_exact_log_probs(cfg, errors: list[str], notes: list[str], ctx) -> None:
+    """``exact_log_probs=null`` (the default): on where :func:`exact_problem` finds nothing, and then the rollout keeps
+    its log-probs (``calculate_log_probs``: they are pi_old); ``true`` where it cannot act is an error naming why."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.exact_log_probs is False:
+        return
+    problem = exact_problem(cfg, ctx.device)
+    if rollout.exact_log_probs is None:
+        rollout.exact_log_probs = problem is None
+        if problem is None:
+            rollout.calculate_log_probs = True
+        return
+    if problem is not None:
+        errors.append(f"{_EXACT}=true: the rollout's log-probs cannot equal the trainer's bit for bit here: {problem}. "
+                      f"Set {_EXACT}=false (or leave it unset: exact where it can be)")

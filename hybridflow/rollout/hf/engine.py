@@ -36,6 +36,7 @@ from hybridflow.engine.forward import eval_mode
 from hybridflow.engine.transformers_adapter import attention_implementation
 from hybridflow.rollout.base import EngineError, RolloutEngine, TokenOutput, _per_request, engine_failure
 from hybridflow.rollout.hf.batcher import BatcherLimits, ContinuousBatcher, GenerationRequest
+from hybridflow.rollout.hf.exact import prepare_exact_model
 from hybridflow.rollout.hf.vision import VisionPreparer
 from hybridflow.rollout.multi_modal import images_of
 from hybridflow.rollout.sampling_params import SamplingParams
@@ -130,9 +131,9 @@ class HFRolloutEngine(RolloutEngine):
     The cache is sized by the requests in flight (rows and columns grow on demand), never preallocated.
     ``max_batch_size`` is the former name of ``max_num_seqs``.  ``fast_decode`` runs decode steps through
     :mod:`~hybridflow.rollout.hf.fast_decode` when the model's structure allows (same results, less overhead).
-    ``exact_log_probs`` (``actor_rollout_ref.rollout.exact_log_probs``): every next-token distribution comes from
-    a full forward of the row with the actor's arithmetic (:mod:`~hybridflow.rollout.hf.exact`), so the
-    log-probs equal the actor's recomputation bit for bit on CPU fp32; slower (no cached decode).
+    ``exact_log_probs`` (``actor_rollout_ref.rollout.exact_log_probs``): the model runs batch-invariant kernels and
+    each log-prob is taken with the trainer's operations (:mod:`~hybridflow.rollout.hf.exact`), so the log-probs
+    equal the trainer's bit for bit on CPU fp32, with the same batched prefill and cached decode.
     """
 
     def __init__(
@@ -174,6 +175,8 @@ class HFRolloutEngine(RolloutEngine):
         self.generator.manual_seed(seed)
         self._vision = VisionPreparer(processor, model.config)
         spec = self._vision.spec
+        if exact_log_probs:
+            prepare_exact_model(model, vision=spec is not None)
         self._batcher = ContinuousBatcher(model, pad_token_id, self.generator, limits, self.compute_dtype, fast_decode,
                                           suppress_ids=[spec.image_token_id, spec.video_token_id] if spec else None,
                                           name=name, exact=exact_log_probs)

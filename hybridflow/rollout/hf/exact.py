@@ -1,84 +1,66 @@
-"""Exact on-policy next-token distributions (``actor_rollout_ref.rollout.exact_log_probs``).
+"""Exact on-policy log-probs (``actor_rollout_ref.rollout.exact_log_probs``): the rollout's log-prob of every sampled
+token equals, bit for bit, what the trainer computes for it (CPU, fp32).
 
-The cached decode step computes a new token's logits from one query row against the K/V cache; the actor's
-recomputation (``old_log_prob``) runs the whole sequence at once.  Both are the same function of the same
-weights, but not the same arithmetic: a matrix product with 1 to 7 rows takes a different CPU kernel (another
-reduction order) than one with many rows, and attention over a cache is another kernel than causal attention
-over the sequence.  The log-probs then agree to ~1e-7, not bit for bit, and the PPO ratio of the first update
-is not exactly 1.
-
-In exact mode every next-token distribution of the rollout is computed the way the actor computes it: a full
-forward of the row's tokens so far (no cache), ``logits / temperature`` with the same Python float, and the
-log-prob by :func:`hybridflow.algorithms.entropy.logprobs_from_logits`.  Shapes are made batch-invariant: every
-row is right-padded to a multiple of :data:`LENGTH_QUANTUM` tokens (padding *after* a causal row cannot change
-it, and no product has fewer rows than the small-matrix kernels take), and rows of one padded width are batched
-together (a row's arithmetic does not depend on its neighbours).  Measured on CPU fp32 (the
-``exact`` tests): the rollout's per-token log-probs equal the actor's trimmed and packed recomputation bit for
-bit.  The cost is a forward over the whole row per generated token (quadratic in the response length instead
-of linear); ``benchmarks/RESULTS.md`` has the numbers.
+The engine runs as always -- batched prefill, cached decode, continuous batching -- on a model whose kernels are
+batch-invariant (``engine/batch_invariant.py``: MKL's strict mode for every product, an attention whose result for a
+query does not depend on the batch or the padding, RMSNorm and SiLU with agreeing kernels): a token's last hidden
+state and its logits are then the trainer's for the same token, whatever the batch.  What is left is the last step,
+done here with the trainer's own operations: ``logits / T`` (a division by the same Python float,
+``engine/forward.py``'s ``logits / temperature``, not a product by ``1 / T``), then ``z_y - logsumexp(z)``
+(``algorithms/entropy.logprobs_from_logits`` and the fused head's ``torch.logsumexp``).  Rows of one temperature
+are scaled together; sampling draws from the scaled logits at unit temperature.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
+import logging
 from typing import Sequence
 
 import torch
 
-from hybridflow.engine.transformers_adapter import text_config
+from hybridflow.engine.batch_invariant import batch_invariance_problem, enable_strict_matmul, mark_batch_invariant
 from hybridflow.rollout.hf.token_sampler import RowSampling, sample_next_tokens
 
-__all__ = ["LENGTH_QUANTUM", "exact_log_probs", "exact_next_tokens", "exact_scaled_logits"]
+__all__ = ["exact_sample", "prepare_exact_model", "scaled_like_the_trainer"]
 
-LENGTH_QUANTUM = 16  # fewer than 8 rows take another sgemm kernel on CPU; 16 keeps every product above that
-
-
-def exact_scaled_logits(model: torch.nn.Module, sequences: Sequence[Sequence[int] | None],
-                        temperatures: Sequence[float], pad_token_id: int, device: torch.device,
-                        vocab_size: int) -> torch.Tensor:
-    """``(B, V)`` float32: the logits of the token after each sequence, divided by its temperature.
-
-    ``None`` entries (rows that finished) get zeros.  Rows are right-padded to a multiple of
-    :data:`LENGTH_QUANTUM`; rows of one padded width and temperature share one forward (a causal row is not
-    changed by padding after it, nor by its neighbours).
-    """
-    out: torch.Tensor | None = None
-    groups: dict[tuple[int, float], list[int]] = defaultdict(list)
-    for i, seq in enumerate(sequences):
-        if seq is not None:
-            groups[(-(-len(seq) // LENGTH_QUANTUM) * LENGTH_QUANTUM, float(temperatures[i]))].append(i)
-    for (width, temperature), rows in groups.items():
-        ids = torch.full((len(rows), width), int(pad_token_id), dtype=torch.long, device=device)
-        lengths = torch.tensor([len(sequences[r]) for r in rows], device=device)
-        for j, r in enumerate(rows):
-            ids[j, :len(sequences[r])] = torch.tensor(list(sequences[r]), dtype=torch.long, device=device)
-        # every position's logits (no logits_to_keep): the lm_head product then has as many rows as the actor's
-        logits = model(input_ids=ids, use_cache=False).logits
-        logits = logits[torch.arange(len(rows), device=device), lengths - 1]
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()
-        if out is None:
-            out = torch.zeros(len(sequences), logits.shape[-1], dtype=torch.float32, device=device)
-        out[torch.tensor(rows, device=device)] = logits / temperature  # the actor's op and operand (engine/forward)
-    return out if out is not None else torch.zeros(len(sequences), vocab_size, dtype=torch.float32, device=device)
+logger = logging.getLogger(__name__)
+_KEY = "actor_rollout_ref.rollout.exact_log_probs"
 
 
-def exact_log_probs(scaled: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Log-probs of ``tokens`` under ``scaled`` logits, with the actor's function."""
-    from hybridflow.algorithms.entropy import logprobs_from_logits
+def prepare_exact_model(model: torch.nn.Module, vision: bool) -> None:
+    """Switch ``model`` to batch-invariant kernels (``engine/batch_invariant.py``) for exact log-probs; raise naming
+    the key when it cannot be exact.  Warns when MKL's strict mode could not be switched on in this process (MKL
+    ran before it): the log-probs then agree with the trainer's to ~1e-7, not bit for bit."""
+    problem = "a vision-language model (its vision tower is not batch-invariant)" if vision else \
+        batch_invariance_problem(model)
+    if problem is not None:
+        raise ValueError(f"{_KEY}=true: the rollout's log-probs cannot equal the trainer's bit for bit for this model: "
+                         f"{problem}. Set {_KEY}=false")
+    mark_batch_invariant(model)
+    if not enable_strict_matmul():
+        logger.warning("%s: MKL's strict reproducibility mode is off in this process (it must be set before its "
+                       "first matrix product: MKL_CBWR=AUTO,STRICT); rollout log-probs will match the trainer's to "
+                       "~1e-7, not bit for bit", _KEY)
 
-    return logprobs_from_logits(scaled, tokens)
+
+def scaled_like_the_trainer(logits: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
+    """``(B, V)`` float32 ``logits / T`` per row, divided as the trainer divides (by the Python float)."""
+    temps = [float(t) for t in temperatures]
+    if len(set(temps)) == 1:
+        return (logits / temps[0]).float()
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    for t in set(temps):
+        rows = torch.tensor([i for i, x in enumerate(temps) if x == t], device=logits.device)
+        out[rows] = (logits[rows] / t).float()
+    return out
 
 
-def exact_next_tokens(model: torch.nn.Module, sequences: Sequence[Sequence[int] | None], params: Sequence,
-                      sampling: RowSampling, generator: torch.Generator, steps: torch.Tensor,
-                      suppress: torch.Tensor | None, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decode step in exact mode: sample each live row's next token from the actor's own arithmetic (the
-    scaled logits of a full forward, drawn from at unit temperature) and return ``(tokens, log_probs)``."""
+def exact_sample(logits: torch.Tensor, params: Sequence, sampling: RowSampling, generator: torch.Generator | None,
+                 steps: torch.Tensor, suppress: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draw per row from ``logits`` (B, V) with the trainer's scaling; ``(tokens, log_probs)``.  ``params``: each
+    row's ``SamplingParams`` (None for a finished row)."""
     temps = [p.logprob_temperature if p is not None else 1.0 for p in params]
-    device = next(model.parameters()).device
-    scaled = exact_scaled_logits(model, sequences, temps, pad_token_id, device, text_config(model.config).vocab_size)
+    scaled = scaled_like_the_trainer(logits, temps)
     unit = dataclasses.replace(sampling, inv_temperature=torch.ones_like(sampling.inv_temperature))
-    tokens, _ = sample_next_tokens(scaled, unit, generator, steps, suppress)
-    return tokens, exact_log_probs(scaled, tokens)
+    return sample_next_tokens(scaled, unit, generator, steps, suppress)

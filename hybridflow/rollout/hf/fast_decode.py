@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridflow.engine.batch_invariant import invariant_attention, invariant_rms_norm, is_batch_invariant
 from hybridflow.engine.transformers_adapter import attention_implementation, attention_mask_layout, text_config
 
 __all__ = ["FastDecoder", "PackedLinears", "fast_decoder_for", "SUPPORTED_MODEL_TYPES"]
@@ -51,7 +52,10 @@ _MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 def _rms(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """transformers' RMSNorm: normalise in fp32, cast back, scale by the weight."""
+    """transformers' RMSNorm: normalise in fp32, cast back, scale by the weight (the batch-invariant one on a model
+    marked by ``engine/batch_invariant.py``)."""
+    if is_batch_invariant(norm):
+        return invariant_rms_norm(x, norm.weight, norm.variance_epsilon)
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * h.to(x.dtype)
@@ -169,7 +173,10 @@ class FastDecoder:
         self.mask_keys = attention_mask_layout(config).layer_keys  # each layer's mask when masks come keyed
         linears = [getattr(layer.self_attn, n) for layer in self.layers for n in _PROJECTIONS]
         linears += [getattr(layer.mlp, n) for layer in self.layers for n in _MLP]
-        self.packed = PackedLinears(linears + [model.lm_head])
+        # batch-invariant (exact log-probs): every product through F.linear, whose rows MKL's strict mode keeps
+        # independent of the batch -- the oneDNN packed kernels are another arithmetic than the trainer's
+        self.invariant = is_batch_invariant(model)
+        self.packed = PackedLinears([] if self.invariant else linears + [model.lm_head])
 
     def usable(self) -> bool:
         """False while the weights are sharded (FSDP DTensors outside an unshard): use ``forward`` then."""
@@ -199,8 +206,11 @@ class FastDecoder:
             k = k * cos + _rotate_half(k) * sin
             keys, values = cache.update(k, v, i)
             layer_mask = mask[self.mask_keys[i]] if isinstance(mask, dict) else mask
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=layer_mask, scale=attn.scaling,
-                                               enable_gqa=gqa)
+            if self.invariant:
+                o = invariant_attention(q, keys, values, layer_mask == 0, attn.scaling)
+            else:
+                o = F.scaled_dot_product_attention(q, keys, values, attn_mask=layer_mask, scale=attn.scaling,
+                                                   enable_gqa=gqa)
             h = h + lin(attn.o_proj, o.transpose(1, 2).reshape(B, 1, -1))
             x = _rms(h, layer.post_attention_layernorm)
             h = h + lin(mlp.down_proj, mlp.act_fn(lin(mlp.gate_proj, x)) * lin(mlp.up_proj, x))
