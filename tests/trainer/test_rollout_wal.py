@@ -102,16 +102,17 @@ class CrashingActor(FakeActor):
         return super().update_actor(batch)
 
 
-def _run(tmp_path, steps, crash_at=None, extra=()):
+def _run(tmp_path, steps, crash_at=None, extra=(), keys=FULLY):
     from hybridflow.launch.config import load_config
     from hybridflow.trainer.controller import RLController
     from hybridflow.trainer.stages import WorkerGroups
 
     cfg = load_config([*config_overrides(tmp_path, n=2, b=2, steps=steps, mini=2), "algorithm.adv_estimator=grpo",
-                       *FULLY, *extra])
+                       *keys, *extra])
     rec = Recorder()
     actor = CrashingActor(rec, crash_at)
     rollout = FakeStreamManager(rec, cfg.actor_rollout_ref.rollout)
+    rollout.fleet.replicas = []
     loader = FakeLoader([prompts(2, start=100 * i) for i in range(8)], batch_size=2)
     run = RLController(cfg, TOKENIZER, WorkerGroups(actor_rollout=actor, ref=actor, rollout=rollout), loader, None,
                        reward_first_token_zero, reward_first_token_zero)
@@ -120,11 +121,19 @@ def _run(tmp_path, steps, crash_at=None, extra=()):
 
 def _lineage(root) -> list[int]:
     """The ordinals trained in the final checkpoint's history, from each checkpoint's record of its steps."""
+    return _lineage_until(root, 1 << 30)
+
+
+def _lineage_until(root, last: int) -> list[int]:
     out = []
-    for step in ckpt.completed_steps(root):
+    for step in [s for s in ckpt.completed_steps(root) if s <= last]:
         for _, _, ids, _ in ckpt.load_data_state(ckpt.step_dir(root, step))["rollout_log"]["trained"]:
             out.extend(ids)
     return out
+
+
+def _queue(run):
+    return run.mode.queue if hasattr(run.mode, "queue") else run.mode.stream.queue
 
 
 def _generated(run) -> set[int]:
@@ -132,26 +141,44 @@ def _generated(run) -> set[int]:
     return {(int(rid.split("-")[1]) - 1) * 2 + int(rid.split("-")[2]) for rid, _ in run.groups.rollout.generated}
 
 
-def test_a_crash_between_checkpoints_loses_nothing_and_trains_nothing_twice(tmp_path):
-    crashed = _run(tmp_path, steps=8, crash_at=5)  # killed in step 5's update: step 4 is the last checkpoint
+MODES = {
+    "fully_async": FULLY,
+    "v1_colocate_async": ["trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async", "trainer.save_freq=2"],
+    "v1_separate_async": ["trainer.use_v1=true", "trainer.v1.trainer_mode=separate_async", *FULLY[:4],
+                          "trainer.v1.separate_async.parameter_sync_step=2", f"{A}.actor.ppo_mini_batch_size=1",
+                          "trainer.save_freq=2"],
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_crash_between_checkpoints_loses_nothing_and_trains_nothing_twice(mode, tmp_path):
+    straight = _run(tmp_path / "straight", steps=8, keys=MODES[mode])
+    straight.fit()
+    crash_update = 5 if mode != "v1_separate_async" else 9  # step 5's (first) update; step 4 is the last checkpoint
+    crashed = _run(tmp_path / "crashed", steps=8, crash_at=crash_update, keys=MODES[mode])
     with pytest.raises(Killed):
         crashed.fit()
     taken_at_5 = [t["ordinal"] for t in crashed.history.trained if t["step"] == 5]
-    finished_then = {t["ordinal"] for t in crashed.history.trained} | set(crashed.mode.queue.pending())
-    resumed = _run(tmp_path, steps=8)
+    finished_then = {t["ordinal"] for t in crashed.history.trained} | set(_queue(crashed).pending())
+    resumed = _run(tmp_path / "crashed", steps=8, keys=MODES[mode])
     history = resumed.fit()
-    assert [t["ordinal"] for t in history.trained if t["step"] == 5] == taken_at_5  # the same samples replayed
+    assert [t["ordinal"] for t in history.trained if t["step"] == 5][:len(taken_at_5)] == taken_at_5  # replayed
     steps = [m for m in history.metrics if "training/global_step" in m]
-    assert steps[0]["rollout_wal/restored_samples"] > 0 and steps[0]["rollout_wal/replayed_steps"] == 1
-    lineage = _lineage(tmp_path / "ckpt")
-    assert sorted(lineage) == list(range(16))  # every sample of 8 steps trained exactly once
+    assert steps[0]["rollout_wal/restored_samples"] > 0 and steps[0]["rollout_wal/replayed_steps"] >= 1
+    lineage = _lineage(tmp_path / "crashed" / "ckpt")
+    assert len(lineage) == len(set(lineage))  # nothing trained twice
+    assert sorted(lineage) == sorted(_lineage(tmp_path / "straight" / "ckpt"))  # the uninterrupted run's samples
     restored = {t["ordinal"] for t in history.trained} - _generated(resumed)
     assert restored and restored <= finished_then  # restored ones were not generated again
-    assert not _generated(resumed) & set(lineage[:8])  # nothing the checkpoint covered was generated again
-    # the log is compacted to the last checkpoint: only its header is left
+    before = _lineage_until(tmp_path / "crashed" / "ckpt", 4)
+    assert not _generated(resumed) & set(before)  # nothing the checkpoint covered was generated again
+    # the log is compacted to the last checkpoint: what is left are samples generated ahead and never trained
     from hybridflow.trainer.durable.wal import read_records
 
-    assert [r["kind"] for r in read_records(tmp_path / "ckpt" / "rollout_wal" / "fully_async.log")] == ["header"]
+    records = read_records(tmp_path / "crashed" / "ckpt" / "rollout_wal" / f"{mode}.log")
+    assert records[0]["kind"] == "header" and records[0]["base_step"] == 8
+    assert {r["kind"] for r in records[1:]} <= {"sample"}
+    assert not {r["ordinal"] for r in records[1:]} & set(lineage)
 
 
 def test_without_the_log_the_crashed_runs_samples_are_generated_again(tmp_path):
@@ -205,3 +232,36 @@ def test_the_resume_replays_the_crashed_steps_samples_and_drops_samples_no_repla
     assert durable.take(queue, 7, 0) is None  # replay over: the queue's own order from here
     assert [s.ordinal for s in queue.take(2)] == [12, 13]
     assert durable.log.metrics()["rollout_wal/replayed_steps"] == 2
+
+
+def test_one_step_off_trains_the_batches_its_crashed_run_generated(tmp_path):
+    """Killed in step 5 (checkpoint 4): batches 5 and 6 were generated (6 ahead, during step 5); the resumed run
+    trains them as they were and generates only 7 and 8."""
+    from hybridflow.launch.config import load_config
+    from hybridflow.trainer.controller import RLController
+    from hybridflow.trainer.stages import WorkerGroups
+    from fake_groups import FakeRollout
+
+    def run(folder, crash_at=None):
+        cfg = load_config([*config_overrides(folder, n=2, b=2, steps=8, mini=2), "algorithm.adv_estimator=grpo",
+                           *FULLY[:4], "async_training.mode=one_step_off", "trainer.save_freq=2"])
+        rec = Recorder()
+        actor = CrashingActor(rec, crash_at)
+        loader = FakeLoader([prompts(2, start=100 * i) for i in range(8)], batch_size=2)
+        return RLController(cfg, TOKENIZER, WorkerGroups(actor_rollout=actor, ref=actor,
+                                                         rollout=FakeRollout(rec, 2, moves=True)),
+                            loader, None, reward_first_token_zero, reward_first_token_zero), rec
+
+    straight, _ = run(tmp_path / "straight")
+    straight.fit()
+    crashed, _ = run(tmp_path / "crashed", crash_at=5)
+    with pytest.raises(Killed):
+        crashed.fit()
+    resumed, rec = run(tmp_path / "crashed")
+    history = resumed.fit()
+    assert rec.calls.count("generate") == 2  # steps 7 and 8 only
+    assert [m["rollout_wal/restored_samples"] for m in history.metrics if "training/global_step" in m][0] == 8
+    assert [int(t["index"]) for t in history.trained] == [400, 401, 500, 501, 600, 601, 700, 701]
+    assert [t["staleness"] for t in history.trained][:2] == [1, 1]  # generated ahead, as in the straight run
+    lineage = _lineage(tmp_path / "crashed" / "ckpt")
+    assert lineage == _lineage(tmp_path / "straight" / "ckpt") == [100 * s + r for s in range(8) for r in range(2)]
