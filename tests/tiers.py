@@ -30,6 +30,7 @@ FULL_TIER: dict[str, str] = {
     "faults/test_code_reward_hacks.py": "reward hacks scored in the sandbox, one run each",
     "faults/test_resume_safety.py": "runs stopped and resumed",
     "faults/test_training_faults.py": "runs interrupted by signals",
+    "faults/test_rollout_wal_kill.py": "a fully async run killed (-9) at random points and resumed, ~3 min",
     "workers/test_ray_actor_group.py": "the actor worker group on Ray",
     "workers/test_vlm_distributed.py": "a VLM on two FSDP ranks",
     "workers/test_actor_distributed.py": "the actor on two FSDP ranks",

@@ -265,3 +265,45 @@ def test_one_step_off_trains_the_batches_its_crashed_run_generated(tmp_path):
     assert [t["staleness"] for t in history.trained][:2] == [1, 1]  # generated ahead, as in the straight run
     lineage = _lineage(tmp_path / "crashed" / "ckpt")
     assert lineage == _lineage(tmp_path / "straight" / "ckpt") == [100 * s + r for s in range(8) for r in range(2)]
+
+
+def test_a_kill_between_the_tracker_and_the_rename_resumes_from_the_last_complete_checkpoint(tmp_path, monkeypatch):
+    """Found by the kill -9 test: the tracker used to be written after the step folder's rename, so a kill between
+    them left a complete global_step_N behind a tracker naming N-1, and the resume refused to start (it would
+    replace global_step_N). Now the tracker goes first: the resume passes over the missing folder."""
+    import os
+
+    def save(step, fail_rename=False):
+        with ckpt.CheckpointWriter(tmp_path, step) as w:
+            (w.tmp_dir / "actor").mkdir()
+            (w.tmp_dir / "actor" / "model.pt").write_bytes(b"w")
+            w.save_trainer_state(ckpt.TrainerState(global_step=step, epoch=0, rng=ckpt.capture_rng_state()))
+            if fail_rename:  # the kill lands on the second of the two moves (tracker, rename), whichever it is
+                real_replace, real_write, moves = os.replace, ckpt.atomic_write_text, []
+
+                def move(name):
+                    moves.append(name)
+                    if len(moves) == 2:
+                        raise Killed()
+
+                def replace(src, dst):
+                    if str(dst).endswith(f"global_step_{step}"):
+                        move("rename")
+                    return real_replace(src, dst)
+
+                def write(path, text):
+                    if str(path).endswith(ckpt.LATEST_FILE):
+                        move("tracker")
+                    return real_write(path, text)
+
+                monkeypatch.setattr(ckpt.os, "replace", replace)
+                monkeypatch.setattr(ckpt, "atomic_write_text", write)
+            w.commit(["actor"])
+
+    save(5)
+    with pytest.raises(Killed):
+        save(10, fail_rename=True)
+    monkeypatch.undo()
+    folder = ckpt.find_resume_dir(tmp_path, "auto", None)
+    assert folder == ckpt.step_dir(tmp_path, 5)
+    ckpt.check_overwrite(tmp_path, folder, saves=True, allowed=False)  # nothing newer to replace: no refusal
