@@ -2,7 +2,7 @@
 
 Runs before training (``trainer.val_before_train``), every ``trainer.test_freq`` steps and after the last
 step.  Each prompt is answered ``val_kwargs.n`` times; per data source we report verl's
-``val-core/<source>/<acc|reward>/mean@N`` (plus ``best@N`` / ``maj@N`` bootstrap estimates, see
+``val-core/<source>/<acc|reward>/mean@N`` (plus ``best@N`` (unbiased, exact) / ``maj@N`` (bootstrap), see
 ``hybridflow.tracking.validation_metrics``).  ``trainer.log_val_generations`` samples (input, output, score; for multi-turn rows also the response cut
 into model and observation ``segments``) are returned for the logger and the run report.  Agent-loop rows add
 verl's ``val-aux/num_turns/{min,max,mean}`` and the tool use of the held-out answers:
