@@ -197,6 +197,7 @@ class TrainerConfig(TrainerRecipeKeys):
     use_v1: bool  # verl 0.9's V1 trainer (hybridflow.config.v1); false = the same synchronous trainer as sync
     v1: dict  # verl 0.9's trainer.v1 node, read and checked by hybridflow.config.v1
     rollout_wal: RolloutWalConfig  # hybridflow-only: generated samples durable until trained (async, V1 modes)
+    async_validation: bool  # hybridflow-only: validation on its own thread, training does not wait (async modes)
 
 
 @dataclass(**KW)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from hybridflow.trainer import ppo_step
 from hybridflow.trainer.asynchronous.rollouter import Rollouter
 from hybridflow.trainer.asynchronous.sample_queue import SampleQueue
+from hybridflow.trainer.background_validation import before_push
 from hybridflow.trainer.modes.base import BatchSource
 from hybridflow.trainer.modes.durable_stream import STATE_KEY, DurableSamples
 from hybridflow.trainer.modes.sample_ledger import SampleLedger, assemble
@@ -115,6 +116,7 @@ class FullyAsyncMode(BatchSource):
             log.metrics["fully_async/max_staleness"] = float(self.max_staleness)
             ppo_step.score(run, batch, log)                                  # score
             batch = ppo_step.train(run, batch, log)                          # train
+            before_push(run, log, pushes=self.weights.local_step + 1 >= self.weights.every)
             self.weights.end_batch(run, log, self.rollouter)                 # push
         ppo_step.step_metrics(run, batch, log)
         log.update(self.durable.metrics())
