@@ -215,7 +215,7 @@ def test_the_resume_replays_the_crashed_steps_samples_and_drops_samples_no_repla
 
     log.wal.rewrite([log._header()])
     for o, v in [(8, 3), (9, 3), (10, 4), (11, 4), (12, 5), (13, 5), (14, 9)]:
-        log.log_sample(sample(o, v))
+        log.log_samples([sample(o, v)])
     log.log_taken(5, 0, [10, 11], ["d"] * 2)
     log.log_taken(6, 0, [8, 9], ["d"] * 2)
     log.close()
@@ -307,3 +307,32 @@ def test_a_kill_between_the_tracker_and_the_rename_resumes_from_the_last_complet
     folder = ckpt.find_resume_dir(tmp_path, "auto", None)
     assert folder == ckpt.step_dir(tmp_path, 5)
     ckpt.check_overwrite(tmp_path, folder, saves=True, allowed=False)  # nothing newer to replace: no refusal
+
+
+def test_samples_reach_the_trainer_only_once_on_disk_many_per_fsync(tmp_path):
+    """The group commit: the queue hands out a sample only after the writer fsync'd it; a burst shares fsyncs."""
+    from hybridflow.launch.config import load_config
+    from hybridflow.trainer.asynchronous.sample_queue import SampleQueue
+    from hybridflow.trainer.durable.rollout_log import RolloutLog
+    from hybridflow.trainer.durable.wal import read_records
+
+    cfg = load_config([*config_overrides(tmp_path, n=2, b=2, steps=8, mini=2), "algorithm.adv_estimator=grpo", *FULLY])
+    log = RolloutLog.open(cfg, "fully_async")
+    log.restore(0, lambda o: False, fresh=False)
+    queue = SampleQueue()
+    queue.on_finished = log.submit_sample
+    row = DataProto.from_dict({"input_ids": torch.tensor([[1, 2, 3]])})
+    on_disk_when_taken = []
+    for o in range(40):
+        s = Sample(ordinal=o, prompt=row, version_start=0, version_end=0,
+                   outputs=[AgentLoopOutput(prompt_ids=[1], response_ids=[o], response_mask=[1])])
+        queue.started(s)
+        queue.finished(s)
+    for _ in range(20):
+        taken = queue.take(2, timeout=30)
+        logged = {r["ordinal"] for r in read_records(log.wal.path) if r["kind"] == "sample"}
+        on_disk_when_taken.append(all(s.ordinal in logged for s in taken))
+    assert all(on_disk_when_taken)
+    metrics = log.metrics()
+    log.close()
+    assert metrics["rollout_wal/samples_per_fsync"] > 1  # 40 samples arrived at once: fewer fsyncs than samples

@@ -9,8 +9,8 @@ finished, so the trainer can keep the staleness bound:
   it any later would exceed the bound.  :meth:`SampleQueue.take` waits for in-flight due samples (partial
   rollouts continued across weight syncs) when the rest of the version has no room left for them.
 
-A finished sample is handed to ``on_finished`` (the rollout log, ``trainer/durable/``) before the trainer can see
-it; :meth:`SampleQueue.restore` puts samples a crashed run had finished back as finished, and
+A finished sample is handed to ``on_finished`` (the rollout log, ``trainer/durable/``), which makes it visible to
+the trainer once it is on disk; :meth:`SampleQueue.restore` puts samples a crashed run had finished back as finished, and
 :meth:`SampleQueue.take_exact` hands out named samples (a resumed run replaying the steps it had taken).
 
 Nothing is ever dropped: the rollouter's budget (``(1 + staleness_threshold) x`` the samples of one version)
@@ -69,7 +69,8 @@ class SampleQueue:
         self._done = False
         self._error: BaseException | None = None
         self.wait_seconds = 0.0  # time the trainer spent waiting in take()
-        self.on_finished: Callable[[Sample], None] | None = None  # called before a finished sample is visible
+        # the rollout log: on_finished(sample, publish) writes the sample, then publish(sample) makes it visible
+        self.on_finished: Callable[[Sample, Callable[[Sample], None]], None] | None = None
 
     def restore(self, samples: Iterable[Sample]) -> None:
         """Samples a crashed run had finished (read back from the rollout log), outstanding and finished again."""
@@ -84,8 +85,12 @@ class SampleQueue:
             self._in_flight[sample.ordinal] = sample
 
     def finished(self, sample: Sample) -> None:
-        if self.on_finished is not None:  # write-ahead: durable before the trainer can take it
-            self.on_finished(sample)
+        if self.on_finished is not None:  # write-ahead: on disk before the trainer can take it (it publishes)
+            self.on_finished(sample, self._publish)
+            return
+        self._publish(sample)
+
+    def _publish(self, sample: Sample) -> None:
         with self._cond:
             self._in_flight.pop(sample.ordinal, None)
             self._finished.append((sample.version_start, next(self._order), sample))

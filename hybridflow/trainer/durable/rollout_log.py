@@ -25,12 +25,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from hybridflow.trainer.asynchronous.sample_queue import Sample
 from hybridflow.trainer.durable.codec import Unencodable, decode, decode_sample, encode, encode_sample
+from hybridflow.trainer.durable.group_commit import GroupCommit
 from hybridflow.trainer.durable.wal import WriteAheadLog
 
 __all__ = ["Restored", "RolloutLog", "fingerprint", "sample_digest"]
@@ -74,6 +76,8 @@ class RolloutLog:
         self.base_step = 0
         self._records: dict[tuple, dict[str, Any]] = {}  # the live records, by identity (a re-log replaces)
         self._pending: tuple[int, Callable[[int], bool]] | None = None  # a checkpoint being written
+        self._lock = threading.Lock()  # the live records and the file change together
+        self._writer: GroupCommit | None = None
         self.unlogged = 0
         self.restored_samples = 0
         self.replayed_steps = 0
@@ -88,15 +92,19 @@ class RolloutLog:
 
     # ------------------------------------------------------------------ writing
     def _write(self, key: tuple, record: dict[str, Any], force: bool) -> bool:
-        try:
-            written = self.wal.append(record, force=force)
-        except OSError as e:  # a full or failing disk: the run goes on, these samples are not durable
-            _LOG.warning("rollout log %s: cannot write (%s); samples generated from now on are generated again "
-                         "after a crash", self.wal.path, e)
-            written = False
-        if written:
-            self._records[key] = record
+        with self._lock:
+            try:
+                written = self.wal.append(record, force=force)
+            except OSError as e:  # a full or failing disk: the run goes on, these samples are not durable
+                self._disk_error(e)
+                written = False
+            if written:
+                self._records[key] = record
         return written
+
+    def _disk_error(self, e: OSError) -> None:
+        _LOG.warning("rollout log %s: cannot write (%s); samples generated from now on are generated again after a "
+                     "crash", self.wal.path, e)
 
     def _not_logged(self, why: str) -> None:
         self.unlogged += 1
@@ -105,14 +113,32 @@ class RolloutLog:
                          "Raise trainer.rollout_wal.max_mb or checkpoint more often (trainer.save_freq)",
                          self.wal.path, why)
 
-    def log_sample(self, sample: Sample) -> None:
-        """A finished sample, before the trainer can take it."""
-        try:
-            record = {"kind": "sample", **encode_sample(sample)}
-        except Unencodable as e:
-            return self._not_logged(f"it holds {e}")
-        if not self._write(("sample", int(sample.ordinal)), record, force=False):
-            self._not_logged(f"the log would pass trainer.rollout_wal.max_mb={self.wal.max_bytes / 2**20:g}")
+    def submit_sample(self, sample: Sample, publish: Callable[[Sample], None]) -> None:
+        """A finished sample: logged by the group-commit writer, then ``publish``\ ed to the trainer."""
+        if self._writer is None:
+            self._writer = GroupCommit(self)
+        self._writer.submit(sample, publish)
+
+    def log_samples(self, samples: list[Sample]) -> None:
+        """Finished samples, one fsync for all (the writer thread calls it)."""
+        keyed = []
+        for sample in samples:
+            try:
+                keyed.append((("sample", int(sample.ordinal)), {"kind": "sample", **encode_sample(sample)}))
+            except Unencodable as e:
+                self._not_logged(f"it holds {e}")
+        with self._lock:
+            try:
+                written = self.wal.append_many([record for _, record in keyed])
+            except OSError as e:
+                self._disk_error(e)
+                written = [False] * len(keyed)
+            for (key, record), ok in zip(keyed, written):
+                if ok:
+                    self._records[key] = record
+        for ok in written:
+            if not ok:
+                self._not_logged(f"the log would pass trainer.rollout_wal.max_mb={self.wal.max_bytes / 2**20:g}")
 
     def log_batch(self, step: int, batch: Any, loader_batches: int) -> None:
         """One-step-off: the batch generated ahead for ``step``."""
@@ -143,7 +169,8 @@ class RolloutLog:
     def trained_since_base(self) -> list[list[Any]]:
         """``[step, index, ids, digests]`` of every step taken since the log's base checkpoint (what a checkpoint
         records as trained since the previous one)."""
-        taken = sorted((k, r) for k, r in self._records.items() if k[0] == "taken")
+        with self._lock:
+            taken = sorted((k, r) for k, r in self._records.items() if k[0] == "taken")
         return [[r["step"], r["index"], r["ids"], r["digests"]] for _, r in taken]
 
     def checkpoint_started(self, step: int, done: Callable[[int], bool]) -> None:
@@ -159,9 +186,10 @@ class RolloutLog:
 
     def covered(self, step: int, done: Callable[[int], bool]) -> None:
         """Rewrite the log without what the checkpoint of ``step`` covers."""
-        self.base_step = int(step)
-        self._records = {k: r for k, r in self._records.items() if not self._is_covered(k, r, step, done)}
-        self.wal.rewrite([self._header(), *self._records.values()])
+        with self._lock:
+            self.base_step = int(step)
+            self._records = {k: r for k, r in self._records.items() if not self._is_covered(k, r, step, done)}
+            self.wal.rewrite([self._header(), *self._records.values()])
 
     @staticmethod
     def _is_covered(key: tuple, record: dict[str, Any], step: int, done: Callable[[int], bool]) -> bool:
@@ -251,9 +279,14 @@ class RolloutLog:
         return out
 
     def metrics(self) -> dict[str, float]:
-        return {"rollout_wal/bytes": float(self.wal.size), "rollout_wal/unlogged_samples": float(self.unlogged),
-                "rollout_wal/restored_samples": float(self.restored_samples),
-                "rollout_wal/replayed_steps": float(self.replayed_steps)}
+        out = {"rollout_wal/bytes": float(self.wal.size), "rollout_wal/unlogged_samples": float(self.unlogged),
+               "rollout_wal/restored_samples": float(self.restored_samples),
+               "rollout_wal/replayed_steps": float(self.replayed_steps)}
+        if self._writer is not None and self._writer.commits:
+            out["rollout_wal/samples_per_fsync"] = self._writer.samples / self._writer.commits
+        return out
 
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
         self.wal.close()

@@ -4,6 +4,7 @@ Each record is one frame: ``b"HFW1"``, the payload's length and CRC-32 (4 bytes 
 payload (UTF-8 JSON).  :meth:`WriteAheadLog.append` writes the frame and ``fsync``s it before returning, so a record
 the caller went on from is on disk.  A kill in the middle of an append leaves a torn last frame: reading stops at
 the first frame whose magic, length or checksum is wrong, and opening the log for appending cuts it off.
+:meth:`WriteAheadLog.append_many` writes several records with one ``fsync`` (a group commit).
 
 :meth:`WriteAheadLog.rewrite` replaces the whole log (compaction) atomically: the new records go to a temporary
 file that is ``fsync``ed and renamed over the log, then the folder is ``fsync``ed -- a kill leaves the old log or
@@ -96,6 +97,21 @@ class WriteAheadLog:
             self._sync()
             self.size += len(frame)
         return True
+
+    def append_many(self, records: list[dict[str, Any]]) -> list[bool]:
+        """:meth:`append` for several records with one fsync (a group commit); which of them were written."""
+        frames = [_frame(r) for r in records]
+        written = []
+        with self._lock:
+            for frame in frames:
+                fits = self.size + len(frame) <= self.max_bytes
+                if fits:
+                    self._file.write(frame)
+                    self.size += len(frame)
+                written.append(fits)
+            if any(written):
+                self._sync()
+        return written
 
     def rewrite(self, records: Iterable[dict[str, Any]]) -> None:
         """Replace the log by ``records`` (atomically, see the module docstring)."""

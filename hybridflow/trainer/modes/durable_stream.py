@@ -53,7 +53,7 @@ class DurableSamples:
         self.log.restored_samples = len(samples)
         ledger.mark_done(restored.evicted)
         queue.restore(samples)
-        queue.on_finished = self.log.log_sample
+        queue.on_finished = self.log.submit_sample
         self.replay = restored.replay
         return {s.ordinal for s in samples}
 
