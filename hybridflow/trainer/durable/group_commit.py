@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from hybridflow.trainer.asynchronous.sample_queue import Sample
-    from hybridflow.trainer.durable.rollout_log import RolloutLog
 
 __all__ = ["GroupCommit"]
 
@@ -25,10 +24,10 @@ _CLOSE_S = 60.0
 
 
 class GroupCommit:
-    """The rollout log's sample writer (see the module docstring)."""
+    """The rollout log's sample writer (see the module docstring): ``write(samples)`` appends and fsyncs them."""
 
-    def __init__(self, log: RolloutLog):
-        self.log = log
+    def __init__(self, write: Callable[[list[Sample]], None]):
+        self.write = write
         self._items: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="rollout-log-writer", daemon=True)
         self._thread.start()
@@ -58,7 +57,7 @@ class GroupCommit:
 
     def _commit(self, batch: list) -> None:
         try:
-            self.log.log_samples([sample for sample, _ in batch])
+            self.write([sample for sample, _ in batch])
             self.commits += 1
             self.samples += len(batch)
         finally:  # logged or not, the trainer gets the samples

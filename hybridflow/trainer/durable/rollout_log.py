@@ -116,7 +116,7 @@ class RolloutLog:
     def submit_sample(self, sample: Sample, publish: Callable[[Sample], None]) -> None:
         """A finished sample: logged by the group-commit writer, then ``publish``\ ed to the trainer."""
         if self._writer is None:
-            self._writer = GroupCommit(self)
+            self._writer = GroupCommit(self.log_samples)
         self._writer.submit(sample, publish)
 
     def log_samples(self, samples: list[Sample]) -> None:
