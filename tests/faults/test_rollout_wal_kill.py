@@ -17,6 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from hybridflow.trainer import run_checkpoint as ckpt
 from hybridflow.trainer.durable.wal import read_records
 
@@ -88,6 +90,7 @@ def _logged_beyond_checkpoint(root: Path) -> dict[int, str]:
             if r.get("kind") == "sample" and r["ordinal"] not in done}
 
 
+@pytest.mark.timeout(2400)  # ~3 min alone; a dozen process starts on a loaded 2-core machine take longer
 def test_kill_9_at_random_points_loses_no_generated_sample_and_trains_none_twice(fault_data, nano_model_dir,
                                                                                    tmp_path):
     straight_dir, killed_dir = tmp_path / "straight", tmp_path / "killed"
