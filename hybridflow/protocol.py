@@ -36,6 +36,7 @@ from hybridflow.protocol_ops import (
     ProtocolValueError,
     deep_equal,
     deserialize_single_tensor,
+    deserialize_tensordict,
     fold_batch_dim,
     from_tensordict,
     merge_meta_info,
@@ -46,6 +47,7 @@ from hybridflow.protocol_ops import (
     repeat_counts,
     type_info,
     serialize_single_tensor,
+    serialize_tensordict,
     to_tensordict,
     unfold_batch_dim,
     union_numpy_dict,
@@ -67,6 +69,8 @@ __all__ = [
     "unfold_batch_dim",
     "serialize_single_tensor",
     "deserialize_single_tensor",
+    "serialize_tensordict",
+    "deserialize_tensordict",
     "pad_dataproto_to_divisor",
     "pad_for_data_parallel",
     "unpad_dataproto",
@@ -149,7 +153,7 @@ class DataProto:
     # ------------------------------------------------------------------ basics
     def __len__(self) -> int:
         n = batch_len(dict(self.batch), self.non_tensor_batch)
-        return n or 0
+        return self.batch.batch_size[0] if n is None else n  # no column: the rows an empty batch was given
 
     def __getitem__(self, item):
         """``data["key"]`` a column; ``data[i]`` one row as a :class:`DataProtoItem` (as verl); a slice, index
@@ -371,15 +375,19 @@ class DataProto:
                                          f"into {n_split} pieces along dim 1")
             return value.reshape(n * n_split, value.shape[1] // n_split, *value.shape[2:])
 
-        def cut_rows(key: str, value: np.ndarray) -> np.ndarray:  # rows holding lists (how lists are stored here)
-            out = np.empty(n * n_split, dtype=object)
+        def cut_rows(key: str, value: np.ndarray) -> np.ndarray:
+            """Rows holding equal-length lists (how lists are stored here) -> a 2-D object array of the chunks,
+            one column per element: verl's layout (it stores such a column as a 2-D array and reshapes it)."""
+            sizes = {len(row) if hasattr(row, "__len__") else -1 for row in value}
+            if len(sizes) > 1 or min(sizes, default=0) < 0 or next(iter(sizes), 0) % n_split:
+                raise ProtocolValueError(f"unfold_column_chunks: the rows of '{key}' (lengths {sorted(sizes)}) cannot "
+                                         f"be cut into {n_split} equal pieces")
+            size = next(iter(sizes), 0) // n_split
+            out = np.empty((n * n_split, size), dtype=object)
             for i, row in enumerate(value):
-                if not hasattr(row, "__len__") or len(row) % n_split:
-                    raise ProtocolValueError(f"unfold_column_chunks: row {i} of '{key}' ({row!r:.60}) cannot be cut "
-                                             f"into {n_split} pieces")
-                size = len(row) // n_split
                 for j in range(n_split):
-                    out[i * n_split + j] = row[j * size:(j + 1) * size]
+                    for k in range(size):
+                        out[i * n_split + j, k] = row[j * size + k]
             return out
 
         if n_split <= 0:
@@ -460,12 +468,13 @@ class DataProto:
         # a read-only view would be unsafe rather than faster.
         return {
             "batch": {k: v.contiguous() for k, v in self.batch.items()},
+            "rows": self.batch.batch_size[0],
             "non_tensor_batch": self.non_tensor_batch,
             "meta_info": self.meta_info,
         }
 
     def __setstate__(self, state):
-        self.batch = TensorBatch(state["batch"])
+        self.batch = TensorBatch(state["batch"], batch_size=state.get("rows"))
         self.non_tensor_batch = state["non_tensor_batch"]
         self.meta_info = state["meta_info"]
 

@@ -60,22 +60,28 @@ class ProtocolTypeError(TypeError, AssertionError):
 
 # ---------------------------------------------------------------------------------------------- containers
 class TensorBatch(dict):
-    """A ``dict[str, Tensor]`` whose values share dim 0; ``batch_size`` mirrors TensorDict's."""
+    """A ``dict[str, Tensor]`` whose values share dim 0; ``batch_size`` mirrors TensorDict's. A batch without
+    tensors keeps the row count it was given (``TensorBatch(batch_size=10)``, as an empty ``TensorDict`` of batch
+    size 10 does), through copies to a device, selections and pickling."""
+
+    def __init__(self, *args, batch_size: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rows = None if batch_size is None else int(batch_size)
 
     @property
     def batch_size(self) -> torch.Size:
         for v in self.values():
             return torch.Size([v.shape[0]])
-        return torch.Size([0])
+        return torch.Size([getattr(self, "rows", None) or 0])
 
     def to(self, device) -> "TensorBatch":
-        return TensorBatch({k: v.to(device) for k, v in self.items()})
+        return TensorBatch({k: v.to(device) for k, v in self.items()}, batch_size=self.batch_size[0])
 
     def select(self, *keys: str) -> "TensorBatch":
         missing = [k for k in keys if k not in self]
         if missing:
             raise ProtocolKeyError(f"select: tensor keys {missing} not in batch; available: {sorted(self)}")
-        return TensorBatch({k: self[k] for k in keys})
+        return TensorBatch({k: self[k] for k in keys}, batch_size=self.batch_size[0])
 
 
 def as_object_array(values: Any) -> np.ndarray:
@@ -93,7 +99,9 @@ def as_tensor_batch(batch: Any) -> TensorBatch:
         return batch
     if batch is None:
         return TensorBatch()
-    return TensorBatch(dict(batch.items()))  # a dict, or a TensorDict from verl code
+    size = getattr(batch, "batch_size", None)  # a TensorDict from verl code: its row count, even without keys
+    rows = int(size[0]) if size is not None and len(size) > 0 else None
+    return TensorBatch(dict(batch.items()), batch_size=rows)
 
 
 def batch_len(tensors: dict[str, torch.Tensor], non_tensors: dict[str, np.ndarray]) -> int | None:
@@ -330,6 +338,40 @@ def deserialize_single_tensor(arr: tuple[str, Any, Any]) -> torch.Tensor:
     return flat.view(dtype).view(tuple(shape))
 
 
+def serialize_tensordict(batch: Any) -> tuple[tuple[int, ...], str | None, dict[str, tuple]]:
+    """verl's numpy serialisation of a ``TensorDict`` (or a :class:`TensorBatch`): ``(batch_size, device, items)``
+    with each tensor as :func:`serialize_single_tensor`'s triple and each nested tensor as ``(layout, [triples of
+    its components])``. Read back by :func:`deserialize_tensordict`."""
+    items: dict[str, tuple] = {}
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor):
+            raise ProtocolTypeError(f"serialize_tensordict: '{key}' is a {type(value).__name__}, not a tensor")
+        if value.is_nested:
+            items[key] = (str(value.layout).removeprefix("torch."), [serialize_single_tensor(t) for t in value.unbind()])
+        else:
+            items[key] = serialize_single_tensor(value)
+    device = getattr(batch, "device", None)
+    return tuple(int(d) for d in batch.batch_size), None if device is None else str(device), items
+
+
+def deserialize_tensordict(arr: Any) -> Any:
+    """The ``TensorDict`` :func:`serialize_tensordict` described (needs the optional ``tensordict`` package)."""
+    td_mod = _tensordict_module()
+    batch_size, device, items = arr
+    decoded: dict[str, torch.Tensor] = {}
+    for key, value in items.items():
+        if len(value) == 3:
+            decoded[key] = deserialize_single_tensor(value)
+        elif len(value) == 2:
+            layout, parts = value
+            decoded[key] = torch.nested.as_nested_tensor([deserialize_single_tensor(p) for p in parts],
+                                                         layout=getattr(torch, layout))
+        else:
+            raise ProtocolValueError(f"deserialize_tensordict: '{key}' is encoded with {len(value)} fields; expected "
+                                     "3 (a tensor) or 2 (a nested tensor)")
+    return td_mod.TensorDict(source=decoded, batch_size=batch_size, device=device)
+
+
 # ---------------------------------------------------------------------------------------------- tensordict
 def _tensordict_module():
     """``tensordict`` (>= 0.10), imported only when a conversion is asked for: hybridflow does not need it
@@ -391,4 +433,4 @@ def from_tensordict(cls, tensor_dict, meta_info: dict | None = None, num_batch_d
     return cls(batch=tensors, non_tensor_batch=non, meta_info=meta)
 
 
-__all__ += ["to_tensordict", "from_tensordict"]
+__all__ += ["to_tensordict", "from_tensordict", "serialize_tensordict", "deserialize_tensordict"]

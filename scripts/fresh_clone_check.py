@@ -11,7 +11,12 @@ clone) into a new temporary folder, with no venv and none of this shell's PYTHON
 1. `make quickstart`: builds .venv from the lock, trains the tiny model; the check reads the held-out accuracy
    before and after RL from the printed line and from summary.json (they must agree) and requires
    after >= before + MARGIN;
-2. `make test` (unless --skip-test): the whole suite.
+2. `make test` (unless --skip-test): the whole suite; with --full also `make test-full` (the tests marked `full`:
+   the live report in a headless browser).
+
+Nothing is put beside the clone (no ../shared): the suite must pass from the repository alone. A test that errors
+or fails because something outside the clone is missing (a path above the clone, the GSM8K copy in ../shared) fails
+the check by name, even if the rest passed.
 
 It ends with a summary: each step's wall time and exit status, the accuracies, the versions installed in the
 clone's .venv, and a verdict (exit status 0 only when every step passed). The temporary folder is removed unless
@@ -141,10 +146,21 @@ def pytest_tally(output: str) -> str:
     return " + ".join(tails) if tails else "no pytest summary line"
 
 
+# pytest's short summary ("ERROR tests/x.py::t - ...", "FAILED ...") lines that blame a file outside the clone
+OUTSIDE_CLONE = re.compile(r"\.\./shared|/shared/data|HYBRIDFLOW_SHARED|GSM8K data not found")
+
+
+def outside_clone_errors(output: str) -> list[str]:
+    """The failed or erroring tests whose message points outside the clone (e.g. at ../shared/data/gsm8k)."""
+    return [ln.strip() for ln in output.splitlines()
+            if ln.startswith(("ERROR ", "FAILED ")) and OUTSIDE_CLONE.search(ln)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref", default="HEAD", help="commit, branch or tag of this checkout to clone (default HEAD)")
     ap.add_argument("--skip-test", action="store_true", help="run `make quickstart` only, not `make test`")
+    ap.add_argument("--full", action="store_true", help="after `make test`, run `make test-full` (the full tier)")
     ap.add_argument("--margin", type=float, default=0.05,
                     help="required gain of held-out accuracy, as a fraction (default 0.05 = 5 points)")
     ap.add_argument("--quickstart-timeout", type=float, default=1800, help="seconds (default 1800; venv included)")
@@ -163,10 +179,9 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="hybridflow-fresh-"))
     clone = tmp / "hybridflow"
-    shared = SOURCE.parent / "shared"
-    if shared.is_dir():  # CI clones the repository beside shared/ (the GSM8K data some tests read)
-        (tmp / "shared").symlink_to(shared)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    # nothing beside the clone, and no pointer to data outside it: what a stranger's clone has
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME",
+                                                           "HYBRIDFLOW_SHARED")}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
                                   if not (Path(p) / "activate").exists())  # no venv's bin/ on PATH
     steps: list[dict] = []
@@ -181,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(["git", "-c", "advice.detachedHead=false", "checkout", "--quiet", sha], cwd=clone, check=True)
         leftovers = [p for p in (".venv", ".venv-vllm", "outputs") if (clone / p).exists()]
         assert not leftovers, f"the clone is not fresh: {leftovers}"
+        beside = sorted(p.name for p in tmp.iterdir() if p != clone)
+        assert not beside, f"the clone is not alone in {tmp}: {beside}"
         print(f"cloned {described} into {clone} in {time.monotonic() - start:.1f} s", flush=True)
 
         qs = run_step("make quickstart", ["make", "quickstart"], clone, env, args.quickstart_timeout,
@@ -191,12 +208,17 @@ def main(argv: list[str] | None = None) -> int:
         numbers, found = quickstart_numbers(qs["output"], clone, args.margin)
         problems += found
         versions = installed_versions(clone)
-        if not args.skip_test:
-            test = run_step("make test", ["make", "test"], clone, env, args.test_timeout, tmp / "test.log")
+        targets = [] if args.skip_test else ["test"] + (["test-full"] if args.full else [])
+        for target in targets:
+            test = run_step(f"make {target}", ["make", target], clone, env, args.test_timeout, tmp / f"{target}.log")
             test["tally"] = pytest_tally(test["output"])
             steps.append(test)
             if test["rc"] != 0:
-                problems.append(f"`make test` exited {test['rc']} ({test['tally']})")
+                problems.append(f"`make {target}` exited {test['rc']} ({test['tally']})")
+            outside = outside_clone_errors(test["output"])
+            if outside:
+                problems.append(f"`make {target}`: {len(outside)} test(s) need files outside the clone: "
+                                + "; ".join(outside[:5]))
         completed = True
     except KeyboardInterrupt:
         problems.append("interrupted (the running step's processes were stopped)")

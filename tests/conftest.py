@@ -48,17 +48,27 @@ def bpe_model_dir(tmp_path_factory):
     return str(make_tiny_checkpoint(tmp_path_factory.mktemp("bpe_model"), size="nano", tokenizer="bpe"))
 
 
+GSM8K_SAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "fixtures", "gsm8k_sample")
+
+
 @pytest.fixture(scope="session")
 def gsm8k_dir():
-    """The real GSM8K jsonl shipped beside the repo (../shared/data/gsm8k; HYBRIDFLOW_SHARED overrides)."""
+    """Real GSM8K rows kept in the repository (64 train, 32 test; tests/data/fixtures/gsm8k_sample/README.md)."""
+    return GSM8K_SAMPLE
+
+
+@pytest.fixture(scope="session")
+def gsm8k_full_dir():
+    """The whole GSM8K jsonl, where a machine has it ($HYBRIDFLOW_SHARED/data/gsm8k or ../shared/data/gsm8k beside
+    the repository); the tests that need every row are skipped, saying where they looked, on a plain clone."""
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = [os.path.join(os.environ["HYBRIDFLOW_SHARED"], "data", "gsm8k")] if "HYBRIDFLOW_SHARED" in os.environ else []
     candidates.append(os.path.abspath(os.path.join(here, "..", "..", "shared", "data", "gsm8k")))
     for path in candidates:
-        if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "train.jsonl")) and os.path.isfile(os.path.join(path, "test.jsonl")):
             return path
-    pytest.fail(f"GSM8K data not found in {candidates}; CI clones the repo beside shared/ "
-                "(or set HYBRIDFLOW_SHARED)")
+    pytest.skip(f"the full GSM8K data is not on this machine (looked in {candidates}; set HYBRIDFLOW_SHARED); "
+                "the repository's sample (tests/data/fixtures/gsm8k_sample) covers the same code")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -33,3 +33,24 @@ def run(overrides, out_dir, should_stop=None):
     cfg = load_config(list(overrides))
     logger = Tracking("it", "run", default_backend=["file"], output_dir=out_dir)
     return train_ppo(cfg, logger=logger, should_stop=should_stop)
+
+
+def assert_timings_are_durations(records):
+    """Every ``timing_s/*`` metric of a run's records is a duration: a stage ``hybridflow/tracking/units.py`` lists
+    as timed, finite and >= 0, and not a whole number unless 0 (a clock's reading never is; a token count always
+    is). Returns the names checked."""
+    import math
+
+    from hybridflow.tracking.units import DURATION_STAGES, is_duration
+
+    names = sorted({k for rec in records for k in rec if k.startswith("timing_s/")})
+    assert names, "the run logged no timing_s/* metric"
+    unknown = [k for k in names if not is_duration(k)]
+    assert not unknown, (f"timing_s/ holds names that are not timed stages: {unknown}; log counts and lengths under "
+                         f"another family, or add a new stage to DURATION_STAGES ({sorted(DURATION_STAGES)})")
+    for rec in records:
+        for k, v in rec.items():
+            if k.startswith("timing_s/"):
+                assert math.isfinite(v) and v >= 0, f"{k}={v} at step {rec.get('step')}"
+                assert v == 0 or v != int(v), f"{k}={v} at step {rec.get('step')} is a whole number: a count?"
+    return names

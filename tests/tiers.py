@@ -37,6 +37,7 @@ FULL_TIER: dict[str, str] = {
     "workers/test_dp_padding.py": "data-parallel padding on two ranks",
     "engine/test_compiled_kernels.py": "torch.compile of the fused kernels",
     "engine/test_sequence_parallel.py": "Ulysses equality on 2 and 4 gloo processes",
+    "engine/test_pipeline_parallel.py::test_four_ranks": "pipeline x tp / dp / ep equality on 4 gloo processes",
     "engine/test_mixed_precision.py::test_fsdp2_on_two_gloo_ranks_uses_the_policy": "two gloo ranks",
     "config/test_megatron_command_lines.py::test_scaled_qwen3_megatron_grpo_runs_a_step_on_ray": "a Ray run",
     "trainer/test_main_ppo_startup.py": "Ray start-up with the driver's work in the background",
@@ -45,6 +46,8 @@ FULL_TIER: dict[str, str] = {
     "benchmarks/": "the benchmark scripts' smoke runs",
     "test_quiet_console.py": "the console of whole runs",
     "rollout_vllm/": "vLLM (make test-vllm)",
+    "tracking/test_live_report_browser.py": "the live report in headless Chromium (Debian's chromium, .ci/run)",
+    "cli/test_user_errors.py": "every command fed its bad inputs, one process each (~3 min)",
 }
 
 # Fast-tier scenarios kept from the folders above: one end-to-end run of each kind.

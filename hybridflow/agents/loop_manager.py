@@ -299,10 +299,12 @@ def summarize_trajectory_metrics(per_trajectory: Sequence[dict[str, float]],
                                  batch: DataProto) -> tuple[dict[str, float], dict[str, float]]:
     """``(timing, metrics)`` of a batch of trajectories.
 
-    ``timing`` holds verl's agent-loop timings (the trainer logs them as ``timing_s/agent_loop/...``):
-    ``{generate_sequences,tool_calls}/{min,max,mean}`` and ``slowest/*``.  ``metrics`` holds the
-    trajectory statistics: model vs observation tokens, tool calls and tool errors per trajectory and the
-    fraction of trajectories that called a tool (``agent/...``), and ``agent/error_count`` (trajectories whose loop failed).
+    ``timing`` holds verl's agent-loop timings, seconds only (the trainer logs them as ``timing_s/agent_loop/...``):
+    ``{generate_sequences,tool_calls}/{min,max,mean}`` and ``slowest/{generate_sequences,tool_calls}``.  ``metrics``
+    holds the rest: the slowest trajectory's ``agent_loop/slowest/{prompt_length,response_length}`` (tokens; verl
+    files them with its timings, which would log token counts as ``timing_s/``), the trajectory statistics: model vs
+    observation tokens, tool calls and tool errors per trajectory and the fraction of trajectories that called a
+    tool (``agent/...``), and ``agent/error_count`` (trajectories whose loop failed).
     """
     if not per_trajectory:
         return {}, {}
@@ -320,8 +322,8 @@ def summarize_trajectory_metrics(per_trajectory: Sequence[dict[str, float]],
     timing["agent_loop/slowest/generate_sequences"] = per_trajectory[slowest].get("generate_sequences", 0.0)
     timing["agent_loop/slowest/tool_calls"] = per_trajectory[slowest].get("tool_calls", 0.0)
     prompt_width = batch.batch["prompts"].shape[1]
-    timing["agent_loop/slowest/prompt_length"] = float(batch.batch["attention_mask"][slowest, :prompt_width].sum())
-    timing["agent_loop/slowest/response_length"] = float(batch.batch["attention_mask"][slowest, prompt_width:].sum())
+    metrics["agent_loop/slowest/prompt_length"] = float(batch.batch["attention_mask"][slowest, :prompt_width].sum())
+    metrics["agent_loop/slowest/response_length"] = float(batch.batch["attention_mask"][slowest, prompt_width:].sum())
     stats(metrics, "agent/model_tokens", "model_tokens")
     stats(metrics, "agent/observation_tokens", "observation_tokens")
     if any("tool_call_count" in m for m in per_trajectory):
@@ -335,6 +337,8 @@ def summarize_trajectory_metrics(per_trajectory: Sequence[dict[str, float]],
         if name.endswith("_count"):
             metrics[name] = float(sum(m.get(key, 0.0) for m in per_trajectory))
     metrics["agent/tokenization_mismatch_count"] = float(sum(m.get("tokenization_mismatch", 0.0) for m in per_trajectory))
+    # model tokens the strict tokenization check left untrained (response_mask 0)
+    metrics["agent/untrained_model_tokens"] = float(sum(m.get("untrained_model_tokens", 0.0) for m in per_trajectory))
     for kind in sorted({k for m in per_trajectory for k in m if k.startswith("tool_errors/")}):
         metrics[f"agent/{kind}"] = float(sum(m.get(kind, 0.0) for m in per_trajectory))
     return timing, metrics

@@ -21,7 +21,10 @@ what the actor and the reference recompute log-probs with.
 
 P is ``rollout.prompt_length`` or the longest prompt of the batch if longer (a tool agent's prompt holds
 the tool schemas, which the dataset's length filter never saw).  Non-tensor columns: ``__num_turns__`` and every key of the
-trajectories' ``extra_fields`` (``turn_scores``, ``tool_rewards``, ...).
+trajectories' ``extra_fields``, always including the stable set ``STABLE_EXTRA_FIELDS`` (verl's): ``turn_scores`` and
+``tool_rewards`` (``[]`` for a trajectory whose loop set none), ``min_global_steps``, ``max_global_steps`` and
+``extras`` (``None`` when unset), so batches of different agent loops and generation rounds share one schema and
+concatenate (DAPO's extra rounds, asynchronous training).
 """
 
 from __future__ import annotations
@@ -34,7 +37,11 @@ import torch
 from hybridflow.agents.base import AgentLoopOutput
 from hybridflow.protocol import DataProto
 
-__all__ = ["outputs_to_batch"]
+__all__ = ["STABLE_EXTRA_FIELDS", "outputs_to_batch"]
+
+# extra_fields present in every rollout batch, with the value a trajectory gets when its loop did not set them
+STABLE_EXTRA_FIELDS: dict[str, object] = {"turn_scores": [], "tool_rewards": [], "min_global_steps": None,
+                                          "max_global_steps": None, "extras": None}
 
 
 _NUMPY = {torch.long: np.int64, torch.float32: np.float32}
@@ -96,8 +103,10 @@ def outputs_to_batch(outputs: Sequence[AgentLoopOutput], prompt_length: int, res
         last = reward_positions(tensors["response_mask"], response_attention.sum(dim=1).tolist())
         rm_scores[torch.arange(len(outputs)), torch.tensor(last)] = torch.tensor([float(o.reward_score) for o in outputs])
         tensors["rm_scores"] = rm_scores
-    for key in sorted({k for o in outputs for k in o.extra_fields} - {"reward_extra_info"}):
-        non_tensors[key] = _column([o.extra_fields.get(key) for o in outputs])
+    for key in sorted({k for o in outputs for k in o.extra_fields} - {"reward_extra_info"} | set(STABLE_EXTRA_FIELDS)):
+        default = STABLE_EXTRA_FIELDS.get(key)
+        non_tensors[key] = _column([o.extra_fields.get(key, list(default) if isinstance(default, list) else default)
+                                    for o in outputs])
     meta: dict = {}
     if "rm_scores" in tensors:  # scored in the agent loops: their extra info becomes columns, as a manager's does
         infos = [o.extra_fields.get("reward_extra_info") or {} for o in outputs]

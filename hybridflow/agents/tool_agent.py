@@ -227,6 +227,7 @@ class ToolAgentLoop(AgentLoopBase):
         if mismatch is not None:
             extra["tokenization_mismatch"] = mismatch
             if self.mt.tokenization_sanity_check_mode == "strict":  # an error: never trained on
+                extra["untrained_model_tokens"] = sum(mask)  # generated, then masked: not observations
                 mask = [0] * len(mask)
         kinds = {k: v for k, v in tool_metrics.items() if k.startswith("tool_errors/")}
         if state.parse_errors:

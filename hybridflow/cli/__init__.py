@@ -1,23 +1,27 @@
-"""The ``hybridflow`` console script: train, sft, quickstart, generate, merge, data.
+"""The ``hybridflow`` console script: train, sft, quickstart, generate, merge, data, sandbox, report.
 
 Each sub-command is a thin front door to a library function so everything a command does can also
 be called from Python (and debugged there). Heavy imports happen inside the sub-command so that
-``hybridflow train --dry-run`` answers in about a second.
+``hybridflow train --dry-run`` answers in about a second. Every command answers ``--help``; a user error (a bad
+option, key or value, a missing file, no network for a download) is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from hybridflow.launch.command_line import EXIT_CONFIG_ERROR
+from hybridflow.cli.args import CommandParser, one_line
+from hybridflow.launch.command_line import EXIT_CONFIG_ERROR, user_error_types
 from hybridflow.utils.quiet import quiet_libraries
 
 USAGE = """hybridflow <command> [args]
 
 commands:
   train [--dry-run] [--config-path DIR --config-name NAME] key=value ...
-                     PPO/GRPO training with verl's config keys (same as python -m hybridflow.trainer.main_ppo)
+                     PPO/GRPO training with verl's config keys (same as python -m hybridflow.trainer.main_ppo);
+                     train --help lists the config groups, train --help NODE a node's keys and defaults
   sft key=value ...  supervised fine-tuning (also used to warm up models before RL)
   quickstart [--task addition|tool-use|vision|judge] [--output-dir DIR]
                      train a built-in tiny model on a built-in task on this CPU and report before/after
@@ -30,6 +34,11 @@ commands:
   sandbox serve [--host H --port P --token T --workers N]
                      serve the SandboxFusion API (/run_code) on the local code sandbox (loopback, token)
   sandbox check      which isolation modes work here, and which one code rewards will use
+  report RUN_DIR [--serve] [--port P]
+                     write RUN_DIR/report.html from its metrics.jsonl, or serve it live on 127.0.0.1 while the
+                     run writes (refreshed as metrics.jsonl grows)
+
+hybridflow <command> --help: the command's options.
 """
 
 
@@ -37,7 +46,18 @@ def entry() -> None:
     """The ``hybridflow`` console script: :func:`main`, then a quick exit (hybridflow.utils.fast_exit)."""
     from hybridflow.utils.fast_exit import run_and_exit
 
-    run_and_exit(main)
+    run_and_exit(_main_to_a_pipe)
+
+
+def _main_to_a_pipe() -> int:
+    """:func:`main`, quiet when its reader goes away (``hybridflow train --help NODE | head``)."""
+    import os
+
+    try:
+        return main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,19 +72,24 @@ def main(argv: list[str] | None = None) -> int:
         "sft": cmd_sft,
         "quickstart": cmd_quickstart,
         "generate": cmd_generate,
-        "eval": cmd_generate,
+        "eval": lambda rest: cmd_generate(rest, "eval"),
         "merge": cmd_merge,
         "data": cmd_data,
         "sandbox": cmd_sandbox,
+        "report": cmd_report,
     }
     if cmd not in handlers:
         from hybridflow.utils.registry import closest
 
         hint = closest(cmd, list(handlers))
-        print(f"hybridflow: unknown command '{cmd}'" + (f"; did you mean '{hint}'?" if hint else ""), file=sys.stderr)
-        print(USAGE, file=sys.stderr)
+        print(f"hybridflow: unknown command '{cmd}'" + (f"; did you mean '{hint}'?" if hint else "")
+              + f" (commands: {', '.join(handlers)}; hybridflow --help)", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    result = handlers[cmd](rest)
+    try:
+        result = handlers[cmd](rest)
+    except user_error_types() as e:  # the input is wrong: its message names the field and the fix
+        print(f"hybridflow {cmd}: {one_line(e)}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     return result if isinstance(result, int) else 0  # sub-commands may return their result object
 
 
@@ -75,6 +100,17 @@ def cmd_train(argv: list[str]) -> int:
 
 
 def cmd_sft(argv: list[str]) -> int:
+    from hybridflow.cli.help import sft_help, wants_help
+
+    if wants_help(argv):
+        return sft_help(argv)
+    from hybridflow.sft.config import load_sft_config
+
+    try:
+        load_sft_config(argv)  # a bad key or value: one line, before any process starts
+    except ValueError as e:
+        print(f"hybridflow sft: {one_line(e)} (keys: hybridflow sft --help)", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     from hybridflow.sft.trainer import main as sft_main
 
     sft_main(argv)
@@ -82,7 +118,7 @@ def cmd_sft(argv: list[str]) -> int:
 
 
 def cmd_quickstart(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="hybridflow quickstart", description="Train a tiny model on CPU.")
+    parser = CommandParser(prog="hybridflow quickstart", description="Train a tiny model on CPU.")
     parser.add_argument("--output-dir", default=None,
                         help="default outputs/quickstart, outputs/quickstart_tool_use, outputs/quickstart_vision or "
                              "outputs/quickstart_judge")
@@ -142,17 +178,19 @@ def _quickstart_tool_use(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_generate(argv: list[str]) -> int:
+def cmd_generate(argv: list[str], cmd: str = "generate") -> int:
     from hybridflow.cli.generate import main as gen_main
 
-    return gen_main(argv) or 0
+    return gen_main(argv, cmd) or 0
 
 
 def cmd_merge(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="hybridflow merge", description="Export a checkpoint to an HF folder.")
+    parser = CommandParser(prog="hybridflow merge", description="Export a checkpoint to an HF folder.")
     parser.add_argument("local_dir", help="checkpoint folder, e.g. checkpoints/proj/exp/global_step_10/actor")
     parser.add_argument("target_dir", help="where to write the Hugging Face model")
     args = parser.parse_args(argv)
+    if not Path(args.local_dir).is_dir():
+        parser.error(f"no checkpoint folder {args.local_dir} (a global_step_N folder or its actor/ sub-folder)")
     from hybridflow.cli.merge import merge_checkpoint
 
     path = merge_checkpoint(args.local_dir, args.target_dir)
@@ -177,7 +215,7 @@ def cmd_data(argv: list[str]) -> int:
               + f". Known: {', '.join(DATA_COMMANDS)}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     description, setup, run = DATA_COMMANDS[name]
-    parser = argparse.ArgumentParser(prog=f"hybridflow data {name}", description=description)
+    parser = CommandParser(prog=f"hybridflow data {name}", description=description)
     setup(parser)
     written = run(parser.parse_args(argv[1:]))
     paths = written.values() if isinstance(written, dict) else (written or [])
@@ -201,6 +239,12 @@ def cmd_sandbox(argv: list[str]) -> int:
     from hybridflow.sandbox.http_service import main as serve_main
 
     return serve_main(argv[1:])
+
+
+def cmd_report(argv: list[str]) -> int:
+    from hybridflow.cli.report import main as report_main
+
+    return report_main(argv)
 
 
 def _sandbox_check() -> int:

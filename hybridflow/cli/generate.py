@@ -49,12 +49,16 @@ def run_generation(config) -> ValidationResult:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, cmd: str = "generate") -> int:
+    from hybridflow.cli.help import generate_help, wants_help
     from hybridflow.launch.command_line import load_trainer_config
     from hybridflow.utils.quiet import quiet_libraries
 
     quiet_libraries()
-    config, _ = load_trainer_config(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(argv):
+        return generate_help(argv, cmd)
+    config, _ = load_trainer_config(argv)
     result = run_generation(config)
     for key in sorted(result.metrics):
         print(f"{key}: {result.metrics[key]:.4f}")

@@ -112,8 +112,8 @@ REFUSED: tuple[KeyRule, ...] = (
             "a quantization config file for the rollout engine is not supported; set "
             "actor_rollout_ref.rollout.quantization (vLLM's method name) instead"),
     KeyRule("actor_rollout_ref.rollout.prometheus",
-            "exporting the rollout servers' metrics to Prometheus is not implemented; the run's metrics go to "
-            "trainer.logger"),
+            "exporting the rollout servers' own metrics to Prometheus is not implemented; the run's metrics are "
+            "served for Prometheus by trainer.logger=[...,prometheus] (trainer.prometheus.host/port)"),
     KeyRule("actor_rollout_ref.rollout.disaggregation",
             "prefill/decode disaggregation of the rollout engine is not implemented; drop the key"),
     KeyRule("actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module",

@@ -160,6 +160,27 @@ class RolloutWalConfig:
 
 
 @dataclass(**KW)
+class PrometheusConfig:
+    """``trainer.prometheus``: where the ``prometheus`` logger serves ``/metrics`` (hybridflow/tracking/prometheus.py)."""
+
+    host: str
+    port: int
+    drift_threshold: float  # max |p_rollout - p_actor| of a step above which the step counts as drift
+
+
+@dataclass(**KW)
+class DriftConfig:
+    """``trainer.drift``: the rollout vs trainer log-prob drift check and the engines' weight digests
+    (hybridflow.trainer.drift, docs/drift.md)."""
+
+    enable: bool
+    action: str  # stop | warn
+    warn: Optional[float]  # null: the measured level of the run's engine x dtype
+    stop: Optional[float]
+    check_weights: bool
+
+
+@dataclass(**KW)
 class TrainerConfig(TrainerRecipeKeys):
     backend: str
     device: str
@@ -192,12 +213,14 @@ class TrainerConfig(TrainerRecipeKeys):
     use_legacy_worker_impl: Any  # "auto" | "enable" | "disable" (verl scripts also write False); inert here
     seed: int
     report: bool
+    prometheus: PrometheusConfig
     tolerated_failure_fraction: float  # hybridflow-only: see hybridflow.trainer.step_failures
     import_modules: list  # user modules (dotted or .py) imported in every process: they register extensions
     use_v1: bool  # verl 0.9's V1 trainer (hybridflow.config.v1); false = the same synchronous trainer as sync
     v1: dict  # verl 0.9's trainer.v1 node, read and checked by hybridflow.config.v1
     rollout_wal: RolloutWalConfig  # hybridflow-only: generated samples durable until trained (async, V1 modes)
     async_validation: bool  # hybridflow-only: validation on its own thread, training does not wait (async modes)
+    drift: DriftConfig  # hybridflow-only: the drift detector and weight digests (docs/drift.md)
 
 
 @dataclass(**KW)

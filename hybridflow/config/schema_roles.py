@@ -92,7 +92,7 @@ class MegatronConfig:
     expert_tensor_parallel_size: Optional[int] = None
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: Optional[int] = None
-    pipeline_schedule: str = "1f1b"  # hybridflow-only: 1f1b | gpipe (virtual stages: interleaved 1F1B)
+    pipeline_schedule: str = "1f1b"  # hybridflow-only: 1f1b | gpipe (virtual stages: interleaved 1F1B | looped GPipe)
     context_parallel_size: int = 1
     sequence_parallel: bool = True
     use_distributed_optimizer: bool = True
@@ -319,7 +319,7 @@ class RolloutConfig:
     enforce_eager: bool
     cudagraph_capture_sizes: Optional[list]
     free_cache_engine: bool
-    tensor_model_parallel_size: int
+    tensor_model_parallel_size: Optional[int]  # null: the engine's default (vllm / sglang 2 as in verl, hf 1)
     data_parallel_size: int
     expert_parallel_size: int
     pipeline_model_parallel_size: int

@@ -134,11 +134,33 @@ def _read_hub(name: str) -> list[dict[str, Any]]:
     return read_hub_rows(repo, split or "train", fix=_HUB_NAME_FIX)
 
 
+def _hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached (one connection attempt, 5 s at most), or None. Offline mode
+    (``HF_HUB_OFFLINE=1``: the local cache only) is not probed."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return None
+    url = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=5.0).close()
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+    return None
+
+
 def read_hub_rows(name: str, split: str, config_name: str | None = None, fix: str = "") -> list[dict[str, Any]]:
     """All rows of ``split`` of the hub dataset ``name`` (configuration ``config_name``) as dicts, through
     ``datasets.load_dataset``: the one place hybridflow loads a dataset from the hub (run files and the
-    preprocessors alike).  Any failure is a :class:`DataFileError` naming the dataset and ``fix``, what to do."""
+    preprocessors alike).  Any failure is a :class:`DataFileError` naming the dataset and ``fix``, what to do.
+    The hub is probed once first: without network ``datasets`` retries for about a minute, printing each retry."""
     what = f"'{name}'" + (f" (configuration '{config_name}')" if config_name else "") + f" split '{split}'"
+    unreachable = _hub_unreachable()
+    if unreachable:
+        raise DataFileError(f"cannot reach the Hugging Face hub to download {what} ({unreachable}); "
+                            f"{fix or 'check the network'}")
     try:
         import datasets
 

@@ -28,9 +28,9 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
-from hybridflow.engine.fsdp import unwrap_peft
 from hybridflow.engine.shard_merge import load_pieces
 from hybridflow.engine.train_engine import TrainEngine
+from hybridflow.engine.transformers_adapter import unwrap_peft
 from hybridflow.utils.rng_state import capture_rng_state, restore_rng_state
 from hybridflow.utils.safe_load import load_torch_file
 
@@ -311,12 +311,23 @@ def _own(engine: TrainEngine, full: dict) -> dict:
 
 
 def _own_optimizer_state(engine: TrainEngine, full: dict) -> dict:
-    """With pipeline parallelism, a full FQN-keyed optimizer state cut to this rank's parameters."""
-    if engine.pipeline is None:
-        return full
+    """A full FQN-keyed optimizer state cut to this rank's parameters.  A tied embedding is one parameter without
+    a pipeline and two copies with one (the first stage's embedding, the last stage's head, stepping alike): a
+    state saved with the copies drops the head's, one saved without gives the head the embedding's."""
     own = {n for n, _ in engine.module.named_parameters()}
-    groups = [{**g, "params": [n for n in g["params"] if n in own]} for g in full["param_groups"]]
-    return {"state": {k: v for k, v in full["state"].items() if k in own}, "param_groups": groups}
+    state = {k: v for k, v in full["state"].items() if k in own}
+    head, emb = engine.tied_head_weight, None
+    if head is not None and head in own and head not in state:
+        emb = f"{engine.tied_embedding[0]}.weight"
+        if emb in full["state"]:
+            state[head] = full["state"][emb]
+    groups = []
+    for g in full["param_groups"]:
+        names = [n for n in g["params"] if n in own]
+        if emb is not None and emb in g["params"] and head not in names:
+            names.append(head)
+        groups.append({**g, "params": names})
+    return {"state": state, "param_groups": groups}
 
 
 def _merged(path: str, kind: str, merge) -> dict:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridflow.engine import device as dev
+from hybridflow.engine.transformers_adapter import unwrap_peft
 
 __all__ = [
     "is_distributed",
@@ -37,12 +38,6 @@ __all__ = [
 
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
-
-
-def unwrap_peft(model: nn.Module) -> nn.Module:
-    """The underlying HF model of a peft ``PeftModel`` (the model itself otherwise)."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
 
 
 def decoder_layer_classes(model: nn.Module, names: list[str] | None = None) -> set[type]:

@@ -35,12 +35,12 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from hybridflow.engine.fsdp import unwrap_peft
 from hybridflow.engine.transformers_adapter import (
     attention_implementation,
     forward_parameters,
     no_mask_while,
     text_config,
+    unwrap_peft,
     wrap_attention_function,
     wrap_mask_function,
 )

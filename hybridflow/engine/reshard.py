@@ -15,6 +15,10 @@ largest bucket, seconds, and the rise of the process's peak resident memory duri
 ``VmHWM``, reset before it starts).
 ``benchmarks/bench_reshard.py`` measures it against the full gather.
 
+This path gathers every tensor whole on every rank: the engine it feeds holds a full replica.  The sharded ``hf``
+engine (``actor_rollout_ref.rollout.tensor_model_parallel_size > 1``) is fed by :mod:`hybridflow.engine.shard_switch`
+instead, where each rank receives only the slices of its rollout shard.
+
 A LoRA actor (a peft model) is sent one of two ways, as the engine loads it (``lora``):
 
 * ``"merge"`` -- the base weights with the adapters merged in (``W + scaling B A``, from the gathered ``W``, ``A``
@@ -25,6 +29,7 @@ A LoRA actor (a peft model) is sent one of two ways, as the engine loads it (``l
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable, Iterator
 
@@ -33,7 +38,8 @@ from torch import nn
 
 from hybridflow.engine.transfer_stats import TransferStats
 
-__all__ = ["distinct_state_items", "gathered_buckets", "peak_rss_bytes", "reset_peak_rss", "reshard_in_buckets"]
+__all__ = ["distinct_state_items", "gathered_buckets", "measure_transition", "peak_rss_bytes", "pipeline_full_tensors",
+           "reset_peak_rss", "reshard_in_buckets"]
 
 Bucket = list[tuple[str, torch.Tensor]]
 
@@ -107,44 +113,92 @@ def distinct_state_items(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]
         yield name, tensor
 
 
-def _named_full_tensors(module: nn.Module, lora: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) in state-dict order, each gathered when reached; tied tensors once (first name)."""
-    layers = _lora_layers(module)
+def _named_sources(module: nn.Module, lora: str) -> Iterator[tuple[str, torch.Tensor, nn.Module | None]]:
+    """(name sent, stored tensor, LoRA layer whose adapters merge into it or ``None``) in state-dict order, tied
+    tensors once (first name); nothing is gathered yet (the full tensor has the stored one's shape and dtype).
+    ``lora="raw"``: every tensor under its stored name (a checkpoint's view)."""
+    layers = _lora_layers(module) if lora != "raw" else {}
     for name, tensor in distinct_state_items(module):
         if not layers:
-            yield name, _full(tensor)
+            yield name, tensor, None
             continue
         is_adapter = ".lora_A." in name or ".lora_B." in name
         if lora == "adapter":
             if is_adapter:
-                yield name, _full(tensor)
+                yield name, tensor, None
             continue
         if is_adapter:
             continue
         owner, _, leaf = name.rpartition(".")
         owner = owner.removesuffix(".base_layer")
+        merge = leaf == "weight" and owner in layers and name.endswith(".base_layer.weight")
+        yield f"{owner}.{leaf}".removeprefix("base_model.model."), tensor, layers[owner] if merge else None
+
+
+def _named_full_tensors(module: nn.Module, lora: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) in state-dict order, each gathered when reached; tied tensors once (first name)."""
+    for name, tensor, layer in _named_sources(module, lora):
         full = _full(tensor)
-        if leaf == "weight" and owner in layers and name.endswith(".base_layer.weight"):
-            full = _merged(full, layers[owner])
-        yield f"{owner}.{leaf}".removeprefix("base_model.model."), full
+        yield name, (_merged(full, layer) if layer is not None else full)
+
+
+def _comm_device(module: nn.Module) -> torch.device:
+    for p in module.parameters():
+        return (p.to_local() if hasattr(p, "to_local") else p).device
+    return torch.device("cpu")
+
+
+def pipeline_full_tensors(module: nn.Module, lora: str, group,
+                          tied_head: str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """With pipeline parallelism (``group``: this rank's pipeline peers, in stage order): every stage's full
+    tensors, stage after stage, each gathered by the ranks of the stage that holds it (a collective inside that
+    stage) and broadcast to the other stages -- so every rank sees the whole model one tensor at a time.  The
+    stages first exchange their lists of (name, shape, dtype); a name held by two stages (the input embedding and
+    a tied head) is yielded once, the first stage's.  ``tied_head``: the last stage's copy of a tied input
+    embedding (its weight's name): not sent to an engine, whose model ties it to the embedding (``"raw"`` keeps it,
+    as a state dict does)."""
+    import torch.distributed as dist
+
+    mine = [(name, tuple(t.shape), t.dtype) for name, t, _ in _named_sources(module, lora)]
+    skip = {tied_head} if tied_head is not None and lora != "raw" else set()
+    plans: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(plans, mine, group=group)
+    ranks, me, device = dist.get_process_group_ranks(group), dist.get_rank(group), _comm_device(module)
+    local = _named_full_tensors(module, lora)
+    seen: set[str] = set()
+    for stage, plan in enumerate(plans):
+        for name, shape, dtype in plan:
+            if stage == me:
+                tensor = next(local)[1].detach().to(device).contiguous()
+            else:
+                tensor = torch.empty(shape, dtype=dtype, device=device)
+            dist.broadcast(tensor, src=ranks[stage], group=group)
+            if name not in seen and name not in skip:
+                seen.add(name)
+                yield name, tensor
 
 
 def gathered_buckets(module: nn.Module, bucket_bytes: int, device: torch.device | str = "cpu",
                      stats: TransferStats | None = None, lora: str = "merge",
-                     group_of: Callable[[str], object] | None = None) -> Iterator[Bucket]:
+                     group_of: Callable[[str], object] | None = None, pipeline_group=None,
+                     tied_head: str | None = None) -> Iterator[Bucket]:
     """The module's full tensors, gathered one parameter at a time and yielded in buckets of ``bucket_bytes``
     (a tensor larger than that forms its own bucket).  Every rank of the module's meshes must iterate to the end.
     A tensor stored under two names (tied embeddings) comes once, under its first name.  ``lora``: how a peft
     model's adapters travel (module docstring); ``"adapter"`` yields a single bucket.  ``group_of(name)``: tensors
     of one group (consecutive in the state dict) never straddle two buckets -- vLLM fuses q/k/v and gate/up into
-    one parameter and a reload of part of it leaves the rest undefined -- so a bucket may overrun by one group."""
+    one parameter and a reload of part of it leaves the rest undefined -- so a bucket may overrun by one group.
+    ``pipeline_group``: with pipeline parallelism, the rank's pipeline peers (every stage's tensors come, see
+    :func:`pipeline_full_tensors`; ``tied_head`` the last stage's copy of a tied embedding, not sent)."""
     if lora not in ("merge", "adapter"):
         raise ValueError(f"lora={lora!r}: 'merge' (plain weights, adapters merged) or 'adapter' (adapter tensors)")
     if lora == "adapter" and _lora_layers(module):
         bucket_bytes = 1 << 62  # the engine loads the adapter as a whole
     bucket: Bucket = []
     size = 0
-    for name, full in _named_full_tensors(module, lora):
+    tensors = (_named_full_tensors(module, lora) if pipeline_group is None
+               else pipeline_full_tensors(module, lora, pipeline_group, tied_head))
+    for name, full in tensors:
         full = full.detach().to(device)
         nbytes = full.numel() * full.element_size()
         same_group = bool(bucket) and group_of is not None and group_of(name) == group_of(bucket[-1][0])
@@ -160,22 +214,39 @@ def gathered_buckets(module: nn.Module, bucket_bytes: int, device: torch.device 
         yield bucket
 
 
+@contextlib.contextmanager
+def measure_transition(stats: TransferStats) -> Iterator[None]:
+    """Time the block into ``stats.seconds`` and record the rise of the peak memory during it: resident memory
+    (``peak_rss_rise_bytes``, Linux) and, on CUDA, the device's peak allocation (``peak_device_bytes``)."""
+    measured = reset_peak_rss()
+    before = _rss_bytes() if measured else None
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        stats.seconds = time.perf_counter() - start
+        peak = peak_rss_bytes() if measured else None
+        if peak is not None and before is not None:
+            stats.peak_rss_rise_bytes = max(0, peak - before)
+        stats.peak_rss_bytes = peak
+        if cuda:
+            stats.peak_device_bytes = int(torch.cuda.max_memory_allocated())
+
+
 def reshard_in_buckets(module: nn.Module, load: Callable[[Bucket], object], bucket_bytes: int,
                        device: torch.device | str = "cpu", lora: str = "merge",
-                       group_of: Callable[[str], object] | None = None) -> TransferStats:
+                       group_of: Callable[[str], object] | None = None, pipeline_group=None,
+                       tied_head: str | None = None) -> TransferStats:
     """Gather ``module`` bucket by bucket and ``load`` each (copy it into the rollout engine's weights); returns the
     stats of the transition.  Collective: every rank calls it with the same module layout."""
     stats = TransferStats()
-    measured = reset_peak_rss()
-    before = _rss_bytes() if measured else None
-    start = time.perf_counter()
-    with torch.no_grad():
-        for bucket in gathered_buckets(module, bucket_bytes, device, stats, lora, group_of):
+    with measure_transition(stats), torch.no_grad():
+        for bucket in gathered_buckets(module, bucket_bytes, device, stats, lora, group_of, pipeline_group,
+                                       tied_head):
             load(bucket)
             stats.buckets += 1
             del bucket
-    stats.seconds = time.perf_counter() - start
-    peak = peak_rss_bytes() if measured else None
-    if peak is not None and before is not None:
-        stats.peak_rss_rise_bytes = max(0, peak - before)
     return stats

@@ -49,6 +49,7 @@ from hybridflow.engine.transformers_adapter import (
     embedding_and_head,
     moe_experts,
     text_config,
+    unwrap_peft,
 )
 
 __all__ = ["TensorParallelError", "apply_tensor_parallel", "tensor_parallel_problem"]
@@ -104,7 +105,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, key: str = "megatron.tensor
         parallelize_module(layer, tp_mesh, plan)
         for name, first in split.shared_columns:
             layer.get_submodule(name).register_forward_hook(_sum_gradient_of_columns(first, tp_mesh.get_group()))
-    base = _hf_model(model)
+    base = unwrap_peft(model)
     emb_name, head_name, tied = embedding_and_head(model)
     plan = {emb_name: RowwiseParallel(input_layouts=Replicate())}
     if head_name is not None:
@@ -117,11 +118,6 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, key: str = "megatron.tensor
         if name in frozen:
             p.requires_grad_(False)
     return model
-
-
-def _hf_model(model: nn.Module) -> nn.Module:
-    get_base = getattr(model, "get_base_model", None)  # a peft PeftModel
-    return get_base() if callable(get_base) else model
 
 
 def _is_lora(module: nn.Module) -> bool:
@@ -152,7 +148,7 @@ def _rowwise(layer: nn.Module, name: str) -> dict[str, Any]:
 def _check_lora_targets(model: nn.Module, key: str) -> None:
     """LoRA adapters tensor parallelism has no split for: on the embedding / LM head (split over the vocabulary) or
     inside a MoE experts module."""
-    base = _hf_model(model)
+    base = unwrap_peft(model)
     emb, head = base.get_input_embeddings(), base.get_output_embeddings()
     experts = [name for name, _, _ in moe_experts(base)]
     for name, module in base.named_modules():

@@ -35,6 +35,7 @@ from hybridflow.engine.optim import build_lr_scheduler, build_optimizer
 from hybridflow.engine.parallel.parallelize import PipelineSpec, parallelize
 from hybridflow.engine.parallel.pipeline_forward import PipelinePass, pipeline_outputs, pipeline_train
 from hybridflow.engine.parallel_dims import ParallelDims
+from hybridflow.engine.reshard import pipeline_full_tensors
 from hybridflow.engine.ulysses_forward import SequenceParallel
 from hybridflow.utils.host_memory import keep_freed_host_memory
 
@@ -220,6 +221,12 @@ class TrainEngine:
         optimizer.zero_grad(set_to_none=True)
         return StepResult(grad_norm=grad_norm, stepped=stepped, lr=self.current_lr())
 
+    @property
+    def tied_head_weight(self) -> str | None:
+        """With pipeline parallelism and tied embeddings: the name of the last stage's copy of the embedding
+        (``lm_head.weight``), which a rollout engine's model does not hold apart; else ``None``."""
+        return f"{self.tied_embedding[1]}.weight" if self.tied_embedding is not None else None
+
     def _sum_tied_embedding_gradients(self) -> frozenset[int]:
         """Pipeline parallelism with tied input and output embeddings: the first stage's embedding and the last
         stage's head are copies of one weight; their gradients are summed (the tied weight's gradient) so both copies
@@ -328,9 +335,17 @@ class TrainEngine:
 
     # ------------------------------------------------------------------ weights
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full CPU weights (rank 0 of a sharded group; ``{}`` on other ranks)."""
+        """Full CPU weights (rank 0 of a sharded group; ``{}`` on other ranks).  With pipeline parallelism every
+        stage's tensors travel to rank 0 one at a time (``engine/reshard.py: pipeline_full_tensors``)."""
         with self.on_device():
-            return full_state_dict(self.module)
+            if self.pipeline is None:
+                return full_state_dict(self.module)
+            tensors = pipeline_full_tensors(self.module, "raw", self.parallel_dims.pp_group)
+            if self.rank != 0:
+                for _ in tensors:  # every rank takes part in the gathers and broadcasts
+                    pass
+                return {}
+            return {name: t.detach().to("cpu", copy=True) for name, t in tensors}
 
     @contextlib.contextmanager
     def full_params(self) -> Iterator[nn.Module]:

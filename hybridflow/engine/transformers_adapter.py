@@ -55,6 +55,7 @@ __all__ = [
     "TransformersAdapterError",
     "decoder_layer_split",
     "embedding_and_head",
+    "unwrap_peft",
     "is_linear",
     "moe_experts",
     "attention_head_counts",
@@ -88,7 +89,7 @@ def transformers_version() -> str:
     return transformers.__version__
 
 
-def _base_model(model: nn.Module) -> nn.Module:
+def unwrap_peft(model: nn.Module) -> nn.Module:
     """The transformers model under wrappers whose ``forward`` only forwards ``**kwargs`` (PEFT)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
@@ -107,7 +108,7 @@ def _cache_argument_of(cls: type) -> str:
 
 def cache_argument(model: nn.Module) -> str:
     """The name under which ``model``'s forward takes a KV cache object."""
-    return _cache_argument_of(type(_base_model(model)))
+    return _cache_argument_of(type(unwrap_peft(model)))
 
 
 def forward_with_cache(model: nn.Module, cache: Any, **kwargs: Any) -> Any:
@@ -171,7 +172,7 @@ def causal_lm_model_types() -> frozenset[str]:
 
 def reset_rope_deltas(model: nn.Module) -> None:
     """Forget the M-RoPE offsets a Qwen2-VL-family model cached during its last ``generate``/forward."""
-    inner = getattr(_base_model(model), "model", None)
+    inner = getattr(unwrap_peft(model), "model", None)
     if inner is not None and hasattr(inner, "rope_deltas"):
         inner.rope_deltas = None
 
@@ -188,7 +189,7 @@ def decoder_stack(model: nn.Module) -> nn.Module:
     """The module that turns ``input_ids``/``inputs_embeds`` + ``position_ids`` into hidden states through the
     decoder layers (``Qwen2Model`` of a ``Qwen2ForCausalLM`` or a token-classification critic; the language model
     of a Qwen2-VL).  transformers' ``get_decoder`` finds it on every model family it knows."""
-    base = _base_model(model)
+    base = unwrap_peft(model)
     get = getattr(base, "get_decoder", None)
     decoder = get() if callable(get) else None
     if decoder is None or not hasattr(decoder, "layers"):
@@ -355,7 +356,7 @@ def moe_experts(model: nn.Module) -> list[tuple[str, nn.Module, ExpertsLayout]]:
     """Every experts module of ``model`` (Qwen3-MoE, DeepSeek-V3, Qwen2-MoE, Mixtral in transformers 5), with its
     layout; ``[]`` for a dense model."""
     out = []
-    for name, module in _base_model(model).named_modules():
+    for name, module in unwrap_peft(model).named_modules():
         if _is_experts(module):
             e, two_i, h = module.gate_up_proj.shape
             if two_i % 2 or tuple(module.down_proj.shape) != (e, h, two_i // 2):
@@ -370,7 +371,7 @@ def embedding_and_head(model: nn.Module) -> tuple[str, str | None, bool]:
     """(name of the input embedding, name of the LM head or ``None`` (a critic / reward model's score head is not a
     vocabulary projection), whether the two share their weight) -- through ``get_input_embeddings`` /
     ``get_output_embeddings``."""
-    base = _base_model(model)
+    base = unwrap_peft(model)
     emb, head = base.get_input_embeddings(), base.get_output_embeddings()
     names = {id(m): n for n, m in base.named_modules()}
     if emb is None or id(emb) not in names:
@@ -435,7 +436,7 @@ def attention_mask_layout(config: Any) -> AttentionMaskLayout:
 def supports_sdpa(model_or_class: Any) -> bool:
     """Whether transformers runs this model class with ``attn_implementation="sdpa"`` (``from_pretrained``
     refuses sdpa for a class that declares ``_supports_sdpa = False``, e.g. Gemma-2)."""
-    cls = model_or_class if isinstance(model_or_class, type) else type(_base_model(model_or_class))
+    cls = model_or_class if isinstance(model_or_class, type) else type(unwrap_peft(model_or_class))
     return bool(getattr(cls, "_supports_sdpa", True))
 
 
@@ -459,7 +460,7 @@ def router_modules(model: nn.Module) -> list[nn.Module]:
     """The MoE router (gate) modules of ``model``, in layer order: the class transformers records
     ``router_logits`` from (``_can_record_outputs``).  Each returns ``(router_logits (N, E), top-k weights
     (N, k), top-k expert ids (N, k))`` for the N tokens of a forward.  Empty for a dense model."""
-    base = _base_model(model)
+    base = unwrap_peft(model)
     router_cls = None
     for module in base.modules():
         spec = (getattr(type(module), "_can_record_outputs", None) or {}).get("router_logits")

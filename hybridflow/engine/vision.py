@@ -24,6 +24,7 @@ from torch import nn
 
 from hybridflow.data.mrope import MROPE_MODEL_TYPES
 from hybridflow.data.multimodal import MODEL_INPUT_KEYS
+from hybridflow.engine.transformers_adapter import unwrap_peft
 
 __all__ = ["is_vision_language_config", "check_supported_vlm", "vision_tower", "freeze_vision_tower",
            "vision_linear_names", "merge_multi_modal_inputs", "vision_in_every_step"]
@@ -43,14 +44,9 @@ def check_supported_vlm(config: Any, field: str) -> None:
         )
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
-
-
 def vision_tower(model: nn.Module) -> tuple[str, nn.Module] | None:
     """(qualified name, module) of the vision encoder (incl. its merger/projector), or None for a text model."""
-    for name, sub in _unwrap(model).named_modules():
+    for name, sub in unwrap_peft(model).named_modules():
         if name.rsplit(".", 1)[-1] in _TOWER_NAMES:
             return name, sub
     return None
@@ -60,7 +56,7 @@ def freeze_vision_tower(model: nn.Module, field: str = "actor_rollout_ref.actor.
     """Stop training the vision encoder (``requires_grad=False``); returns how many tensors were frozen."""
     found = vision_tower(model)
     if found is None:
-        raise ValueError(f"{field}=true but the model ({type(_unwrap(model)).__name__}) has no vision tower; "
+        raise ValueError(f"{field}=true but the model ({type(unwrap_peft(model)).__name__}) has no vision tower; "
                          f"set {field}=false for a text-only model")
     params = list(found[1].parameters())
     for p in params:
@@ -92,7 +88,7 @@ def merge_multi_modal_inputs(rows: Sequence[Any] | None, device: torch.device) -
 
 
 def _language_model(model: nn.Module) -> nn.Module | None:
-    base = _unwrap(model)
+    base = unwrap_peft(model)
     inner = getattr(base, "model", None)
     return getattr(inner, "language_model", None)
 
@@ -113,7 +109,7 @@ def vision_in_every_step(model: nn.Module, has_pixels: bool, sharded: bool) -> I
         yield
         return
     tower = found[1]
-    vc = _unwrap(model).config.vision_config
+    vc = unwrap_peft(model).config.vision_config
     m = int(vc.spatial_merge_size)
     patch = int(vc.in_channels) * int(vc.temporal_patch_size) * int(vc.patch_size) ** 2
 

@@ -13,6 +13,11 @@ import warnings
 EXIT_CONFIG_ERROR = 2
 
 
+def config_error_text(e) -> str:
+    """A ``ConfigError`` as the user reads it: one problem on one line, several one per line."""
+    return f"invalid configuration: {e.messages[0]}" if len(e.messages) == 1 else str(e)
+
+
 def load_trainer_config(argv: list[str]):
     """Parse a verl-style command line into (PPOConfig, CommandLine); exits 2 with messages on error."""
     from hybridflow.config import ConfigError, ConfigWarning, parse_command_line
@@ -24,7 +29,7 @@ def load_trainer_config(argv: list[str]):
             warnings.simplefilter("always", ConfigWarning)
             cfg = load_config(cl.overrides, cl.config_path, cl.config_name)
     except ConfigError as e:
-        print(f"hybridflow: {e}", file=sys.stderr)
+        print(f"hybridflow: {config_error_text(e)}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG_ERROR) from None
     for w in caught:
         if issubclass(w.category, ConfigWarning):
@@ -42,7 +47,7 @@ def check_trainer_run(cfg) -> bool:
             warnings.simplefilter("always", ConfigWarning)
             check_for_run(cfg)
     except ConfigError as e:
-        print(f"hybridflow: {e}", file=sys.stderr)
+        print(f"hybridflow: {config_error_text(e)}", file=sys.stderr)
         return False
     for w in caught:
         if issubclass(w.category, ConfigWarning):
@@ -116,5 +121,5 @@ def _describe_async(cfg) -> list[str]:
     return lines
 
 
-__all__ = ["EXIT_CONFIG_ERROR", "check_trainer_run", "describe_batch_sizes", "load_trainer_config",
+__all__ = ["EXIT_CONFIG_ERROR", "check_trainer_run", "config_error_text", "describe_batch_sizes", "load_trainer_config",
            "user_error_types"]

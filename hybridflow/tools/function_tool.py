@@ -25,8 +25,9 @@ argument is an error at decoration time; ``schema=`` (a dict or ``OpenAIFunction
 Sync functions run in a worker thread (a slow one cannot stall the agent loop, and the executor's timeout
 applies); ``async def`` functions are awaited. :func:`normalize_function_tool_return` turns the return value
 into ``(ToolResponse, reward, metrics)`` as verl does. Beyond verl: ``description=`` overrides the docstring's
-summary, and a function that declares ``**kwargs`` (verl refuses it) also receives the sample's
-``create_kwargs`` and ``execute_kwargs`` (e.g. a ground truth) besides the model's arguments.
+summary, and a function that declares an untyped ``**kwargs`` (verl refuses every ``**kwargs``) also receives the
+sample's ``create_kwargs`` and ``execute_kwargs`` (e.g. a ground truth) besides the model's arguments. ``*args`` and
+a typed ``**kwargs: T`` (variadic model arguments) are refused at registration, as in verl.
 """
 
 from __future__ import annotations
@@ -75,17 +76,25 @@ def function_schema(fn: Callable, tool_name: str | None = None) -> dict:
     from transformers.utils import get_json_schema
 
     signature = inspect.signature(fn)
-    star_args = [n for n, p in signature.parameters.items() if p.kind is inspect.Parameter.VAR_POSITIONAL]
-    if star_args:
-        raise ValueError(f"@function_tool {fn.__qualname__} declares variadic parameter(s) {star_args}, which an "
-                         "OpenAI tool schema cannot express; use a named parameter such as 'values: list[int]'")
+    # *args, and a typed **kwargs (``**kwargs: int``: arguments for the model), are variadic model arguments, which
+    # a schema of fixed properties cannot express; an untyped ``**kwargs`` (or ``**kwargs: Any``) is hybridflow's
+    # channel for the sample's create/execute kwargs and stays out of the schema.
+    variadic = [f"{'**' if p.kind is inspect.Parameter.VAR_KEYWORD else '*'}{n}" for n, p in signature.parameters.items()
+                if p.kind is inspect.Parameter.VAR_POSITIONAL
+                or (p.kind is inspect.Parameter.VAR_KEYWORD and p.annotation not in (inspect.Parameter.empty, Any))]
+    if variadic:
+        raise ValueError(f"@function_tool {fn.__qualname__} declares variadic parameter(s) {variadic}, which an "
+                         "OpenAI tool schema cannot express: take a named parameter such as 'values: list[int]' "
+                         "(an untyped **kwargs receives the sample's create/execute kwargs, not model arguments)")
     params = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    context = {n for n, p in signature.parameters.items() if p.kind is inspect.Parameter.VAR_KEYWORD}
 
     @functools.wraps(fn)
-    def shim(*args, **kwargs):  # only its signature is read
+    def shim(*args, **kwargs):  # only its signature and annotations are read
         raise NotImplementedError
 
     shim.__signature__ = signature.replace(parameters=params)
+    shim.__annotations__ = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if k not in context}
     try:
         schema = get_json_schema(shim)
     except Exception as e:  # transformers' TypeHintParsingException / DocstringParsingException

@@ -2,7 +2,8 @@
 
 Every backend has ``log(data, step)``, ``log_generations(samples, step)`` and ``finish()``. The names are
 verl's (``console``, ``file``, ``tensorboard``, ``wandb`` with ``tracking`` as its alias, ``mlflow``,
-``swanlab``) so verl command lines keep working. Third-party packages are imported only when their backend is
+``swanlab``) so verl command lines keep working; ``prometheus`` (hybridflow's) serves the metrics on the driver's
+``/metrics`` for a cluster to scrape (:mod:`hybridflow.tracking.prometheus`). Third-party packages are imported only when their backend is
 chosen; a missing one is an error that names the extra to install. Remote services default to offline mode
 when no credentials are configured, so a laptop run never blocks on a login prompt.
 """
@@ -270,3 +271,13 @@ LOGGER_BACKENDS.register("wandb", WandbLogger)
 LOGGER_BACKENDS.register("tracking", WandbLogger)  # verl's historical alias
 LOGGER_BACKENDS.register("mlflow", MlflowLogger)
 LOGGER_BACKENDS.register("swanlab", SwanlabLogger)
+
+
+def _prometheus(ctx: BackendContext) -> LoggerBackend:
+    _import_optional("prometheus_client", "prometheus", "prometheus")
+    from hybridflow.tracking.prometheus import PrometheusLogger
+
+    return PrometheusLogger(ctx)
+
+
+LOGGER_BACKENDS.register("prometheus", _prometheus)  # trainer.prometheus.{host,port}: the driver's /metrics

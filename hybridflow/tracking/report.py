@@ -24,10 +24,15 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hybridflow.tracking.loggers import flatten_dict
+from hybridflow.tracking.report_trust import trust_html
+from hybridflow.tracking.units import is_duration
 
-__all__ = ["write_report", "load_history", "load_samples", "PLOT_PANELS"]
+__all__ = ["write_report", "render_report", "load_history", "load_samples", "PLOT_PANELS", "panel_figure"]
 
-# (panel title, y label, metric names or prefixes ending in "/" or "*").
+# (panel title, y label, metric names or prefixes ending in "*"). A y label that is a unit must be the unit of
+# every metric drawn on it (tracking/units.py; tests/tracking/test_report.py checks it). The two time panels
+# draw durations only: a ``timing_s/`` name that is not a timed stage (a token count, as earlier versions and
+# verl log the slowest trajectory's lengths) is left out of them.
 PLOT_PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Score and reward", "per sequence", ("critic/score/mean", "critic/rewards/mean")),
     ("Response length", "tokens", ("response_length/mean", "response_length/max", "response_length/min")),
@@ -37,9 +42,12 @@ PLOT_PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Throughput", "tokens / s / device", ("perf/throughput",)),
     ("MFU", "fraction of peak", ("perf/mfu/*",)),
     ("Time per stage", "seconds", ("timing_s/*",)),
+    ("Agent-loop time per trajectory", "seconds", ("timing_s/agent_loop/*",)),
     ("Memory", "GiB", ("perf/cpu_memory_used_gb", "perf/max_memory_allocated_gb")),
     ("Validation", "value", ("val-core/*",)),
 )
+_TIME_PANELS = {"Time per stage": lambda k: is_duration(k) and "/" not in k.removeprefix("timing_s/"),
+                "Agent-loop time per trajectory": is_duration}
 MAX_SAMPLES = 32
 
 # (what failed, its per-step fraction metric, its per-step count metrics)
@@ -56,7 +64,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _panel_keys(history: Sequence[Mapping[str, Any]], patterns: Sequence[str]) -> list[str]:
+def _panel_keys(history: Sequence[Mapping[str, Any]], patterns: Sequence[str], title: str = "") -> list[str]:
     present: dict[str, None] = {}
     for rec in history:
         for k, v in rec.items():
@@ -68,7 +76,8 @@ def _panel_keys(history: Sequence[Mapping[str, Any]], patterns: Sequence[str]) -
             keys += sorted(k for k in present if k.startswith(p[:-1]) and k not in keys)
         elif p in present:
             keys.append(p)
-    return keys
+    keep = _TIME_PANELS.get(title)
+    return [k for k in keys if keep(k)] if keep else keys
 
 
 def _series(history: Sequence[Mapping[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -81,25 +90,39 @@ def _series(history: Sequence[Mapping[str, Any]], key: str) -> tuple[list[float]
     return xs, ys
 
 
-def _plot_png(title: str, ylabel: str, history: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> str:
-    """One panel as a base64 PNG. A bare ``Figure`` renders with Agg and never touches pyplot's global
-    backend or a display, so this is safe in headless workers and inside user notebooks."""
+def _common_prefix(keys: Sequence[str]) -> str:
+    """The longest shared prefix ending in "/" (shown once as the legend's title instead of on every line)."""
+    prefix = os.path.commonprefix(list(keys)) if len(keys) > 1 else ""
+    return prefix[:prefix.rfind("/") + 1]
+
+
+def panel_figure(title: str, ylabel: str, history: Sequence[Mapping[str, Any]], keys: Sequence[str]):
+    """One panel as a matplotlib ``Figure``: the curves, and the legend to the right of the axes (outside the
+    plotting area, so it never covers a line). A bare ``Figure`` renders with Agg and never touches pyplot's
+    global backend or a display, so this is safe in headless workers and inside user notebooks."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.0, 3.4), dpi=90)
+    fig = Figure(figsize=(8.0, 3.4), dpi=90)
     ax = fig.add_subplot(1, 1, 1)
+    prefix = _common_prefix(keys)
     for key in keys:
         xs, ys = _series(history, key)
-        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=key)
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=key.removeprefix(prefix))
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+              title=prefix or None, title_fontsize=7)
     # fixed margins instead of tight_layout(): that costs a second full draw, doubling report time
-    fig.subplots_adjust(left=0.13, right=0.97, top=0.9, bottom=0.15)
+    fig.subplots_adjust(left=0.12, right=0.64, top=0.9, bottom=0.15)
+    return fig
+
+
+def _plot_png(title: str, ylabel: str, history: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> str:
+    """One panel as a base64 PNG."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    panel_figure(title, ylabel, history, keys).savefig(buf, format="png")
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -205,14 +228,16 @@ th{background:#f5f5f5;text-align:left} pre{white-space:pre-wrap;word-break:break
 """
 
 
-def _render(
+def render_report(
     history: Sequence[Mapping[str, Any]],
     samples: Sequence[Mapping[str, Any]],
-    summary: Mapping[str, Any] | None,
-    title: str,
+    summary: Mapping[str, Any] | None = None,
+    title: str = "hybridflow run report",
     error: str | None = None,
+    head: str = "",
 ) -> str:
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+    """The report page as one HTML string (``head``: extra markup for ``<head>``, e.g. the live page's refresh)."""
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>{head}",
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
     steps = [rec.get("step", i + 1) for i, rec in enumerate(history)]
     span = f"steps {steps[0]}–{steps[-1]}" if steps else "no steps"
@@ -224,12 +249,13 @@ def _render(
     parts.append("<h2>Curves</h2><div class='plots'>")
     drawn = 0
     for panel_title, ylabel, patterns in PLOT_PANELS:
-        keys = _panel_keys(history, patterns)
+        keys = _panel_keys(history, patterns, panel_title)
         if keys:
             png = _plot_png(panel_title, ylabel, history, keys)
             parts.append(f"<img alt='{html.escape(panel_title)}' src='data:image/png;base64,{png}'>")
             drawn += 1
     parts.append("</div>" if drawn else "</div><p>No plottable metrics were logged.</p>")
+    parts.append(trust_html(history, _plot_png, _panel_keys))  # the drift and weight-version panels
     rows = [
         [html.escape(k), html.escape(str(step)), html.escape(_fmt(v))]
         for k, (step, v) in _last_metrics(history).items()
@@ -257,7 +283,7 @@ def write_report(
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    text = _render(history, samples, summary, title, error)
+    text = render_report(history, samples, summary, title, error)
     target = out / "report.html"
     fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".html.tmp", dir=out)
     try:

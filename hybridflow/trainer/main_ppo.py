@@ -38,7 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     from hybridflow.utils.quiet import quiet_libraries
 
     quiet_libraries()
-    cfg, cl = load_trainer_config(list(sys.argv[1:] if argv is None else argv))       # parse (the config checks)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from hybridflow.cli.help import train_help, wants_help
+
+    if wants_help(argv):  # --help [NODE]: options and config groups, or a node's keys with defaults
+        return train_help(argv)
+    cfg, cl = load_trainer_config(argv)                                              # parse (the config checks)
     if not check_trainer_run(cfg):  # the pipeline's run stage: files, device, output folders
         return EXIT_CONFIG_ERROR
     if cl.dry_run:
@@ -78,9 +83,11 @@ def _train_with_exit_code(cfg) -> int:
               "from it (trainer.resume_mode=auto)", file=sys.stderr)
         return EXIT_ROLLOUT_FAILED
     except StepFailedError as e:  # too much of a step failed: the counts and the first error, not a traceback
-        print(f"hybridflow: {e}\nhybridflow: the failure counts of the step are in the metrics log and the run report; "
-              f"raise trainer.tolerated_failure_fraction (now {cfg.trainer.tolerated_failure_fraction:g}) only if "
-              "partial failures are expected", file=sys.stderr)
+        hint = getattr(e, "hint", None) or (  # e.g. the drift detector's (trainer/drift.py)
+            "the failure counts of the step are in the metrics log and the run report; raise "
+            f"trainer.tolerated_failure_fraction (now {cfg.trainer.tolerated_failure_fraction:g}) only if partial "
+            "failures are expected")
+        print(f"hybridflow: {e}\nhybridflow: {hint}", file=sys.stderr)
         return EXIT_TRAINING_FAILED
     return interrupt.exit_code
 

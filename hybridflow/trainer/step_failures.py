@@ -126,10 +126,18 @@ def check_trained_tokens(batch: DataProto, metrics: dict[str, Any]) -> None:
     if mask is None or int(mask.sum()) > 0:
         return
     lengths = batch.batch["responses"].shape[-1] if "responses" in batch.batch else 0
+    mismatched = int(metrics.get("agent/tokenization_mismatch_count", 0) or 0)
+    cause = (f" The model did generate: {mismatched} of the {len(batch)} trajectories failed the strict tokenization "
+             "check (agent/tokenization_mismatch_count: the ids generated turn by turn are not one render of the "
+             "conversation; their decoded texts may still agree) and were masked out "
+             f"(agent/untrained_model_tokens={metrics.get('agent/untrained_model_tokens', 0):g}). Fix: set "
+             "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=ignore_strippable (train when the "
+             "texts agree up to whitespace, as verl's strict mode does after a warning) or a chat template whose "
+             "turns tokenize the same alone and together." if mismatched else "")
     raise StepFailedError(
         f"the run stopped: no model token of the step's {len(batch)} trajectories is trained on (the sum of "
-        f"response_mask is 0; responses are {lengths} tokens wide). Every token came from somewhere other than "
-        "the model (failed trajectories, tool or user observations) or every response is empty. Fix: check "
-        "that the agent loop marks the model's tokens with response_mask 1, and data.max_response_length.",
+        f"response_mask is 0; responses are {lengths} tokens wide)." + (cause or " Every token came from somewhere "
+        "other than the model (failed trajectories, tool or user observations) or every response is empty. Fix: "
+        "check that the agent loop marks the model's tokens with response_mask 1, and data.max_response_length."),
         {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float, np.number))},
     )

@@ -21,6 +21,7 @@ from hybridflow.controller import Dispatch, Worker, make_nd_compute_dataproto_di
 from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.engine.forward import response_values, values_pass
 from hybridflow.engine.model_loader import apply_lora, enable_gradient_checkpointing, load_tokenizer, load_value_model
+from hybridflow.engine.parallel.parallelize import pipeline_spec_for
 from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
@@ -74,7 +75,8 @@ class PPOCritic:
                                           sequence_parallel=self.engine.sequence_parallel)}
 
     def _values_pass(self, data: DataProto):
-        return values_pass(self.engine.module, data.batch["responses"].shape[-1], self.use_remove_padding)
+        return values_pass(self.engine.module, data.batch["responses"].shape[-1], self.use_remove_padding,
+                           sequence_parallel=self.engine.sequence_parallel)
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         cfg = self.config
@@ -161,7 +163,8 @@ class CriticWorker(Worker):
         if mc.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
         self.engine = TrainEngine(module, mc.fsdp_config, self.config.optim, total_training_steps, role="critic",
-                                  parallel_dims=self._dims, activation_offload=bool(mc.enable_activation_offload))
+                                  parallel_dims=self._dims, activation_offload=bool(mc.enable_activation_offload),
+                                  pipeline=pipeline_spec_for(self.config))
         self.critic = PPOCritic(self.config, self.engine)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))

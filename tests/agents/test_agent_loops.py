@@ -10,7 +10,7 @@ import torch
 from hybridflow.agents import AgentLoopOutput, register, registered_agent_loops, resolve_agent_loop
 from hybridflow.agents.base import AgentLoopBase, load_agent_loop_config
 from hybridflow.agents.postprocess import outputs_to_batch
-from run_helpers import run, small_overrides
+from run_helpers import assert_timings_are_durations, run, small_overrides
 
 
 def test_batch_layout_masks_observations_and_places_scores():
@@ -32,7 +32,7 @@ def test_batch_layout_masks_observations_and_places_scores():
     assert t["rollout_log_probs"] == [[-0.5, 0.0, 0.0, -0.25, 0.0], [-1.0, 0.0, 0.0, 0.0, 0.0]]
     assert t["rm_scores"] == [[0.0, 0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]]
     assert b.non_tensor_batch["__num_turns__"].tolist() == [4, 2]
-    assert b.non_tensor_batch["turn_scores"].tolist() == [[0.5], None]
+    assert b.non_tensor_batch["turn_scores"].tolist() == [[0.5], []]  # the stable schema: [] where a loop set none
     wide = outputs_to_batch(outs, prompt_length=1, response_length=5, pad_token_id=0)
     assert wide.batch["prompts"].shape == (2, 3)  # the longest prompt sets the width
 
@@ -92,6 +92,7 @@ def _check_two_turn_run(history):
         assert m["agent/error_count"] == 0
         assert m["training/rollout_probs_diff_mean"] < 1e-4  # model tokens only: observations are masked out
         assert "timing_s/agent_loop/generate_sequences/mean" in m
+    assert "timing_s/update_actor" in assert_timings_are_durations(history.metrics)
 
 
 @pytest.mark.slow

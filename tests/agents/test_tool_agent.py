@@ -183,3 +183,11 @@ def test_tokenization_check_flags_a_drifted_prompt(make_loop, tokenizer, mode, t
     out = run(loop)
     assert "tokenization_mismatch" in out.extra_fields
     assert (sum(out.response_mask) > 0) == trained  # strict: an error, never trained on; otherwise a warning
+    # the masked tokens are still the model's: counted as model tokens (untrained), not as observations
+    from hybridflow.agents.loop_worker import AgentLoopWorker
+
+    metrics = AgentLoopWorker._metrics(out, 0.1, 0.0)
+    generated = len(tokenizer.encode(call("calculator", expression="2+2") + "4", add_special_tokens=False)) + 2
+    assert metrics["model_tokens"] == generated  # both turns' tokens, each with its end-of-turn token
+    assert metrics["untrained_model_tokens"] == (0 if trained else generated)
+    assert metrics["model_tokens"] + metrics["observation_tokens"] == len(out.response_mask)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from run_helpers import run, small_overrides
+from run_helpers import assert_timings_are_durations, run, small_overrides
 
 USER_TOOL = Path(__file__).with_name("user_files") / "word_tools.py"
 CALL = '<tool_call>{"name":"rev","arguments":{"s":"ab"}}</tool_call>'
@@ -63,6 +63,10 @@ def _run_user_tool(model, data, tmp_path, backend):
         assert metrics["agent/tool_errors_per_trajectory/mean"] <= 0.25
         assert metrics["agent/observation_tokens/mean"] > 0
         assert metrics["training/rollout_probs_diff_mean"] < 1e-4  # model tokens only: the observation is masked
+    timed = assert_timings_are_durations(history.metrics)
+    assert {"timing_s/agent_loop/tool_calls/mean", "timing_s/agent_loop/slowest/tool_calls"} <= set(timed)
+    for metrics in steps:  # the slowest trajectory's lengths: tokens, beside its timings (verl's names)
+        assert 0 < metrics["agent_loop/slowest/response_length"] <= 96 and metrics["agent_loop/slowest/prompt_length"] > 0
     calls = [line.split() for line in log.read_text().splitlines()]
     trajectories = 2 * 8 * 4
     assert len(calls) >= trajectories // 2 and all(word == "ab" for _, word in calls)

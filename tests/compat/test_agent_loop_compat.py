@@ -220,7 +220,6 @@ class RecordingLoop(AgentLoopBase):
 
 
 def test_the_worker_hands_every_loop_the_runs_tools(tiny_model_dir, tokenizer, tmp_path):
-    import numpy as np
 
     from hybridflow.agents.base import register
     from hybridflow.agents.loop_worker import AgentLoopWorker
@@ -247,3 +246,33 @@ def test_an_unregistered_agent_name_is_verls_assertion_and_a_key_error():
     for error in (AssertionError, KeyError):
         with pytest.raises(error, match="'no_such_agent' is not registered"):
             resolve_agent_loop("no_such_agent")
+
+
+# --------------------------------------------------------------------------------------------- extra fields schema
+def test_extra_fields_keep_one_schema_across_loops_for_concatenation(tokenizer, registry):
+    """verl's intent (agent-loop extra-fields schema test): whichever loop produced a trajectory, the rollout batch
+    has the stable extra-field columns, one entry per row, the list ones lists -- so the batches of two loops (or
+    two generation rounds) concatenate for training."""
+    from hybridflow.agents.postprocess import STABLE_EXTRA_FIELDS, outputs_to_batch
+    from hybridflow.experimental.agent_loop import SingleTurnAgentLoop
+    from hybridflow.protocol import DataProto
+
+    cfg = verl_config()
+    single = SingleTurnAgentLoop(trainer_config=DictConfigWrap(cfg), tokenizer=tokenizer, processor=None,
+                                 server_manager=AsyncLLMServerManager([ScriptedReplica(tokenizer, ["42"])], 128),
+                                 dataset_cls=None, data_config=DictConfigWrap(cfg.data))
+    out = asyncio.run(single.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": "hi"}], request_id="r0"))
+    assert out.extra_fields["turn_scores"] == [] and out.extra_fields["tool_rewards"] == []
+
+    custom = AgentLoopOutput(prompt_ids=[5, 6], response_ids=[7], response_mask=[1], num_turns=2,
+                             extra_fields={"extras": {"source": "mine"}, "max_global_steps": 3})  # a user's loop
+    batches = [outputs_to_batch([o], 32, 8, 0) for o in (out, custom)]
+    for batch in batches:
+        for key in STABLE_EXTRA_FIELDS:
+            assert batch.non_tensor_batch[key].shape == (1,), key
+    assert batches[1].non_tensor_batch["turn_scores"][0] == [] and batches[1].non_tensor_batch["extras"][0] == {
+        "source": "mine"}
+    merged = DataProto.concat([b.select(batch_keys=["responses"], non_tensor_batch_keys=list(STABLE_EXTRA_FIELDS))
+                               for b in batches])
+    assert merged.non_tensor_batch["tool_rewards"].tolist() == [[], []]
+    assert merged.non_tensor_batch["max_global_steps"].tolist() == [None, 3]

@@ -24,7 +24,7 @@ def test_start_without_ground_truth_stores_none():
         return instance, done, reply, score, meta
 
     instance, done, reply, score, meta = asyncio.run(go())
-    assert instance == "abc" and g._instances["abc"]["ground_truth"] is None
+    assert instance == "abc" and g._instance_dict["abc"]["ground_truth"] is None
     assert (done, score, meta) == (False, 0.0, {}) and reply.startswith("Your response is incorrect!")
 
 
@@ -44,7 +44,7 @@ def test_lifecycle_with_a_ground_truth_and_generated_ids():
     assert isinstance(instance, str) and len(instance) > 8
     assert first[0] is False and first[2] == 0.0
     assert second == (True, "Your response is correct!", 1.0, {}) and score == 1.0
-    assert instance not in g._instances
+    assert instance not in g._instance_dict
 
 
 def test_finalizing_an_unknown_instance_is_a_key_error():
@@ -79,3 +79,21 @@ def test_a_bad_class_name_in_the_yaml_is_a_module_not_found_error(tmp_path):
     path.write_text("interaction:\n  - class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction\n"
                     "    config: {}\n")
     assert list(initialize_interactions_from_config(path)) == ["gsm8k"]  # verl's default name rule
+
+
+def test_the_response_kept_is_the_last_assistant_content_as_given():
+    """verl keeps the last assistant message's ``content`` as is (``None`` without one; "" without any assistant
+    message) in ``_instance_dict``; such a response is scored as no answer."""
+    g = Gsm8kInteraction({"name": "gsm8k"})
+
+    async def go(messages):
+        await g.start_interaction("i", ground_truth="42")
+        done, _, score, _ = await g.generate_response("i", messages)
+        response = g._instance_dict["i"]["response"]
+        await g.finalize_interaction("i")
+        return done, score, response
+
+    assert asyncio.run(go([{"role": "assistant"}])) == (False, 0.0, None)
+    assert asyncio.run(go([{"role": "user", "content": "hi"}])) == (False, 0.0, "")
+    assert asyncio.run(go([{"role": "assistant", "content": "#### 41"}, {"role": "assistant", "content": "so #### 42"}
+                           ])) == (True, 1.0, "so #### 42")

@@ -14,6 +14,7 @@ import torch
 
 from hybridflow.protocol import (
     DataProto,
+    TensorBatch,
     DataProtoConfig,
     DataProtoFuture,
     DataProtoItem,
@@ -132,6 +133,8 @@ def test_unfold_column_chunks_cuts_split_keys_and_repeats_the_rest():
     assert out.batch["obs1"].tolist() == [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10], [11, 12]]
     assert out.batch["obs2"].tolist() == [[1, 2], [1, 2], [5, 6], [5, 6], [9, 10], [9, 10]]
     assert out.non_tensor_batch["labels"].tolist() == [["a1"], ["a2"], ["b1"], ["b2"], ["c1"], ["c2"]]
+    assert out.non_tensor_batch["labels"].shape == (6, 1)  # verl's layout: one column per element of a chunk
+    assert (out.non_tensor_batch["labels"] == [["a1"], ["a2"], ["b1"], ["b2"], ["c1"], ["c2"]]).all()
     assert out.meta_info == {"name": "abc"}
     three_d = DataProto.from_dict(tensors={"x": torch.arange(24).view(3, 4, 2)})
     assert three_d.unfold_column_chunks(2, ["x"]).batch["x"].shape == (6, 2, 2)
@@ -299,3 +302,52 @@ def test_tensordict_missing_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensordict", None)  # import fails as if not installed
     with pytest.raises(ModuleNotFoundError, match="pip install 'tensordict>=0.10'"):
         rows(2).to_tensordict()
+
+
+def test_a_batch_without_tensors_keeps_its_row_count_through_pickling():
+    empty = DataProto(batch=TensorBatch(batch_size=10))
+    back = pickle.loads(pickle.dumps(empty))
+    assert len(back) == 10 and back.batch.batch_size == torch.Size([10]) and not back.batch
+    td = pytest.importorskip("tensordict", reason="tensordict is optional (pip install 'hybridflow[tensordict]')")
+    from_td = pickle.loads(pickle.dumps(DataProto(batch=td.TensorDict({}, batch_size=[10]))))
+    assert len(from_td) == 10 and list(from_td.batch.keys()) == []
+
+
+def test_tensordict_serialisation_round_trips_every_dtype_and_nested_tensors():
+    td = pytest.importorskip("tensordict", reason="tensordict is optional (pip install 'hybridflow[tensordict]')")
+    from hybridflow.protocol import deserialize_tensordict, serialize_tensordict
+
+    g = torch.Generator().manual_seed(0)
+    source = {"f32": torch.randn(2, 3, generator=g), "bf16": torch.randn(2, 3, generator=g).bfloat16(),
+              "i64": torch.arange(6).view(2, 3), "flag": torch.tensor([[True, False], [False, True]]),
+              "fp8": torch.randn(2, 3, generator=g).to(torch.float8_e4m3fn),
+              "nested": torch.nested.as_nested_tensor([torch.randn(2, 3, generator=g), torch.randn(3, 4, generator=g)])}
+    original = td.TensorDict(source, batch_size=(2,), device="cpu")
+    size, device, items = serialize_tensordict(original)
+    assert size == (2,) and device == "cpu" and len(items["nested"]) == 2 and len(items["f32"]) == 3
+    back = deserialize_tensordict((size, device, items))
+    assert back.batch_size == original.batch_size and str(back.device) == "cpu" and set(back.keys()) == set(source)
+    for key, value in source.items():
+        if value.is_nested:
+            assert back[key].is_nested and back[key].layout == value.layout
+            assert all(torch.equal(a, b) for a, b in zip(value.unbind(), back[key].unbind(), strict=True))
+        else:  # bit for bit, dtype and shape kept (fp8 compared through its bytes)
+            assert back[key].dtype == value.dtype and back[key].shape == value.shape
+            assert torch.equal(back[key].view(torch.uint8), value.contiguous().view(torch.uint8))
+    two_dims = td.TensorDict({"x": torch.zeros(5, 3, 4)}, batch_size=(5, 3))
+    assert deserialize_tensordict(serialize_tensordict(two_dims)).batch_size == torch.Size([5, 3])
+
+
+def test_verls_get_tensordict_feeds_from_tensordict():
+    pytest.importorskip("tensordict", reason="tensordict is optional (pip install 'hybridflow[tensordict]')")
+    from hybridflow.utils.tensordict_utils import get_tensordict
+
+    built = get_tensordict({"obs": torch.arange(4), "labels": list("abcd"), "turn_scores": [[], [0.5], [0.8, 0.9], []],
+                            "info": [{"acc": 1.0}, {}, {"acc": 0.0}, {"x": [1]}]}, {"name": "run"})
+    data = DataProto.from_tensordict(built)
+    assert data.batch["obs"].tolist() == [0, 1, 2, 3] and data.meta_info == {"name": "run"}
+    assert data.non_tensor_batch["labels"].tolist() == list("abcd")
+    assert data.non_tensor_batch["turn_scores"].tolist() == [[], [0.5], [0.8, 0.9], []]
+    assert data.non_tensor_batch["info"].tolist() == [{"acc": 1.0}, {}, {"acc": 0.0}, {"x": [1]}]
+    with pytest.raises(ValueError, match="different lengths"):
+        get_tensordict({"obs": torch.arange(4), "labels": list("abc")})

@@ -199,6 +199,16 @@ def test_star_args_are_refused_and_kwargs_are_a_hybridflow_extension():
         return "correct" if answer == kwargs.get("ground_truth") else "wrong"
 
     assert "kwargs" not in schema_of("with_kwargs")["parameters"]["properties"]
+    with pytest.raises(ValueError, match=r"variadic parameter.*\*\*kwargs"):  # typed: model arguments, as verl
+        @function_tool("typed_kwargs")
+        def typed_kwargs(x: int, **kwargs: int) -> int:
+            """Sum.
+
+            Args:
+                x: x.
+            """
+            return x
+    assert "typed_kwargs" not in FUNCTION_TOOL_REGISTRY and "varargs" not in FUNCTION_TOOL_REGISTRY
     out = asyncio.run(ToolExecutor([FUNCTION_TOOL_REGISTRY["with_kwargs"]]).call(
         "with_kwargs", {"answer": "7"}, {"with_kwargs": {"create_kwargs": {"ground_truth": "7"}}}))
     assert out.text == "correct"

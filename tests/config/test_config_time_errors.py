@@ -131,3 +131,20 @@ BYPASS = ["algorithm.adv_estimator=grpo", "algorithm.rollout_correction.bypass_m
 def test_rollout_correction_combinations_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config([*BASE, *overrides])
+
+
+@pytest.mark.parametrize("spelling", [
+    ["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+     "+reward_model.reward_kwargs.overlong_buffer_cfg.len=512"],  # verl-recipe's main_ppo layout
+    ["reward_model.reward_manager=dapo", "+reward_model.overlong_buffer.enable=true",
+     "+reward_model.overlong_buffer.len=512"],  # the first DAPO recipe's layout
+])
+def test_a_dapo_overlong_buffer_longer_than_the_responses_is_refused_at_load(spelling):
+    """issue 35: the dapo manager refused it only when built, after the workers started."""
+    with pytest.raises(ConfigError, match=r"overlong_buffer_cfg.len=512 must be in \(0, 32\] \(data.max_response_length"):
+        load_config([*BASE, "data.max_response_length=32", *spelling])
+    assert load_config([*BASE, "data.max_response_length=32", *spelling[:2], spelling[2].replace("512", "32")])
+    with pytest.raises(ConfigError, match=r"must be in \(0, 16\] \(reward_model.reward_kwargs.max_resp_len=16\)"):
+        load_config([*BASE, "data.max_response_length=32", *spelling, "+reward_model.reward_kwargs.max_resp_len=16"])
+    load_config([*BASE, "data.max_response_length=32", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+                 "+reward_model.reward_kwargs.overlong_buffer_cfg.len=512"])  # not the dapo manager: not read

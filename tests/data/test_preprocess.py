@@ -13,14 +13,25 @@ from hybridflow.data.preprocess.gsm8k import INSTRUCTION, main as gsm8k_main
 from hybridflow.rewards import default_compute_score
 
 
+def _line_count(path) -> int:
+    with open(path, encoding="utf-8") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+@pytest.fixture(scope="module", params=["gsm8k_dir", "gsm8k_full_dir"], ids=["sample", "full"])
+def gsm8k_input(request):
+    """The repository's sample, and the whole dataset where the machine has it (skipped otherwise)."""
+    return request.getfixturevalue(request.param)
+
+
 @pytest.fixture(scope="module")
-def gsm8k_parquet(gsm8k_dir, tmp_path_factory):
-    return preprocess_gsm8k(gsm8k_dir, str(tmp_path_factory.mktemp("gsm8k")))
+def gsm8k_parquet(gsm8k_input, tmp_path_factory):
+    return preprocess_gsm8k(gsm8k_input, str(tmp_path_factory.mktemp("gsm8k")))
 
 
-def test_gsm8k_rows(gsm8k_parquet):
+def test_gsm8k_rows(gsm8k_parquet, gsm8k_input):
     train, test = read_rows(gsm8k_parquet["train"]), read_rows(gsm8k_parquet["test"])
-    assert (len(train), len(test)) == (7473, 1319)
+    assert (len(train), len(test)) == (_line_count(f"{gsm8k_input}/train.jsonl"), _line_count(f"{gsm8k_input}/test.jsonl"))
     row = train[0]
     assert row["data_source"] == "openai/gsm8k" and row["ability"] == "math"
     assert INSTRUCTION == 'Let\'s think step by step and output the final answer after "####".'
@@ -30,6 +41,19 @@ def test_gsm8k_rows(gsm8k_parquet):
     assert row["extra_info"]["answer"].endswith("#### 72")
     assert row["extra_info"]["question"].startswith("Natalia sold clips")
     assert test[5]["extra_info"] == {**test[5]["extra_info"], "split": "test", "index": 5}
+
+
+def test_full_gsm8k_has_every_row(gsm8k_full_dir):
+    assert (_line_count(f"{gsm8k_full_dir}/train.jsonl"), _line_count(f"{gsm8k_full_dir}/test.jsonl")) == (7473, 1319)
+
+
+def test_the_sample_is_the_head_of_gsm8k(gsm8k_dir, gsm8k_full_dir):
+    """The repository's rows are GSM8K's own first rows, unchanged (tests/data/fixtures/gsm8k_sample/README.md)."""
+    for split in ("train", "test"):
+        with open(f"{gsm8k_dir}/{split}.jsonl", "rb") as fh:
+            sample = fh.read()
+        with open(f"{gsm8k_full_dir}/{split}.jsonl", "rb") as fh:
+            assert fh.read(len(sample)) == sample
 
 
 def test_gsm8k_ground_truths_score_one(gsm8k_parquet):

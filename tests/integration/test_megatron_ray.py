@@ -31,6 +31,9 @@ LAYOUTS = {
     "tp2": ("nano_model_dir", [f"{A}.actor.strategy=megatron", f"{A}.actor.megatron.tensor_model_parallel_size=2"]),
     # verl 0.9's selector and its spelling of the layout, on a MoE model
     "ep2": ("moe_model_dir", ["model_engine=megatron", f"{A}.actor.megatron.expert_model_parallel_size=2"]),
+    # the decoder in two pipeline stages (actor and reference): the update's micro-batches run 1F1B, the
+    # log-probs come from the last stage, the rollout copy and the merged checkpoint gather both stages
+    "pp2": ("nano_model_dir", [f"{A}.actor.strategy=megatron", f"{A}.actor.megatron.pipeline_model_parallel_size=2"]),
 }
 
 

@@ -47,7 +47,7 @@ def test_verl_gsm8k_config_and_conversation(tmp_path):
     assert wrong == (False, INCORRECT, 0.0, {})
     assert right == (True, CORRECT, 1.0, {})
     assert unformatted[:3] == (False, INCORRECT, 0.0)  # strict: the "#### " marker is required, as in verl
-    assert score == 0.0 and gsm8k._instances == {}
+    assert score == 0.0 and gsm8k._instance_dict == {}
 
 
 def test_base_interaction_defaults():
@@ -106,7 +106,7 @@ def test_default_names_and_a_user_interaction_file(tmp_path, monkeypatch):
     ("interaction:\n  - class_name: hybridflow.interactions.base.BaseInteraction\n    nmae: y", ValueError,
      "unknown key(s) ['nmae']"),
     ("interaction:\n  - {name: a, class_name: hybridflow.interactions.base.BaseInteraction}\n"
-     "  - {name: a, class_name: hybridflow.interactions.base.BaseInteraction}", ValueError, "'a' is used twice"),
+     "  - {name: a, class_name: hybridflow.interactions.base.BaseInteraction}", ValueError, "Duplicate interaction name 'a' found"),
 ])
 def test_bad_interaction_configs(tmp_path, body, error, message):
     with pytest.raises(error) as info:
@@ -124,4 +124,4 @@ def test_missing_file_and_missing_ground_truth(tmp_path):
         return instance, await g.generate_response(instance, [{"role": "assistant", "content": "#### 72"}])
 
     instance, (done, _, score, _) = asyncio.run(go())
-    assert g._instances[instance]["ground_truth"] is None and (done, score) == (False, 0.0)
+    assert g._instance_dict[instance]["ground_truth"] is None and (done, score) == (False, 0.0)

@@ -6,8 +6,9 @@ import base64
 import json
 import re
 
-from hybridflow.tracking.report import load_history, load_samples, write_report
+from hybridflow.tracking.report import PLOT_PANELS, load_history, load_samples, panel_figure, write_report
 from hybridflow.tracking.tracking import Tracking
+from hybridflow.tracking.units import unit_of
 
 
 def _history(n: int = 3) -> list[dict]:
@@ -134,3 +135,44 @@ def test_failures_get_a_warning_box_with_counts_and_the_stopping_error(tmp_path)
     assert "rewards could not be scored (error or timeout)</b>: in 2 step(s) (1, 3), 4 in all, at worst 25%" in box
     assert "trajectories failed" not in box  # only what failed is listed
     assert "The run stopped with an error" in box and "all 8 &lt;trajectories&gt;" in box
+
+
+def test_time_panels_draw_durations_only():
+    """A length logged under ``timing_s/`` (as verl, and earlier hybridflow runs, do for the slowest trajectory)
+    stays out of both time panels; stages and agent-loop timings get a panel each."""
+    from hybridflow.tracking.report import _panel_keys
+
+    rec = {"step": 1, "timing_s/gen": 1.0, "timing_s/step": 2.0, "timing_s/agent_loop/generate_sequences/mean": 0.5,
+           "timing_s/agent_loop/slowest/tool_calls": 0.1, "timing_s/agent_loop/slowest/prompt_length": 31.0,
+           "timing_s/agent_loop/slowest/response_length": 12.0, "agent_loop/slowest/prompt_length": 31.0}
+    panels = {title: patterns for title, _, patterns in PLOT_PANELS}
+    assert _panel_keys([rec], panels["Time per stage"], "Time per stage") == ["timing_s/gen", "timing_s/step"]
+    agent = "Agent-loop time per trajectory"
+    assert _panel_keys([rec], panels[agent], agent) == ["timing_s/agent_loop/generate_sequences/mean",
+                                                        "timing_s/agent_loop/slowest/tool_calls"]
+
+
+def test_every_panel_label_is_the_unit_of_its_metrics():
+    for title, ylabel, patterns in PLOT_PANELS:
+        for pattern in patterns:
+            unit = unit_of(pattern.rstrip("*"))
+            assert unit in (None, ylabel), f"panel {title!r} labels its axis {ylabel!r}, but {pattern} is in {unit}"
+
+
+def test_the_legend_sits_outside_the_axes():
+    keys = ["timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/update_weights",
+            "timing_s/step"]
+    history = [{"step": s, **{k: 0.1 * i * s for i, k in enumerate(keys)}} for s in range(1, 6)]
+    fig = panel_figure("Time per stage", "seconds", history, keys)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # what savefig(png) renders with: the extents below are the drawn ones
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    ax = fig.axes[0]
+    legend, axes_box = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert legend.x0 >= axes_box.x1  # right of the plotting area: it covers no line
+    assert legend.x1 <= fig.bbox.x1 and legend.y0 >= fig.bbox.y0  # and inside the image, not cut off
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["gen", "old_log_prob", "update_actor", "update_weights", "step"]  # the shared prefix once,
+    assert ax.get_legend().get_title().get_text() == "timing_s/"  # as the legend's title

@@ -57,7 +57,7 @@ def test_the_tolerated_fraction_and_the_all_failed_rule(failed, tolerated, stops
             check_failures([trajectory_failures(batch)], tolerated, metrics)
         assert e.value.metrics["rollout/failed_fraction"] == failed / 8
         assert "First error:\ntrace" in str(e.value)
-        assert (f"all 8 trajectories" if failed == 8 else f"{failed} of 8 trajectories") in str(e.value)
+        assert ("all 8 trajectories" if failed == 8 else f"{failed} of 8 trajectories") in str(e.value)
     else:
         check_failures([trajectory_failures(batch)], tolerated, metrics)
     assert metrics["rollout/failed_fraction"] == failed / 8
@@ -72,8 +72,15 @@ def test_the_fraction_reported_is_the_worst_round_of_the_step():
 
 def test_a_step_without_model_tokens_stops():
     check_trained_tokens(_batch(mask=torch.tensor([[0, 0, 0, 0]] * 7 + [[0, 1, 0, 0]])), {})
-    with pytest.raises(StepFailedError, match="sum of response_mask is 0"):
+    with pytest.raises(StepFailedError, match="sum of response_mask is 0") as info:
         check_trained_tokens(_batch(mask=torch.zeros(8, 4, dtype=torch.long)), {})
+    assert "tokenization" not in str(info.value)
+    # every trajectory masked by the strict tokenization check: the message names that cause and the key
+    masked = {"agent/tokenization_mismatch_count": 8.0, "agent/untrained_model_tokens": 29.0}
+    with pytest.raises(StepFailedError, match="8 of the 8 trajectories failed the strict tokenization check") as info:
+        check_trained_tokens(_batch(mask=torch.zeros(8, 4, dtype=torch.long)), masked)
+    assert "multi_turn.tokenization_sanity_check_mode=ignore_strippable" in str(info.value)
+    assert "agent/untrained_model_tokens=29" in str(info.value)
 
 
 def test_generation_rounds_with_and_without_failures_concatenate():

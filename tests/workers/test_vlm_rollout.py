@@ -19,7 +19,6 @@ from hybridflow.agents.postprocess import outputs_to_batch
 from hybridflow.rollout.base import TokenOutput
 from hybridflow.rollout.hf.engine import HFRolloutEngine
 from hybridflow.rollout.service.replica import RolloutReplica
-from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.rollout.service.server_manager import AsyncLLMServerManager
 from hybridflow.engine.transformers_adapter import reset_rope_deltas
 

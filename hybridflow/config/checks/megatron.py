@@ -16,7 +16,7 @@ FSDP2 engine as ``fsdp2``, laid out by its ``megatron`` node:
 * ``pipeline_model_parallel_size`` / ``virtual_pipeline_model_parallel_size``: the pp dimension (decoder layers cut
   into ``pp x vpp`` stages, interleaved over the pp ranks; ``engine/parallel/pipeline.py``), with
   ``override_transformer_config.num_layers_in_{first,last}_pipeline_stage`` fixing the end stages' layers and
-  ``pipeline_schedule`` (hybridflow's: ``1f1b`` | ``gpipe``; virtual stages always run interleaved 1F1B);
+  ``pipeline_schedule`` (hybridflow's: ``1f1b`` | ``gpipe``; with virtual stages interleaved 1F1B or looped GPipe);
 * ``expert_tensor_parallel_size``: experts are never split by tensor parallelism, so only 1 (or null) is
   accepted; ``use_distributed_optimizer=false`` is refused (FSDP2 always shards the optimizer state over the data
   ranks).
@@ -136,6 +136,23 @@ def check_megatron(cfg: Any, errors: list[str], notes: list[str]) -> None:
             continue
         _layout(prefix, node, fsdp, lora and prefix == "actor_rollout_ref.actor", found, notes)
     errors.extend(without_echoes(found))
+    _pipeline_and_router_loss(cfg, errors, notes)
+
+
+def _pipeline_and_router_loss(cfg: Any, errors: list[str], notes: list[str]) -> None:
+    """The actor's MoE router auxiliary loss adds every router's term to the loss; with pipeline stages the routers
+    live on several ranks and their terms are not carried to the last stage's loss: refused.  (The expert-load
+    metrics ``actor/moe/*`` are not logged with pipeline stages: docs/parallelism.md.)"""
+    actor = cfg.actor_rollout_ref.actor
+    if actor.strategy != "megatron" or int(actor.megatron.pipeline_model_parallel_size or 1) <= 1:
+        return
+    key = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"
+    if (cfg.actor_rollout_ref.model.override_config or {}).get("output_router_logits"):
+        errors.append(f"actor_rollout_ref.model.override_config.output_router_logits=true with {key}="
+                      f"{actor.megatron.pipeline_model_parallel_size}: the router auxiliary loss of pipeline stages "
+                      "is not built (each stage's routers would have to add their term to the last stage's loss); "
+                      "drop output_router_logits (verl's GRPO launches train MoE models without it) or set the "
+                      "pipeline size to 1")
 
 
 def without_echoes(found: list[str]) -> list[str]:
@@ -163,7 +180,7 @@ def _pipeline_keys(key: str, m: Any, errors: list[str]) -> None:
                       f"needs {key}.pipeline_model_parallel_size > 1")
     if m.pipeline_schedule not in PIPELINE_SCHEDULES:
         errors.append(f"{key}.pipeline_schedule={m.pipeline_schedule!r}: choose one of {', '.join(PIPELINE_SCHEDULES)} "
-                      "(virtual stages always run interleaved 1F1B)")
+                      "(with virtual stages: interleaved 1F1B, or gpipe's order over the virtual stages)")
     for name in PIPELINE_SPLIT_KEYS:
         value = (m.override_transformer_config or {}).get(name)
         if value is not None and (pp == 1 or int(value) < 1):

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from typing import Any
+from hybridflow.config.checks.parallel import n_devices
 
 __all__ = ["ASYNC_MODES", "CHECKPOINT_ENGINE_BACKENDS", "check_async_config", "fully_async_batch_prompts"]
 
@@ -112,14 +113,18 @@ def _check_checkpoint_engine(cfg, errors: list[str]) -> None:
 
 def _check_colocated(cfg, errors: list[str]) -> None:
     """The colocated vLLM engine reloads the actor's weights in buckets of update_weights_bucket_megabytes, and so
-    does the hf engine next to an actor split by tensor / expert parallelism (it keeps its own copy); otherwise the
+    does the hf engine next to an actor split by tensor / expert / pipeline parallelism (it keeps its own copy);
+    otherwise the
     colocated hf engine generates with the actor's own module and no weights move."""
     rc = cfg.actor_rollout_ref.rollout
     ce = rc.checkpoint_engine
     bucket_key, backend_key = _CKPT_ENGINE_KEYS[1], _CKPT_ENGINE_KEYS[0]
     actor = cfg.actor_rollout_ref.actor
     split = actor.strategy == "megatron" and (int(actor.megatron.tensor_model_parallel_size) > 1
-                                              or int(actor.megatron.expert_model_parallel_size) > 1)
+                                              or int(actor.megatron.expert_model_parallel_size) > 1
+                                              or int(actor.megatron.pipeline_model_parallel_size or 1) > 1)
+    # the hf engine split over rollout.tensor_model_parallel_size ranks is filled by the switch, in buckets
+    split = split or (rc.name == "hf" and int(rc.tensor_model_parallel_size) > 1 and n_devices(cfg) > 1)
     acting = () if rc.name == "vllm" or split else (bucket_key,)
     if rc.name != "vllm" and not split and (ce.engine_kwargs or {}).get("delta", True) is not True:
         errors.append("actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.delta=false: the colocated hf "

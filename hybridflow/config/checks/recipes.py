@@ -94,6 +94,25 @@ def check_recipes(cfg: Any, errors: list[str], notes: list[str]) -> None:
         _check_sppo(cfg, errors)
     if recipe == "prime":
         _check_prime(cfg, errors)
+    _check_dapo_overlong(cfg, errors)
+
+
+def _check_dapo_overlong(cfg: Any, errors: list[str]) -> None:
+    """DAPO's overlong buffer (reward_manager=dapo): ``len`` tokens before the response cap where the penalty ramps
+    up, so 0 < len <= max_resp_len (reward_kwargs.max_resp_len, else data.max_response_length) -- the manager
+    would refuse it only when it is built, after the workers started."""
+    kwargs = dict(cfg.reward_model.reward_kwargs or {})
+    buffer = kwargs.get("overlong_buffer_cfg") or {}
+    if cfg.reward_model.reward_manager != "dapo" or not isinstance(buffer, dict) or not buffer.get("enable"):
+        return
+    cap = kwargs.get("max_resp_len") or cfg.data.max_response_length
+    length = buffer.get("len")
+    if not isinstance(length, (int, float)) or not 0 < length <= cap:
+        where = "reward_model.reward_kwargs.max_resp_len" if kwargs.get("max_resp_len") else "data.max_response_length"
+        errors.append(f"reward_model.reward_kwargs.overlong_buffer_cfg.len={length!r} must be in (0, {cap}] ({where}="
+                      f"{cap}): the penalty ramps up over the last len tokens before the response cap; lower it "
+                      f"(e.g. overlong_buffer_cfg.len={max(1, int(cap) // 4)}; verl 0.9's spelling: "
+                      "reward.reward_kwargs.overlong_buffer_cfg.len, the first recipe's: reward_model.overlong_buffer.len)")
 
 
 def _check_reference(cfg: Any, errors: list[str]) -> None:

@@ -36,10 +36,29 @@ def _get(cfg, dotted: str):
     return obj
 
 
+def _check_prometheus(cfg: PPOConfig, errors: list[str]) -> None:
+    """``trainer.prometheus.*`` act with the ``prometheus`` logger only (hybridflow/tracking/prometheus.py)."""
+    prom = cfg.trainer.prometheus
+    loggers = [cfg.trainer.logger] if isinstance(cfg.trainer.logger, str) else list(cfg.trainer.logger or [])
+    if not 0 <= prom.port <= 65535:
+        errors.append(f"trainer.prometheus.port={prom.port}: give a TCP port (0: a free one)")
+    if not prom.drift_threshold > 0:
+        errors.append(f"trainer.prometheus.drift_threshold={prom.drift_threshold}: give a probability gap > 0")
+    from hybridflow.config.key_policy import default_of
+
+    changed = {"host": prom.host, "port": prom.port, "drift_threshold": prom.drift_threshold} != default_of(
+        "trainer.prometheus")
+    if changed and "prometheus" not in loggers:
+        errors.append("trainer.prometheus.* is set but trainer.logger has no 'prometheus', so nothing would serve "
+                      f"it: add it (trainer.logger=[{','.join(map(str, loggers)) or 'console'},prometheus]) or drop "
+                      "the keys")
+
+
 def check_choices(cfg: PPOConfig, errors: list[str]) -> None:
     if not isinstance(cfg.trainer.logger, (str, list)):
         errors.append(f"trainer.logger={cfg.trainer.logger!r}: give a list of backends like [console,file] "
                       "(or one name)")
+    _check_prometheus(cfg, errors)
     for key, allowed in CHOICES.items():
         val = _get(cfg, key)
         if val not in allowed:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hybridflow.config.checks.parallel import n_devices
 from hybridflow.config.checks.megatron import megatron_roles, without_echoes
+from hybridflow.config.checks.parallel import n_devices
 from hybridflow.engine.expert_parallel import expert_parallel_problem
 from hybridflow.engine.model_loader import ModelLoadError, load_hf_config
 from hybridflow.engine.parallel_dims import ParallelDims, ParallelDimsError

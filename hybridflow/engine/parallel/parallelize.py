@@ -29,19 +29,20 @@ from hybridflow.engine.parallel.pipeline import (
     PipelineLayout,
     PipelineRunner,
     StageModel,
+    model_ends,
     rank_view,
     split_stages,
     stage_layer_ranges,
 )
 from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.tensor_parallel import apply_tensor_parallel
-from hybridflow.engine.transformers_adapter import embedding_and_head, text_config
+from hybridflow.engine.transformers_adapter import text_config
 from hybridflow.engine.ulysses_forward import SequenceParallel
 
 if TYPE_CHECKING:
     from hybridflow.config.schema import FSDPConfig
 
-__all__ = ["ParallelModel", "PipelineSpec", "parallelize"]
+__all__ = ["ParallelModel", "PipelineSpec", "parallelize", "pipeline_spec_for"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,21 @@ class PipelineSpec:
     first: int | None = None
     last: int | None = None
     schedule: str = "1f1b"
+
+
+def pipeline_spec_for(node) -> PipelineSpec | None:
+    """The pipeline a role's config node asks for (``None``: no pipeline): its ``megatron`` node's
+    ``pipeline_model_parallel_size`` > 1 with the strategy ``megatron``, the split keys of
+    ``override_transformer_config`` and ``pipeline_schedule``."""
+    from hybridflow.config.checks.megatron import pipeline_split
+
+    megatron = getattr(node, "megatron", None)
+    if getattr(node, "strategy", None) != "megatron" or megatron is None:
+        return None
+    if int(getattr(megatron, "pipeline_model_parallel_size", 1) or 1) <= 1:
+        return None
+    first, last = pipeline_split(node)
+    return PipelineSpec(first, last, str(getattr(megatron, "pipeline_schedule", "1f1b") or "1f1b"))
 
 
 @dataclass
@@ -103,7 +119,7 @@ def _split_pipeline(out: ParallelModel, dims: ParallelDims, rank: int, device: t
     pp_rank = dims.pp_rank(rank)
     out.stages = split_stages(model, layout, pp_rank)
     out.module = rank_view(model, out.stages)  # the rank's holdings: its stages' layers and ends
-    emb_name, head_name, tied = embedding_and_head(model)
+    emb_name, head_name, tied = model_ends(model)
     out.tied_embedding = (emb_name, head_name) if tied else None
     out.pipeline = PipelineRunner(out.stages, layout, dims.pp_group, device, int(cfg.hidden_size), compute)
 

@@ -84,7 +84,7 @@ def initialize_interactions_from_config(interaction_config_file: str | os.PathLi
     for i, entry in enumerate(data["interaction"]):
         name, interaction = interaction_from_entry(entry, f"{path}: interaction[{i}]")
         if name in interactions:
-            raise ValueError(f"{path}: interaction name {name!r} is used twice; each interaction needs a unique name")
+            raise ValueError(f"{path}: Duplicate interaction name {name!r} found; each interaction needs a unique name")
         interactions[name] = interaction
     return interactions
 

@@ -51,6 +51,7 @@ import torch
 from hybridflow.rollout.base import RolloutEngine, TokenOutput, _per_request
 from hybridflow.rollout.sampling_params import SamplingParams, engine_request_settings
 from hybridflow.rollout.vllm.config import VLLM_EXTRA_HINT, cpu_safe_chunking, enable_lora, vllm_engine_kwargs
+from hybridflow.rollout.vllm.cpu_features import request_amx_tiles
 from hybridflow.rollout.vllm.weight_check import EXTENSION as CHECK_EXTENSION
 from hybridflow.rollout.weights.delta import ChecksumMismatch
 from hybridflow.rollout.vllm.driver import (  # noqa: F401 - the errors are part of this module's API
@@ -233,6 +234,10 @@ class VLLMRolloutEngine(RolloutEngine):
     def _build_engine(self):
         if not self.multiprocess:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if not request_amx_tiles() and self.engine_args.get("dtype") in ("bfloat16", "bf16"):
+            raise RuntimeError("vLLM's bfloat16 attention on this CPU runs AMX tile instructions, and the kernel "
+                               "refused this process the AMX permission (arch_prctl ARCH_REQ_XCOMP_PERM); set "
+                               "actor_rollout_ref.rollout.dtype=float32")
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
         from vllm.v1.executor import Executor

@@ -13,7 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hybridflow.rollout.vllm.cpu_features import request_amx_tiles
+
 __all__ = ["WeightCheckExtension", "EXTENSION", "verify_folder"]
+
+# vLLM imports this module in every worker process hybridflow starts (engine core child, server): the process that
+# runs the AMX attention kernel asks for the AMX tile permission here (cpu_features.py says why)
+request_amx_tiles()
 
 EXTENSION = "hybridflow.rollout.vllm.weight_check.WeightCheckExtension"
 
