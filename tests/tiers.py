@@ -31,6 +31,7 @@ FULL_TIER: dict[str, str] = {
     "faults/test_resume_safety.py": "runs stopped and resumed",
     "faults/test_training_faults.py": "runs interrupted by signals",
     "faults/test_two_hosts.py": "a Ray cluster over two network namespaces, one host killed mid-run (root, ip netns)",
+    "faults/test_rollout_wal_kill.py": "a fully async run killed (-9) at random points and resumed, ~3 min",
     "workers/test_ray_actor_group.py": "the actor worker group on Ray",
     "workers/test_vlm_distributed.py": "a VLM on two FSDP ranks",
     "workers/test_actor_distributed.py": "the actor on two FSDP ranks",

@@ -129,7 +129,12 @@ def cmd_quickstart(argv: list[str]) -> int:
                              "vision: a tiny vision-language model learns to name the colour of a shape in a picture; "
                              "judge: GRPO on a small judge model's scores (RLAIF), checked by an exact rule")
     parser.add_argument("--seed", type=int, default=None, help="run seed (default 1)")
+    parser.add_argument("--judge-mode", default=None, choices=["reference", "direct"],
+                        help="judge task: reference (the judge works the sum out first, default) or direct (it is told "
+                             "no answer and grades in one turn)")
     args = parser.parse_args(argv)
+    if args.judge_mode is not None and args.task != "judge":
+        parser.error("--judge-mode is for --task judge")
     if args.task == "tool-use":
         return _quickstart_tool_use(args)
     kwargs = {"backend": args.backend}
@@ -140,6 +145,8 @@ def cmd_quickstart(argv: list[str]) -> int:
     if args.task == "judge":
         from hybridflow.quickstart.judge import JudgeTooWeak, run_judge_quickstart
 
+        if args.judge_mode is not None:
+            kwargs["judge_mode"] = args.judge_mode
         try:
             run_judge_quickstart(output_dir=args.output_dir or "outputs/quickstart_judge", **kwargs)
         except JudgeTooWeak as exc:

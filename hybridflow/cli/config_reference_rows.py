@@ -460,6 +460,14 @@ SECTIONS: tuple[Section, ...] = (
         Row("`test_freq`, `val_before_train`, `val_only`",
             "-1, true, false",
             "validation schedule."),
+        Row("`async_validation`",
+            "false",
+            "hybridflow-only: validation off the critical path. When due it runs on a thread of its own, on "
+            "the rollout replicas between training requests, against the weights of the step it was due at, "
+            "and its metrics are logged at that step (`timing_s/testing_background`); training goes on, and "
+            "only the next weight push waits for it (`timing_s/testing_wait`). Acts in `fully_async` and V1 "
+            "`separate_async` (their replicas keep a version's weights); refused at config time in the other "
+            "modes. See [reliability.md](reliability.md#validation-off-the-critical-path)."),
         Row("`log_val_generations`",
             "0",
             "sample generations logged per validation."),
@@ -469,6 +477,16 @@ SECTIONS: tuple[Section, ...] = (
         Row("`save_freq`, `default_local_dir`",
             "-1, `checkpoints/<project>/<experiment>`",
             "checkpoints `global_step_N/`."),
+        Row("`rollout_wal.enable`, `rollout_wal.max_mb`",
+            "true, 1024",
+            "hybridflow-only: the rollout log of the async and V1 modes (`one_step_off`, `fully_async`, V1 "
+            "`colocate_async` / `separate_async`): every generated sample is written (fsync'd) to "
+            "`default_local_dir/rollout_wal/<mode>.log` before the trainer can take it, kept until a "
+            "checkpoint covers it, so a crash (`kill -9` included) loses nothing generated and trains nothing "
+            "twice. Acts when checkpoints are saved (`save_freq > 0`). A sample that would grow the log past "
+            "`max_mb` is not logged (`rollout_wal/unlogged_samples`, a warning) and is generated again after "
+            "a crash. Metrics `rollout_wal/{bytes,restored_samples,replayed_steps}`. See "
+            "[reliability.md](reliability.md#durable-rollouts)."),
         Row("`resume_mode`, `resume_from_path`",
             "auto, null",
             "`auto` resumes from the checkpoint `latest_checkpointed_iteration.txt` names when it is "

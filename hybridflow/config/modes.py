@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from hybridflow.config.v1 import v1_mode
 
-__all__ = ["MODE_TABLE", "MODES", "RECIPE_MODES", "check_mode", "run_mode"]
+__all__ = ["ASYNC_VALIDATION_MODES", "MODE_TABLE", "MODES", "RECIPE_MODES", "check_async_validation",
+           "check_mode", "run_mode"]
 
 # (trainer.use_v1, trainer.v1.trainer_mode, async_training.mode) -> mode
 MODE_TABLE: dict[tuple[bool, str | None, str], str] = {
@@ -23,6 +24,9 @@ MODE_TABLE: dict[tuple[bool, str | None, str], str] = {
     (True, "separate_async", "sync"): "v1_separate_async",
 }
 MODES = tuple(MODE_TABLE.values())
+
+# the modes trainer.async_validation acts in: their replicas keep one version's weights while training goes on
+ASYNC_VALIDATION_MODES = ("fully_async", "v1_separate_async")
 
 # trainer.recipe -> the modes it runs in (a recipe not listed runs in every mode: SPPO is an estimator and a loss)
 RECIPE_MODES: dict[str, tuple[str, ...]] = {"spin": ("sync",), "prime": ("sync",)}
@@ -69,3 +73,19 @@ def check_mode(cfg, errors: list[str]) -> None:
         run_mode(cfg)
     except ValueError as e:
         errors.append(str(e))
+
+
+def check_async_validation(cfg, errors: list[str]) -> None:
+    """``trainer.async_validation`` needs replicas that keep a version's weights while the actor trains on."""
+    if not cfg.trainer.async_validation:
+        return
+    try:
+        mode = run_mode(cfg)
+    except ValueError:
+        return  # check_mode reports it
+    if mode not in ASYNC_VALIDATION_MODES:
+        errors.append(f"trainer.async_validation=true validates on the rollout replicas while training goes on, which "
+                      f"needs replicas that keep one weight version across steps ({', '.join(ASYNC_VALIDATION_MODES)}); "
+                      f"this run is {mode} ({_describe(_keys(cfg))}), whose rollout generates with the actor's "
+                      "current weights. Set trainer.async_validation=false, or run async_training.mode=fully_async "
+                      "(or trainer.v1.trainer_mode=separate_async) with actor_rollout_ref.hybrid_engine=false")

@@ -152,6 +152,14 @@ class AlgoConfig(AlgoRecipeKeys):
 
 
 @dataclass(**KW)
+class RolloutWalConfig:
+    """hybridflow-only: the rollout log of the async and V1 modes (hybridflow/trainer/durable/rollout_log.py)."""
+
+    enable: bool
+    max_mb: float
+
+
+@dataclass(**KW)
 class PrometheusConfig:
     """``trainer.prometheus``: where the ``prometheus`` logger serves ``/metrics`` (hybridflow/tracking/prometheus.py)."""
 
@@ -210,6 +218,8 @@ class TrainerConfig(TrainerRecipeKeys):
     import_modules: list  # user modules (dotted or .py) imported in every process: they register extensions
     use_v1: bool  # verl 0.9's V1 trainer (hybridflow.config.v1); false = the same synchronous trainer as sync
     v1: dict  # verl 0.9's trainer.v1 node, read and checked by hybridflow.config.v1
+    rollout_wal: RolloutWalConfig  # hybridflow-only: generated samples durable until trained (async, V1 modes)
+    async_validation: bool  # hybridflow-only: validation on its own thread, training does not wait (async modes)
     drift: DriftConfig  # hybridflow-only: the drift detector and weight digests (docs/drift.md)
 
 

@@ -46,7 +46,7 @@ from hybridflow.config.checks.rewards import check_async_reward
 from hybridflow.config.checks.v1 import check_v1_config
 from hybridflow.config.checks.values import check_choices, check_dtypes, check_sampling, check_schedules, check_strategies
 from hybridflow.config.loader import compose_config
-from hybridflow.config.modes import check_mode
+from hybridflow.config.modes import check_async_validation, check_mode
 from hybridflow.config.schema import PPOConfig
 from hybridflow.data.checks import check_data_files
 from hybridflow.engine.checks import check_model_files, check_optimizers, check_prompt_rows
@@ -86,6 +86,7 @@ CONFIG_CHECKS: tuple[Check, ...] = (
     Check("placement", check_async_config),             # split placement and async modes
     Check("v1_trainer", check_v1_config),               # trainer.use_v1 / trainer.v1.* (verl 0.9's V1 trainer)
     Check("mode", check_mode),                          # the keys name one controller mode (config/modes.py)
+    Check("async_validation", check_async_validation),  # trainer.async_validation: modes whose replicas keep weights
     Check("batch_sizes", check_batch_sizes),            # prompts, trajectories, micro-batches per device
     Check("sequence_parallel", check_sequence_parallel),  # Ulysses sp sizes, heads, use_remove_padding
     Check("legacy_micro", check_legacy_micro),          # deprecated global micro-batch sizes

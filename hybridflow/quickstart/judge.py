@@ -16,6 +16,9 @@ scores the policy's answers, and GRPO on the judge's scores raises held-out accu
    the judge's greedy verdict (``judge.chat``), never by the answer key; the exact rule is computed beside it only
    to log how often the judge agrees (``reward_extra/agree/mean``).  Validation (the held-out prompts, greedy)
    is scored by the exact rule;
+   ``judge_mode="direct"`` is the judge that is *not* told the answer and does not work it out first: one turn,
+   the question and the candidate written least significant digit first (``"07+45=250"``) -> ``1`` / ``0``
+   (:func:`direct_prompt`); it must check the sum digit by digit as it reads the candidate;
 4. ``summary.json``: held-out accuracy before / after RL, the judge's held-out agreement and its agreement with the
    rule on the samples it scored during RL, steps, seconds and CPU seconds (warm-ups included).
 
@@ -40,6 +43,7 @@ TASK = "addition_fixed"
 VAL_KEY = f"val-core/synthetic/{TASK}/reward/mean@1"
 AGREE_KEY = "reward_extra/agree/mean"
 VERDICT_PATTERN = r"^([01])"  # the judge's second turn: 1 right, 0 wrong
+JUDGE_MODES = ("reference", "direct")  # solve the question first, then grade | grade at once, told no answer
 
 
 def solve_prompt(question: str) -> list[dict]:
@@ -52,6 +56,12 @@ def verdict_prompt(question: str, reference: str, candidate: str) -> list[dict]:
     bare-text chat template it reads ``"07+45=250=052"``."""
     return solve_prompt(question) + [{"role": "assistant", "content": reference},
                                      {"role": "user", "content": f"={candidate}"}]
+
+
+def direct_prompt(question: str, candidate: str) -> list[dict]:
+    """The ``direct`` judge's only turn: the question and the candidate, digits reversed (``"07+45=250"``); no
+    reference answer anywhere -- neither the key's nor its own."""
+    return [{"role": "user", "content": f"{question}{reversed_sum(candidate)}"}]
 
 
 def reversed_sum(answer: str) -> str:
@@ -85,6 +95,21 @@ async def judge_score(data_source: str, solution_str: str, ground_truth: str, ex
     return {"score": verdict, "rule": rule, "agree": float(verdict == rule)}
 
 
+async def judge_score_direct(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                             judge=None, **kwargs: Any) -> dict[str, float]:
+    """:func:`judge_score` for ``judge_mode="direct"``: one turn (:func:`direct_prompt`), no reference answer."""
+    info = extra_info or {}
+    answer = solution_str.strip()
+    rule = float(answer == str(ground_truth))
+    if info.get("split") == "test":
+        return {"score": rule}
+    from hybridflow.rewards.judge import parse_score
+
+    reply = await judge.chat(direct_prompt(info["question"], answer), max_tokens=1, temperature=0.0)
+    verdict = parse_score(reply, VERDICT_PATTERN)
+    return {"score": verdict, "rule": rule, "agree": float(verdict == rule)}
+
+
 def near_misses(answer: str, rng: random.Random, other_answers: list[str] | None = None) -> str:
     """A wrong answer close to ``answer``: one digit changed, +-1, +-10, two digits swapped, a digit dropped or added,
     or (with ``other_answers``) the right answer to a different question."""
@@ -113,9 +138,10 @@ def near_misses(answer: str, rng: random.Random, other_answers: list[str] | None
             return wrong
 
 
-def judge_rows(rows: list[dict], seed: int) -> list[dict]:
+def judge_rows(rows: list[dict], seed: int, mode: str = "reference") -> list[dict]:
     """Multi-turn SFT rows for the judge, two per question: the question, the reversed sum (first turn), then the right
-    answer -> ``1`` or a :func:`near_misses` one -> ``0`` (second turn; balanced classes).  Both turns are learnt."""
+    answer -> ``1`` or a :func:`near_misses` one -> ``0`` (second turn; balanced classes).  Both turns are learnt.
+    ``mode="direct"``: one turn, :func:`direct_prompt` -> the verdict."""
     rng = random.Random(f"judge:{seed}")
     answers = [row["reward_model"]["ground_truth"] for row in rows]
     out = []
@@ -123,8 +149,9 @@ def judge_rows(rows: list[dict], seed: int) -> list[dict]:
         question, answer = row["prompt"][0]["content"], row["reward_model"]["ground_truth"]
         reference = reversed_sum(answer)
         for candidate, verdict in ((answer, "1"), (near_misses(answer, rng, answers), "0")):
-            out.append({"messages": verdict_prompt(question, reference, candidate)
-                        + [{"role": "assistant", "content": verdict}]})
+            prompt = (direct_prompt(question, candidate) if mode == "direct"
+                      else verdict_prompt(question, reference, candidate))
+            out.append({"messages": prompt + [{"role": "assistant", "content": verdict}]})
     rng.shuffle(out)
     return out
 
@@ -161,7 +188,7 @@ def _greedy(model, tok, texts: list[str], max_new_tokens: int) -> list[str]:
     return replies
 
 
-def judge_agreement(judge_dir: str, rows: list[dict], seed: int) -> float:
+def judge_agreement(judge_dir: str, rows: list[dict], seed: int, mode: str = "reference") -> float:
     """How often the judge's two-turn greedy verdict (as :func:`judge_score` asks it) on each of ``rows``' questions
     with its right answer and with a near miss equals the exact rule's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -175,11 +202,12 @@ def judge_agreement(judge_dir: str, rows: list[dict], seed: int) -> float:
     rng = random.Random(f"judge-check:{seed}")
     answers = [row["reward_model"]["ground_truth"] for row in rows]
     questions = [row["prompt"][0]["content"] for row in rows]
-    own = _greedy(model, tok, [chat(solve_prompt(q)) for q in questions], 3)
+    own = _greedy(model, tok, [chat(solve_prompt(q)) for q in questions], 3) if mode != "direct" else questions
     cases = []  # (question, own answer, candidate, right?)
     for question, answer, ref in zip(questions, answers, own):
         cases += [(question, ref, answer, True), (question, ref, near_misses(answer, rng, answers), False)]
-    verdicts = _greedy(model, tok, [chat(verdict_prompt(q, ref, c)) for q, ref, c, _ in cases], 1)
+    prompts = [chat(direct_prompt(q, c) if mode == "direct" else verdict_prompt(q, ref, c)) for q, ref, c, _ in cases]
+    verdicts = _greedy(model, tok, prompts, 1)
     right = sum(int(v[:1] == ("1" if ok else "0")) for v, (*_, ok) in zip(verdicts, cases))
     return right / max(len(cases), 1)
 
@@ -188,14 +216,16 @@ class JudgeTooWeak(RuntimeError):
     """The judge trained at run time is below the agreement floor; RL is not started."""
 
 
-def judge_overrides(judge_dir: str) -> list[str]:
-    """The judge on the rollout service, asked by :func:`judge_score` (what a user would type)."""
+def judge_overrides(judge_dir: str, mode: str = "reference") -> list[str]:
+    """The judge on the rollout service, asked by :func:`judge_score` (``direct``: :func:`judge_score_direct`), as
+    a user would type it."""
     return [
         "reward_model.enable=true", f"reward_model.model.path={judge_dir}", "reward_model.rollout.name=hf",
         "reward_model.rollout.prompt_length=16", "reward_model.rollout.response_length=3",
         "reward_model.rollout.max_num_seqs=256", "reward_model.rollout.temperature=0.0",
         "reward_model.judge.request_timeout_s=60", "reward_model.timeout_s=120", "reward_model.num_workers=1",
-        f"custom_reward_function.path={Path(__file__).resolve()}", "custom_reward_function.name=judge_score",
+        f"custom_reward_function.path={Path(__file__).resolve()}",
+        f"custom_reward_function.name={'judge_score_direct' if mode == 'direct' else 'judge_score'}",
     ]
 
 
@@ -210,7 +240,7 @@ def run_judge_quickstart(output_dir: str = "outputs/quickstart_judge", backend: 
                          policy_sft_steps: int = 250, judge_sft_steps: int = 2500, rl_steps: int = 100,
                          train_size: int = 4000, test_size: int = 200, sft_lr: float = 1e-3, rl_lr: float = 5e-5,
                          test_freq: int = 25, max_seconds: float | None = None, min_judge_agreement: float = 0.9,
-                         overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+                         overrides: tuple[str, ...] = (), judge_mode: str = "reference") -> dict[str, Any]:
     """Run the whole demo; returns the summary written to ``output_dir/summary.json``.
 
     The judge is checked before RL on held-out (question, candidate answer) pairs; below ``min_judge_agreement``
@@ -220,19 +250,21 @@ def run_judge_quickstart(output_dir: str = "outputs/quickstart_judge", backend: 
     from hybridflow.launch.config import load_config
     from hybridflow.quickstart.addition import grpo_overrides, held_out_rows, prepare_output
 
+    if judge_mode not in JUDGE_MODES:
+        raise ValueError(f"judge_mode={judge_mode!r}: choose one of {', '.join(JUDGE_MODES)}")
     t0, cpu0 = time.perf_counter(), time.process_time()
     train_rows, test_rows = held_out_rows(train_size, test_size, seed)
     out, data_dir = prepare_output(output_dir, _with_questions(train_rows), _with_questions(test_rows))
     policy_dir, policy_sft_s, judge_dir, judge_sft_s = _train_policy_and_judge(
-        out, train_rows, seed, policy_sft_steps, judge_sft_steps, sft_lr)
-    heldout_agreement = judge_agreement(judge_dir, test_rows, seed)
+        out, train_rows, seed, policy_sft_steps, judge_sft_steps, sft_lr, judge_mode)
+    heldout_agreement = judge_agreement(judge_dir, test_rows, seed, judge_mode)
     print(f"[quickstart] judge agrees with the exact rule on {100 * heldout_agreement:.1f}% of held-out "
           "(question, candidate answer) pairs", flush=True)
     if heldout_agreement < min_judge_agreement:
         _stop_before_rl(out, heldout_agreement, min_judge_agreement, judge_sft_steps, judge_sft_s,
                         time.perf_counter() - t0, seed)
     config = load_config(grpo_overrides(policy_dir, data_dir, out, backend, rl_steps, seed, rl_lr, test_freq)
-                         + judge_overrides(judge_dir) + ["trainer.experiment_name=addition_fixed_judge_grpo"]
+                         + judge_overrides(judge_dir, judge_mode) + ["trainer.experiment_name=addition_fixed_judge_grpo"]
                          + list(overrides))
     rl_start = time.perf_counter()
     history = _grpo_on_the_judge(config, out, rl_steps, rl_start, max_seconds)
@@ -245,13 +277,14 @@ def run_judge_quickstart(output_dir: str = "outputs/quickstart_judge", backend: 
         "rl_seconds": time.perf_counter() - rl_start,
         "backend": backend,
         "seed": seed,
+        "judge_mode": judge_mode,
     }
     _write_results(out, history, summary)
     return summary
 
 
 def _train_policy_and_judge(out: Path, train_rows: list[dict], seed: int, policy_sft_steps: int,
-                            judge_sft_steps: int, sft_lr: float) -> tuple[str, float, str, float]:
+                            judge_sft_steps: int, sft_lr: float, mode: str) -> tuple[str, float, str, float]:
     """(policy folder, its SFT seconds, judge folder, its SFT seconds): both tiny models built and trained by SFT."""
     from hybridflow.quickstart.addition import build_base_model, warm_up
 
@@ -259,8 +292,8 @@ def _train_policy_and_judge(out: Path, train_rows: list[dict], seed: int, policy
     print(f"[quickstart] tiny policy + judge + addition task ready in {out}", flush=True)
     policy_dir, policy_sft_s = warm_up(base, train_rows, out / "sft", policy_sft_steps, seed, sft_lr)
     judge_base = build_base_model(out / "judge_base", seed + 1000)
-    judge_dir, judge_sft_s = train_judge(judge_base, judge_rows(train_rows, seed), out / "judge_sft", judge_sft_steps,
-                                         seed, sft_lr)
+    judge_dir, judge_sft_s = train_judge(judge_base, judge_rows(train_rows, seed, mode), out / "judge_sft",
+                                         judge_sft_steps, seed, sft_lr)
     return policy_dir, policy_sft_s, judge_dir, judge_sft_s
 
 
@@ -314,5 +347,5 @@ def _write_results(out: Path, history, summary: dict[str, Any]) -> None:
           f"{100 * (summary['judge_agreement_during_rl'] or 0):.1f}%   ({summary['seconds']:.0f}s total)", flush=True)
 
 
-__all__ = ["run_judge_quickstart", "JudgeTooWeak", "reversed_sum", "judge_score", "judge_rows", "near_misses",
-           "judge_agreement"]
+__all__ = ["run_judge_quickstart", "JudgeTooWeak", "reversed_sum", "judge_score", "judge_score_direct", "judge_rows",
+           "near_misses", "judge_agreement", "direct_prompt", "JUDGE_MODES"]

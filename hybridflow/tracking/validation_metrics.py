@@ -2,17 +2,21 @@
 
 For every data source and every per-sample variable (``reward``, ``acc``, ``pred``, anything a reward
 function returned in its dict), samples are grouped by prompt; each group of N responses gives
-``mean@N`` and ``std@N``, and for n = 2, 4, 8, ... < N and n = N bootstrap estimates (Efron 1979) of:
+``mean@N`` and ``std@N``, and for n = 2, 4, 8, ... < N and n = N:
 
-* ``best@n`` / ``worst@n``: expected max / min of the variable over n responses drawn with replacement
-  (for a 0/1 ``acc`` this is a pass@n estimate),
+* ``best@n`` / ``worst@n``: the expected max / min of the variable over n of the N responses drawn *without*
+  replacement, computed exactly (the unbiased estimator of Chen et al. 2021 generalised to any variable: with the
+  values sorted ascending, ``E[max] = sum_i C(i-1, n-1) / C(N, n) * v_(i)``), and its standard deviation over
+  those subsets. For a 0/1 ``acc`` ``best@n/mean`` *is* ``pass@n`` (eq. 1 of Chen et al.). verl's bootstrap
+  draws n responses *with* replacement, which repeats responses and reports best@n biased low (verl PR #7240:
+  for N=4 responses of which 2 are right, best@2 = 0.75 instead of 5/6);
 * ``maj@n``: value of the majority-voted prediction (self-consistency, Wang et al. 2022) when a ``pred``
-  variable exists,
+  variable exists, a bootstrap estimate (Efron 1979) over n responses drawn with replacement,
 
 then means over prompts. Names and the core/aux split follow verl: ``val-core/<source>/<var>/<metric>`` holds
 ``mean@N``, ``best@N/*`` and ``maj@N/*`` at the largest N of the core variable (``acc`` if reported, else
-``reward``); everything else goes to ``val-aux/...``. For 0/1 variables the unbiased ``pass@k`` estimator of
-Chen et al. 2021 ("Evaluating Large Language Models Trained on Code", eq. 1) is added to ``val-aux``.
+``reward``); everything else goes to ``val-aux/...``. For 0/1 variables ``pass@k`` (the same estimator) is added
+to ``val-aux``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 
 __all__ = [
     "bootstrap_metric",
+    "best_of_k",
     "calc_maj_val",
     "pass_at_k",
     "compute_validation_group_metrics",
@@ -82,6 +87,21 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
+def best_of_k(values: Sequence[float], k: int, worst: bool = False) -> tuple[float, float]:
+    """(mean, std) of the max (``worst``: min) of ``k`` of the ``values`` drawn without replacement, exactly:
+    the i-th smallest value is the max of ``C(i-1, k-1)`` of the ``C(n, k)`` subsets (unbiased; for 0/1 values the
+    mean is :func:`pass_at_k`)."""
+    n = len(values)
+    if not 1 <= k <= n:
+        raise ValueError(f"best_of_k needs 1 <= k <= len(values), got k={k} for {n} values")
+    v = sorted((float(x) for x in values), reverse=worst)
+    total = comb(n, k)
+    weights = [comb(i, k - 1) / total for i in range(n)]  # value v[i] is the extreme of C(i, k-1) subsets
+    mean = sum(w * x for w, x in zip(weights, v))
+    second = sum(w * x * x for w, x in zip(weights, v))
+    return mean, float(np.sqrt(max(0.0, second - mean * mean)))
+
+
 def _hashable(x: Any) -> Hashable:
     try:
         hash(x)
@@ -109,7 +129,7 @@ def _group_metrics(var_vals: list[Any], preds: list[Any] | None, seed: int) -> d
         return metric
     metric[f"std@{n_resps}"] = float(np.std(var_vals))
     for n in _subset_sizes(n_resps):
-        (bon_m, bon_s), (won_m, won_s) = bootstrap_metric(var_vals, n, [np.max, np.min], seed=seed)
+        (bon_m, bon_s), (won_m, won_s) = best_of_k(var_vals, n), best_of_k(var_vals, n, worst=True)
         metric |= {f"best@{n}/mean": bon_m, f"best@{n}/std": bon_s, f"worst@{n}/mean": won_m, f"worst@{n}/std": won_s}
         if preds is not None:
             votes = [{"val": v, "pred": p} for v, p in zip(var_vals, preds)]

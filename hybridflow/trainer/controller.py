@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, final
 from hybridflow.config.plan import StepPlan, plan_step
 from hybridflow.trainer import run_checkpoint as ckpt
 from hybridflow.trainer.async_reward import AsyncRewardScorer
+from hybridflow.trainer.background_validation import BackgroundValidation, ValidationDone
 from hybridflow.trainer.controller_checkpoint import load_run, save_run
 from hybridflow.trainer.drift import DriftMonitor
 from hybridflow.trainer.hooks import Hooks, hooks_for
@@ -115,11 +116,14 @@ class RLController:
         self.async_reward = AsyncRewardScorer(reward_fn) if config.reward_model.launch_reward_fn_async else None
         self.drift = DriftMonitor.from_config(config)  # trainer.drift: rollout vs trainer log-probs, every step
         self.validator = None
+        self.background_validation: BackgroundValidation | None = None  # trainer.async_validation
         if val_dataloader is not None:
             tcfg = config.trainer
             self.validator = Validator(groups, val_dataloader, val_reward_fn, tokenizer,
                                        config.actor_rollout_ref.rollout.val_kwargs, tcfg.log_val_generations,
                                        seed=tcfg.seed, dump_dir=tcfg.validation_data_dir)
+            if tcfg.async_validation:
+                self.background_validation = BackgroundValidation(self._validate_step)
 
     # ------------------------------------------------------------------------------------------ the loop
     def fit(self, should_stop: Callable[[], bool] | None = None) -> RunHistory:
@@ -139,6 +143,8 @@ class RLController:
                 self.validate()
             if not validate_only:
                 ran_out, stopped = self._loop(self._prompt_stream(), should_stop)
+                if self.background_validation is not None:  # the last one: its metrics belong in the run
+                    self._record_validations(self.background_validation.close())
                 check_finished(self, start, ran_out, stopped)  # no data left early / a resume that trained nothing
             finished = True
         except StepFailedError as e:
@@ -146,6 +152,8 @@ class RLController:
             raise
         finally:
             self.mode.stop(self)
+            if self.background_validation is not None:  # stopped: its requests were aborted with the replicas
+                self.background_validation.close_now()
             ckpt.release_checkpoint_dir(tcfg.default_local_dir)
             if finished:
                 self._finish()
@@ -173,13 +181,18 @@ class RLController:
         """Validation and checkpoint if due (``timing_s/testing``, ``timing_s/save_checkpoint``), then the log."""
         log = StepLog(metrics=metrics)
         if self.validator is not None and self.mode.validate_now(self, last):
-            with log.timed("testing"):
-                metrics.update(self.validate(log=False))
+            with log.timed("testing"):  # in the background: only the wait for the previous one
+                if self.background_validation is not None:
+                    self.background_validation.submit(self.global_steps)
+                else:
+                    metrics.update(self.validate(log=False))
         if self.mode.save_now(self, last):
             with log.timed("save_checkpoint"):
                 save_run(self)
         metrics.update({f"timing_s/{k}": v for k, v in log.timing.items()})
         self.record(metrics, to_logger=last or self.global_steps % max(1, self.config.trainer.log_freq) == 0)
+        if self.background_validation is not None:
+            self._record_validations(self.background_validation.finished())
 
     def _prompt_stream(self) -> Iterator[dict[str, Any]]:
         """Prompt batches across epochs until ``trainer.total_epochs`` passes are done (or steps run out).
@@ -217,12 +230,27 @@ class RLController:
             self.record(metrics)
         return metrics
 
-    def record(self, metrics: dict[str, float], to_logger: bool = True) -> None:
+    def _validate_step(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """Background validation (on its own thread) of the weights of ``step``."""
+        result = self.validator.run(step)
+        return dict(result.metrics), result.samples
+
+    def _record_validations(self, done: list[ValidationDone]) -> None:
+        """Background validations' metrics, each at the step whose weights it used."""
+        for d in done:
+            self.history.samples.extend(d.samples)
+            if self.logger is not None and d.samples:
+                self.logger.log_generations(d.samples, step=d.step)
+            self.record({**d.metrics, "timing_s/testing_background": d.seconds}, step=d.step)
+
+    def record(self, metrics: dict[str, float], to_logger: bool = True, step: int | None = None) -> None:
         """Keep ``metrics`` in the run's history; send them to the logger too unless ``to_logger`` is false
-        (``trainer.log_freq``: a step's metrics reach the logger every log_freq steps, and at the last step)."""
-        self.history.metrics.append({"step": self.global_steps, **metrics})
+        (``trainer.log_freq``: a step's metrics reach the logger every log_freq steps, and at the last step).
+        ``step``: another step than the current one (a background validation's)."""
+        step = self.global_steps if step is None else int(step)
+        self.history.metrics.append({"step": step, **metrics})
         if self.logger is not None and to_logger:
-            self.logger.log(data=metrics, step=self.global_steps)
+            self.logger.log(data=metrics, step=step)
 
     def _stopped(self, error: StepFailedError) -> None:
         """The step that failed: its failure counts go to the log under its step number and the report says why

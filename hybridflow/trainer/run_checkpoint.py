@@ -14,8 +14,9 @@ Layout (verl's, so users' scripts that look for it keep working)::
 Why atomic: verl writes straight into ``global_step_N`` and updates the tracker file even when a worker died
 mid-save, so a crash can leave a half-written checkpoint that ``resume_mode=auto`` then loads.  Here every
 piece is written into ``global_step_N.tmp-<random>``; only when all of it is on disk (manifest last) is the
-folder renamed to ``global_step_N`` (a rename is atomic on POSIX), and only then is the tracker file replaced
-(write temp file + ``os.replace``).  A folder without the manifest is refused on resume with a clear message.
+tracker file replaced (write temp file + ``os.replace``) and the folder renamed to ``global_step_N`` (a rename is
+atomic on POSIX): a kill between the two leaves a tracker naming a missing folder, and resume takes the newest
+complete one.  A folder without the manifest is refused on resume with a clear message.
 
 Completeness record: the manifest lists every file of the step with its size, so a file truncated or removed
 after the save is noticed before loading (:func:`verify_checkpoint`). ``resume_mode=auto`` takes the folder
@@ -180,6 +181,10 @@ class CheckpointWriter:
                     "global_step": self.global_step, "components": sorted(components),
                     "files": _file_sizes(self.tmp_dir)}
         atomic_write_text(self.tmp_dir / MANIFEST_FILE, json.dumps(manifest, indent=2))
+        # the tracker first: a kill before the rename leaves it naming a folder that does not exist, which
+        # resume_mode=auto passes over to the newest complete one; the other order left a complete newer folder
+        # behind an older tracker, a state a resume refuses (it would replace that folder)
+        atomic_write_text(self.root / LATEST_FILE, str(self.global_step))
         if self.final_dir.exists():  # re-saving the same step (e.g. after a resume): replace it whole
             trash = Path(tempfile.mkdtemp(prefix=f"{self.final_dir.name}.old-", dir=self.root))
             os.replace(self.final_dir, trash / self.final_dir.name)
@@ -187,7 +192,6 @@ class CheckpointWriter:
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(self.tmp_dir, self.final_dir)
-        atomic_write_text(self.root / LATEST_FILE, str(self.global_step))
         self._committed = True
         return self.final_dir
 

@@ -2,7 +2,7 @@
 
 Runs before training (``trainer.val_before_train``), every ``trainer.test_freq`` steps and after the last
 step.  Each prompt is answered ``val_kwargs.n`` times; per data source we report verl's
-``val-core/<source>/<acc|reward>/mean@N`` (plus ``best@N`` / ``maj@N`` bootstrap estimates, see
+``val-core/<source>/<acc|reward>/mean@N`` (plus ``best@N`` (unbiased, exact) / ``maj@N`` (bootstrap), see
 ``hybridflow.tracking.validation_metrics``).  ``trainer.log_val_generations`` samples (input, output, score; for multi-turn rows also the response cut
 into model and observation ``segments``) are returned for the logger and the run report.  Agent-loop rows add
 verl's ``val-aux/num_turns/{min,max,mean}`` and the tool use of the held-out answers:
@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from hybridflow.rewards.scorers.answer_variants import answer_variants
 from hybridflow.tracking.validation_metrics import process_validation_metrics
 from hybridflow.trainer.rollout_dump import decode_batch, dump_generations, response_segments
 from hybridflow.trainer.stages import WorkerGroups, generate, prompts_from_loader
@@ -57,6 +58,7 @@ class Validator:
         turns: list[int] = []
         tool_calls: list[float] = []
         segments: list[list[tuple[str, int]]] = []
+        variants: dict[str, list[Any]] = {}  # strict / lenient math accuracies, named by answer extractor
         for batch_dict in self.dataloader:
             prompts = prompts_from_loader(batch_dict)
             batch = generate(self.groups, prompts, meta=self.generation_meta())
@@ -68,6 +70,7 @@ class Validator:
                     extra_cols.setdefault(key, []).extend(values)
             sources.extend(str(s) for s in batch.non_tensor_batch["data_source"])
             texts_in, texts_out = decode_batch(self.tokenizer, batch)
+            add_answer_variants(variants, len(outputs), batch, texts_out)
             inputs.extend(texts_in)
             if "multi_modal_data" in batch.non_tensor_batch:  # one question, many pictures: group by row
                 texts_in = [f"{t}\x00{u}" for t, u in zip(texts_in, batch.non_tensor_batch["uid"])]
@@ -82,7 +85,8 @@ class Validator:
             if self.dump_dir:
                 dump_generations(self.dump_dir, global_step, self.tokenizer, batch, scores,
                                  result.get("reward_extra_info"))
-        for key, values in extra_cols.items():
+        for key, values in {**extra_cols, **variants}.items():
+            values = values + [None] * (len(infos["reward"]) - len(values))
             if len(values) == len(infos["reward"]) and key not in infos:
                 infos[key] = values
         metrics = process_validation_metrics(sources, groups, infos, seed=self.seed)
@@ -106,6 +110,22 @@ class Validator:
         return samples
 
 
+def add_answer_variants(columns: dict[str, list[Any]], before: int, batch, responses: list[str]) -> None:
+    """Extend ``columns`` (name -> one value per sample so far, ``before`` of them) with the strict and lenient
+    accuracies of the math rows of ``batch`` (``rewards/scorers/answer_variants.py``); other rows get None."""
+    nt = batch.non_tensor_batch
+    sources = nt.get("data_source")
+    reward_models = nt.get("reward_model")
+    if sources is None or reward_models is None:
+        return
+    for i, response in enumerate(responses):
+        truth = reward_models[i].get("ground_truth") if isinstance(reward_models[i], dict) else None
+        for name, value in answer_variants(str(sources[i]), response, truth).items():
+            column = columns.setdefault(name, [])
+            column.extend([None] * (before + i - len(column)))
+            column.append(value)
+
+
 def trajectory_metrics(turns: list[int], tool_calls: list[float]) -> dict[str, float]:
     """verl's ``val-aux/num_turns/*`` and the tool-call statistics of agent-loop trajectories ({} if none)."""
     metrics: dict[str, float] = {}
@@ -118,4 +138,4 @@ def trajectory_metrics(turns: list[int], tool_calls: list[float]) -> dict[str, f
     return metrics
 
 
-__all__ = ["ValidationResult", "Validator", "trajectory_metrics"]
+__all__ = ["ValidationResult", "Validator", "add_answer_variants", "trajectory_metrics"]

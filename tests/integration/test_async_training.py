@@ -145,14 +145,17 @@ def test_fully_async_resume_trains_every_sample_exactly_once(nano_model_dir, add
 
 
 @pytest.mark.slow
-def test_one_step_off_resume_trains_the_same_prompts(nano_model_dir, addition_data, tmp_path):
-    """The batch generated ahead when a one-step-off run stops is generated again after the resume."""
-    extra = GRPO + ONE_STEP_OFF + ["trainer.save_freq=1"]
+@pytest.mark.parametrize("wal", [True, False], ids=["rollout_wal", "no_rollout_wal"])
+def test_one_step_off_resume_trains_the_same_prompts(wal, nano_model_dir, addition_data, tmp_path):
+    """The batch generated ahead when a one-step-off run stops is trained after the resume: the one its run generated
+    (kept by the rollout log, trainer.rollout_wal), or, with the log off, one generated again from the same prompts."""
+    extra = GRPO + ONE_STEP_OFF + ["trainer.save_freq=1", f"trainer.rollout_wal.enable={str(wal).lower()}"]
     straight = _runs(tmp_path, "straight", nano_model_dir, addition_data, 4, extra)
     steps_done = []
     first = _runs(tmp_path, "resumed", nano_model_dir, addition_data, 4, extra,
                   should_stop=lambda: steps_done.append(1) or len(steps_done) >= 2)
     second = _runs(tmp_path, "resumed", nano_model_dir, addition_data, 4, extra)
     assert [t["index"] for t in first.trained + second.trained] == [t["index"] for t in straight.trained]
-    # the first step after the resume trains a batch generated on the spot; then one update behind again
-    assert [t["staleness"] for t in second.trained] == [0] * 8 + [1] * 8
+    # with the log: the batch generated before the stop, one update behind as in the uninterrupted run; without
+    # it, the first step after the resume trains a batch generated on the spot, then one update behind again
+    assert [t["staleness"] for t in second.trained] == ([1] * 16 if wal else [0] * 8 + [1] * 8)

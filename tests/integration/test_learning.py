@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from learning_history import check_learning
+
 from .conftest import run, small_overrides
 
 pytestmark = pytest.mark.learning
@@ -42,17 +44,19 @@ def _scores(model_dir, data_dir, out_dir, extra):
     return steps
 
 
-def _assert_learned(steps):
+def _assert_learned(steps, name, out_dir):
+    """The margin, then the curve against its recorded history (tests/learning_history.py)."""
     first, last = steps[0]["critic/score/mean"], steps[-1]["critic/score/mean"]
     assert last >= first + MARGIN, f"reward {first:.3f} -> {last:.3f}: " + " ".join(
         f"{m['critic/score/mean']:.2f}" for m in steps)
+    check_learning(name, {"reward": [m["critic/score/mean"] for m in steps]}, out_dir)
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("algo", ALGORITHMS)
 def test_reward_climbs(algo, path, nano_model_dir, addition_data, tmp_path):
     steps = _scores(nano_model_dir, addition_data, tmp_path, [f"algorithm.adv_estimator={algo}", *PATHS[path]])
-    _assert_learned(steps)
+    _assert_learned(steps, f"test_learning/{algo}/{path}", tmp_path)
     for m in steps:  # the diagnostics of item 5 on both paths
         assert m["actor/entropy"] > 0 and 0.0 <= m["train/zero_variance_group_fraction"] <= 1.0
         assert "timing_s/old_log_prob" not in m  # one optimiser step per batch: no separate pi_old pass
@@ -64,7 +68,7 @@ def test_reward_climbs(algo, path, nano_model_dir, addition_data, tmp_path):
 def test_reward_climbs_with_clipped_ratios_over_several_mini_batches(nano_model_dir, addition_data, tmp_path):
     steps = _scores(nano_model_dir, addition_data, tmp_path, ["algorithm.adv_estimator=grpo",
                                                               f"{A}.actor.ppo_mini_batch_size=4", f"{A}.actor.ppo_epochs=2"])
-    _assert_learned(steps)
+    _assert_learned(steps, "test_learning/grpo/clipped_ratios", tmp_path)
     assert max(m["actor/pg_clipfrac"] for m in steps) > 0
     # exact log-probs (the default on CPU): the rollout's are pi_old bit for bit, so no old_log_prob pass even here
     assert all("timing_s/old_log_prob" not in m and m["training/rollout_probs_diff_max"] == 0.0 for m in steps)

@@ -85,3 +85,7 @@ def test_quickstart_learns_and_writes_summary_metrics_and_report(tmp_path, capsy
     assert "<html" in (tmp_path / "report.html").read_text().lower()
     out = capsys.readouterr().out
     assert "[grpo] step  50/50" in out and "held-out accuracy" in out
+    from learning_history import check_learning  # the curves against their recorded history
+
+    check_learning("test_quickstart/addition", {"reward": [rec["critic/score/mean"] for rec in steps],
+                                                "heldout_accuracy": [before, after]}, tmp_path)

@@ -1,7 +1,8 @@
-"""``hybridflow quickstart --task judge`` (RLAIF on CPU): the judge's training data, how it is asked, and the
-agreement floor that stops the run before RL.  No end-to-end learning test yet: the judge needs ~2500 SFT steps to
-clear the floor (~4 minutes of CPU for the whole demo); a reduced run with an 800-step judge stops at the floor
-(85 % agreement), which is this file's last test at toy scale.
+"""``hybridflow quickstart --task judge`` (RLAIF on CPU): the judge's training data, how it is asked, the agreement
+floor that stops the run before RL, and -- full scale, ~4-8 minutes each -- that GRPO on the judge's scores raises
+held-out accuracy (checked by the exact rule), for today's judge (it works the sum out first, then grades) and for a
+judge that is told no answer and grades in one turn (``judge_mode="direct"``). Both learning tests gate their curves
+on ``tests/learning_history.json`` (``tests/learning_history.py``).
 """
 
 from __future__ import annotations
@@ -67,8 +68,44 @@ def test_above_the_floor_the_demo_runs_grpo_on_the_judge_and_writes_its_results(
                                    test_size=20, test_freq=1, min_judge_agreement=0.0)
     assert list(summary) == ["before", "after", "judge_heldout_agreement", "judge_agreement_during_rl", "steps",
                              "seconds", "cpu_seconds", "policy_sft_seconds", "judge_sft_seconds", "rl_seconds",
-                             "backend", "seed"]
+                             "backend", "seed", "judge_mode"]
     assert (summary["before"]["step"], summary["after"]["step"], summary["steps"]) == (0, 2, 2)
     assert 0.0 < summary["judge_agreement_during_rl"] <= 1.0  # the judge scored the RL steps' answers
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert (tmp_path / "metrics.jsonl").exists() and (tmp_path / "report.html").exists()
+
+
+def test_the_direct_judge_is_told_no_answer():
+    from hybridflow.quickstart.addition import held_out_rows
+    from hybridflow.quickstart.judge import direct_prompt, judge_rows
+
+    assert direct_prompt("07+45=", "052") == [{"role": "user", "content": "07+45=250"}]
+    train, _ = held_out_rows(50, 5, seed=4)
+    for row in judge_rows(train, seed=4, mode="direct"):
+        question, verdict = (m["content"] for m in row["messages"])
+        truth = f"{int(question[:2]) + int(question[3:5]):03d}"
+        assert len(row["messages"]) == 2 and question[5] == "=" and question[2] == "+"
+        assert verdict == ("1" if question[6:] == truth[::-1] else "0")  # only the candidate follows the question
+
+
+# held-out accuracy (exact rule) must rise this much from before RL to its best validation (measured in the
+# docstrings of the tests; a judge the policy learns to game rises, then falls: the best is what RL reached)
+JUDGE_GAIN = {"reference": 0.1, "direct": 0.05}
+
+
+@pytest.mark.learning
+@pytest.mark.parametrize("mode", sorted(JUDGE_GAIN))
+def test_grpo_on_the_judge_raises_held_out_accuracy(mode, tmp_path):
+    """The whole demo at its defaults (seed 1). Measured: see tests/learning_history.json for the recorded curves."""
+    from hybridflow.quickstart.judge import VAL_KEY, run_judge_quickstart
+
+    from learning_history import check_learning
+
+    summary = run_judge_quickstart(str(tmp_path), judge_mode=mode, min_judge_agreement=0.0)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    heldout = [rec[VAL_KEY] for rec in lines if VAL_KEY in rec]
+    reward = [rec["critic/score/mean"] for rec in lines if "critic/score/mean" in rec]
+    print(f"judge {mode}: agreement {summary['judge_heldout_agreement']:.3f}, held-out {heldout}")
+    assert heldout[0] == summary["before"]["accuracy"] and len(reward) == summary["steps"]
+    assert max(heldout[1:]) >= heldout[0] + JUDGE_GAIN[mode], (mode, heldout)
+    check_learning(f"test_quickstart_judge/{mode}", {"reward": reward, "heldout_accuracy": heldout}, tmp_path)

@@ -9,9 +9,12 @@ reward) or breaking the reference refresh makes the matching test fail (the repo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+from learning_history import check_learning
 
 from .conftest import run, small_overrides
 
@@ -30,6 +33,9 @@ def _scores(model_dir, data_dir, out_dir, extra, steps=8, n=4, batch=8):
     assert len(steps_) == steps
     scores = [m["critic/score/mean"] for m in steps_]
     print(f"scores {out_dir.name}: {' '.join(f'{s:.2f}' for s in scores)}")  # the curve, with pytest -s
+    test = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
+    name = f"test_recipes_learning/{test}" + ("" if out_dir.name.startswith("test_") else f"/{out_dir.name}")
+    check_learning(name, {"reward": scores}, out_dir)  # the curve against its history (tests/learning_history.py)
     return scores, steps_
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from hybridflow.tracking.validation_metrics import (
+    best_of_k,
     bootstrap_metric,
     calc_maj_val,
     compute_validation_group_metrics,
@@ -43,17 +44,57 @@ def test_reward_is_core_without_acc_and_single_response():
     assert m == {"val-core/a/reward/mean@1": 0.25, "val-core/b/reward/mean@1": 0.75}
 
 
-def test_best_at_n_bootstrap_close_to_closed_form():
-    # one correct in four: E[max of 4 draws with replacement] = 1 - (3/4)^4 = 0.68359
+def test_best_at_n_is_the_unbiased_estimator_not_the_bootstrap():
+    """best@n over n of the N responses drawn without replacement (Chen et al. 2021); verl's bootstrap draws with
+    replacement and reports 1 - (3/4)^4 = 0.68 for best@4 of a prompt answered right once in 4 -- but every
+    4-subset of 4 answers holds the right one: best@4 is 1."""
     nested = compute_validation_group_metrics(["s"] * 4, ["q"] * 4, {"acc": [1, 0, 0, 0]}, seed=1)
     acc = nested["s"]["acc"]
     assert acc["mean@4"] == pytest.approx(0.25)
-    assert acc["best@4/mean"] == pytest.approx(1 - 0.75**4, abs=0.05)
-    assert acc["best@2/mean"] == pytest.approx(1 - 0.75**2, abs=0.05)
-    assert acc["worst@4/mean"] == pytest.approx(0.25**4, abs=0.02)
+    assert acc["best@4/mean"] == 1.0 and acc["best@4/std"] == 0.0
+    assert acc["best@2/mean"] == pytest.approx(0.5) == acc["pass@2"]  # 1 - C(3,2)/C(4,2)
+    assert acc["best@2/std"] == pytest.approx(0.5)  # a 0/1 max with mean 1/2
+    assert acc["worst@4/mean"] == 0.0 and acc["worst@2/mean"] == 0.0
     assert acc["std@4"] == pytest.approx(np.std([1, 0, 0, 0]))
-    # unbiased pass@k (Chen et al. 2021): n=4, c=1 -> pass@2 = 1 - C(3,2)/C(4,2) = 1/2, pass@4 = 1
-    assert acc["pass@2"] == pytest.approx(0.5) and acc["pass@4"] == 1.0
+    assert acc["pass@4"] == 1.0
+
+
+# golden values, worked by hand: (values, k) -> E[max of k drawn without replacement], E[min]
+GOLDEN = [
+    ([0, 0, 1, 1], 2, 5 / 6, 1 / 6),  # pass@2 = 1 - C(2,2)/C(4,2); the bootstrap says 0.75
+    ([1, 2, 3, 4], 2, (2 * 1 + 3 * 2 + 4 * 3) / 6, (1 * 3 + 2 * 2 + 3 * 1) / 6),  # 10/3, 5/3
+    ([1, 2, 3, 4], 4, 4.0, 1.0),
+    ([1, 2, 3, 4], 1, 2.5, 2.5),
+    ([5, 5, 5], 2, 5.0, 5.0),
+    ([0.5, -1.0, 2.0, 0.0, 1.0], 3, (0.5 * 1 + 1.0 * 3 + 2.0 * 6) / 10, (-1.0 * 6 + 0.0 * 3 + 0.5 * 1) / 10),
+]
+
+
+@pytest.mark.parametrize("values,k,best,worst", GOLDEN)
+def test_best_and_worst_of_k_golden_values(values, k, best, worst):
+    assert best_of_k(values, k)[0] == pytest.approx(best, abs=1e-12)
+    assert best_of_k(values, k, worst=True)[0] == pytest.approx(worst, abs=1e-12)
+
+
+def test_best_of_k_equals_pass_at_k_and_brute_force():
+    import itertools
+    from math import comb
+
+    rng = np.random.default_rng(0)
+    for n in (2, 5, 8):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert best_of_k([1] * c + [0] * (n - c), k)[0] == pytest.approx(pass_at_k(n, c, k), abs=1e-12)
+        values = rng.normal(size=n).tolist()
+        for k in range(1, n + 1):
+            maxima = [max(s) for s in itertools.combinations(values, k)]
+            assert len(maxima) == comb(n, k)
+            mean, std = best_of_k(values, k)
+            assert mean == pytest.approx(np.mean(maxima)) and std == pytest.approx(np.std(maxima))
+    # Chen et al.'s own numbers: n=10 samples, c=3 correct
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3) and pass_at_k(10, 3, 5) == pytest.approx(1 - 21 / 252)
+    with pytest.raises(ValueError, match="k=3"):
+        best_of_k([1, 0], 3)
 
 
 def test_pass_at_k_values_and_errors():

@@ -52,7 +52,8 @@ class Rollouter:
         self.max_samples = None if max_samples is None else int(max_samples)  # None: driven by grant()
         self.partial_rollout = bool(partial_rollout)
         self.version = int(version)
-        self._budget = 0 if self.max_samples is None else self.max_samples
+        # samples already outstanding (restored from the rollout log after a crash) count against the budget
+        self._budget = 0 if self.max_samples is None else self.max_samples - queue.outstanding()
         self._grants: collections.deque[list[int]] = collections.deque()  # [count left, submitting step]
         self._pausing = bool(paused)
         self._stopping = False

@@ -9,6 +9,10 @@ finished, so the trainer can keep the staleness bound:
   it any later would exceed the bound.  :meth:`SampleQueue.take` waits for in-flight due samples (partial
   rollouts continued across weight syncs) when the rest of the version has no room left for them.
 
+A finished sample is handed to ``on_finished`` (the rollout log, ``trainer/durable/``), which makes it visible to
+the trainer once it is on disk; :meth:`SampleQueue.restore` puts samples a crashed run had finished back as finished, and
+:meth:`SampleQueue.take_exact` hands out named samples (a resumed run replaying the steps it had taken).
+
 Nothing is ever dropped: the rollouter's budget (``(1 + staleness_threshold) x`` the samples of one version)
 bounds the queue, so a put never blocks.  A rollouter failure is handed to the trainer's next
 :meth:`take` as :class:`RolloutFailed`.
@@ -20,7 +24,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from hybridflow.protocol import DataProto
 
@@ -65,6 +69,15 @@ class SampleQueue:
         self._done = False
         self._error: BaseException | None = None
         self.wait_seconds = 0.0  # time the trainer spent waiting in take()
+        # the rollout log: on_finished(sample, publish) writes the sample, then publish(sample) makes it visible
+        self.on_finished: Callable[[Sample, Callable[[Sample], None]], None] | None = None
+
+    def restore(self, samples: Iterable[Sample]) -> None:
+        """Samples a crashed run had finished (read back from the rollout log), outstanding and finished again."""
+        with self._cond:
+            for sample in sorted(samples, key=lambda s: s.ordinal):
+                self._finished.append((sample.version_start, next(self._order), sample))
+            self._cond.notify_all()
 
     # ------------------------------------------------------------------ producer
     def started(self, sample: Sample) -> None:
@@ -72,6 +85,12 @@ class SampleQueue:
             self._in_flight[sample.ordinal] = sample
 
     def finished(self, sample: Sample) -> None:
+        if self.on_finished is not None:  # write-ahead: on disk before the trainer can take it (it publishes)
+            self.on_finished(sample, self._publish)
+            return
+        self._publish(sample)
+
+    def _publish(self, sample: Sample) -> None:
         with self._cond:
             self._in_flight.pop(sample.ordinal, None)
             self._finished.append((sample.version_start, next(self._order), sample))
@@ -129,6 +148,25 @@ class SampleQueue:
                 return [sample for _, _, sample in taken]
             finally:
                 self.wait_seconds += time.perf_counter() - start
+
+    def take_exact(self, ordinals: list[int], timeout: float = 3600.0) -> list[Sample]:
+        """The finished samples ``ordinals`` (in that order), waiting at most ``timeout`` seconds for them."""
+        wanted = set(int(o) for o in ordinals)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    raise RolloutFailed(f"the rollouter stopped: {self._error}") from self._error
+                have = {s.ordinal for _, _, s in self._finished if s.ordinal in wanted}
+                if have == wanted:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"samples {sorted(wanted - have)} to replay did not finish within {timeout:.0f}s")
+                self._cond.wait(timeout=min(left, 1.0))
+            by_ordinal = {s.ordinal: s for _, _, s in self._finished if s.ordinal in wanted}
+            self._finished = [item for item in self._finished if item[2].ordinal not in wanted]
+            return [by_ordinal[int(o)] for o in ordinals]
 
     def _ready(self, k: int, due_version: int | None, room_after: int) -> bool:
         if len(self._finished) < k:

@@ -25,7 +25,8 @@ and trains exactly what the synchronous run does).
 Metrics: ``training/staleness/{mean,max}``, verl's ``fully_async/count/*``, ``fully_async/partial/*``,
 ``monitor/queue/mq_queue_size``, ``trainer/idle_ratio`` (share of the step spent waiting for samples) and, at
 each weight sync, ``rollouter/idle_ratio`` (share of the version the replicas had nothing to generate).
-Checkpoints record which samples were trained (``modes/sample_ledger.py``).
+Checkpoints record which samples were trained (``modes/sample_ledger.py``); between them the rollout log
+(``modes/durable_stream.py``, ``trainer.rollout_wal``) keeps the finished samples through a crash.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 from hybridflow.trainer import ppo_step
 from hybridflow.trainer.asynchronous.rollouter import Rollouter
 from hybridflow.trainer.asynchronous.sample_queue import SampleQueue
+from hybridflow.trainer.background_validation import before_push
 from hybridflow.trainer.modes.base import BatchSource
+from hybridflow.trainer.modes.durable_stream import STATE_KEY, DurableSamples
 from hybridflow.trainer.modes.sample_ledger import SampleLedger, assemble
 from hybridflow.trainer.modes.validation_rollout import separate_validation_rollout
 from hybridflow.trainer.run_checkpoint import CheckpointError
@@ -64,6 +67,7 @@ class FullyAsyncMode(BatchSource):
         self.partial_rollout = bool(at.partial_rollout)
         self.queue = SampleQueue()
         self.rollouter: Rollouter | None = None
+        self.durable = DurableSamples()
         self._validation_manager: Any = None
 
     @classmethod
@@ -81,9 +85,11 @@ class FullyAsyncMode(BatchSource):
     def start(self, run: Run, resumed: bool) -> None:
         self._validation_manager = separate_validation_rollout(run)
         self.weights.start(run, resumed)
-        remaining = run.total_training_steps * self.ledger.batch_prompts - self.ledger.done
+        restored = self.durable.open(run, self.name, self.ledger, self.queue, self.weights)
+        remaining = run.total_training_steps * self.ledger.batch_prompts - self.ledger.done - len(restored)
         self.rollouter = Rollouter(run.groups.rollout, run.groups.rollout.fleet,
-                                   self.ledger.stream(run.train_dataloader, max(0, remaining)), self.queue,
+                                   self.ledger.stream(run.train_dataloader, max(0, remaining), skip=restored),
+                                   self.queue,
                                    batch_prompts=self.ledger.stream_batch, max_samples=self.max_samples,
                                    partial_rollout=self.partial_rollout, version=self.weights.version)
         self.rollouter.start()
@@ -91,35 +97,43 @@ class FullyAsyncMode(BatchSource):
     def stop(self, run: Run) -> None:
         if self.rollouter is not None:
             self.rollouter.stop()
-            run.history.abandoned = self.queue.pending()  # a resumed run generates them again
+            run.history.abandoned = self.queue.pending()  # a resumed run restores or generates them again
+        self.durable.close(run)
         if self._validation_manager is not None:
             self._validation_manager.shutdown()
 
     # ------------------------------------------------------------------ a step
     def step(self, run: Run, prompts: Iterator[dict[str, Any]]) -> dict[str, float] | None:
         log = StepLog()
+        self.durable.after_checkpoint(run)
         with log.timed("step"):
-            samples = self._take(log)                                        # take
+            samples = self._take(run, log)                                   # take
             if samples is None:
                 return None
+            self.durable.taken(run.global_steps + 1, 0, samples)
             batch = assemble(run, samples, log)                              # assemble
             self.ledger.account(run, samples, batch, self.weights.version, log, self.queue, self.rollouter,
                                 bound=self.max_staleness)
             log.metrics["fully_async/max_staleness"] = float(self.max_staleness)
             ppo_step.score(run, batch, log)                                  # score
             batch = ppo_step.train(run, batch, log)                          # train
+            before_push(run, log, pushes=self.weights.local_step + 1 >= self.weights.every)
             self.weights.end_batch(run, log, self.rollouter)                 # push
         ppo_step.step_metrics(run, batch, log)
+        log.update(self.durable.metrics())
         log.metrics["trainer/idle_ratio"] = min(1.0, log.timing.get("gen", 0.0) / max(log.timing.get("step", 0.0),
                                                                                       1e-9))
         return log.metrics
 
-    def _take(self, log: StepLog):
-        """The step's samples once they are there; due samples (about to exceed ``max_staleness``) first."""
+    def _take(self, run: Run, log: StepLog):
+        """The step's samples once they are there; due samples (about to exceed ``max_staleness``) first (a
+        resumed run first replays the steps its crashed run had taken)."""
         w, k = self.weights, self.ledger.batch_prompts
         room_after = (w.every - w.local_step - 1) * k
         with log.timed("gen"):
-            samples = self.queue.take(k, due_version=w.version - self.max_staleness, room_after=room_after)
+            samples = self.durable.take(self.queue, run.global_steps + 1, 0)
+            if samples is None:
+                samples = self.queue.take(k, due_version=w.version - self.max_staleness, room_after=room_after)
         if samples is not None:
             samples.sort(key=lambda s: s.ordinal)
         return samples
@@ -136,6 +150,7 @@ class FullyAsyncMode(BatchSource):
     def data_state(self, run: Run) -> dict[str, Any] | None:
         state = dict(super().data_state(run) or {})
         state["fully_async"] = self.ledger.state(self.weights)
+        state.update(self.durable.data_state(run, self.ledger))
         return state
 
     def restore_data_state(self, run: Run, state: dict[str, Any]) -> None:
@@ -145,4 +160,4 @@ class FullyAsyncMode(BatchSource):
                                   "run cannot tell which samples it trained on. Resume it with its own mode, or "
                                   "start fresh (trainer.resume_mode=disable)")
         self.ledger.restore(fa, self.weights)
-        super().restore_data_state(run, {k: v for k, v in state.items() if k != "fully_async"})
+        super().restore_data_state(run, {k: v for k, v in state.items() if k not in ("fully_async", STATE_KEY)})

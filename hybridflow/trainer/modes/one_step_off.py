@@ -12,7 +12,9 @@ differs. With the rollout on its own pool (``actor_rollout_ref.hybrid_engine=fal
 The lag shows in ``training/staleness/{mean,max}`` and in each sample's ``staleness`` column. The rollout's
 log-probs are pi_old only with ``algorithm.rollout_correction.bypass_mode=true`` (verl's one-step-off default);
 otherwise pi_old is recomputed by the actor and ``rollout_correction.rollout_is/rollout_rs`` correct for the
-rollout's older policy. ``timing_s/gen`` is the time the trainer waited for its batch;
+rollout's older policy. Each batch generated ahead is written to the rollout log (``trainer.rollout_wal``) before it
+is trained: a resumed run trains the batches its crashed run had generated, instead of generating them again.
+``timing_s/gen`` is the time the trainer waited for its batch;
 ``timing_s/generate_async`` how long that batch took to generate; ``trainer/idle_ratio`` and
 ``rollouter/idle_ratio`` are the waiting shares of the step on either side.
 """
@@ -26,7 +28,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import ppo_step
 from hybridflow.trainer.asynchronous.staleness import staleness_metrics, tag_versions
+from hybridflow.trainer.durable.rollout_log import RolloutLog, sample_digest
 from hybridflow.trainer.modes.base import BatchSource
+from hybridflow.trainer.modes.durable_stream import STATE_KEY, committed
 from hybridflow.trainer.modes.validation_rollout import separate_validation_rollout
 from hybridflow.trainer.step_log import StepLog
 from hybridflow.trainer.weight_sync import PushBeforeGeneration
@@ -48,10 +52,16 @@ class OneStepOffMode(BatchSource):
         self._pending: concurrent.futures.Future | None = None
         self._pending_data_state: dict[str, Any] | None = None  # the loader position before the pending batch
         self._validation_manager: Any = None
+        self._log: RolloutLog | None = None
+        self._restored: dict[int, tuple[DataProto, int]] = {}  # step -> (batch, loader batches it used)
 
     def start(self, run: Run, resumed: bool) -> None:
         super().start(run, resumed)
         self._validation_manager = separate_validation_rollout(run)
+        self._log = RolloutLog.open(run.config, self.name)
+        if self._log is not None:
+            fresh = run.config.trainer.resume_mode == "disable"
+            self._restored = self._log.restore(run.global_steps, lambda ordinal: True, fresh=fresh).batches
 
     def resumed(self, run: Run) -> None:
         self.weights.resumed_at(max(0, run.global_steps - run.plan.critic_warmup))
@@ -60,10 +70,13 @@ class OneStepOffMode(BatchSource):
     def step(self, run: Run, prompts: Iterator[dict[str, Any]]) -> dict[str, float] | None:
         step = run.global_steps + 1
         log = StepLog()
+        if self._log is not None:
+            self._log.checkpoint_finished(committed(run))
         with log.timed("step"):
             batch, waited, gen_seconds = self._wait_for_batch(run, prompts, step, log)     # 1.
             if batch is None:
                 return None
+            self._taken(run, batch, step)
             self.weights.push_pending(run, log)                                           # 2.
             if step < run.total_training_steps:
                 self._generate_ahead(run, prompts, step + 1)                               # 3.
@@ -73,6 +86,8 @@ class OneStepOffMode(BatchSource):
         step_seconds = max(log.timing.get("step", 0.0), 1e-9)
         log.metrics["trainer/idle_ratio"] = min(1.0, waited / step_seconds)
         log.metrics["rollouter/idle_ratio"] = max(0.0, 1.0 - gen_seconds / step_seconds)
+        if self._log is not None:
+            log.update(self._log.metrics())
         return log.metrics
 
     def _wait_for_batch(self, run: Run, prompts, step: int, log: StepLog):
@@ -95,16 +110,35 @@ class OneStepOffMode(BatchSource):
         state = getattr(run.train_dataloader, "state_dict", None)
         self._pending_data_state = state() if callable(state) else None
         version = self.weights.pushed
+        restored = self._restored.pop(step, None)
 
         def job():
             gen_log = StepLog()
             start = time.perf_counter()
-            batch = ppo_step.collect(run, prompts, gen_log, step=step)
+            if restored is not None:  # generated before a crash: skip its prompts, train what was generated
+                batch, used = restored
+                for _ in range(used):
+                    next(prompts, None)
+                return batch, gen_log, time.perf_counter() - start
+            counted = _Counted(prompts)
+            batch = ppo_step.collect(run, counted, gen_log, step=step)
             if batch is not None:
                 tag_versions(batch, version, version)
+                if self._log is not None:
+                    self._log.log_batch(step, batch, counted.count)
             return batch, gen_log, time.perf_counter() - start
 
         self._pending = self._executor.submit(job)
+
+    def _taken(self, run: Run, batch: DataProto, step: int) -> None:
+        """The rollout log's record of what step ``step`` trains (one id per prompt: its dataset index)."""
+        rows, n = batch.non_tensor_batch, run.plan.n
+        if self._log is None or "index" not in rows:
+            return
+        responses = batch.batch["responses"].tolist()
+        starts = range(0, len(batch), n)
+        self._log.log_taken(step, 0, [int(rows["index"][i]) for i in starts],
+                            [sample_digest(responses[i:i + n]) for i in starts])
 
     def _record(self, run: Run, batch: DataProto, step: int, log: StepLog) -> None:
         log.update(staleness_metrics(batch, self.weights.updates, bound=1))  # one update behind at most
@@ -116,9 +150,15 @@ class OneStepOffMode(BatchSource):
     # ------------------------------------------------------------------ lifecycle
     def data_state(self, run: Run) -> dict[str, Any] | None:
         """The loader position before the batch generated ahead: a resumed run generates it again."""
-        if self._pending_data_state is not None:
-            return dict(self._pending_data_state)
-        return super().data_state(run)
+        state = dict(self._pending_data_state) if self._pending_data_state is not None else super().data_state(run)
+        if self._log is not None:
+            self._log.checkpoint_started(run.global_steps, lambda ordinal: True)
+            state = {**(state or {}), STATE_KEY: {"base_step": self._log.base_step,
+                                                  "trained": self._log.trained_since_base()}}
+        return state
+
+    def restore_data_state(self, run: Run, state: dict[str, Any]) -> None:
+        super().restore_data_state(run, {k: v for k, v in state.items() if k != STATE_KEY})
 
     def stop(self, run: Run) -> None:
         if self._pending is not None:  # the batch generated ahead is not trained on: cut it short
@@ -126,6 +166,9 @@ class OneStepOffMode(BatchSource):
         self._executor.shutdown(wait=True)
         if self._validation_manager is not None:
             self._validation_manager.shutdown()
+        if self._log is not None:
+            self._log.checkpoint_finished(committed(run))
+            self._log.close()
 
     def _abort_pending(self, fleet: Any) -> None:
         while not self._pending.done():
@@ -138,3 +181,18 @@ class OneStepOffMode(BatchSource):
             except Exception:  # noqa: BLE001 - timeout (abort again) or the job's own failure
                 pass
         self._pending = None
+
+
+class _Counted:
+    """The prompt stream, counting the loader batches a generation used (a resumed run skips as many)."""
+
+    def __init__(self, prompts: Iterator[dict[str, Any]]):
+        self.prompts, self.count = prompts, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        item = next(self.prompts)
+        self.count += 1
+        return item

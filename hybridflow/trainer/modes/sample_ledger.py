@@ -63,12 +63,21 @@ class SampleLedger:
     def done(self) -> int:
         return self.frontier + len(self.beyond)
 
-    def stream(self, loader: Any, limit: int):
-        """The prompt stream from the first ordinal not yet done, skipping the ones done beyond it."""
+    def is_done(self, ordinal: int) -> bool:
+        return ordinal < self.frontier or ordinal in self.beyond
+
+    def done_now(self):
+        """``is_done`` as of now (a copy: later marks do not change it)."""
+        frontier, beyond = self.frontier, frozenset(self.beyond)
+        return lambda ordinal: ordinal < frontier or ordinal in beyond
+
+    def stream(self, loader: Any, limit: int, skip: set[int] = frozenset()):
+        """The prompt stream from the first ordinal not yet done, skipping the ones done beyond it (and ``skip``:
+        samples restored from the rollout log)."""
         first_batch = self.frontier // self.stream_batch
         loader.load_state_dict({**loader.state_dict(), "epoch": first_batch // len(loader),
                                 "consumed": first_batch % len(loader)})
-        return sample_stream(loader, self.stream_batch, self.frontier, set(self.beyond), limit)
+        return sample_stream(loader, self.stream_batch, self.frontier, set(self.beyond) | set(skip), limit)
 
     def mark_done(self, ordinals: Iterable[int]) -> None:
         """Ordinals the stream must never generate again (trained; V1 also evicted)."""

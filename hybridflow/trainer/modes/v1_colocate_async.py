@@ -127,7 +127,7 @@ class V1ColocateAsyncMode(BatchSource):
 
     # ------------------------------------------------------------------ checkpoints
     def data_state(self, run: Run) -> dict[str, Any] | None:
-        return self.stream.data_state(super().data_state(run), self.weights)
+        return self.stream.data_state(run, super().data_state(run), self.weights)
 
     def restore_data_state(self, run: Run, state: dict[str, Any]) -> None:
         super().restore_data_state(run, self.stream.restore(state, self.weights))

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from hybridflow.algorithms.batch_ops import PI_OLD_WEIGHTS
 from hybridflow.trainer import ppo_step
+from hybridflow.trainer.background_validation import before_push
 from hybridflow.trainer.modes.base import BatchSource
 from hybridflow.trainer.modes.validation_rollout import separate_validation_rollout
 from hybridflow.trainer.modes.v1_stream import V1Stream
@@ -89,6 +90,7 @@ class V1SeparateAsyncMode(BatchSource):
             else:
                 batch.meta_info[PI_OLD_WEIGHTS] = _VERSION_WEIGHTS
         batch = ppo_step.train(run, batch, log)                                  # train
+        before_push(run, log, pushes=self.weights.local_step + 1 >= self.weights.every)
         self.weights.end_batch(run, log, self.stream.rollouter)                  # push (after the last one)
         if decoupled and self.weights.version_ended:
             run.groups.actor_rollout.drop_actor_weights(_VERSION_WEIGHTS)
@@ -101,7 +103,7 @@ class V1SeparateAsyncMode(BatchSource):
 
     # ------------------------------------------------------------------ checkpoints
     def data_state(self, run: Run) -> dict[str, Any] | None:
-        return self.stream.data_state(super().data_state(run), self.weights)
+        return self.stream.data_state(run, super().data_state(run), self.weights)
 
     def restore_data_state(self, run: Run, state: dict[str, Any]) -> None:
         super().restore_data_state(run, self.stream.restore(state, self.weights))

@@ -13,8 +13,9 @@ done samples); V1 changes *who decides what is generated* and *which groups are 
   its metrics are folded into one row (:class:`StepMetrics`).
 
 Checkpoints record the ordinals trained *or evicted*, so a resumed run neither trains nor generates any of them
-again; groups in flight or waiting in the buffer when it stopped are generated again (verl reissues them from
-their saved prompts).
+again; groups waiting in the buffer when it stopped come back from the rollout log (``modes/durable_stream.py``,
+``trainer.rollout_wal``: finished groups, the mini-batches taken and the evictions since the checkpoint, replayed
+as they were), groups in flight are generated again.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hybridflow.trainer.asynchronous.replay_buffer import SamplingRules, load_re
 from hybridflow.trainer.asynchronous.rollouter import Rollouter
 from hybridflow.trainer.asynchronous.sample_queue import Sample
 from hybridflow.trainer.asynchronous.v1_metrics import StepMetrics, off_policy_metrics, tag_submit_steps
+from hybridflow.trainer.modes.durable_stream import STATE_KEY, DurableSamples
 from hybridflow.trainer.modes.sample_ledger import SampleLedger, assemble
 from hybridflow.trainer.run_checkpoint import CheckpointError
 from hybridflow.trainer.step_log import StepLog
@@ -58,13 +60,17 @@ class V1Stream:
                                                       strategy=s.max_off_policy_strategy, refill_failed=True),
                                         s.sampler_kwargs)
         self.rollouter: Rollouter | None = None
+        self.durable = DurableSamples()
+        self._index = 0  # the mini-batch of the step being trained
         self._evicted_seen = 0
 
     # ------------------------------------------------------------------ the rollouter, driven by grants
     def start(self, run: Run, version: int, paused: bool) -> None:
-        """Start the rollouter over the stream and submit the warm-up batches."""
+        """Start the rollouter over the stream (restoring what the rollout log kept) and submit the warm-up
+        batches."""
+        restored = self.durable.open(run, f"v1_{self.v1.mode}", self.ledger, self.queue, weights=_Versions(version, self))
         self.rollouter = Rollouter(run.groups.rollout, run.groups.rollout.fleet,
-                                   self.ledger.stream(run.train_dataloader, _UNBOUNDED), self.queue,
+                                   self.ledger.stream(run.train_dataloader, _UNBOUNDED, skip=restored), self.queue,
                                    batch_prompts=self.ledger.stream_batch, max_samples=None, partial_rollout=True,
                                    version=version, paused=paused)
         self.rollouter.start()
@@ -78,16 +84,19 @@ class V1Stream:
         if self.rollouter is not None:
             self.rollouter.stop(reopen=reopen)
             run.history.abandoned = self.queue.pending()
+        self.durable.close(run)
 
     # ------------------------------------------------------------------ a step's mini-batches
     def mini_batches(self, run: Run, train_one: Callable[[int, StepLog], DataProto | None]):
         """Run ``train_one(index, log)`` for each of the step's mini-batches and fold their metrics into one row
         (``None`` when the data ran out)."""
         self.submit_step(run)
+        self.durable.after_checkpoint(run)
         folded = StepMetrics()
         step_log = StepLog()
         with step_log.timed("step"):
             for index in range(self.sync_every):
+                self._index = index
                 log = StepLog()
                 with log.timed("step"):
                     batch = train_one(index, log)
@@ -96,12 +105,16 @@ class V1Stream:
                 ppo_step.step_metrics(run, batch, log)
                 folded.add(log.metrics, len(batch) // max(1, run.plan.n))
         out = folded.result()
+        out.update(self.durable.metrics())
         out["timing_s/step"] = step_log.timing["step"]
         return out
 
     def sample_groups(self, run: Run, log: StepLog) -> list[Sample] | None:
         """A mini-batch from the replay buffer, evicting (and refilling, one prompt per group) as its rules say."""
         step = run.global_steps + 1
+        replayed = self.durable.take(self.queue, step, self._index)
+        if replayed is not None:  # a resumed run: the mini-batch its crashed run took
+            return replayed
         classify = (lambda groups: self._classify(run, groups)) if run.plan.filter_groups else None
         refill = lambda count: self.rollouter.grant(count, run.global_steps + 1)  # noqa: E731
         samples, evicted = self.queue.sample(step, self.ledger.batch_prompts, classify=classify, refill=refill)
@@ -116,6 +129,7 @@ class V1Stream:
         tag_submit_steps(batch, [s.submit_step for s in samples for _ in range(run.plan.n)])
         log.update(off_policy_metrics(batch, version, run.global_steps + 1))
         self.ledger.account(run, samples, batch, version, log, self.queue, self.rollouter)
+        self.durable.taken(run.global_steps + 1, self._index, samples)
         return batch
 
     def _record_evictions(self, run: Run) -> None:
@@ -123,6 +137,7 @@ class V1Stream:
         self._evicted_seen = len(self.queue.evicted)
         if new:
             self.ledger.mark_done(ordinal for ordinal, _, _ in new)
+            self.durable.evicted(run.global_steps + 1, [ordinal for ordinal, _, _ in new])
             run.history.evicted.extend({"ordinal": o, "reason": r, "step": st} for o, r, st in new)
 
     def _classify(self, run: Run, groups: list[Sample]) -> list[bool]:
@@ -139,9 +154,10 @@ class V1Stream:
         return flags
 
     # ------------------------------------------------------------------ checkpoints
-    def data_state(self, loader_state: dict[str, Any] | None, weights: Any) -> dict[str, Any]:
+    def data_state(self, run: Run, loader_state: dict[str, Any] | None, weights: Any) -> dict[str, Any]:
         state = dict(loader_state or {})
         state["fully_async"] = self.ledger.state(weights, v1_mode=self.v1.mode)
+        state.update(self.durable.data_state(run, self.ledger))
         return state
 
     def restore(self, state: dict[str, Any], weights: Any) -> dict[str, Any]:
@@ -152,4 +168,12 @@ class V1Stream:
                                   f"{self.v1.mode} run keeps its own ledger of submitted prompts. Resume with the same "
                                   "trainer mode, or start fresh (trainer.resume_mode=disable)")
         self.ledger.restore(fa, weights)
-        return {k: v for k, v in state.items() if k != "fully_async"}
+        return {k: v for k, v in state.items() if k not in ("fully_async", STATE_KEY)}
+
+
+class _Versions:
+    """The weight counters the rollout log's restore reads (V1: one version per ``parameter_sync_step``
+    mini-batches, the run resumed at a version's start)."""
+
+    def __init__(self, version: int, stream: V1Stream):
+        self.version, self.local_step, self.every = int(version), 0, stream.sync_every
