@@ -23,6 +23,7 @@ __all__ = ["ACTS", "KeyRule", "REFUSED", "INERT", "expand", "policy_of", "defaul
            "inert_keys_markdown", "refused_keys_markdown"]
 
 _FSDP = "{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model,reward_model.model}.fsdp_config"
+_ROLES = "{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}"
 _FROZEN = "{actor_rollout_ref.ref,reward_model.model}.fsdp_config"
 
 
@@ -202,8 +203,31 @@ INERT: tuple[KeyRule, ...] = (
             "forward_only}",
             "verl 0.9's engine copies of role settings: <role>.use_torch_compile and <role>.strategy are the keys read, "
             "and whether a model trains follows from its role"),
-    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model}.fsdp_config.turbo_config",
-            "options of verl's Turbo FSDP engine; FSDP2 here shards every decoder layer over all training devices"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model}.fsdp_config.turbo_config.distributed."
+            "{fsdp_plan,ep_plan,cp_plan,expert_fully_shard_parallel_size}",
+            "FSDP-Turbo's module-glob sharding, dispatch and context-parallel patch plans: FSDP2 here wraps every decoder "
+            "layer and the root, the experts shard over their own mesh and Ulysses wraps the attention (the sizes of "
+            "turbo_config.distributed act with strategy=fsdp_turbo)"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model}.fsdp_config.turbo_config.{memory.recompute_plan,"
+            "module_patches}",
+            "FSDP-Turbo's per-module recompute list and forward patches: memory.recompute=true checkpoints every decoder "
+            "layer (actor_rollout_ref.model.enable_gradient_checkpointing); transformers' modules run unpatched"),
+    KeyRule(f"{_ROLES}.veomni.{{attn_implementation,moe_implementation,cross_entropy_loss_implementation,"
+            "rms_norm_implementation,swiglu_mlp_implementation,rotary_pos_emb_implementation,"
+            "rms_norm_gated_implementation,causal_conv1d_implementation,chunk_gated_delta_rule_implementation,"
+            "load_balancing_loss_implementation,dsa_indexer_implementation,dsa_attention_implementation,"
+            "mhc_implementation,force_use_huggingface}",
+            "VeOmni's kernel backends (flash / fused / triton / tilelang / liger): the engine here runs transformers' "
+            "modules with sdpa or flash attention by device, which compute the same numbers"),
+    KeyRule(f"{_ROLES}.veomni.{{init_device,full_determinism,enable_reentrant,activation_gpu_limit,basic_modules,"
+            "pad_to_length,pad_to_length_bucket,use_torch_compile,entropy_from_logits_with_chunking,"
+            "entropy_checkpointing,forward_only,strategy,ckpt_manager}",
+            "VeOmni's engine internals and copies of role settings: models load on the CPU then shard, gradient "
+            "checkpointing is non-reentrant, micro-batches pad to their longest row, the role's use_torch_compile / "
+            "entropy keys are the ones read, and checkpoints are this engine's own (resume on any layout)"),
+    KeyRule(f"{_ROLES}.engine.attention_backend_override",
+            "Megatron Lite's attention kernel choice: the engine here picks sdpa or flash attention by device (the same "
+            "numbers)"),
     KeyRule(f"{_FSDP}.wrap_policy.min_num_params",
             "FSDP1's size-based auto-wrap; FSDP2 shards per decoder layer (verl's FSDP2 path ignores it too)"),
     KeyRule(f"{_FSDP}.use_orig_params", "an FSDP1 flag; FSDP2 always keeps the original parameters (as DTensors)"),
@@ -232,6 +256,10 @@ INERT: tuple[KeyRule, ...] = (
     KeyRule("actor_rollout_ref.rollout.skip_dump_dir", "only read with rollout.skip_rollout, which is refused"),
     KeyRule("actor_rollout_ref.actor.policy_loss.dro_beta",
             "read by verl's dro policy loss only, which hybridflow does not register (loss_mode=dro is refused)"),
+    KeyRule("actor_rollout_ref.rollout.moe_tensor_parallel_size",
+            "TensorRT-LLM's split of the MoE layers inside the rollout's tensor-parallel group (moe_tensor_parallel_size "
+            "x expert_parallel_size = tensor_model_parallel_size); TensorRT-LLM is not an engine here. vLLM splits "
+            "experts by its tensor parallelism, or over tp x dp with expert_parallel_size = tp x dp (which acts)"),
     KeyRule("actor_rollout_ref.rollout.moe_load_balance_metrics_interval",
             "MoE expert-load metrics of the rollout engine are not computed"),
     KeyRule("{actor_rollout_ref.model,critic.model}.lora.merge",
@@ -264,7 +292,18 @@ ACTS: tuple[KeyRule, ...] = (
             "(reward.reward_manager.{source,module.path,module.name} in verl 0.9)"),
     KeyRule("model_engine",
             "dp trains with FSDP2; megatron puts the actor, reference and critic on strategy=megatron (the "
-            "torch-native N-D engine); other engines are refused (config/checks/megatron.py)"),
+            "torch-native N-D engine); veomni lays FSDP2 out by the roles' veomni nodes; torchtitan and automodel are "
+            "refused (config/checks/megatron.py, config/checks/engines.py)"),
+    KeyRule(f"{_ROLES}.{{model_engine,veomni,engine}}",
+            "verl's per-role engine (dp | megatron | veomni | mlite, or actor@actor_rollout_ref.actor=<engine>_actor), "
+            "VeOmni's node (offload, fsdp_size, full shard, FSDP offload, prefetch, seed, precision, Ulysses and expert "
+            "sizes, router_replay) and Megatron Lite's engine node (tp pp vpp ep cp etp, offload, impl_cfg.use_thd / "
+            "recompute / optimizer) laid onto FSDP2 or the N-D engine (config/checks/engines.py); kernel choices are "
+            "inert"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model}.fsdp_config.turbo_config.{distributed,memory}",
+            "with <role>.strategy=fsdp_turbo: fully_shard_parallel_size -> fsdp_size, ulysses_parallel_size -> Ulysses, "
+            "expert_parallel_size -> the N-D engine's experts, memory.recompute -> gradient checkpointing "
+            "(config/checks/engines.py)"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{tensor_model_parallel_size,expert_model_parallel_size,expert_tensor_parallel_size,"
             "pipeline_model_parallel_size,virtual_pipeline_model_parallel_size,pipeline_schedule,context_parallel_size,"
             "param_offload,optimizer_offload,use_distributed_optimizer}",

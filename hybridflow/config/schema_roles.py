@@ -221,6 +221,10 @@ class ActorConfig(ActorRecipeKeys):
     optim: OptimConfig
     fsdp_config: FSDPConfig
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    # verl's other engines' nodes, mapped onto this role's strategy by config/checks/engines.py
+    model_engine: Optional[str] = None
+    veomni: dict = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)
     profiler: dict
 
 
@@ -242,6 +246,10 @@ class RefConfig:
     model: Optional[dict]
     fsdp_config: FSDPConfig
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    # verl's other engines' nodes, mapped onto this role's strategy by config/checks/engines.py
+    model_engine: Optional[str] = None
+    veomni: dict = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)
     profiler: dict
 
 
@@ -322,6 +330,7 @@ class RolloutConfig:
     tensor_model_parallel_size: int
     data_parallel_size: int
     expert_parallel_size: int
+    moe_tensor_parallel_size: int = 1  # TensorRT-LLM's; inert here (key_policy)
     pipeline_model_parallel_size: int
     max_num_batched_tokens: int
     max_model_len: Optional[int]
@@ -430,6 +439,10 @@ class CriticConfig:
     optim: OptimConfig
     model: CriticModelConfig
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    # verl's other engines' nodes, mapped onto this role's strategy by config/checks/engines.py
+    model_engine: Optional[str] = None
+    veomni: dict = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)
     profiler: dict
 
 

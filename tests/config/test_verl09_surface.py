@@ -62,3 +62,115 @@ def test_bad_rollout_correction_thresholds_are_refused_naming_the_key(overrides,
 def test_dppo_loss_modes_load():
     for mode in ("dppo_tv", "dppo_kl"):
         assert load(f"{A}.actor.policy_loss.loss_mode={mode}").actor_rollout_ref.actor.policy_loss.loss_mode == mode
+
+
+# ------------------------------------------------------------------------------ verl's other engines on FSDP2
+def load_with_notes(*overrides):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = load_config([*BASE, "trainer.n_gpus_per_node=8", *overrides])
+    return cfg, "\n".join(str(w.message) for w in caught)
+
+
+def test_veomni_node_lays_out_fsdp2():
+    cfg, notes = load_with_notes(
+        "model_engine=veomni", f"{A}.actor.veomni.param_offload=True", f"{A}.actor.veomni.optimizer_offload=True",
+        f"{A}.actor.veomni.fsdp_size=4", f"{A}.actor.veomni.ulysses_parallel_size=2",
+        f"{A}.actor.veomni.enable_full_shard=False", f"{A}.actor.veomni.enable_fsdp_offload=True",
+        f"{A}.actor.veomni.moe_implementation=fused_triton")
+    actor, ref = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.ref
+    assert actor.strategy == "fsdp2" and ref.strategy == "fsdp2"
+    f = actor.fsdp_config
+    assert (f.param_offload, f.optimizer_offload, f.fsdp_size, f.reshard_after_forward, f.offload_policy) == \
+        (True, True, 4, False, True)
+    assert actor.ulysses_sequence_parallel_size == 2
+    # the reference follows the actor's VeOmni layout (verl's veomni_ref.yaml interpolations)
+    assert ref.ulysses_sequence_parallel_size == 2 and ref.fsdp_config.param_offload and ref.fsdp_config.fsdp_size == 4
+    assert "strategy=veomni: trained with FSDP2" in notes
+    assert "moe_implementation='fused_triton'" in notes  # a kernel choice: inert, said
+
+
+def test_veomni_expert_parallelism_runs_on_the_nd_engine():
+    cfg, notes = load_with_notes("model_engine=veomni", f"{A}.actor.veomni.expert_parallel_size=4")
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.strategy == "megatron" and actor.megatron.expert_model_parallel_size == 4
+    assert "expert_parallel_size=4: actor_rollout_ref.actor trains on the N-D engine" in notes
+
+
+def test_fsdp_turbo_lays_out_fsdp2():
+    cfg, notes = load_with_notes(
+        f"{A}.actor.strategy=fsdp_turbo", f"{A}.ref.strategy=fsdp_turbo",
+        f"{A}.actor.fsdp_config.turbo_config.distributed.fully_shard_parallel_size=4",
+        f"{A}.actor.fsdp_config.turbo_config.distributed.expert_parallel_size=2",
+        f"+{A}.actor.fsdp_config.turbo_config.memory.recompute=True",
+        f"+{A}.actor.fsdp_config.turbo_config.memory.recompute_plan=['model.layers.{{*}}']")
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.strategy == "megatron" and actor.megatron.expert_model_parallel_size == 2
+    assert actor.fsdp_config.fsdp_size == 4 and cfg.actor_rollout_ref.model.enable_gradient_checkpointing
+    assert cfg.actor_rollout_ref.ref.strategy == "fsdp2"
+    assert "strategy=fsdp_turbo: trained with FSDP2" in notes
+    with pytest.raises(ConfigError, match=r"turbo_config.distributed.tensor_parallel_size=2: reserved"):
+        load(f"{A}.actor.strategy=fsdp_turbo", f"{A}.actor.fsdp_config.turbo_config.distributed.tensor_parallel_size=2")
+
+
+def test_megatron_lite_engine_node_lays_out_the_megatron_node():
+    cfg, notes = load_with_notes(
+        "actor@actor_rollout_ref.actor=mlite_actor", f"{A}.actor.engine.tp=2", f"{A}.actor.engine.pp=2",
+        f"{A}.actor.engine.vpp=1", f"{A}.actor.engine.ep=2", f"{A}.actor.engine.cp=1", f"{A}.actor.engine.etp=1",
+        f"{A}.actor.engine.param_offload=True", f"{A}.actor.engine.impl_cfg.use_thd=True",
+        f"+{A}.actor.engine.impl_cfg.recompute=[full]", f"+{A}.actor.engine.impl_cfg.optimizer=fsdp2",
+        f"{A}.model.use_remove_padding=false")
+    actor = cfg.actor_rollout_ref.actor
+    m = actor.megatron
+    assert actor.strategy == "megatron" and actor.model_engine == "mlite"
+    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size,
+            m.expert_model_parallel_size) == (2, 2, None, 2)
+    assert actor.fsdp_config.param_offload and actor.use_remove_padding
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing
+    with pytest.raises(ConfigError, match=r"impl_cfg.recompute=\['selective'\]: only full recompute"):
+        load("actor@actor_rollout_ref.actor=mlite_actor", f"+{A}.actor.engine.impl_cfg.recompute=[selective]")
+    with pytest.raises(ConfigError, match=r"actor@actor_rollout_ref.actor=torchtitan_actor: choose dp_actor"):
+        load("actor@actor_rollout_ref.actor=torchtitan_actor")
+
+
+def test_role_model_engine_sets_that_roles_strategy():
+    cfg = load(f"{A}.actor.model_engine=megatron", f"{A}.actor.megatron.tensor_model_parallel_size=2",
+               "trainer.n_gpus_per_node=2")
+    assert cfg.actor_rollout_ref.actor.strategy == "megatron"
+    with pytest.raises(ConfigError, match=r"model_engine=dp and actor_rollout_ref.actor.strategy=megatron name "
+                                          r"different engines"):
+        load(f"{A}.actor.model_engine=dp", f"{A}.actor.strategy=megatron")
+
+
+def test_a_megatron_node_on_an_fsdp_role_is_inert_and_said():
+    """verl's FSDP workers never read a role's megatron node; a script setting it on an fsdp role runs, and the dry
+    run says the keys do nothing."""
+    cfg, notes = load_with_notes(f"critic.megatron.tensor_model_parallel_size=2", "critic.strategy=fsdp",
+                                 "algorithm.adv_estimator=gae")
+    assert cfg.critic.strategy == "fsdp"
+    assert "critic.megatron.tensor_model_parallel_size has no effect" in notes and "verl ignores it too" in notes
+    _, notes = load_with_notes(f"{A}.actor.veomni.ulysses_parallel_size=2")
+    assert "actor_rollout_ref.actor.veomni (ulysses_parallel_size) has no effect" in notes
+
+
+def test_rollout_moe_split_keys():
+    """vLLM's expert parallelism acts when expert_parallel_size = tp x dp; TensorRT-LLM's moe_tensor_parallel_size is
+    inert (noted with every inert key) and another expert_parallel_size is said to have no effect."""
+    from types import SimpleNamespace
+
+    from hybridflow.rollout.moe_layout import moe_split_note
+    from hybridflow.rollout.vllm.config import vllm_engine_kwargs
+
+    cfg, notes = load_with_notes(f"+{A}.rollout.moe_tensor_parallel_size=2")
+    assert cfg.actor_rollout_ref.rollout.moe_tensor_parallel_size == 2
+    assert "actor_rollout_ref.rollout.moe_tensor_parallel_size=2: TensorRT-LLM's split" in notes
+    rollout = SimpleNamespace(expert_parallel_size=4, tensor_model_parallel_size=4, data_parallel_size=1)
+    assert moe_split_note(rollout, "vllm") is None
+    assert "has no effect with rollout.name=hf" in moe_split_note(rollout, "hf")
+    rollout.expert_parallel_size = 2
+    assert "expert_parallel_size=2 has no effect with rollout.name=vllm" in moe_split_note(rollout, "vllm")
+    for ep, expected in ((4, True), (2, None), (1, None)):
+        r = load(f"{A}.rollout.tensor_model_parallel_size=4", f"{A}.rollout.expert_parallel_size={ep}",
+                 f"{A}.rollout.name=vllm").actor_rollout_ref.rollout
+        kwargs = vllm_engine_kwargs(r, "/tmp/no_model", device="cuda")
+        assert kwargs.get("enable_expert_parallel") is expected

@@ -4,6 +4,7 @@ CPU than verl users expect (the hf engine computes in fp32 there and bounds its 
 from __future__ import annotations
 
 from hybridflow.config.checks.machine import precision_name
+from hybridflow.rollout.moe_layout import moe_split_note
 
 __all__ = ["device_errors", "device_notes", "model_errors"]
 
@@ -14,7 +15,7 @@ def device_errors(cfg, device: str) -> list[str]:
 
 def device_notes(cfg, device: str) -> list[str]:
     rollout = cfg.actor_rollout_ref.rollout
-    notes = []
+    notes = [note for note in (moe_split_note(rollout, "hf"),) if note]
     if device == "cpu":
         if precision_name(rollout.dtype) not in ("bf16", None):
             notes.append(f"actor_rollout_ref.rollout.dtype={rollout.dtype} has no effect on CPU: the hf rollout "
