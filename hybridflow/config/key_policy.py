@@ -85,11 +85,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.model,critic.model}.mtp",
             "multi-token prediction (MTP layers, speculative decoding in the rollout) is not implemented; drop the "
             "key"),
-    KeyRule("{actor_rollout_ref.model,critic.model}.lora.{type,rank,alpha,dropout,target_modules,exclude_modules,"
-            "dropout_position,lora_A_init_method,lora_B_init_method,a2a_experimental,dtype,adapter_path,"
-            "freeze_vision_model,freeze_vision_projection,freeze_language_model}",
-            "the model.lora node configures Megatron's LoRA; with FSDP set actor_rollout_ref.model.lora_rank, "
-            "lora_alpha, target_modules, exclude_modules and lora_adapter_path instead"),
     KeyRule("critic.model.lora_adapter_path",
             "loading a LoRA adapter into the critic is not supported (the critic's LoRA starts from "
             "critic.model.lora_rank); drop the key"),
@@ -266,6 +261,9 @@ INERT: tuple[KeyRule, ...] = (
             "how LoRA weights reach the rollout (merged into the base weights, or as adapters): the hf engine runs "
             "the actor's adapters in place (its own copy next to a tp/ep-split actor gets them merged) and vLLM "
             "receives the adapters, which gives the same numbers as merging"),
+    KeyRule("{actor_rollout_ref.model,critic.model}.lora.a2a_experimental",
+            "Megatron's all-to-all communication for LoRA on expert layers; adapters here are plain peft modules (and "
+            "are refused on experts split by tensor or expert parallelism)"),
     KeyRule("actor_rollout_ref.rollout.engine_kwargs.trtllm",
             "engine arguments of TensorRT-LLM, which has no adapter here (rollout.name=trtllm is refused)"),
     KeyRule("actor_rollout_ref.rollout.{mtp,qat}",
@@ -316,6 +314,13 @@ ACTS: tuple[KeyRule, ...] = (
             "Megatron's spelling of the schedule: lr_decay_style constant | cosine sets lr_scheduler_type, min_lr sets "
             "min_lr_ratio = min_lr / lr; other decay styles are refused (config/checks/megatron.py)"),
     KeyRule("trainer.import_modules", "user modules imported in every process of the run before names are checked"),
+    KeyRule("{actor_rollout_ref.model,critic.model}.lora.{type,rank,alpha,dropout,target_modules,exclude_modules,"
+            "dropout_position,lora_A_init_method,lora_B_init_method,dtype,adapter_path,freeze_vision_model,"
+            "freeze_vision_projection,freeze_language_model}",
+            "Megatron's LoRA node (rank > 0) trains peft adapters: rank / alpha / adapter_path, Megatron module names "
+            "as transformers' (linear_qkv -> q/k/v_proj ...), dropout, type=dora, A / B initialisation; values with "
+            "no counterpart (dropout_position=post, a dtype of their own, unfrozen base weights) are refused with the "
+            "reason (engine/lora_options.py, engine/checks.py)"),
     KeyRule("actor_rollout_ref.actor.use_prefix_grouper",
             "the samples of a prompt share one forward of the prompt in the actor's log-prob and update passes "
             "(engine/prefix_grouping.py)"),

@@ -1,13 +1,15 @@
-"""This floor's configuration rules, run by the launch's check pipeline (run stage): the model folders hold models the
-engine can load, the optimizer the config names exists, and the data rows fit the model's tokenizer. Reads
-``config.json``, the tokenizer and the data files, and imports the optimizer module; no weights load."""
+"""This floor's configuration rules, run by the launch's check pipeline: verl's Megatron LoRA node read into this
+engine's LoRA keys (config stage); the model folders hold models the engine can load, the optimizer the config names
+exists, and the data rows fit the model's tokenizer (run stage: reads ``config.json``, the tokenizer and the data
+files, and imports the optimizer module; no weights load)."""
 
 from __future__ import annotations
 
+from hybridflow.engine.lora_options import hf_module_names, lora_node_problems
 from hybridflow.engine.model_loader import ModelLoadError, check_causal_lm, load_hf_config
 from hybridflow.engine.optim import optimizer_class
 
-__all__ = ["check_model_files", "check_optimizers", "check_prompt_rows"]
+__all__ = ["check_megatron_lora", "check_model_files", "check_optimizers", "check_prompt_rows"]
 
 
 def check_model_files(cfg, errors: list[str]) -> None:
@@ -78,3 +80,36 @@ def check_prompt_rows(cfg, errors: list[str]) -> None:
             RLHFDataset(paths, tokenizer, data, max_samples=limit)
         except (DataFileError, ValueError) as e:
             errors.append(f"{key}: {e}")
+
+
+def check_megatron_lora(cfg, errors: list[str], notes: list[str]) -> None:
+    """Config stage: verl's Megatron ``lora`` node (``<model>.lora.*``) read into the keys this engine's LoRA reads
+    (``engine/lora_options.py``): rank, alpha, Megatron module names -> transformers' names, adapter path; the node's
+    dropout / DoRA / initialisation travel to ``apply_lora`` with the node itself.  Runs before the Megatron check
+    (which reads ``lora_rank``)."""
+    for key, model in (("actor_rollout_ref.model", cfg.actor_rollout_ref.model), ("critic.model", cfg.critic.model)):
+        node = dict(model.lora or {})
+        rank = int(node.get("rank") or 0)
+        if rank <= 0:
+            continue
+        where = f"{key}.lora"
+        found = lora_node_problems(node, where)
+        if int(model.lora_rank) not in (0, rank):
+            found.append(f"{where}.rank={rank} and {key}.lora_rank={model.lora_rank} set the same adapters' rank; "
+                         "keep one of them")
+        targets, problems = hf_module_names(node.get("target_modules"), f"{where}.target_modules")
+        excluded, more = hf_module_names(node.get("exclude_modules"), f"{where}.exclude_modules")
+        found += problems + more
+        if key == "critic.model" and (node.get("adapter_path") or node.get("exclude_modules")):
+            found.append(f"{where}.adapter_path / exclude_modules: the critic's LoRA starts from scratch on "
+                         f"{where}.target_modules (adapter loading and exclusions are the actor's); drop them")
+        errors.extend(found)
+        if found:
+            continue
+        model.lora_rank, model.lora_alpha = rank, float(node.get("alpha") or model.lora_alpha)
+        model.target_modules = targets if targets is not None else "all-linear"
+        model.exclude_modules = excluded
+        if node.get("adapter_path"):
+            model.lora_adapter_path = node["adapter_path"]
+        notes.append(f"{where}: Megatron's LoRA node trains peft adapters (rank {rank}, alpha {model.lora_alpha:g}) on "
+                     f"{model.target_modules}; the fused linear_qkv is one adapter per q / k / v projection here")

@@ -49,7 +49,7 @@ from hybridflow.config.loader import compose_config
 from hybridflow.config.modes import check_mode
 from hybridflow.config.schema import PPOConfig
 from hybridflow.data.checks import check_data_files
-from hybridflow.engine.checks import check_model_files, check_optimizers, check_prompt_rows
+from hybridflow.engine.checks import check_megatron_lora, check_model_files, check_optimizers, check_prompt_rows
 from hybridflow.engine.model_loader import ModelLoadError, check_causal_lm
 from hybridflow.engine.parallel.checks import check_parallel_layout, check_parallel_model
 from hybridflow.rewards.checks import check_reward_manager, check_user_code
@@ -67,6 +67,7 @@ CONFIG_CHECKS: tuple[Check, ...] = (
     Check("import_modules", check_import_modules),      # trainer.import_modules / VERL_USE_EXTERNAL_MODULES
     Check("normalise", normalise_deprecated),           # deprecated spellings -> the keys the code reads
     Check("engines", check_engines),                    # verl's VeOmni / FSDP-Turbo / Megatron Lite / per-role engines
+    Check("megatron_lora", check_megatron_lora),        # verl's model.lora node -> lora_rank / alpha / target_modules
     Check("megatron", check_megatron),                  # strategy=megatron: tp / ep / cp sizes, offload, refusals
     Check("parallel_layout", check_parallel_layout),    # the megatron sizes against the role's devices
     Check("mirrors", check_mirrors),                    # verl's copies of a key (actor.rollout_n, ...) agree

@@ -25,6 +25,7 @@ import torch
 
 from hybridflow.controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
+from hybridflow.engine.lora_options import LoraOptions
 from hybridflow.engine.model_loader import (
     apply_lora,
     enable_gradient_checkpointing,
@@ -115,7 +116,8 @@ class ActorRolloutRefWorker(Worker):
         if trainable and mc.lora_adapter_path:  # start from a saved adapter (its config sets rank and alpha)
             module = load_lora_adapter(module, mc.lora_adapter_path)
         elif trainable and self._lora:
-            module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, mc.exclude_modules)
+            module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, mc.exclude_modules,
+                                options=LoraOptions.from_node(mc.lora))
         if trainable and mc.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
         if not trainable:

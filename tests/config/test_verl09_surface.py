@@ -174,3 +174,18 @@ def test_rollout_moe_split_keys():
                  f"{A}.rollout.name=vllm").actor_rollout_ref.rollout
         kwargs = vllm_engine_kwargs(r, "/tmp/no_model", device="cuda")
         assert kwargs.get("enable_expert_parallel") is expected
+
+
+def test_megatron_lora_node_fills_the_lora_keys():
+    cfg, notes = load_with_notes(f"{A}.model.lora.rank=32", f"{A}.model.lora.alpha=64",
+                                 f"{A}.model.lora.lora_A_init_method=kaiming",
+                                 f"{A}.model.lora.exclude_modules=[linear_fc2]")
+    m = cfg.actor_rollout_ref.model
+    assert (m.lora_rank, m.lora_alpha) == (32, 64.0)
+    assert m.target_modules == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    assert m.exclude_modules == ["down_proj"]
+    assert "Megatron's LoRA node trains peft adapters (rank 32, alpha 64)" in notes
+    with pytest.raises(ConfigError, match=r"lora.rank=32 and actor_rollout_ref.model.lora_rank=8 set the same"):
+        load(f"{A}.model.lora.rank=32", f"{A}.model.lora_rank=8")
+    with pytest.raises(ConfigError, match=r"lora.dropout_position='post'"):
+        load(f"{A}.model.lora.rank=8", f"{A}.model.lora.dropout_position=post")
