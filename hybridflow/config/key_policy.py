@@ -38,8 +38,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.actor,critic}.checkpoint.async_save",
             "asynchronous checkpoint saving is a Megatron-only feature in verl; hybridflow writes checkpoints "
             "synchronously and atomically"),
-    KeyRule("actor_rollout_ref.actor.checkpoint.strict",
-            "checkpoints always load strictly here (a missing or unexpected tensor is an error): drop the key"),
     KeyRule("actor_rollout_ref.rollout.skip_rollout",
             "verl's rollout dump-and-replay debugging aid (skip_rollout, skip_dump_dir) is not implemented; "
             "trainer.rollout_data_dir writes every step's generations"),
@@ -314,6 +312,10 @@ ACTS: tuple[KeyRule, ...] = (
             "Megatron's spelling of the schedule: lr_decay_style constant | cosine sets lr_scheduler_type, min_lr sets "
             "min_lr_ratio = min_lr / lr; other decay styles are refused (config/checks/megatron.py)"),
     KeyRule("trainer.import_modules", "user modules imported in every process of the run before names are checked"),
+    KeyRule("actor_rollout_ref.actor.checkpoint.strict",
+            "false: a resume loads the model tensors the checkpoint and the model share (the rest keep their values, "
+            "the checkpoint's extra tensors are left out, both named in a warning; shapes must agree) and the "
+            "optimizer starts afresh; true: any difference is an error (engine/engine_checkpoint.py)"),
     KeyRule("{actor_rollout_ref.model,critic.model}.lora.{type,rank,alpha,dropout,target_modules,exclude_modules,"
             "dropout_position,lora_A_init_method,lora_B_init_method,dtype,adapter_path,freeze_vision_model,"
             "freeze_vision_projection,freeze_language_model}",

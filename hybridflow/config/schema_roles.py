@@ -130,7 +130,7 @@ class CheckpointContents:
     save_contents: list
     load_contents: list
     async_save: bool
-    strict: bool = True  # verl 0.9 has it on the actor only; checkpoints always load strictly here
+    strict: bool = True  # verl 0.9 has it on the actor only: false loads the tensors model and checkpoint share
 
 
 @dataclass(**KW)

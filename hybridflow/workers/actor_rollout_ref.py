@@ -545,7 +545,7 @@ class ActorRolloutRefWorker(Worker):
         engine = self._checkpoint_engine()
         load_engine_checkpoint(
             engine, local_path, self.config.actor.checkpoint.load_contents,
-            field="actor_rollout_ref.actor.checkpoint.load_contents",
+            field="actor_rollout_ref.actor.checkpoint.load_contents", strict=bool(self.config.actor.checkpoint.strict),
         )
 
     def _checkpoint_engine(self) -> TrainEngine:
