@@ -53,10 +53,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("transfer_queue",
             "verl 0.9's TransferQueue data plane (the V1 trainer's) is not used: hybridflow's controller moves "
             "batches as DataProto through its worker groups. Drop the key"),
-    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{use_dist_checkpointing,dist_checkpointing_path}",
-            "Megatron's distributed checkpoint format is neither read nor written: checkpoints here are per-rank "
-            "DTensor pieces that resume on any layout, and `hybridflow merge` turns them into a Hugging Face folder; "
-            "start from a Hugging Face model folder (actor_rollout_ref.model.path)"),
     KeyRule("{actor_rollout_ref.actor,critic}.optim.{lr_warmup_init,lr_decay_steps,weight_decay_incr_style}",
             "Megatron's schedule options: warmup here starts from 0, the decay spans the steps after warmup and the "
             "weight decay is constant; drop the key (lr_decay_style and min_lr act)"),
@@ -142,8 +138,9 @@ INERT: tuple[KeyRule, ...] = (
             "end pipeline stages"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{dist_checkpointing_prefix,dist_ckpt_optim_fully_reshardable,"
             "distrib_optim_fully_reshardable_mem_efficient}",
-            "options of Megatron's distributed checkpoints (refused); checkpoints here always resume on another "
-            "layout (engine/engine_checkpoint.py)"),
+            "options of Megatron's distributed-checkpoint writer and optimizer resharding; the start checkpoint is read "
+            "whole (use_dist_checkpointing) and the run's own checkpoints always resume on another layout "
+            "(engine/engine_checkpoint.py)"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{max_seqlen_per_dp_cp_rank,use_remove_padding,pad_bshd_to_minibatch_max,pad_to_length,"
             "pad_to_length_bucket,entropy_from_logits_with_chunking,entropy_from_logits_chunk_size,forward_only}",
             "the Megatron engine's copies of role settings: <role>.use_remove_padding (model.use_remove_padding), "
@@ -312,6 +309,11 @@ ACTS: tuple[KeyRule, ...] = (
             "Megatron's spelling of the schedule: lr_decay_style constant | cosine sets lr_scheduler_type, min_lr sets "
             "min_lr_ratio = min_lr / lr; other decay styles are refused (config/checks/megatron.py)"),
     KeyRule("trainer.import_modules", "user modules imported in every process of the run before names are checked"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{use_dist_checkpointing,"
+            "dist_checkpointing_path}",
+            "with <role>.strategy=megatron the role starts from the torch distributed checkpoint (DCP, Megatron's "
+            "torch_dist) at dist_checkpointing_path: transformers names or Megatron-core's GPT names, any layout "
+            "(engine/dist_checkpoint.py); model.path still gives the architecture and tokenizer"),
     KeyRule("actor_rollout_ref.actor.checkpoint.strict",
             "false: a resume loads the model tensors the checkpoint and the model share (the rest keep their values, "
             "the checkpoint's extra tensors are left out, both named in a warning; shapes must agree) and the "

@@ -5,6 +5,7 @@ files, and imports the optimizer module; no weights load)."""
 
 from __future__ import annotations
 
+from hybridflow.engine.dist_checkpoint import is_dist_checkpoint
 from hybridflow.engine.lora_options import hf_module_names, lora_node_problems
 from hybridflow.engine.model_loader import ModelLoadError, check_causal_lm, load_hf_config
 from hybridflow.engine.optim import optimizer_class
@@ -33,6 +34,21 @@ def check_model_files(cfg, errors: list[str]) -> None:
             load_hf_config(path, remote, None, key)
         except ModelLoadError as e:
             errors.append(str(e))
+    _check_dist_checkpoints(cfg, errors)
+
+
+def _check_dist_checkpoints(cfg, errors: list[str]) -> None:
+    """A megatron role starting from a distributed checkpoint names a DCP folder (``.metadata`` inside)."""
+    roles = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor), ("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref)]
+    if cfg.use_critic:
+        roles.append(("critic", cfg.critic))
+    for key, node in roles:
+        m = node.megatron
+        if node.strategy == "megatron" and m.use_dist_checkpointing and not is_dist_checkpoint(m.dist_checkpointing_path or ""):
+            errors.append(f"{key}.megatron.dist_checkpointing_path={m.dist_checkpointing_path!r} is not a torch distributed "
+                          f"checkpoint folder (no .metadata inside) and {key}.megatron.use_dist_checkpointing=true starts "
+                          "the role from it: point it at a Megatron torch_dist / DCP folder, or set "
+                          "use_dist_checkpointing=false to start from actor_rollout_ref.model.path")
 
 
 def check_optimizers(cfg, errors: list[str]) -> None:

@@ -25,6 +25,7 @@ import torch
 
 from hybridflow.controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
+from hybridflow.engine.dist_checkpoint import start_from_dist_checkpoint
 from hybridflow.engine.lora_options import LoraOptions
 from hybridflow.engine.model_loader import (
     apply_lora,
@@ -111,6 +112,8 @@ class ActorRolloutRefWorker(Worker):
             mc.path, dtype=fsdp_config.model_dtype, trust_remote_code=mc.trust_remote_code,
             override_config=mc.override_config, field="actor_rollout_ref.model.path", hf_config_path=mc.hf_config_path,
         )
+        role = "ref" if reference else "actor"
+        start_from_dist_checkpoint(module, getattr(self.config, role), f"actor_rollout_ref.{role}")
         if trainable and self.config.actor.freeze_vision_tower:
             freeze_vision_tower(module)
         if trainable and mc.lora_adapter_path:  # start from a saved adapter (its config sets rank and alpha)

@@ -189,3 +189,26 @@ def test_megatron_lora_node_fills_the_lora_keys():
         load(f"{A}.model.lora.rank=32", f"{A}.model.lora_rank=8")
     with pytest.raises(ConfigError, match=r"lora.dropout_position='post'"):
         load(f"{A}.model.lora.rank=8", f"{A}.model.lora.dropout_position=post")
+
+
+def test_use_dist_checkpointing_needs_a_dcp_folder_at_run_stage(nano_model_dir, tmp_path):
+    """Config stage: accepted as verl's scripts write it (the path comes from their environment); run stage: the
+    folder must be a torch distributed checkpoint."""
+    import torch.distributed.checkpoint as dcp
+
+    from hybridflow.engine.checks import check_model_files
+    from hybridflow.engine.model_loader import load_causal_lm
+
+    keys = ["model_engine=megatron", "algorithm.adv_estimator=grpo", f"{A}.model.path={nano_model_dir}",
+            f"{A}.actor.megatron.use_dist_checkpointing=true", f"{A}.actor.megatron.dist_checkpointing_path=''"]
+    cfg = load(*keys)
+    errors: list[str] = []
+    check_model_files(cfg, errors)
+    assert len(errors) == 1 and "dist_checkpointing_path='' is not a torch distributed checkpoint folder" in errors[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(load_causal_lm(nano_model_dir).state_dict(), checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    cfg = load(*keys[:-1], f"{A}.actor.megatron.dist_checkpointing_path={tmp_path / 'dcp'}")
+    errors = []
+    check_model_files(cfg, errors)
+    assert errors == []
