@@ -121,10 +121,6 @@ REFUSED: tuple[KeyRule, ...] = (
 )
 
 INERT: tuple[KeyRule, ...] = (
-    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.sequence_parallel",
-            "Megatron's sequence parallelism keeps norm and dropout activations split along the sequence inside a "
-            "tensor-parallel group; here they stay whole on each tensor-parallel rank (the same numbers; that "
-            "activation memory is not saved)"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.grad_offload",
             "gradients are freed after every optimizer step (zero_grad(set_to_none)), so between phases there is no "
             "gradient buffer to offload; param_offload and optimizer_offload act"),
@@ -314,6 +310,10 @@ ACTS: tuple[KeyRule, ...] = (
             "with <role>.strategy=megatron the role starts from the torch distributed checkpoint (DCP, Megatron's "
             "torch_dist) at dist_checkpointing_path: transformers names or Megatron-core's GPT names, any layout "
             "(engine/dist_checkpoint.py); model.path still gives the architecture and tokenizer"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.sequence_parallel",
+            "with tensor_model_parallel_size > 1 (default true, as verl): each decoder layer keeps its norms' "
+            "activations and residual stream split along the tokens over the tp group, gathered for attention and "
+            "the MLP (the same numbers, less activation memory; engine/tp_sequence.py)"),
     KeyRule("actor_rollout_ref.actor.checkpoint.strict",
             "false: a resume loads the model tensors the checkpoint and the model share (the rest keep their values, "
             "the checkpoint's extra tensors are left out, both named in a warning; shapes must agree) and the "
