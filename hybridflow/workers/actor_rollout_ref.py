@@ -26,6 +26,7 @@ import torch
 from hybridflow.controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.engine.dist_checkpoint import start_from_dist_checkpoint
+from hybridflow.workers.teacher_topk import compute_topk_outputs, wants_topk
 from hybridflow.engine.lora_options import LoraOptions
 from hybridflow.engine.model_loader import (
     apply_lora,
@@ -472,6 +473,10 @@ class ActorRolloutRefWorker(Worker):
         spec = self._log_prob_spec(self.config.ref, "actor_rollout_ref.ref")
         use_rmpad = self.config.model.use_remove_padding
         compile_ = bool(self.config.ref.use_torch_compile)
+        if wants_topk(data) and self.ref_engine is not None:  # a distillation teacher asked for its top-k tokens
+            outs = compute_topk_outputs(self.ref_engine, data, spec, temperature, wants_topk(data), use_rmpad)
+            return DataProto.from_dict({"ref_log_prob": outs["log_probs"], "ref_topk_log_probs": outs["topk_log_probs"],
+                                        "ref_topk_ids": outs["topk_ids"]}, meta_info={"temperature": temperature})
         if self.ref_engine is None:  # LoRA: the base model is the actor without its adapters
             with self.actor_engine.module.disable_adapter():
                 log_probs = compute_token_outputs(self.actor_engine, data, spec, temperature, False, use_rmpad,
