@@ -39,7 +39,7 @@ import heapq
 import json
 import random
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 

@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {name: measure(model, tok, engine, name, batch, new_tokens, rounds, baseline)
                for name in ("distinct", "grpo")}
-    print(f"\n| workload | engine | best tok/s | median tok/s | best tok/cpu-s | median tok/cpu-s |")
+    print("\n| workload | engine | best tok/s | median tok/s | best tok/cpu-s | median tok/cpu-s |")
     print("|---|---|---|---|---|---|")
     for name, (hf_rates, ours_rates, base_rates) in results.items():
         rows = (("transformers.generate", hf_rates), ("hybridflow hf", ours_rates), ("baseline hf", base_rates))

@@ -117,10 +117,18 @@ class FakeActor:
         self.rec, self.old = rec, old_log_prob
 
     def compute_log_prob(self, batch: DataProto) -> DataProto:
+        """``old_log_prob`` everywhere -- or, for a batch with the rollout's log-probs, those (a healthy trainer
+        recomputes what the rollout reported; ``drift`` is added to them, per token, to inject a mismatch)."""
         self.rec.note("compute_log_prob", batch)
         shape = batch.batch["responses"].shape
-        return DataProto.from_dict({"old_log_probs": torch.full(shape, self.old),
-                                    "entropys": torch.full(shape, 1.5)})
+        old = torch.full(shape, self.old)
+        if "rollout_log_probs" in batch.batch:
+            old = batch.batch["rollout_log_probs"].clone() + self.drift(batch)
+        return DataProto.from_dict({"old_log_probs": old, "entropys": torch.full(shape, 1.5)})
+
+    def drift(self, batch: DataProto) -> torch.Tensor | float:
+        """What this trainer's log-probs differ by from the rollout's (0: healthy)."""
+        return 0.0
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         self.rec.note("compute_ref_log_prob", batch)

@@ -36,6 +36,7 @@ FULL_TIER: dict[str, str] = {
     "workers/test_dp_padding.py": "data-parallel padding on two ranks",
     "engine/test_compiled_kernels.py": "torch.compile of the fused kernels",
     "engine/test_sequence_parallel.py": "Ulysses equality on 2 and 4 gloo processes",
+    "engine/test_pipeline_parallel.py::test_four_ranks": "pipeline x tp / dp / ep equality on 4 gloo processes",
     "engine/test_mixed_precision.py::test_fsdp2_on_two_gloo_ranks_uses_the_policy": "two gloo ranks",
     "config/test_megatron_command_lines.py::test_scaled_qwen3_megatron_grpo_runs_a_step_on_ray": "a Ray run",
     "trainer/test_main_ppo_startup.py": "Ray start-up with the driver's work in the background",

@@ -41,23 +41,32 @@ from hybridflow.rollout.base import EngineError
 from hybridflow.rollout.service.replica import RolloutReplica
 from hybridflow.rollout.service.server_manager import AsyncLLMServerManager
 
-__all__ = ["AgentLoopWorker", "sampling_dict", "TRAJECTORY_KEYS"]
+__all__ = ["AgentLoopWorker", "sampling_dict", "wants_log_probs", "TRAJECTORY_KEYS"]
 
 # Columns the manager adds to every row and the worker consumes.
 TRAJECTORY_KEYS = ("__request_id__", "__seed__")
 
 
-def sampling_dict(rollout_config, validate: bool) -> dict[str, Any]:
-    """verl's sampling-params dict for agent loops, from ``rollout`` (training) or ``rollout.val_kwargs``."""
+def sampling_dict(rollout_config, validate: bool, log_probs: bool | None = None) -> dict[str, Any]:
+    """verl's sampling-params dict for agent loops, from ``rollout`` (training) or ``rollout.val_kwargs``;
+    ``log_probs`` (default ``rollout.calculate_log_probs``): the engines return each sampled token's log-prob."""
     src = rollout_config.val_kwargs if validate else rollout_config
     return {
         "temperature": float(src.temperature),
         "top_p": float(src.top_p),
         "top_k": int(src.top_k),
         "do_sample": bool(src.do_sample),
-        "logprobs": bool(rollout_config.calculate_log_probs),
+        "logprobs": bool(rollout_config.calculate_log_probs) if log_probs is None else bool(log_probs),
         "ignore_eos": bool(rollout_config.ignore_eos),
     }
+
+
+def wants_log_probs(config, validate: bool = False) -> bool:
+    """Training trajectories carry the rollout's log-probs with ``rollout.calculate_log_probs`` and whenever the
+    drift detector compares them with the trainer's (``trainer.drift.enable``, on by default: a cheap gather of
+    the sampled tokens' log-probs in the engine); they are pi_old only as the step plan decides."""
+    rollout = config.actor_rollout_ref.rollout
+    return bool(rollout.calculate_log_probs) or (not validate and bool(config.trainer.drift.enable))
 
 
 class AgentLoopWorker:
@@ -109,7 +118,7 @@ class AgentLoopWorker:
     async def run_trajectories(self, batch: DataProto) -> list[tuple[AgentLoopOutput, dict[str, float]]]:
         """Run every row's agent loop concurrently; ``(output, per-trajectory metrics)`` in row order."""
         validate = bool(batch.meta_info.get("validate", False))
-        params = sampling_dict(self.rollout_config, validate)
+        params = sampling_dict(self.rollout_config, validate, wants_log_probs(self.config, validate))
         default_agent = default_agent_loop(self.rollout_config)
         rows = [{k: v[i] for k, v in batch.non_tensor_batch.items()} for i in range(len(batch))]
         score = self.scorer is not None and not validate
@@ -171,7 +180,7 @@ class AgentLoopWorker:
         # One masked token gives the reward a place to sit; response_mask 0 keeps it out of every loss.
         images = row_images(row) if self.processor is not None and row.get("raw_prompt_ids") else []
         return AgentLoopOutput(prompt_ids=prompt, response_ids=[eos], response_mask=[0],
-                               response_logprobs=[0.0] if self.rollout_config.calculate_log_probs else None,
+                               response_logprobs=[0.0] if wants_log_probs(self.config) else None,
                                multi_modal_data={"image": images} if images else None,  # the prompt's image tokens
                                num_turns=0, extra_fields={"agent_error": error})
 

@@ -50,5 +50,7 @@ class SingleTurnAgentLoop(AgentLoopBase):
             multi_modal_data={"image": images} if images else None,
             num_turns=2,
             metrics=metrics,
-            extra_fields={"finish_reason": output.finish_reason, "turn_scores": [], "tool_rewards": []},
+            extra_fields={"finish_reason": output.finish_reason, "turn_scores": [], "tool_rewards": [],
+                          # a partial rollout: tokens per weight version (the trainer's token_versions)
+                          **({"weight_segments": list(output.weight_segments)} if output.weight_segments else {})},
         )

@@ -163,6 +163,18 @@ class PrometheusConfig:
 
 
 @dataclass(**KW)
+class DriftConfig:
+    """``trainer.drift``: the rollout vs trainer log-prob drift check and the engines' weight digests
+    (hybridflow.trainer.drift, docs/drift.md)."""
+
+    enable: bool
+    action: str  # stop | warn
+    warn: Optional[float]  # null: the measured level of the run's engine x dtype
+    stop: Optional[float]
+    check_weights: bool
+
+
+@dataclass(**KW)
 class TrainerConfig(TrainerRecipeKeys):
     backend: str
     device: str
@@ -200,6 +212,7 @@ class TrainerConfig(TrainerRecipeKeys):
     import_modules: list  # user modules (dotted or .py) imported in every process: they register extensions
     use_v1: bool  # verl 0.9's V1 trainer (hybridflow.config.v1); false = the same synchronous trainer as sync
     v1: dict  # verl 0.9's trainer.v1 node, read and checked by hybridflow.config.v1
+    drift: DriftConfig  # hybridflow-only: the drift detector and weight digests (docs/drift.md)
 
 
 @dataclass(**KW)

@@ -327,7 +327,7 @@ class RolloutConfig:
     enforce_eager: bool
     cudagraph_capture_sizes: Optional[list]
     free_cache_engine: bool
-    tensor_model_parallel_size: int
+    tensor_model_parallel_size: Optional[int]  # null: the engine's default (vllm / sglang 2 as in verl, hf 1)
     data_parallel_size: int
     expert_parallel_size: int
     moe_tensor_parallel_size: int = 1  # TensorRT-LLM's; inert here (key_policy)

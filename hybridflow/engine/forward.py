@@ -468,19 +468,25 @@ def last_token_scores(module: nn.Module, input_ids, attention_mask, position_ids
 def token_outputs_pass(module: nn.Module, response_length: int, temperature: float = 1.0,
                        calculate_entropy: bool = False, entropy_grad: bool = True, use_remove_padding: bool = True,
                        calculate_sum_pi_squared: bool = False, use_torch_compile: bool = False,
-                       entropy_checkpointing: bool = False) -> PipelinePass:
+                       entropy_checkpointing: bool = False,
+                       sequence_parallel: SequenceParallel | None = None) -> PipelinePass:
     """The head of :func:`response_token_outputs` for passes through pipeline stages (``TrainEngine.forward_passes``
-    / ``backward_passes``): the same head, the same layout choice (:func:`use_packed_layout`)."""
+    / ``backward_passes``): the same head, the same layout choice (:func:`use_packed_layout`, or the Ulysses row
+    under sequence parallelism)."""
     kinds = ("log_probs",) + (("entropy",) if calculate_entropy else ()) + (
         ("sum_pi_squared",) if calculate_sum_pi_squared else ())
     head = _lm_head(float(temperature), calculate_entropy, entropy_grad, calculate_sum_pi_squared, use_torch_compile,
                     entropy_checkpointing)
     device = next(module.parameters()).device
-    return PipelinePass(head, kinds, int(response_length), packed=use_packed_layout(module, device, use_remove_padding))
+    sp = sequence_parallel if sequence_parallel is not None and sequence_parallel.size > 1 else None
+    return PipelinePass(head, kinds, int(response_length), packed=use_packed_layout(module, device, use_remove_padding),
+                        sequence_parallel=sp)
 
 
-def values_pass(module: nn.Module, response_length: int, use_remove_padding: bool = False) -> PipelinePass:
+def values_pass(module: nn.Module, response_length: int, use_remove_padding: bool = False,
+                sequence_parallel: SequenceParallel | None = None) -> PipelinePass:
     """The head of :func:`response_values` for passes through pipeline stages."""
     device = next(module.parameters()).device
+    sp = sequence_parallel if sequence_parallel is not None and sequence_parallel.size > 1 else None
     return PipelinePass(_token_value_head, ("values",), int(response_length),
-                        packed=use_packed_layout(module, device, use_remove_padding))
+                        packed=use_packed_layout(module, device, use_remove_padding), sequence_parallel=sp)

@@ -15,6 +15,10 @@ largest bucket, seconds, and the rise of the process's peak resident memory duri
 ``VmHWM``, reset before it starts).
 ``benchmarks/bench_reshard.py`` measures it against the full gather.
 
+This path gathers every tensor whole on every rank: the engine it feeds holds a full replica.  The sharded ``hf``
+engine (``actor_rollout_ref.rollout.tensor_model_parallel_size > 1``) is fed by :mod:`hybridflow.engine.shard_switch`
+instead, where each rank receives only the slices of its rollout shard.
+
 A LoRA actor (a peft model) is sent one of two ways, as the engine loads it (``lora``):
 
 * ``"merge"`` -- the base weights with the adapters merged in (``W + scaling B A``, from the gathered ``W``, ``A``
@@ -25,6 +29,7 @@ A LoRA actor (a peft model) is sent one of two ways, as the engine loads it (``l
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable, Iterator
 
@@ -33,7 +38,8 @@ from torch import nn
 
 from hybridflow.engine.transfer_stats import TransferStats
 
-__all__ = ["distinct_state_items", "gathered_buckets", "pipeline_full_tensors", "peak_rss_bytes", "reset_peak_rss", "reshard_in_buckets"]
+__all__ = ["distinct_state_items", "gathered_buckets", "measure_transition", "peak_rss_bytes", "pipeline_full_tensors",
+           "reset_peak_rss", "reshard_in_buckets"]
 
 Bucket = list[tuple[str, torch.Tensor]]
 
@@ -208,6 +214,28 @@ def gathered_buckets(module: nn.Module, bucket_bytes: int, device: torch.device 
         yield bucket
 
 
+@contextlib.contextmanager
+def measure_transition(stats: TransferStats) -> Iterator[None]:
+    """Time the block into ``stats.seconds`` and record the rise of the peak memory during it: resident memory
+    (``peak_rss_rise_bytes``, Linux) and, on CUDA, the device's peak allocation (``peak_device_bytes``)."""
+    measured = reset_peak_rss()
+    before = _rss_bytes() if measured else None
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        stats.seconds = time.perf_counter() - start
+        peak = peak_rss_bytes() if measured else None
+        if peak is not None and before is not None:
+            stats.peak_rss_rise_bytes = max(0, peak - before)
+        stats.peak_rss_bytes = peak
+        if cuda:
+            stats.peak_device_bytes = int(torch.cuda.max_memory_allocated())
+
+
 def reshard_in_buckets(module: nn.Module, load: Callable[[Bucket], object], bucket_bytes: int,
                        device: torch.device | str = "cpu", lora: str = "merge",
                        group_of: Callable[[str], object] | None = None, pipeline_group=None,
@@ -215,17 +243,10 @@ def reshard_in_buckets(module: nn.Module, load: Callable[[Bucket], object], buck
     """Gather ``module`` bucket by bucket and ``load`` each (copy it into the rollout engine's weights); returns the
     stats of the transition.  Collective: every rank calls it with the same module layout."""
     stats = TransferStats()
-    measured = reset_peak_rss()
-    before = _rss_bytes() if measured else None
-    start = time.perf_counter()
-    with torch.no_grad():
+    with measure_transition(stats), torch.no_grad():
         for bucket in gathered_buckets(module, bucket_bytes, device, stats, lora, group_of, pipeline_group,
                                        tied_head):
             load(bucket)
             stats.buckets += 1
             del bucket
-    stats.seconds = time.perf_counter() - start
-    peak = peak_rss_bytes() if measured else None
-    if peak is not None and before is not None:
-        stats.peak_rss_rise_bytes = max(0, peak - before)
     return stats

@@ -33,9 +33,12 @@ class TransferStats:
     tensors_total: int = 0  # tensors a full transfer moves (a delta sync leaves the unchanged ones out)
     bytes_total: int = 0
     buckets: int = 0
+    received_bytes: int = 0  # bytes that arrived from other ranks (the switch to a sharded rollout)
     max_bucket_bytes: int = 0
     seconds: float = 0.0
     peak_rss_rise_bytes: int | None = None  # rise of the process's peak resident memory (Linux), when measured
+    peak_rss_bytes: int | None = None  # the process's peak resident memory during the transfer (Linux)
+    peak_device_bytes: int | None = None  # CUDA: the device's peak allocation during the transfer
 
     @property
     def skipped(self) -> int:
@@ -58,6 +61,17 @@ class TransferStats:
         """``update_weights/{tensors,bytes,buckets,max_bucket_bytes,peak_rss_rise_bytes}`` (the last when measured)."""
         values = asdict(self)
         return {f"{prefix}/{k}": float(values[k]) for k in _UPDATE_WEIGHTS_KEYS if values[k] is not None}
+
+    def memory_metrics(self) -> dict[str, float]:
+        """``perf/max_memory_{rss,allocated}_update_weights_gb``: the peak memory of the process (resident) and of the
+        device (CUDA) while the weights moved, where measured."""
+        gib = float(1 << 30)
+        out = {}
+        if self.peak_rss_bytes is not None:
+            out["perf/max_memory_rss_update_weights_gb"] = self.peak_rss_bytes / gib
+        if self.peak_device_bytes is not None:
+            out["perf/max_memory_allocated_update_weights_gb"] = self.peak_device_bytes / gib
+        return out
 
     def weight_sync_metrics(self) -> dict[str, float]:
         """``weight_sync/{bytes_sent,bytes_total,tensors_sent,skipped,skipped_bytes}`` of a (delta) sync."""

@@ -54,7 +54,7 @@ from hybridflow.engine.ulysses import (
     make_ulysses_attention,
 )
 
-__all__ = ["SequenceParallel", "UlyssesPlan", "install_ulysses_attention", "sequence_parallel_outputs"]
+__all__ = ["SequenceParallel", "UlyssesPlan", "install_ulysses_attention", "sequence_parallel_outputs", "ulysses_pass"]
 
 _VARLEN = ("flash_attention_2", "flash_attention_3")
 _SUPPORTED = ("sdpa",) + _VARLEN
@@ -192,6 +192,17 @@ def _split_decoder_inputs(module: nn.Module, batch: UlyssesBatch, rank: int) -> 
     finally:
         _FORWARD_ACTIVE.reset(token)
         handle.remove()
+
+
+@contextlib.contextmanager
+def ulysses_pass(batch: UlyssesBatch) -> Iterator[dict[str, Any]]:
+    """A pipeline stage's call on its slice of a packed row (already cut): the Ulysses attention on and the
+    keyword argument that carries the row's layout to it (what :func:`_split_decoder_inputs` adds by hook)."""
+    token = _FORWARD_ACTIVE.set(True)
+    try:
+        yield {ULYSSES_KWARG: batch}
+    finally:
+        _FORWARD_ACTIVE.reset(token)
 
 
 def sequence_parallel_outputs(module: nn.Module, input_ids, attention_mask, position_ids, head_fn, first_col: int,

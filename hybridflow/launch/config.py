@@ -29,6 +29,7 @@ from hybridflow.config.checks import Check, RunContext, check_plan, run_checks
 from hybridflow.config.checks.algorithms import check_group_size, check_rollout_correction
 from hybridflow.config.checks.batch import check_batch_sizes, check_legacy_micro
 from hybridflow.config.checks.distillation import check_distillation
+from hybridflow.config.checks.drift import check_drift
 from hybridflow.config.checks.exact import check_exact_log_probs
 from hybridflow.config.checks.extensions import check_import_modules
 from hybridflow.config.checks.judge import check_judge
@@ -80,6 +81,7 @@ CONFIG_CHECKS: tuple[Check, ...] = (
     Check("algorithms", check_algorithms),              # estimator / policy-loss names (registries)
     Check("rollout_correction", check_rollout_correction),
     Check("exact_log_probs", check_exact_log_probs),    # rollout.exact_log_probs: hf, calculate_log_probs, sp=1
+    Check("drift", check_drift),                        # trainer.drift.*: levels and action of the drift detector
     Check("recipes", check_recipes),                    # SPIN / SPPO / PRIME keys (PRIME sets data.gen_batch_size)
     Check("distillation", check_distillation),          # teachers, their pools and the distillation loss
     Check("reward_manager", check_reward_manager),      # manager name (registry) or importlib source

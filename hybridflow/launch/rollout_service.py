@@ -107,4 +107,5 @@ def start_standalone_fleet(config, actor_group: Any, use_gpu: bool, closers: lis
         bucket_bytes=bucket_bytes, overlap=overlap, timeout_s=float(config.actor_rollout_ref.nccl_timeout),
         keep_awake=generates_beside_training(config), seed=int(rc.seed),
         delta=bool((rc.checkpoint_engine.engine_kwargs or {}).get("delta", True)),
+        check_weights=bool(config.trainer.drift.check_weights),
     )

@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hybridflow.quickstart.addition import SCORER_FILE, LiveLogger, grpo_overrides, held_out_rows, prepare_output
+from hybridflow.quickstart.addition import LiveLogger, grpo_overrides, held_out_rows, prepare_output
 
 TASK = "multiplication"
 VAL_KEY = f"val-core/synthetic/{TASK}/reward/mean@1"

@@ -24,7 +24,6 @@ Measured numbers are in docs/vision.md.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import random
@@ -33,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hybridflow.quickstart.addition import SCORER_FILE, LiveLogger, grpo_overrides, prepare_output
+from hybridflow.quickstart.addition import LiveLogger, grpo_overrides, prepare_output
 
 TASK = "shape_color"
 DATA_SOURCE = f"synthetic/vision_{TASK}"

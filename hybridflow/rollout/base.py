@@ -65,13 +65,15 @@ class TokenOutput:
     ``finish_reason`` is ``"stop"`` (a stop/EOS token was emitted; it is the last entry of
     ``token_ids``), ``"length"`` (``max_tokens`` reached), as in vLLM/OpenAI, or ``"abort"`` (the request
     was interrupted by :meth:`RolloutEngine.abort_all`; ``token_ids`` holds what was generated so far).  ``log_probs`` holds one
-    value per token when the request asked for them, else ``None``.
+    value per token when the request asked for them, else ``None``.  ``weight_segments``: set when a request was
+    continued after a weight sync (partial rollout) -- how many of its tokens each weight version generated.
     """
 
     request_id: str
     token_ids: list[int]
     log_probs: list[float] | None
     finish_reason: str
+    weight_segments: list[int] | None = None  # a partial rollout: tokens per weight version, in order
 
 
 class RolloutEngine(ABC):
@@ -125,6 +127,12 @@ class RolloutEngine(ABC):
     @abstractmethod
     def reseed(self, seed: int) -> None:
         """Restart the sampling random stream (same seed + same requests => same samples)."""
+
+    def weight_tensors(self, names: Sequence[str]) -> dict[str, torch.Tensor] | None:
+        """The engine's own tensors of ``names`` (full, as it holds them), for the weight digest that checks it
+        holds the trainer's weights (:mod:`hybridflow.rollout.weights.digest`); ``None``: this engine cannot show
+        them (its weights live in another process), and the check says so instead of passing."""
+        return None
 
     def progress(self) -> tuple[int, str]:
         """``(counter, doing)`` for the server's stall watchdog, read from another thread (must not block):

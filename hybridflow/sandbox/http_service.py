@@ -42,7 +42,12 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from hybridflow.sandbox.http_connections import ConnectionTable, drop, http_answer
-from hybridflow.sandbox.http_handler import MAX_BODY_BYTES, TOKEN_ENV, make_handler, sandbox_error
+from hybridflow.sandbox.http_handler import (  # noqa: F401 (MAX_BODY_BYTES is re-exported)
+    MAX_BODY_BYTES,
+    TOKEN_ENV,
+    make_handler,
+    sandbox_error,
+)
 from hybridflow.sandbox.limits import SandboxConfig, SandboxResult
 from hybridflow.sandbox.modes import SandboxUnavailable, resolve_isolation
 from hybridflow.sandbox.run import run_python

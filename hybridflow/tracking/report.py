@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hybridflow.tracking.loggers import flatten_dict
+from hybridflow.tracking.report_trust import trust_html
 from hybridflow.tracking.units import is_duration
 
 __all__ = ["write_report", "render_report", "load_history", "load_samples", "PLOT_PANELS", "panel_figure"]
@@ -254,6 +255,7 @@ def render_report(
             parts.append(f"<img alt='{html.escape(panel_title)}' src='data:image/png;base64,{png}'>")
             drawn += 1
     parts.append("</div>" if drawn else "</div><p>No plottable metrics were logged.</p>")
+    parts.append(trust_html(history, _plot_png, _panel_keys))  # the drift and weight-version panels
     rows = [
         [html.escape(k), html.escape(str(step)), html.escape(_fmt(v))]
         for k, (step, v) in _last_metrics(history).items()

@@ -30,6 +30,10 @@ class ActorWeightSource:
     def commit(self, verified: bool) -> None:
         self.group.commit_rollout_weights(verified)
 
+    def digest(self, names: list[str] | None = None) -> dict:
+        """``{"names", "digest"}`` of the actor's current weights (every rank computes it; rank 0's is returned)."""
+        return self.group.actor_weights_digest(names)[0]
+
 
 class ActorWeightExport:
     """The actor's weights for standalone vLLM servers, as a delta taken on the actor's rank 0 (unchanged

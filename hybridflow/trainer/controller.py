@@ -26,8 +26,10 @@ from hybridflow.config.plan import StepPlan, plan_step
 from hybridflow.trainer import run_checkpoint as ckpt
 from hybridflow.trainer.async_reward import AsyncRewardScorer
 from hybridflow.trainer.controller_checkpoint import load_run, save_run
+from hybridflow.trainer.drift import DriftMonitor
 from hybridflow.trainer.hooks import Hooks, hooks_for
 from hybridflow.trainer.modes import BatchSource, mode_for
+from hybridflow.trainer.resume_guard import check_finished, check_restored
 from hybridflow.trainer.stages import WorkerGroups
 from hybridflow.trainer.step_failures import StepFailedError
 from hybridflow.trainer.step_log import StepLog
@@ -111,6 +113,7 @@ class RLController:
         # reward_model.launch_reward_fn_async: the reward function scores in the background during the log-prob,
         # reference and value passes (the config refuses it where scores are needed earlier)
         self.async_reward = AsyncRewardScorer(reward_fn) if config.reward_model.launch_reward_fn_async else None
+        self.drift = DriftMonitor.from_config(config)  # trainer.drift: rollout vs trainer log-probs, every step
         self.validator = None
         if val_dataloader is not None:
             tcfg = config.trainer
@@ -129,12 +132,14 @@ class RLController:
         resumed = load_run(self)
         finished = False  # the report is written for a run that ended or stopped on a failed step, not a crash
         try:
+            start = check_restored(self, resumed)  # resumed to step 0 with checkpoints there: an error
             self.mode.start(self, resumed)
             validate_only = self.validator is not None and tcfg.val_before_train and tcfg.val_only
             if self.validator is not None and tcfg.val_before_train:
                 self.validate()
             if not validate_only:
-                self._loop(self._prompt_stream(), should_stop)
+                ran_out, stopped = self._loop(self._prompt_stream(), should_stop)
+                check_finished(self, start, ran_out, stopped)  # no data left early / a resume that trained nothing
             finished = True
         except StepFailedError as e:
             self._error, finished = str(e), True
@@ -146,7 +151,8 @@ class RLController:
                 self._finish()
         return self.history
 
-    def _loop(self, prompts: Iterator[dict[str, Any]], should_stop: Callable[[], bool] | None) -> None:
+    def _loop(self, prompts: Iterator[dict[str, Any]], should_stop: Callable[[], bool] | None) -> tuple[bool, bool]:
+        """Step until the run's length; returns ``(the data ran out, should_stop ended it)``."""
         while self.global_steps < self.total_training_steps:
             try:
                 metrics = self.mode.step(self, prompts)
@@ -154,12 +160,14 @@ class RLController:
                 self._stopped(e)
                 raise
             if metrics is None:
-                return  # data exhausted (total_epochs reached)
+                return True, False  # data exhausted (total_epochs reached)
             self.global_steps += 1
-            last = self.global_steps >= self.total_training_steps or (should_stop is not None and should_stop())
+            stop = should_stop is not None and should_stop()
+            last = self.global_steps >= self.total_training_steps or stop
             self._after_step(metrics, last)
             if last:
-                return
+                return False, stop
+        return False, False
 
     def _after_step(self, metrics: dict[str, float], last: bool) -> None:
         """Validation and checkpoint if due (``timing_s/testing``, ``timing_s/save_checkpoint``), then the log."""
@@ -185,6 +193,8 @@ class RLController:
             for batch_dict in self.train_dataloader:
                 produced = True
                 self.epoch = self._loader_epoch()
+                if self.epoch >= self.config.trainer.total_epochs:  # a loader resumed at an epoch's end rolled over
+                    return  # into one more epoch than the run has: the uninterrupted run would have stopped
                 yield batch_dict
             if not produced:
                 return

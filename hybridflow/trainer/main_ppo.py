@@ -83,9 +83,11 @@ def _train_with_exit_code(cfg) -> int:
               "from it (trainer.resume_mode=auto)", file=sys.stderr)
         return EXIT_ROLLOUT_FAILED
     except StepFailedError as e:  # too much of a step failed: the counts and the first error, not a traceback
-        print(f"hybridflow: {e}\nhybridflow: the failure counts of the step are in the metrics log and the run report; "
-              f"raise trainer.tolerated_failure_fraction (now {cfg.trainer.tolerated_failure_fraction:g}) only if "
-              "partial failures are expected", file=sys.stderr)
+        hint = getattr(e, "hint", None) or (  # e.g. the drift detector's (trainer/drift.py)
+            "the failure counts of the step are in the metrics log and the run report; raise "
+            f"trainer.tolerated_failure_fraction (now {cfg.trainer.tolerated_failure_fraction:g}) only if partial "
+            "failures are expected")
+        print(f"hybridflow: {e}\nhybridflow: {hint}", file=sys.stderr)
         return EXIT_TRAINING_FAILED
     return interrupt.exit_code
 

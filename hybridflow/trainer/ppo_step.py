@@ -4,7 +4,8 @@ Every mode (``trainer/modes/``) gets its batch its own way, then trains it with 
 
     generate_and_score  prompts -> rollout -> (ReMax greedy baseline) -> reward
     collect             generate_and_score, round after round while DAPO's group filter needs more groups
-    train               old log-prob (or none: pi_old from the rollout or the update) -> reference -> hooks'
+    train               old log-prob (or none: pi_old from the rollout or the update) -> reference -> the drift
+                        check (trainer/drift.py) -> hooks'
                         extra scores (distillation teachers) -> values -> (background reward) -> hooks
                         (PRIME's PRM) -> advantage -> rollout correction -> update critic -> update actor ->
                         the mode's weight-sync policy
@@ -29,6 +30,7 @@ from hybridflow.tracking.metrics import (
     compute_timing_metrics,
 )
 from hybridflow.trainer import stages
+from hybridflow.trainer.asynchronous.staleness import tag_versions
 from hybridflow.trainer.balance import balance_batch
 from hybridflow.trainer.dynamic_sampling import GroupFilterAccumulator, zero_variance_fraction
 from hybridflow.trainer.rollout_correction_stage import apply_rollout_correction, correction_enabled
@@ -40,6 +42,7 @@ from hybridflow.trainer.step_failures import (
     trajectory_failures,
 )
 from hybridflow.trainer.step_log import StepLog
+from hybridflow.trainer.weight_sync import PushAfterUpdate
 
 if TYPE_CHECKING:
     from hybridflow.trainer.run_view import Run
@@ -87,6 +90,10 @@ def generate_and_score(run: Run, prompts: DataProto, log: StepLog, step: int | N
     log.update(gen_metrics)
     log.timing.update(batch.meta_info.pop("gen_timing", {}))  # verl's agent_loop/* timings
     check_generation(run, batch, gen_metrics, log)
+    version = getattr(run.weights, "version", None)
+    if isinstance(run.weights, PushAfterUpdate) and version is not None:  # synchronous: every token of this version
+        tag_versions(batch, version, version)
+        log.metrics["weights/version"] = float(version)
     if plan.remax_baseline:
         with log.timed("gen_max"):
             baselines = stages.generate_remax_baseline(run.groups, baseline_prompts, run.reward_fn)
@@ -134,6 +141,8 @@ def train(run: Run, batch: DataProto, log: StepLog) -> DataProto:
         refresh_reference_if_due(run, log)
         with log.timed("ref"):
             stages.compute_ref_log_prob(groups, batch)
+    if run.drift is not None:  # rollout vs trainer log-probs (trainer/drift.py): flag, name, stop -- before the update
+        run.drift.check(run, batch, log)
     run.hooks.after_log_probs(run, batch, log)
     if plan.use_critic:
         with log.timed("values"):

@@ -28,6 +28,7 @@ class Run(Protocol):
     async_reward: Any  # AsyncRewardScorer or None
     kl_ctrl: Any
     validator: Any  # trainer.validation.Validator or None
+    drift: Any  # trainer.drift.DriftMonitor, or None with trainer.drift.enable=false
     history: Any  # trainer.controller.RunHistory
     flops_counters: dict
     global_steps: int

@@ -21,7 +21,7 @@ from hybridflow.trainer.step_log import StepLog
 if TYPE_CHECKING:
     from hybridflow.trainer.run_view import Run
 
-__all__ = ["PushAfterUpdate", "PushBeforeGeneration", "VersionedPush", "first_sync", "push"]
+__all__ = ["PushAfterUpdate", "PushBeforeGeneration", "VersionedPush", "digest_metrics", "first_sync", "push"]
 
 
 def push(run: Run, log: StepLog) -> None:
@@ -31,6 +31,18 @@ def push(run: Run, log: StepLog) -> None:
     if moved is not None:
         log.timing["update_weights"] = log.timing.get("update_weights", 0.0) + moved
         log.update(stages.weight_sync_metrics(run.groups))
+        log.update(digest_metrics(run))
+
+
+def digest_metrics(run: Run) -> dict[str, float]:
+    """``weights/digest_verified`` / ``_unverified``: the engines whose weight digest matched the trainer's at the
+    last check (a mismatch already raised, naming the engine), and those that cannot show their weights."""
+    read = getattr(run.groups.rollout.fleet, "weight_facts", None)
+    facts = read() if callable(read) else []
+    if not facts:
+        return {}
+    return {"weights/digest_verified": float(sum(f.get("match") is True for f in facts)),
+            "weights/digest_unverified": float(sum(f.get("match") is None for f in facts))}
 
 
 def first_sync(run: Run, resumed: bool) -> None:
@@ -41,13 +53,19 @@ def first_sync(run: Run, resumed: bool) -> None:
 
 
 class PushAfterUpdate:
-    """After every actor update (synchronous modes)."""
+    """After every actor update (synchronous modes); ``version``: the actor updates the rollout holds."""
+
+    def __init__(self):
+        self.version = 0
 
     def start(self, run: Run, resumed: bool) -> None:
+        # a resumed run: one update per step after the critic warm-up
+        self.version = max(0, int(run.global_steps) - int(run.plan.critic_warmup))
         first_sync(run, resumed)
 
     def after_update(self, run: Run, log: StepLog) -> None:
         push(run, log)
+        self.version += 1
 
 
 class PushBeforeGeneration:
@@ -69,6 +87,7 @@ class PushBeforeGeneration:
             with log.timed("update_weights"):
                 stages.sync_rollout_weights(run.groups)
             log.update(stages.weight_sync_metrics(run.groups))
+            log.update(digest_metrics(run))
             self.pushed = self.updates
 
     def resumed_at(self, updates: int) -> None:

@@ -51,6 +51,7 @@ from hybridflow.engine.forward import response_log_probs, response_token_outputs
 from hybridflow.engine.moe import MoEUpdateTracker
 from hybridflow.engine.topk_outputs import response_outputs_at
 from hybridflow.engine.train_engine import TrainEngine
+from hybridflow.engine.vision import merge_multi_modal_inputs
 from hybridflow.protocol import DataProto
 from hybridflow.workers.micro_batching import (
     MicroBatchSpec,
@@ -82,6 +83,13 @@ def _model_inputs(data: DataProto, batch_keys: list[str]) -> DataProto:
 
 class NonFiniteGradientError(RuntimeError):
     """Too many consecutive optimizer steps were skipped because gradients were inf/nan."""
+
+
+def _pixel_inputs(micro_batches: list[DataProto], device) -> list[dict[str, torch.Tensor]] | None:
+    """Each micro-batch's merged pixel inputs for a pass through pipeline stages (``None``: a text batch)."""
+    if not micro_batches or _MULTI_MODAL_KEY not in micro_batches[0].non_tensor_batch:
+        return None
+    return [merge_multi_modal_inputs(mb.non_tensor_batch.get(_MULTI_MODAL_KEY), device) for mb in micro_batches]
 
 
 def compute_token_outputs(
@@ -119,7 +127,9 @@ def compute_token_outputs(
     module.eval()
     with torch.no_grad(), engine.on_device(), engine.autocast():
         pipeline_pass = token_outputs_pass(module, data.batch["responses"].shape[-1], temperature, calculate_entropy,
-                                           False, use_remove_padding, calculate_sum_pi_squared, use_torch_compile)
+                                           False, use_remove_padding, calculate_sum_pi_squared, use_torch_compile,
+                                           sequence_parallel=engine.sequence_parallel)
+        pipeline_pass.multi_modal = _pixel_inputs(micro_batches, engine.device)
         for outs in engine.forward_passes(batches, pipeline_pass, run_one):
             for key, value in outs.items():
                 pieces.setdefault(key, []).append(value.float().cpu())
@@ -213,7 +223,10 @@ class PPOActor:
                 "(or enable actor_rollout_ref.actor.use_dynamic_bsz with ppo_max_token_len_per_gpu)"
             )
         self._skipped_in_a_row = 0
-        self.moe = MoEUpdateTracker.of(engine.module)  # MoE: expert-load metrics, the optional router aux loss
+        # MoE: expert-load metrics, the optional router aux loss (not with pipeline stages: each rank holds some of the
+        # routers and the aux loss of a stage's routers would have to reach the last stage's loss -- refused at
+        # config time, see config/checks/megatron.py)
+        self.moe = MoEUpdateTracker.of(engine.module) if engine.pipeline is None else None
 
     # ------------------------------------------------------------------ log-probs
     def compute_log_prob(
@@ -332,7 +345,9 @@ class PPOActor:
                 acc.observe(pg_metrics)
             return term
 
-        self.engine.backward_passes(batches, self._update_pass(mini_batch, temperature, setup), run_one, loss)
+        pipeline_pass = self._update_pass(mini_batch, temperature, setup)
+        pipeline_pass.multi_modal = _pixel_inputs(micro_batches, self.engine.device)
+        self.engine.backward_passes(batches, pipeline_pass, run_one, loss)
         step = self.engine.optimizer_step(self.config.grad_clip)
         self._track_skips(step.stepped, step.grad_norm)
         probs_diff = diff_sums if at_pi_old and "rollout_log_probs" in mini_batch.batch else None
@@ -357,7 +372,8 @@ class PPOActor:
             return token_outputs_pass(self.engine.module, mini_batch.batch["responses"].shape[-1], temperature,
                                       setup.want_entropy, setup.entropy_in_loss, self.use_remove_padding,
                                       use_torch_compile=bool(cfg.use_torch_compile),
-                                      entropy_checkpointing=bool(cfg.entropy_checkpointing))
+                                      entropy_checkpointing=bool(cfg.entropy_checkpointing),
+                                      sequence_parallel=self.engine.sequence_parallel)
 
     def _micro_batch_forward(self, b, mb: DataProto, temperature: float, setup: _LossSetup):
         """(response log-probs, entropies or ``None``, the MoE routing record or ``None``) of one micro-batch."""

@@ -188,6 +188,13 @@ class ActorRolloutRefWorker(Worker):
             module = self._load_policy_module(self.config.actor.fsdp_config, trainable=False)
             self.actor_engine = TrainEngine(module, self.config.actor.fsdp_config, None, role="rollout")
         name = f"{self.role}/rank{self.rank}"
+        if rc.name == "hf" and int(rc.tensor_model_parallel_size) > 1 and self.world_size > 1:
+            from hybridflow.workers.sharded_rollout import build_sharded_rollout  # the model split over k ranks
+
+            self.rollout = build_sharded_rollout(self.actor_engine, self.actor_engine.module.config, self.tokenizer,
+                                                 rc, name, self._lora, float(self.config.nccl_timeout))
+            self.rollout.sync_weights()
+            return
         # an actor split by tensor / expert parallelism cannot generate with its own module (its layers run over
         # several ranks): the hf engine gets a module of its own; it and vLLM are filled bucket by bucket after
         # every update, each rank gathering one bucket of the split weights at a time
@@ -263,6 +270,25 @@ class ActorRolloutRefWorker(Worker):
         if seconds is None or not host.last_sync:
             return seconds
         return {"seconds": seconds, **host.last_sync}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_weight_fact(self) -> dict[str, Any]:
+        """The last weight-digest check of this rank's engine (``RolloutHost.weight_fact``)."""
+        return dict(self._rollout_host().weight_fact)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def actor_weights_digest(self, names: list[str] | None = None) -> dict[str, Any]:
+        """``{"names", "digest"}`` of the actor's current weights (:mod:`hybridflow.rollout.weights.digest`; the
+        sampled tensors of a sharded actor are gathered: every rank takes part, each returns the same)."""
+        from hybridflow.engine.reshard import distinct_state_items
+        from hybridflow.rollout.weights.digest import digest_names, weights_digest
+
+        if self.actor_engine is None:
+            raise RuntimeError(f"actor_weights_digest needs a role with 'actor' (this worker is {self.role!r})")
+        state = dict(distinct_state_items(self.actor_engine.module))
+        names = list(names) if names is not None else digest_names(
+            k for k, v in state.items() if torch.is_floating_point(v))
+        return {"names": names, "digest": weights_digest(state, names)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def abort_rollout(self) -> None:

@@ -77,7 +77,8 @@ class PPOCritic:
                                           sequence_parallel=self.engine.sequence_parallel)}
 
     def _values_pass(self, data: DataProto):
-        return values_pass(self.engine.module, data.batch["responses"].shape[-1], self.use_remove_padding)
+        return values_pass(self.engine.module, data.batch["responses"].shape[-1], self.use_remove_padding,
+                           sequence_parallel=self.engine.sequence_parallel)
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         cfg = self.config

@@ -21,6 +21,12 @@ to an actor split by tensor / expert parallelism) streams them instead: each ran
 bucket at a time and loads each bucket into the engine (``engine/reshard.py``), never holding a second full copy;
 a bucket whose tensors the engine already holds is not loaded (delta, per bucket); the transition's stats (bytes,
 buckets, peak memory rise, ``weight_sync/*``) are kept in :attr:`RolloutHost.last_sync`.
+
+Weight versions are facts (:mod:`hybridflow.rollout.weights.digest`): an engine with its own copy is checked by
+digest after every sync (it must hold the actor's weights) and every wake-up (it must still hold what the last
+sync loaded); a mismatch raises :class:`WeightMismatchError` naming the engine.  :attr:`RolloutHost.weight_fact`
+is the last check (``engine``, ``when``, ``held``, ``expected``, ``match``: None when the engine cannot show its
+weights or shares the actor's module).
 """
 
 from __future__ import annotations
@@ -29,14 +35,20 @@ import contextlib
 import time
 from typing import Any, Iterator, Sequence
 
+import torch
+
 from hybridflow.engine.forward import eval_mode
 from hybridflow.engine.train_engine import TrainEngine
-from hybridflow.rollout.base import RolloutEngine, TokenOutput
+from hybridflow.rollout.base import EngineError, RolloutEngine, TokenOutput
 from hybridflow.rollout.service.replica import RolloutReplica, replica_for_server
 from hybridflow.rollout.service.interruptible_server import InterruptibleRolloutServer
 from hybridflow.rollout.service.server import GenerateRequest
 
-__all__ = ["RolloutHost"]
+__all__ = ["RolloutHost", "WeightMismatchError"]
+
+
+class WeightMismatchError(EngineError):
+    """A rollout engine does not hold the weights it should (the message names the engine and the digests)."""
 
 
 class RolloutHost:
@@ -60,6 +72,9 @@ class RolloutHost:
         self.bucket_bytes = bucket_bytes
         self.server = InterruptibleRolloutServer(engine, name=name, stall_timeout_s=stall_timeout_s)
         self._awake: contextlib.ExitStack | None = None
+        self.weight_fact: dict[str, Any] = {"engine": name, "when": "start", "match": None,
+                                            "why": "shares the actor's module" if shares_weights else "not synced yet"}
+        self._synced: tuple[list[str], str] | None = None  # (names, digest) the last verified sync loaded
 
     # ------------------------------------------------------------------ data plane
     def replica(self, host_role: str | None) -> RolloutReplica:
@@ -87,6 +102,7 @@ class RolloutHost:
                     self.engine.reseed(seed)
 
             self.server.call(wake_up, what="wake_up")
+            self._check_after_wake()
         except BaseException:
             stack.close()
             raise
@@ -120,11 +136,53 @@ class RolloutHost:
                 mismatch = True
                 self.delta.forget()
                 self._push(module, full=True)
+            self._check_after_sync(module)
         self.delta.commit()
         self.checksum_mismatches += int(mismatch)
         self.last_sync = {**self.delta.stats.weight_sync_metrics(), "weight_sync/checksum_mismatch": float(mismatch),
                           "weight_sync/checksum_mismatch_total": float(self.checksum_mismatches)}
         return time.perf_counter() - start
+
+    # ------------------------------------------------------------------ weight digests
+    def _held(self, names: list[str]) -> str | None:
+        from hybridflow.rollout.weights.digest import weights_digest
+
+        tensors = self.engine.weight_tensors(names)
+        return None if tensors is None else weights_digest(tensors, names)
+
+    def _check_after_sync(self, module) -> None:
+        """The engine must now hold the actor's weights (compared in the engine's dtype)."""
+        from hybridflow.engine.reshard import distinct_state_items
+        from hybridflow.rollout.weights.digest import digest_names, weights_digest
+
+        state = dict(distinct_state_items(module))
+        names = digest_names(k for k, v in state.items() if torch.is_floating_point(v))
+        held_tensors = self.engine.weight_tensors(names)
+        if held_tensors is None:
+            self.weight_fact = {"engine": self.server.name, "when": "after a sync", "match": None,
+                                "why": "the engine cannot show its weights"}
+            return
+        dtype = next(iter(held_tensors.values())).dtype
+        expected = weights_digest(state, names, dtype=dtype)
+        self._record("after the weight sync", names, self._held(names), expected)
+        self._synced = (names, expected)
+
+    def _check_after_wake(self) -> None:
+        """An engine with its own copy must still hold what the last sync loaded (stale after sleep/wake)."""
+        if self.shares_weights or self._synced is None:
+            return
+        names, expected = self._synced
+        self._record("after wake_up", names, self._held(names), expected)
+
+    def _record(self, when: str, names: list[str], held: str | None, expected: str | None) -> None:
+        match = None if held is None or expected is None else held == expected
+        self.weight_fact = {"engine": self.server.name, "when": when, "held": held, "expected": expected,
+                            "match": match, "names": list(names)}
+        if match is False:
+            raise WeightMismatchError(
+                f"rollout engine '{self.server.name}' does not hold the trainer's weights {when}: its weight digest "
+                f"is {held}, the trainer's {expected} (over {', '.join(names)}); the rollout would generate with "
+                "other weights than the ones trained (a failed or skipped load, or weights lost across sleep/wake)")
 
     def _sync_in_buckets(self) -> float:
         """The split actor's weights gathered a bucket at a time (``engine/reshard.py``, a collective over the

@@ -145,6 +145,14 @@ class RolloutServerWorker(Worker):
                 "corrupt_buckets": float(self._sync.corrupt_buckets)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_weights_digest(self, names: list[str]) -> str | None:
+        """The digest of the engine's weights over ``names`` (:mod:`hybridflow.rollout.weights.digest`)."""
+        from hybridflow.rollout.weights.digest import weights_digest
+
+        tensors = self.engine.weight_tensors(list(names))
+        return None if tensors is None else weights_digest(tensors, list(names))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weights_checksum(self) -> float:
         """Sum of all parameters (tests compare it with the actor's)."""
         with torch.no_grad():

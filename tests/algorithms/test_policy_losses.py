@@ -10,7 +10,6 @@ import torch
 
 from hybridflow.algorithms import (
     POLICY_LOSS_REGISTRY,
-    UnknownAlgorithmError,
     get_policy_loss_fn,
     with_global_batch_info,
 )

@@ -136,3 +136,33 @@ def test_bench_agent_loop_smoke(capsys):
     on = re.search(r"^\| 3-turn agent loop \| on \| 48 \| (\d+) \| (\d+) \|", out, re.M)
     off = re.search(r"^\| 3-turn agent loop \| off \| 48 \| (\d+) \| 0 \|", out, re.M)
     assert on and off and int(on.group(2)) > 0 and int(on.group(1)) < int(off.group(1))
+
+
+def test_bench_pipeline_smoke(capsys):
+    out = _run("bench_pipeline", capsys)
+    assert "| 1f1b | 2 |" in out and "| gpipe | 4 |" in out
+    assert 0 < _number(out, "bubble_1f1b_m2") < 1  # the pipeline ran and was measured against one process
+
+
+def test_bench_hybrid_switch_smoke(tmp_path):
+    """The switch against the all-gather on 4 processes (nano model): the split rollout holds half the weights and
+    receives what its rank lacked, from a tp 2 x dp 2 actor (in place) and a pipeline one."""
+    import json
+
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_hybrid_switch.py"), "--smoke", "--layouts", "tp2,pp2",
+                           "--rollout-tps", "1,2", "--workdir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.rstrip().splitlines()[-1])["rows"]
+    split = [r for r in rows if r["tp_r"] == 2]
+    assert all(r["switch"]["held_mib"] < 0.6 * r["gather"]["held_mib"] for r in split)
+    assert all(abs(r["switch"]["recv_mib"] - r["redundancy_mib"]) < 1e-9 for r in rows if not r["in_place"])
+    assert [r["in_place"] for r in split] == [True, False]
+
+
+def test_gpu_hybrid_switch_script_runs_on_cpu(tmp_path):
+    """benchmarks/gpu/bench_hybrid_switch_gpu.py --cpu-smoke: the GPU script's code path (tp 4 -> tp 2, 4 ranks)."""
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu" / "bench_hybrid_switch_gpu.py"), "--cpu-smoke", "--out",
+                           str(tmp_path / "switch")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| switch |" in proc.stdout and "| gather |" in proc.stdout

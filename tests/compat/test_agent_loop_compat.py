@@ -220,7 +220,6 @@ class RecordingLoop(AgentLoopBase):
 
 
 def test_the_worker_hands_every_loop_the_runs_tools(tiny_model_dir, tokenizer, tmp_path):
-    import numpy as np
 
     from hybridflow.agents.base import register
     from hybridflow.agents.loop_worker import AgentLoopWorker

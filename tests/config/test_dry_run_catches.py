@@ -56,8 +56,8 @@ def bad_files(tmp_path):
 CONFIG_STAGE = [
     ("typo", [f"{A}.actor.ppo_mini_batch_sz=3"], [f"{A}.actor.ppo_mini_batch_size"]),
     ("type", [f"{A}.rollout.temperature=hot"], [f"{A}.rollout.temperature"]),
-    ("megatron_pp", [f"{A}.actor.strategy=megatron", f"{A}.actor.megatron.pipeline_model_parallel_size=2"],
-     [f"{A}.actor.megatron.pipeline_model_parallel_size=2", "pipeline parallelism is not built"]),
+    ("megatron_vpp", [f"{A}.actor.strategy=megatron", f"{A}.actor.megatron.virtual_pipeline_model_parallel_size=2"],
+     [f"{A}.actor.megatron.virtual_pipeline_model_parallel_size=2", "pipeline_model_parallel_size > 1"]),
     ("choice", ["data.truncation=sideways"], ["data.truncation"]),
     ("batch_split", ["data.train_batch_size=3", f"{A}.actor.ppo_mini_batch_size=3", "trainer.n_gpus_per_node=2",
                      f"{A}.rollout.n=1"], ["data.train_batch_size=3"]),

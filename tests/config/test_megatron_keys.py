@@ -63,8 +63,13 @@ def test_the_batch_is_split_over_data_parallel_groups_of_tp_ranks():
 
 
 @pytest.mark.parametrize("overrides,wanted", [
-    ([f"{A}.actor.megatron.pipeline_model_parallel_size=2"], "pipeline_model_parallel_size=2: pipeline parallelism "
-                                                             "is not built"),
+    ([f"{A}.actor.megatron.pipeline_model_parallel_size=3"], "pipeline_model_parallel_size=3 x actor_rollout_ref.actor"),
+    ([f"{A}.actor.megatron.pipeline_model_parallel_size=2", f"{A}.actor.megatron.pipeline_schedule=zb"],
+     "pipeline_schedule='zb': choose one of 1f1b, gpipe"),
+    ([f"{A}.actor.megatron.pipeline_model_parallel_size=2", f"{A}.model.override_config.output_router_logits=true"],
+     "the router auxiliary loss of pipeline stages is not built"),
+    ([f"{A}.actor.megatron.virtual_pipeline_model_parallel_size=2"], "it needs actor_rollout_ref.actor.megatron."
+                                                                      "pipeline_model_parallel_size > 1"),
     ([f"{A}.actor.megatron.expert_tensor_parallel_size=2"], "expert_tensor_parallel_size=2: experts are split over"),
     ([f"{A}.actor.megatron.use_distributed_optimizer=false"], "use_distributed_optimizer=false: a replicated "
                                                               "optimizer is not offered"),

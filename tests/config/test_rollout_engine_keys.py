@@ -137,8 +137,14 @@ def test_vision_model_with_sglang_is_refused_naming_the_key_and_the_fix(tiny_vlm
     (msg,) = rollout_model_errors(cfg)
     assert "actor_rollout_ref.rollout.name=sglang" in msg and "vision-language" in msg
     assert "'qwen2_vl'" in msg and "set actor_rollout_ref.rollout.name=hf" in msg.lower()
-    ok = load_config(BASE[:2] + ["actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.model.path={tiny_vlm_dir}"])
-    assert rollout_model_errors(ok) == []
+    ok = load_config(BASE[:2] + ["actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.model.path={tiny_vlm_dir}",
+                                 "trainer.n_gpus_per_node=2", "trainer.backend=ray"])
+    assert rollout_model_errors(ok) == []  # hf's default: one unsplit engine per rank
+    # the hf engine split over 2 ranks (asked for) takes text prompts only
+    split = load_config(BASE[:2] + ["actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.model.path={tiny_vlm_dir}",
+                                    "trainer.n_gpus_per_node=2", "trainer.backend=ray",
+                                    "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    assert any("vision-language" in e and "tensor_model_parallel_size=1" in e for e in rollout_model_errors(split))
     text = load_config(BASE[:2] + ["actor_rollout_ref.rollout.name=sglang", f"actor_rollout_ref.model.path={nano_model_dir}"])
     assert rollout_model_errors(text) == []
 

@@ -49,6 +49,9 @@ CASES = {
         "pp2xdp2-llama3.1": ("llama3.1", {"pp": 2}, {}, "actor", False),
         "pp2xep2-qwen3-moe": ("qwen3-moe", {"pp": 2, "ep": 2}, {}, "actor", False),
         "pp2xdp2-critic-qwen3": ("qwen3", {"pp": 2}, {}, "critic", True),
+        # Ulysses inside each stage: the hidden states between stages are this rank's slice of the packed row
+        "pp2xsp2-qwen2": ("qwen2", {"pp": 2, "sp": 2}, {}, "actor", False),
+        "pp2xsp2-critic-llama3.1": ("llama3.1", {"pp": 2, "sp": 2}, {}, "critic", False),
     },
 }
 CHECKPOINTS = {2: {"ckpt-pp2-qwen2": "qwen2"}, 4: {}}
@@ -112,12 +115,14 @@ def run_passes(engine, data, role: str, packed: bool, tokens: int, backward: boo
     mine = data.chunk(engine.dp_size)[engine.dp_rank]
     batches = [dict(mb.batch) for mb in mine.chunk(len(mine) // MICRO)]
     if role == "critic":
-        spec = values_pass(engine.module, RESPONSE, use_remove_padding=packed)
+        spec = values_pass(engine.module, RESPONSE, use_remove_padding=packed,
+                           sequence_parallel=engine.sequence_parallel)
 
         def run_one(i):
             return {"values": response_values(engine.module, batches[i], use_remove_padding=packed)}
     else:
-        spec = token_outputs_pass(engine.module, RESPONSE, 0.9, calculate_entropy=True, use_remove_padding=packed)
+        spec = token_outputs_pass(engine.module, RESPONSE, 0.9, calculate_entropy=True, use_remove_padding=packed,
+                                  sequence_parallel=engine.sequence_parallel)
 
         def run_one(i):
             return response_token_outputs(engine.module, batches[i], 0.9, calculate_entropy=True,
@@ -194,6 +199,7 @@ def check_case(model_dir: str, layout: dict, spec_kwargs: dict, role: str, packe
     result["param_after_step"] = max(float((after[n if n in after else embedding] - p).abs().max())
                                      for n, p in got_after.items())
     result["stage_params"] = float(len(got_after))
+    result["stages_per_rank"] = float(len(engine.pipeline.stages))
     return result
 
 
@@ -298,11 +304,27 @@ def _break_last_stage_outputs():
     return _patch(ParallelDims, "is_collect", lambda self, rank: self.pp_rank(rank) == 0)
 
 
+def _break_sequence_slices():
+    """Every rank of the sequence-parallel group runs the first slice of the row."""
+    import hybridflow.engine.parallel.pipeline_forward as pipeline_forward
+
+    real = pipeline_forward._run_options
+
+    def first_slice(spec, layouts):
+        options = real(spec, layouts)
+        if "seq_slices" in options:
+            options["seq_slices"] = [slice(0, s.stop - s.start) for s in options["seq_slices"]]
+        return options
+
+    return _patch(pipeline_forward, "_run_options", first_slice)
+
+
 BREAKS = {
     "stage_boundary_off_by_one": (_break_stage_boundary, "pp2-qwen2"),
     "loss_scaled_twice": (_break_loss_scaled_twice, "pp2-qwen2"),
     "tied_gradients_not_summed": (_break_tied_gradient_sum, "pp2-qwen2"),
     "outputs_from_the_first_stage": (_break_last_stage_outputs, "pp2-qwen2"),
+    "every_sp_rank_on_the_first_slice": (_break_sequence_slices, "pp2xsp2-qwen2"),
 }
 
 

@@ -4,12 +4,13 @@
 For every case -- pp2 (1F1B) on Qwen2 (tied embeddings: the first stage's embedding and the last stage's head
 are copies whose gradients are summed), GPipe on Llama-3.1, two virtual stages per rank (interleaved 1F1B), verl's
 ``num_layers_in_first_pipeline_stage``, the packed layout, a critic, LoRA, and with four ranks pp2 x tp2,
-pp2 x dp2, pp2 x ep2 (Qwen3-MoE) and a packed pp2 x dp2 critic -- the last stage's log-probs, entropies or values,
+pp2 x dp2, pp2 x ep2 (Qwen3-MoE), a packed pp2 x dp2 critic and pp2 x sp2 (Ulysses inside every stage, the
+hidden states between stages being each rank's slice of the packed row; actor and critic) -- the last stage's log-probs, entropies or values,
 every parameter's gradient, the global gradient norm and the parameters after one clipped AdamW step equal a plain
 single-process pass over the whole batch within 1e-5 (fp32).  A pp2 checkpoint resumes on pp2, on two data ranks
-and unsharded, and ``hybridflow merge`` turns it into the trained HF model.  Four sabotages (a stage boundary off
+and unsharded, and ``hybridflow merge`` turns it into the trained HF model.  Five sabotages (a stage boundary off
 by one, the loss scaled twice by torch's schedule, the tied embedding's gradients not summed, the outputs read
-from the first stage) each move a result by > 1e-3.
+from the first stage, every sequence-parallel rank on the first slice) each move a result by > 1e-3.
 """
 
 from __future__ import annotations
@@ -110,19 +111,37 @@ def test_the_first_stage_holds_what_the_split_keys_say(two_ranks):
     assert split["stage_params"] > even["stage_params"]
 
 
+def test_virtual_stages_put_two_stages_on_each_rank(two_ranks):
+    assert two_ranks["pp2-vpp2-qwen2"]["stages_per_rank"] == 2 and two_ranks["pp2-qwen2"]["stages_per_rank"] == 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(_scenario().CASES[4]))
 def test_four_ranks_equal_the_unsharded_model(case, four_ranks):
     _assert_equal_to_unsharded(case, four_ranks[case])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sabotage", sorted(_scenario().BREAKS))
-def test_each_sabotage_breaks_the_equality(sabotage, two_ranks):
+def _assert_broken(sabotage: str, results: dict) -> None:
     case = _scenario().BREAKS[sabotage][1]
-    r = two_ranks[f"{sabotage}:{case}"]
+    r = results[f"{sabotage}:{case}"]
     print(f"\n{sabotage} on {case}: " + json.dumps({k: float(f"{v:.3g}") for k, v in r.items()}))
     assert max(r[k] for k in ("out", "entropy", "grad", "grad_norm_diff", "param_after_step")) > 1e-3, r
+
+
+def _breaks(world: int) -> list[str]:
+    return sorted(n for n, (_, case) in _scenario().BREAKS.items() if case in _scenario().CASES[world])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sabotage", _breaks(2))
+def test_each_sabotage_breaks_the_equality(sabotage, two_ranks):
+    _assert_broken(sabotage, two_ranks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sabotage", _breaks(4))
+def test_four_ranks_sabotage_breaks_the_equality(sabotage, four_ranks):
+    _assert_broken(sabotage, four_ranks)
 
 
 @pytest.mark.slow

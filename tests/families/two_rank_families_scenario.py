@@ -28,6 +28,7 @@ def _config(model_dir: str, data_dir: str, reward_file: str):
         f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
         "data.train_batch_size=4", "data.max_prompt_length=32", "data.max_response_length=6", "data.seed=1",
         "algorithm.adv_estimator=grpo", f"{A}.rollout.name=hf", f"{A}.rollout.n=2",
+        f"{A}.rollout.tensor_model_parallel_size=1",  # one engine per rank: each rank generates its own prompts
         f"{A}.rollout.calculate_log_probs=true", f"{A}.actor.ppo_mini_batch_size=4",
         f"{A}.actor.ppo_micro_batch_size_per_gpu=2", f"{A}.rollout.log_prob_micro_batch_size_per_gpu=4",
         f"{A}.actor.optim.lr=1e-2", f"{A}.model.enable_gradient_checkpointing=true",

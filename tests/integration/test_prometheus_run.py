@@ -38,8 +38,8 @@ def test_a_running_trainer_serves_its_metrics(nano_model_dir, addition_data, tmp
         return False
 
     history = train_ppo(cfg, logger=tracking, should_stop=scrape)
-    # should_stop is asked after steps 1-3 (the 4th is the last anyway)
-    assert len(pages) == 3 and len([m for m in history.metrics if "timing_s/step" in m]) == 4
+    # should_stop is asked after every step, the last included (a stop there is a stop on purpose)
+    assert len(pages) == 4 and len([m for m in history.metrics if "timing_s/step" in m]) == 4
     first, last = pages[0], pages[2]
     assert "hybridflow_step" not in first or first["hybridflow_step"][0][1] == 0  # nothing logged before step 1
     samples = {lab["run"]: v for lab, v in last["hybridflow_samples_total"]}

@@ -4,7 +4,6 @@ detaches dies with its worker, hung scorers time out together, and a judge is re
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 

@@ -64,6 +64,10 @@ def test_an_interrupted_request_continues_with_the_new_weights(models, nano_mode
     while k < LENGTH and out.token_ids[k] == old_greedy[k]:
         k += 1
     assert 0 < k < LENGTH  # the prefix came from the old weights ...
+    # every token is dated: the first segment (the old weights' tokens) is all old-greedy, the rest the new weights'
+    seg = out.weight_segments
+    assert len(seg) == 2 and sum(seg) == LENGTH and 0 < seg[0] <= k
+    assert late_out.weight_segments is None  # one weight version: no segments
     rest = _greedy(new, PROMPT + list(out.token_ids[:k]), LENGTH - k)
     assert list(out.token_ids[k:]) == list(rest.token_ids)  # ... the rest from the new ones
     assert out.log_probs[k:] == pytest.approx(rest.log_probs, abs=1e-4)

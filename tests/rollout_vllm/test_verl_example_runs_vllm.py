@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_examples import A, train_one_step
+from verl_examples import train_one_step
 
 VLLM_RUNS = ["recipe/dapo/run_dapo_qwen2.5_32b.sh", "examples/prefix_grouper/run_qwen3_8b_fsdp.sh"]
 

@@ -8,7 +8,6 @@ import random
 import pytest
 import torch
 
-from hybridflow.agents.tool_parser import ToolParser
 from hybridflow.data.io import read_rows, write_parquet
 from hybridflow.tools import CalculatorTool
 from hybridflow.sft.data import SFTDataError, multi_turn_example

@@ -57,7 +57,7 @@ def test_the_tolerated_fraction_and_the_all_failed_rule(failed, tolerated, stops
             check_failures([trajectory_failures(batch)], tolerated, metrics)
         assert e.value.metrics["rollout/failed_fraction"] == failed / 8
         assert "First error:\ntrace" in str(e.value)
-        assert (f"all 8 trajectories" if failed == 8 else f"{failed} of 8 trajectories") in str(e.value)
+        assert ("all 8 trajectories" if failed == 8 else f"{failed} of 8 trajectories") in str(e.value)
     else:
         check_failures([trajectory_failures(batch)], tolerated, metrics)
     assert metrics["rollout/failed_fraction"] == failed / 8

@@ -110,7 +110,9 @@ def test_gae_runs_the_critic_and_the_warmup_step_trains_it_alone(tmp_path):
 
 
 def test_rollout_log_probs_replace_the_old_log_prob_pass_when_the_step_is_on_policy(tmp_path):
-    trainer, rec = make_trainer(tmp_path, log_probs=True, mini=2, extra=[f"{A}.rollout.calculate_log_probs=true"])
+    # (the drift detector, off here, recomputes a few rows for its own check: tests/trainer/test_drift.py)
+    trainer, rec = make_trainer(tmp_path, log_probs=True, mini=2, extra=[f"{A}.rollout.calculate_log_probs=true",
+                                                                       "trainer.drift.enable=false"])
     assert trainer.plan.reuse_rollout_log_probs
     m = trainer.fit().metrics[-1]
     assert "compute_log_prob" not in rec.calls and "timing_s/old_log_prob" not in m

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import warnings
 
-import pytest
 import torch
 
 from hybridflow.rollout.weights.delta import ChecksumMismatch

@@ -26,7 +26,6 @@ def _worker(config_factory, model_dir, *overrides):
 
 
 def _update(worker, seed=0, text_only_rows=(3,)):
-    from hybridflow.protocol import DataProto
 
     module = worker.actor_engine.module
     data = vlm_batches.make_vlm_update_batch(worker.processor, module.config, seed=seed, text_only_rows=text_only_rows)

@@ -1,5 +1,7 @@
 """A tiny Qwen2-VL on two FSDP2 ranks (gloo) against one local rank: vision blocks sharded, a rank whose
-micro-batch has no image runs the vision tower anyway (no hang), the update equals the one-rank update."""
+micro-batch has no image runs the vision tower anyway (no hang), the update equals the one-rank update.  And on two
+pipeline stages (the tower and the first decoder layer on one, the other layer and the head on the other): the
+old log-probs and the update equal the one-rank worker's."""
 
 import importlib.util
 import os
@@ -34,19 +36,26 @@ def _interleave(data, rows_per_rank: int):
     return data.select_idxs(order)
 
 
-def test_two_rank_vlm_update_equals_one_rank(tiny_vlm_dir, config_factory, tmp_path):
+PIPELINE = ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"]
+
+
+@pytest.mark.parametrize("layout", ["dp", "pp"])
+def test_two_rank_vlm_update_equals_one_rank(layout, tiny_vlm_dir, config_factory, tmp_path):
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
     cfg = config_factory(tiny_vlm_dir, "data.max_prompt_length=56", "trainer.n_gpus_per_node=2",
                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-                         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2")
+                         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                         *(PIPELINE if layout == "pp" else []))
     cfg.actor_rollout_ref.actor.optim.override_optimizer_config = {"eps": 1.0}
     cfg_path = tmp_path / "cfg.pkl"
     cfg_path.write_bytes(pickle.dumps(cfg))
     script = Path(__file__).with_name("two_rank_vlm_scenario.py")
     port = str(_free_port())
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", port, str(cfg_path), str(tmp_path)], env=env,
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", port, str(cfg_path), str(tmp_path), layout],
+                              env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     failed = [f"rank {r} failed:\n{out[-3000:]}" for r, (p, out) in enumerate(zip(procs, outputs)) if p.returncode]
@@ -61,9 +70,11 @@ def test_two_rank_vlm_update_equals_one_rank(tiny_vlm_dir, config_factory, tmp_p
     worker.init_model()
     data = vlm_batches.make_vlm_update_batch(worker.processor, worker.actor_engine.module.config, seed=0,
                                              text_only_rows=(4, 5))
-    torch.testing.assert_close(worker.compute_log_prob(data).batch["old_log_probs"][:4], saved["old_log_probs"],
+    rows = len(data) if layout == "pp" else 4  # pp: both stages took the whole batch; dp: rank 0 its half
+    torch.testing.assert_close(worker.compute_log_prob(data).batch["old_log_probs"][:rows], saved["old_log_probs"],
                                rtol=1e-5, atol=1e-6)
-    data = _interleave(data, 2)
+    if layout == "dp":
+        data = _interleave(data, 2)
     data = data.union(worker.compute_log_prob(data))
     metrics = worker.update_actor(data).meta_info["metrics"]
     state = worker.actor_engine.full_state_dict()

@@ -19,7 +19,6 @@ from hybridflow.agents.postprocess import outputs_to_batch
 from hybridflow.rollout.base import TokenOutput
 from hybridflow.rollout.hf.engine import HFRolloutEngine
 from hybridflow.rollout.service.replica import RolloutReplica
-from hybridflow.rollout.sampling_params import SamplingParams
 from hybridflow.rollout.service.server_manager import AsyncLLMServerManager
 from hybridflow.engine.transformers_adapter import reset_rope_deltas
 
@@ -186,7 +185,7 @@ def test_a_failed_image_trajectory_keeps_its_images(worker, vision_data):
 
     cfg = worker.full_config
     data = create_rl_dataset(str(vision_data / "train.parquet"), cfg.data, worker.tokenizer, processor=worker.processor)
-    host = SimpleNamespace(processor=worker.processor, tokenizer=worker.tokenizer,
+    host = SimpleNamespace(processor=worker.processor, tokenizer=worker.tokenizer, config=cfg,
                            rollout_config=cfg.actor_rollout_ref.rollout)
     out = AgentLoopWorker._failed_output(host, dict(data[0]), "the loop raised")
     assert len(out.multi_modal_data["image"]) == 1 and out.response_mask == [0]

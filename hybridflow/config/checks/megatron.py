@@ -139,6 +139,23 @@ def check_megatron(cfg: Any, errors: list[str], notes: list[str]) -> None:
             continue
         _layout(prefix, node, fsdp, lora and prefix == "actor_rollout_ref.actor", found, notes)
     errors.extend(without_echoes(found))
+    _pipeline_and_router_loss(cfg, errors, notes)
+
+
+def _pipeline_and_router_loss(cfg: Any, errors: list[str], notes: list[str]) -> None:
+    """The actor's MoE router auxiliary loss adds every router's term to the loss; with pipeline stages the routers
+    live on several ranks and their terms are not carried to the last stage's loss: refused.  (The expert-load
+    metrics ``actor/moe/*`` are not logged with pipeline stages: docs/parallelism.md.)"""
+    actor = cfg.actor_rollout_ref.actor
+    if actor.strategy != "megatron" or int(actor.megatron.pipeline_model_parallel_size or 1) <= 1:
+        return
+    key = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"
+    if (cfg.actor_rollout_ref.model.override_config or {}).get("output_router_logits"):
+        errors.append(f"actor_rollout_ref.model.override_config.output_router_logits=true with {key}="
+                      f"{actor.megatron.pipeline_model_parallel_size}: the router auxiliary loss of pipeline stages "
+                      "is not built (each stage's routers would have to add their term to the last stage's loss); "
+                      "drop output_router_logits (verl's GRPO launches train MoE models without it) or set the "
+                      "pipeline size to 1")
 
 
 def without_echoes(found: list[str]) -> list[str]:

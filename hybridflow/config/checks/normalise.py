@@ -33,6 +33,9 @@ def normalise_deprecated(cfg: PPOConfig, errors: list[str], notes: list[str]) ->
     data = cfg.data
     if data.gen_batch_size is None:  # verl 0.9: null = one generation round per step
         data.gen_batch_size = data.train_batch_size
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.tensor_model_parallel_size is None:  # the engine's default: verl's 2 for the servers, hf unsplit
+        rollout.tensor_model_parallel_size = 1 if rollout.name == "hf" else 2
     runtime_env = cfg.ray_kwargs.ray_init.get("runtime_env")
     if isinstance(runtime_env, dict):  # verl's scripts write runtime_env.py_executable=null: nothing to pass on
         runtime_env = {k: v for k, v in runtime_env.items() if v is not None}

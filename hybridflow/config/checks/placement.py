@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from typing import Any
+from hybridflow.config.checks.parallel import n_devices
 
 __all__ = ["ASYNC_MODES", "CHECKPOINT_ENGINE_BACKENDS", "check_async_config", "fully_async_batch_prompts"]
 
@@ -122,6 +123,8 @@ def _check_colocated(cfg, errors: list[str]) -> None:
     split = actor.strategy == "megatron" and (int(actor.megatron.tensor_model_parallel_size) > 1
                                               or int(actor.megatron.expert_model_parallel_size) > 1
                                               or int(actor.megatron.pipeline_model_parallel_size or 1) > 1)
+    # the hf engine split over rollout.tensor_model_parallel_size ranks is filled by the switch, in buckets
+    split = split or (rc.name == "hf" and int(rc.tensor_model_parallel_size) > 1 and n_devices(cfg) > 1)
     acting = () if rc.name == "vllm" or split else (bucket_key,)
     if rc.name != "vllm" and not split and (ce.engine_kwargs or {}).get("delta", True) is not True:
         errors.append("actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.delta=false: the colocated hf "

@@ -34,9 +34,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridflow.data.mrope import model_position_ids
 from hybridflow.engine.transformers_adapter import decoder_stack, embedding_and_head, unwrap_peft
+from hybridflow.engine.vision import vision_in_every_step, vision_tower
 
-__all__ = ["MicroBatchInputs", "PipelineError", "PipelineHead", "PipelineLayout",
+__all__ = ["MicroBatchInputs", "PassOptions", "PipelineError", "PipelineHead", "PipelineLayout",
            "PipelineRunner", "SkippedLayer", "StageModel", "broadcast_from_last_stage", "model_ends", "model_view", "rank_view",
            "split_stages", "stage_layer_ranges"]
 
@@ -144,10 +146,24 @@ def model_view(model: nn.Module, layers, first: bool, last: bool) -> tuple[nn.Mo
     emb_name, _, _ = model_ends(model)
     if not first:
         _set_submodule(view, emb_name, _Absent(emb_name))
+        tower = vision_tower(model)  # a vision-language model's tower feeds the first stage only
+        if tower is not None:
+            _set_submodule(view, tower[0], _Absent(tower[0]))
     if not last:  # the heads (a vocabulary projection, a critic's score) belong to the last stage
         for name in _head_paths(model, path):
             _set_submodule(view, name, _Absent(name))
     return view, path
+
+
+def _backbone_path(model: nn.Module, decoder_path: str) -> str:
+    """Path of the child of the (PEFT-unwrapped) model that holds the decoder."""
+    base = unwrap_peft(model)
+    prefix = next(n for n, m in model.named_modules() if m is base)
+    for name, _ in base.named_children():
+        full = f"{prefix}.{name}" if prefix else name
+        if decoder_path == full or decoder_path.startswith(full + "."):
+            return full
+    return decoder_path
 
 
 def _head_paths(model: nn.Module, decoder_path: str) -> list[str]:
@@ -179,6 +195,8 @@ class StageModel(nn.Module):
         self.index, self.num_stages, self.layers = index, num_stages, layers
         self.is_first, self.is_last = index == 0, index == num_stages - 1
         self.model, self._decoder_path = model_view(model, layers, self.is_first, self.is_last)
+        # the top module holding the decoder: the decoder itself in a causal LM, a VLM's backbone (tower + decoder)
+        self._backbone_path = _backbone_path(self.model, self._decoder_path)
         self.pass_info: PassInfo | None = None  # set by the runner for the pass in flight
 
     @property
@@ -188,39 +206,79 @@ class StageModel(nn.Module):
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, ids: torch.Tensor,
                 mb_index: torch.Tensor):
         """One micro-batch: its inputs cut back to its own shape, the stage run on them (the head on the last
-        stage), the outputs padded to the pass's shape for the next stage."""
+        stage), the outputs padded to the pass's shape for the next stage.  With sequence parallelism every stage
+        works on this rank's slice of the micro-batch's packed row (``PassOptions.seq_slices``): the first stage
+        cuts the token ids, the hidden states that travel between stages are the slice's.  ``position_ids`` travel
+        as (rows, L) or, for M-RoPE, (rows, 4, L) and reach the model as ``model_position_ids`` gives them."""
         info = self.pass_info
         if info is None:
             raise RuntimeError("a pipeline stage was run outside a pass of its runner")
+        opts = info.options
         i = int(mb_index.reshape(-1)[0])
         rows, length = info.sizes[i]
+        local = opts.seq_slices[i] if opts.seq_slices is not None else slice(0, length)
         cut = (slice(0, rows), slice(0, length))
-        x_i, mask_i, pos_i, ids_i = x[cut], attention_mask[cut], position_ids[cut], ids[cut]
-        with info.context(i) as extra:  # keyword arguments of the model call (a packed row's layout)
+        mask_i, ids_i = attention_mask[cut], ids[cut]
+        pos_i = model_position_ids(position_ids[:rows, ..., :length][..., local], packed=opts.packed)
+        x_i = x[cut][:, local] if self.is_first else x[:rows, : local.stop - local.start]
+        pass_rows, pass_length = ids.shape[:2]
+        with opts.context(i) as extra:  # keyword arguments of the model call (a packed row's layout)
+            extra = extra or {}
             if self.is_last:
-                out = info.head(_FedModel(self.model, None if self.is_first else x_i, extra or {}), ids_i,
-                                None if info.packed else mask_i, pos_i, i)
-                return _pad_to(out.float(), info.head.shape(*x.shape[:2]))
-            embeds = {"input_ids": x_i} if self.is_first else {"inputs_embeds": x_i}
-            hidden = self.decoder(**embeds, attention_mask=None if info.packed else mask_i, position_ids=pos_i,
-                                  use_cache=False, **(extra or {})).last_hidden_state
-        return _pad_to(hidden, (*x.shape[:2], hidden.shape[-1])), attention_mask, position_ids, ids, mb_index
+                out = info.head(_FedModel(self.model, None if self.is_first else x_i, extra), ids_i,
+                                None if opts.packed else mask_i, pos_i, i)
+                return _pad_to(out.float(), info.head.shape(pass_rows, pass_length))
+            mask_arg = None if opts.packed else mask_i
+            if self.is_first and opts.first_inputs is not None:
+                hidden = self._first_with_inputs(x_i, mask_arg, pos_i, extra, opts.first_inputs(i))
+            else:
+                embeds = {"input_ids": x_i} if self.is_first else {"inputs_embeds": x_i}
+                hidden = self.decoder(**embeds, attention_mask=mask_arg, position_ids=pos_i, use_cache=False,
+                                      **extra).last_hidden_state
+        return (_pad_to(hidden, (pass_rows, pass_length // opts.sp, hidden.shape[-1])), attention_mask, position_ids,
+                ids, mb_index)
+
+    def _first_with_inputs(self, ids: torch.Tensor, mask, pos, extra: dict, inputs: dict[str, Any]) -> torch.Tensor:
+        """The first stage of a vision-language model: its backbone (vision tower, the image features put in the
+        token embeddings, this stage's layers) on the micro-batch's pixels; a sharded tower runs on a blank image
+        when the micro-batch has none (every data rank gathers the same FSDP units)."""
+        backbone = self.model.get_submodule(self._backbone_path)
+        sharded = any(hasattr(m, "unshard") for m in (self, self.model))
+        with vision_in_every_step(self.model, bool(inputs), sharded):
+            out = backbone(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **inputs, **extra)
+        return out.last_hidden_state
+
+
+@dataclass
+class PassOptions:
+    """How a pass's micro-batches are laid out and run, beyond their tokens: the context each stage runs in (its
+    keyword arguments for the model call: a packed row's attention, the sequence-parallel layout), whether the rows
+    are packed (no attention mask), this rank's slice of each packed row under sequence parallelism and the group's
+    size (the hidden states between stages are then ``pass_length // sp`` long), and the first stage's extra model
+    inputs of each micro-batch (a vision-language model's pixels and grids)."""
+
+    context: Callable[[int], Any] = lambda i: contextlib.nullcontext({})
+    packed: bool = False
+    seq_slices: list[slice] | None = None
+    sp: int = 1
+    first_inputs: Callable[[int], dict[str, Any]] | None = None
 
 
 @dataclass
 class PassInfo:
-    """What every stage needs to know of the pass in flight: each micro-batch's own (rows, length), the context
-    its stages run in (packed rows: attention kept within each sequence), and the last stage's head."""
+    """What every stage needs to know of the pass in flight: each micro-batch's own (rows, length), the last
+    stage's head and the pass's :class:`PassOptions`."""
 
     sizes: list[tuple[int, int]]
     head: "PipelineHead"
-    context: Callable[[int], Any] = lambda i: contextlib.nullcontext({})
-    packed: bool = False
+    options: PassOptions
 
 
 def _pad_to(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    if tuple(t.shape) == tuple(shape):
-        return t
+    """``t`` in the top-left corner of zeros of ``shape`` -- always a new tensor, also when ``t`` has the shape
+    already: FSDP hangs its backward hooks on the stage's outputs, and their order must not depend on whether a
+    micro-batch happens to be the pass's longest (ranks of one data-parallel group would gather different
+    parameter groups at once)."""
     full = t.new_zeros(shape)
     full[tuple(slice(0, n) for n in t.shape)] = t
     return full
@@ -315,21 +373,20 @@ class PipelineRunner:
         return any(s.is_first for s in self.stages)
 
     def train(self, micro_batches: list[MicroBatchInputs], head: PipelineHead,
-              loss: Callable[[torch.Tensor, int], torch.Tensor], context: Callable[[int], Any] | None = None,
-              packed: bool = False) -> None:
+              loss: Callable[[torch.Tensor, int], torch.Tensor], options: PassOptions | None = None) -> None:
         """Forward and backward of every micro-batch (gradients accumulate in the stages' parameters);
         ``loss(output, i)``: micro-batch ``i``'s loss from its head output (padded to the pass's ``head.shape``). ``context(i)``: the
         context micro-batch ``i`` runs in on every stage; ``packed``: the rows are packed (no attention mask)."""
-        self._run(micro_batches, head, loss, context, packed)
+        self._run(micro_batches, head, loss, options or PassOptions())
 
     @torch.no_grad()
     def forward(self, micro_batches: list[MicroBatchInputs], head: PipelineHead,
-                context: Callable[[int], Any] | None = None, packed: bool = False) -> list[torch.Tensor] | None:
+                options: PassOptions | None = None) -> list[torch.Tensor] | None:
         """The head's outputs of every micro-batch (padded to the pass's ``head.shape``) on the rank holding the last
         stage, else ``None``."""
-        return self._run(micro_batches, head, None, context, packed)
+        return self._run(micro_batches, head, None, options or PassOptions())
 
-    def _run(self, micro_batches, head, loss, context, packed: bool):
+    def _run(self, micro_batches, head, loss, options: PassOptions):
         from torch.distributed.pipelining import PipelineStage
 
         backward = loss is not None
@@ -340,12 +397,13 @@ class PipelineRunner:
                           for k in ("input_ids", "attention_mask", "position_ids"))
         index = torch.arange(n, device=self.device).repeat_interleave(rows)
         sizes = [tuple(mb.input_ids.shape[:2]) for mb in micro_batches]
-        info = PassInfo(sizes, head, context or (lambda i: contextlib.nullcontext({})), packed)
+        info = PassInfo(sizes, head, options)
+        sp, pos_rows = options.sp, micro_batches[0].position_ids.shape[1:-1]  # (): (b, L) positions; (4,): M-RoPE
         for stage in self.stages:
             stage.pass_info = info
         pipe_stages = [PipelineStage(s, s.index, s.num_stages, self.device,
-                                     input_args=self._meta_in(s, rows, length, backward),
-                                     output_args=self._meta_out(s, rows, length, head, backward),
+                                     input_args=self._meta_in(s, rows, length, backward, sp, pos_rows),
+                                     output_args=self._meta_out(s, rows, length, head, backward, sp, pos_rows),
                                      group=self.group) for s in self.stages]
         loss_fn = (lambda output, target: loss(output, int(target[0]))) if backward else None
         schedule = self._schedule(pipe_stages, n, loss_fn)
@@ -364,25 +422,27 @@ class PipelineRunner:
         return list(out.split(head.shape(rows, length)[0], dim=0))
 
     def _stack(self, tensors: list[torch.Tensor], rows: int, length: int) -> torch.Tensor:
-        out = tensors[0].new_zeros((len(tensors) * rows, length))
+        """The micro-batches' (b, [k,] L) tensors padded to (rows, [k,] length) and stacked along the rows."""
+        out = tensors[0].new_zeros((len(tensors) * rows, *tensors[0].shape[1:-1], length))
         for i, t in enumerate(tensors):
-            out[i * rows: i * rows + t.shape[0], : t.shape[1]] = t
+            out[i * rows: i * rows + t.shape[0], ..., : t.shape[-1]] = t
         return out.to(self.device)
 
-    def _meta_in(self, stage: StageModel, rows: int, length: int, backward: bool) -> tuple[torch.Tensor, ...]:
-        ints = [torch.empty(rows, length, dtype=torch.long, device="meta") for _ in range(3)]
+    def _meta_in(self, stage: StageModel, rows: int, length: int, backward: bool, sp: int = 1,
+                 pos_rows: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
+        ints = [torch.empty(rows, *shape, length, dtype=torch.long, device="meta") for shape in ((), pos_rows, ())]
         first = (torch.empty(rows, length, dtype=torch.long, device="meta") if stage.is_first
-                 else torch.empty(rows, length, self.hidden_size, dtype=self.compute_dtype, device="meta",
+                 else torch.empty(rows, length // sp, self.hidden_size, dtype=self.compute_dtype, device="meta",
                                   requires_grad=backward))
         return (first, *ints, torch.empty(rows, dtype=torch.long, device="meta"))
 
-    def _meta_out(self, stage: StageModel, rows: int, length: int, head: PipelineHead,
-                  backward: bool) -> tuple[torch.Tensor, ...]:
+    def _meta_out(self, stage: StageModel, rows: int, length: int, head: PipelineHead, backward: bool, sp: int = 1,
+                  pos_rows: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
         if stage.is_last:
             return (torch.empty(head.shape(rows, length), dtype=torch.float32, device="meta", requires_grad=backward),)
-        hidden = torch.empty(rows, length, self.hidden_size, dtype=self.compute_dtype, device="meta",
+        hidden = torch.empty(rows, length // sp, self.hidden_size, dtype=self.compute_dtype, device="meta",
                              requires_grad=backward)
-        ints = [torch.empty(rows, length, dtype=torch.long, device="meta") for _ in range(3)]
+        ints = [torch.empty(rows, *shape, length, dtype=torch.long, device="meta") for shape in ((), pos_rows, ())]
         return (hidden, *ints, torch.empty(rows, dtype=torch.long, device="meta"))
 
     def _schedule(self, pipe_stages, n: int, loss_fn):

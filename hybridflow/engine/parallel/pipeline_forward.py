@@ -18,9 +18,9 @@ from typing import Callable
 
 import torch
 
-from hybridflow.data.mrope import model_position_ids
 from hybridflow.engine.padded_attention import padded_attention
-from hybridflow.engine.parallel.pipeline import MicroBatchInputs, PipelineRunner
+from hybridflow.engine.parallel.pipeline import MicroBatchInputs, PassOptions, PipelineError, PipelineRunner
+from hybridflow.engine.ulysses_forward import SequenceParallel, UlyssesPlan, ulysses_pass
 
 __all__ = ["PipelinePass", "pipeline_outputs", "pipeline_train"]
 
@@ -35,6 +35,7 @@ class _Layout:
     hi: int  # one past the last valid column
     shape: tuple[int, int]  # (B, L)
     packed_mask: torch.Tensor | None = None  # packed layout: the (B, L) mask of the packed row's tokens
+    plan: UlyssesPlan | None = None  # sequence parallelism: the packed row's split over the group
 
 
 @dataclass
@@ -45,6 +46,10 @@ class PipelinePass:
     kinds: tuple[str, ...]
     response_length: int
     packed: bool = False
+    sequence_parallel: SequenceParallel | None = None  # sp > 1: every stage works on this rank's slice of the row
+    # a vision-language model: each micro-batch's merged pixel inputs (``vision.merge_multi_modal_inputs``), which
+    # the first stage's backbone takes with the token ids
+    multi_modal: list[dict[str, torch.Tensor]] | None = None
 
     def shape(self, rows: int, length: int) -> tuple[int, ...]:
         return (rows, len(self.kinds), self.response_length)
@@ -57,7 +62,7 @@ def _trimmed(batch: dict[str, torch.Tensor], first_col: int) -> _Layout:
     lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, L)
     start = min(max(first_col, lo), hi - 1)
     keep = None if start == lo else hi - start
-    pos = model_position_ids(batch["position_ids"][..., lo:hi])
+    pos = batch["position_ids"][..., lo:hi]  # (B, L) or (B, 4, L): the stages give the model model_position_ids
     inputs = MicroBatchInputs(batch["input_ids"][:, lo:hi], batch["attention_mask"][:, lo:hi], pos)
     return _Layout(inputs, keep, start, hi, (B, L))
 
@@ -68,10 +73,35 @@ def _packed(batch: dict[str, torch.Tensor], first_col: int) -> _Layout:
     mask = batch["attention_mask"].bool()
     B, L = mask.shape
     ids = batch["input_ids"][mask].unsqueeze(0)
-    pos = batch["position_ids"][mask].unsqueeze(0)
+    position_ids = batch["position_ids"]
+    pos = (position_ids[mask] if position_ids.dim() == 2 else position_ids.transpose(0, 1)[:, mask]).unsqueeze(0)
     layout = _Layout(MicroBatchInputs(ids, torch.ones_like(ids), pos), None, first_col, L, (B, L),
                      packed_mask=batch["attention_mask"])
     return layout
+
+
+def _ulysses(batch: dict[str, torch.Tensor], first_col: int, sp: SequenceParallel) -> _Layout:
+    """The sequence-parallel layout: the micro-batch's tokens packed into one row padded to a multiple of sp
+    (``UlyssesPlan``, as without a pipeline); the stages run this rank's slice of it."""
+    mask = batch["attention_mask"]
+    plan = UlyssesPlan.build(batch["input_ids"], mask, batch["position_ids"], first_col, sp)
+    pos = plan.position_ids if plan.position_ids.dim() == 2 else plan.position_ids.transpose(0, 1)  # (1, 4, N)
+    inputs = MicroBatchInputs(plan.ids, torch.ones_like(plan.ids), pos)
+    return _Layout(inputs, None, first_col, mask.shape[1], tuple(mask.shape), packed_mask=mask, plan=plan)
+
+
+def _sp_outputs(spec: PipelinePass, lay: _Layout, model, position_ids) -> dict[str, torch.Tensor]:
+    """The head on this rank's slice, its outputs gathered over the group into the (B, L) layout."""
+    plan, sp = lay.plan, spec.sequence_parallel
+    labels = plan.labels if plan.keep is None else plan.labels[plan.keep]
+    outs = spec.head_fn(model, plan.ids, None, position_ids, plan.keep, labels.unsqueeze(0))
+    mask = lay.packed_mask.bool()
+    full = {}
+    for key, value in outs.items():
+        gathered = plan.gather(value, sp)
+        full[key] = gathered.new_zeros(mask.shape + tuple(gathered.shape[1:]))
+        full[key][mask] = gathered
+    return full
 
 
 def _head(spec: PipelinePass, layouts: list[_Layout]):
@@ -79,13 +109,17 @@ def _head(spec: PipelinePass, layouts: list[_Layout]):
 
     class Head:
         def shape(self, rows: int, length: int) -> tuple[int, ...]:
-            return spec.shape(rows, length) if not spec.packed else spec.shape(max(l.shape[0] for l in layouts), 0)
+            if spec.packed or spec.sequence_parallel is not None:  # one packed row in, the (B, R) outputs out
+                return spec.shape(max(lay.shape[0] for lay in layouts), 0)
+            return spec.shape(rows, length)
 
         def __call__(self, model, ids, attention_mask, position_ids, i):
             lay = layouts[i]
             R = spec.response_length
             B, L = lay.shape
-            if spec.packed:  # (inside the stage's padded_attention context: _context)
+            if lay.plan is not None:  # (inside the stage's sequence-parallel context: _context)
+                full = _sp_outputs(spec, lay, model, position_ids)
+            elif spec.packed:  # (inside the stage's padded_attention context: _context)
                 mask = lay.packed_mask.bool()
                 outs = spec.head_fn(model, ids, None, position_ids, None, torch.roll(ids, shifts=-1, dims=1))
                 full = {k: v.new_zeros((B, L) + tuple(v.shape[2:])) for k, v in outs.items()}
@@ -105,8 +139,30 @@ def _head(spec: PipelinePass, layouts: list[_Layout]):
 
 
 def _layouts(batches: list[dict[str, torch.Tensor]], spec: PipelinePass) -> list[_Layout]:
+    first_cols = [b["input_ids"].shape[-1] - spec.response_length - 1 for b in batches]
+    if spec.sequence_parallel is not None:
+        return [_ulysses(b, c, spec.sequence_parallel) for b, c in zip(batches, first_cols)]
     make = _packed if spec.packed else _trimmed
-    return [make(b, b["input_ids"].shape[-1] - spec.response_length - 1) for b in batches]
+    return [make(b, c) for b, c in zip(batches, first_cols)]
+
+
+def _run_options(spec: PipelinePass, layouts: list[_Layout]) -> PassOptions:
+    """The runner's layout of a pass: the context, packed rows, under sequence parallelism this rank's slice of
+    each row and the group's size, and a vision-language model's pixel inputs for the first stage."""
+    options = PassOptions(context=_context(layouts), packed=spec.packed or spec.sequence_parallel is not None)
+    sp = spec.sequence_parallel
+    if sp is not None:
+        if spec.multi_modal is not None:
+            raise PipelineError("a vision-language model with pipeline stages and sequence parallelism together is "
+                                "not built: set context_parallel_size (ulysses_sequence_parallel_size) to 1 or the "
+                                "pipeline size to 1")
+        options.seq_slices = [slice(sp.rank * lay.plan.batch.local_len, (sp.rank + 1) * lay.plan.batch.local_len)
+                              for lay in layouts]
+        options.sp = sp.size
+    if spec.multi_modal is not None:
+        inputs = spec.multi_modal
+        options.first_inputs = lambda i: inputs[i]
+    return options
 
 
 def pipeline_outputs(runner: PipelineRunner, batches: list[dict[str, torch.Tensor]],
@@ -114,7 +170,7 @@ def pipeline_outputs(runner: PipelineRunner, batches: list[dict[str, torch.Tenso
     """Forward-only: each micro-batch's ``{kind: (B, R)}`` outputs -- real on the rank holding the last stage, zeros
     of the same shape elsewhere (the controller collects the last stage's)."""
     layouts = _layouts(batches, spec)
-    outs = runner.forward([lay.inputs for lay in layouts], _head(spec, layouts), _context(layouts), spec.packed)
+    outs = runner.forward([lay.inputs for lay in layouts], _head(spec, layouts), _run_options(spec, layouts))
     result = []
     for i, b in enumerate(batches):
         rows = b["input_ids"].shape[0]
@@ -133,12 +189,15 @@ def pipeline_train(runner: PipelineRunner, batches: list[dict[str, torch.Tensor]
         rows = batches[i]["input_ids"].shape[0]
         return loss({k: out[:rows, j] for j, k in enumerate(spec.kinds)}, i)
 
-    runner.train([lay.inputs for lay in layouts], _head(spec, layouts), micro_loss, _context(layouts), spec.packed)
+    runner.train([lay.inputs for lay in layouts], _head(spec, layouts), micro_loss, _run_options(spec, layouts))
 
 
 def _context(layouts: list[_Layout]) -> Callable[[int], contextlib.AbstractContextManager]:
-    """Packed rows: each stage's attention kept within the micro-batch's sequences (``padded_attention``)."""
+    """Packed rows: each stage's attention kept within the micro-batch's sequences (``padded_attention``); under
+    sequence parallelism the Ulysses attention's context (its all-to-alls over the group, the row's segments)."""
     def context(i: int):
+        if layouts[i].plan is not None:
+            return ulysses_pass(layouts[i].plan.batch)
         mask = layouts[i].packed_mask
         return padded_attention(mask.bool()) if mask is not None else contextlib.nullcontext({})
 

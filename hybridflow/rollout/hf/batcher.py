@@ -42,6 +42,7 @@ from hybridflow.rollout.hf.prefix_pool import ParkedSequence, PrefixPool
 from hybridflow.rollout.hf.requests import BatcherLimits, GenerationRequest
 from hybridflow.rollout.hf.weights_stamp import WeightsStamp
 from hybridflow.rollout.hf.token_sampler import RowSampling, sample_next_tokens
+from hybridflow.rollout.sampling_params import SamplingParams
 
 __all__ = ["BatcherLimits", "ContinuousBatcher", "GenerationRequest"]
 

@@ -221,7 +221,7 @@ class HFRolloutEngine(RolloutEngine):
             request = self._request(prompt_ids, sampling_params, request_id, on_done, on_error)
         else:
             request.on_done, request.on_error = on_done, on_error
-        self._batcher.submit(request)
+        self._enqueue(request)
         if self._driver is None or self._driver.done() or self._driver.get_loop() is not loop:
             self._driver = loop.create_task(self._drive(loop))
         return await future
@@ -236,7 +236,7 @@ class HFRolloutEngine(RolloutEngine):
         """Step the batcher while work remains, yielding to the loop between steps so that requests
         submitted meanwhile join the next step."""
         poster = self._poster(loop)
-        while self._batcher.has_work():
+        while self._has_work():
             await asyncio.sleep(0)
             stepped: asyncio.Future = loop.create_future()
             self._executor.submit(self._step_and_report, poster, stepped)
@@ -263,13 +263,27 @@ class HFRolloutEngine(RolloutEngine):
         with self._batcher.lock:
             try:
                 with eval_mode(self.model):
-                    if self._batcher.has_work():
-                        self._batcher.step()
+                    self._step_under_lock()
             except EngineError:  # the step handed it to its requests already (requests submitted since are new)
                 raise
             except BaseException as exc:  # failed around the step (the mode switch): nobody was told yet
                 self._batcher.fail_all(engine_failure(exc, self.name, "a step", self._batcher.load()))
                 raise
+
+    # the points a sharded engine (rollout/hf/sharded_engine.py) takes over: where a request enters, whether work
+    # remains, and one step under the batcher's lock
+    def _enqueue(self, request: GenerationRequest) -> None:
+        self._batcher.submit(request)
+
+    def _has_work(self) -> bool:
+        return self._batcher.has_work()
+
+    def _step_under_lock(self) -> None:
+        if self._batcher.has_work():
+            self._batcher.step()
+
+    def _abort_under_lock(self) -> int:
+        return self._batcher.abort_all()
 
     def progress(self) -> tuple[int, str]:
         return self._batcher.progress(), self._batcher.doing
@@ -293,7 +307,7 @@ class HFRolloutEngine(RolloutEngine):
             requests.append(self._request(prompt, sp, f"batch-{i}", on_done, errors.append, mm))
             self._batcher.check(requests[-1])  # all or none: a bad request leaves nothing behind
         for request in requests:
-            self._batcher.submit(request)
+            self._enqueue(request)
         remaining = len(prompts)
         with eval_mode(self.model):  # once for the whole batch: the per-step switch inside is then a no-op
             while remaining:
@@ -329,6 +343,12 @@ class HFRolloutEngine(RolloutEngine):
                 copied += 1
         return copied
 
+    def weight_tensors(self, names: Sequence[str]) -> dict[str, torch.Tensor] | None:
+        """The module's tensors of ``names`` (``None`` when it has not all of them: e.g. merged LoRA weights)."""
+        own = dict(self.model.named_parameters())
+        own.update(self.model.named_buffers())
+        return {n: own[n] for n in names} if all(n in own for n in names) else None
+
     def sleep(self) -> None:
         """Before training: free the KV cache when ``free_cache_engine`` (weights stay: they are the
         actor's), and forget parked prefixes either way; generating raises until :meth:`wake_up`."""
@@ -357,7 +377,7 @@ class HFRolloutEngine(RolloutEngine):
                                   f"{_ABORT_WAIT_S:.0f} s, so its requests cannot be aborted (the engine is stuck; "
                                   f"its replica's stall watchdog names where)")
             try:
-                return self._batcher.abort_all()
+                return self._abort_under_lock()
             finally:
                 self._batcher.lock.release()
         finally:

@@ -107,7 +107,7 @@ def run_prefill(model, cache: SlotKVCache, jobs: list[PrefillJob], pad_token_id:
 def _forward(model, cache: SlotKVCache, chunks: list[tuple[PrefillJob, int, int]], width: int, pad_token_id: int,
              mask_dtype: torch.dtype, device, masks: EngineMasks) -> torch.Tensor:
     """One forward over ``chunks`` (job, first, end position); returns the last-position logits (U, V)."""
-    U, W = len(chunks), width
+    W = width
     ids = torch.tensor([[pad_token_id] * (W - (b - a)) + job.prompt[a:b] for job, a, b in chunks], device=device)
     first = torch.tensor([a for _, a, _ in chunks], device=device)
     lens = torch.tensor([b - a for _, a, b in chunks], device=device)

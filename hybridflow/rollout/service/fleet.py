@@ -59,7 +59,8 @@ class HybridFleet(RolloutFleet):
     def __init__(self, group: Any):
         self.last_metrics: dict[str, float] = {}
         self.group = group
-        self.replicas = list(group.rollout_replica(group.host_role))
+        # a rank following its shard group's leader (the hf engine split over ranks) has no replica of its own
+        self.replicas = [r for r in group.rollout_replica(group.host_role) if r is not None]
 
     def wake_up(self, global_step: int | None = None) -> None:
         self.group.wake_up_rollout(global_step)
@@ -88,6 +89,11 @@ class HybridFleet(RolloutFleet):
 
     def abort_all(self) -> None:
         self.group.abort_rollout()
+
+    def weight_facts(self) -> list[dict]:
+        """Each rank's last weight-digest check (``RolloutHost.weight_fact``: the hosts check after every sync and
+        wake-up and raise on a mismatch themselves)."""
+        return list(self.group.rollout_weight_fact())
 
     def interrupt(self) -> int:
         """Cut every in-flight request short for an update; they continue after :meth:`resume` (V1 colocate)."""

@@ -7,7 +7,8 @@ the engine returns them with ``finish_reason="abort"`` and the tokens and log-pr
 request that comes back aborted while the gate is closed is *continued* once :meth:`resume` reopens it --
 re-submitted as prompt + tokens so far with the rest of its token budget, now sampled by the new weights
 -- and its caller receives one output: all tokens, all log-probs (each token's log-prob under the weights
-that generated it), the final finish reason.  Callers (agent loops, the server manager) see nothing but a
+that generated it), the final finish reason, and ``weight_segments``: how many of its tokens each weight version
+generated (the trainer dates every token by it).  Callers (agent loops, the server manager) see nothing but a
 slower request, so every agent loop supports partial rollout without a special variant.
 
 A request aborted while the gate is open (``abort_all`` on a running server) returns ``"abort"`` as usual.
@@ -93,5 +94,7 @@ class InterruptibleRolloutServer(RolloutServer):
         log_probs = None
         if done.log_probs is not None and more.log_probs is not None:
             log_probs = list(done.log_probs) + list(more.log_probs)
+        segments = list(done.weight_segments or [len(done.token_ids)]) + list(more.weight_segments
+                                                                             or [len(more.token_ids)])
         return TokenOutput(request.request_id, list(done.token_ids) + list(more.token_ids), log_probs,
-                           more.finish_reason)
+                           more.finish_reason, weight_segments=segments)

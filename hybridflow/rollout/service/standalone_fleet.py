@@ -92,7 +92,8 @@ class StandaloneFleet(RolloutFleet):
     """Replicas of ``group`` (see the module docstring)."""
 
     def __init__(self, group: Any, weight_source: Any, *, backend: str, bucket_bytes: int, overlap: bool = False,
-                 timeout_s: float = 600.0, keep_awake: bool = False, seed: int = 0, delta: bool = True):
+                 timeout_s: float = 600.0, keep_awake: bool = False, seed: int = 0, delta: bool = True,
+                 check_weights: bool = True):
         self.group = group
         self.weight_source = weight_source
         self.backend = backend
@@ -110,6 +111,8 @@ class StandaloneFleet(RolloutFleet):
         self.last_sent = TransferStats()  # what the actor's rank 0 sent in the last sync
         self._connected = False
         self._asleep = False
+        self.check_weights = bool(check_weights)  # trainer.drift.check_weights: digests after a sync and a wake
+        self.facts: list[dict] = []  # the last check of every replica (see verify_weights)
 
     # ------------------------------------------------------------------ health
     def _guard(self, what: str, fn: Callable[..., Any], *args) -> Any:
@@ -134,6 +137,8 @@ class StandaloneFleet(RolloutFleet):
         seed = None if global_step is None else self.seed + 7919 * int(global_step)
         self._guard("wake_up", self.group.wake_up_rollout, seed)
         self._asleep = False
+        if self._connected:  # woken for a synchronous generation: the replicas must hold the actor's weights now
+            self.verify_weights("at wake_up, before generating")
 
     def sleep(self) -> None:
         if self.keep_awake:
@@ -181,12 +186,37 @@ class StandaloneFleet(RolloutFleet):
                                    "mismatch after a full resend): the weight-sync transport is unreliable")
         self.weight_source.commit(True)
         self.version = version
+        self.verify_weights("after the weight sync")
         seconds = time.perf_counter() - start
         self.last_sent = TransferStats.from_floats(sent or {})
         self.last_sync = {"seconds": seconds, **{f"sent_{k}": float(v) for k, v in (sent or {}).items()},
                           "receive_seconds_max": max((r.get("seconds", 0.0) for r in received), default=0.0),
                           "checksum_mismatch": float(bool(mismatch))}
         return seconds
+
+    def verify_weights(self, when: str) -> list[dict]:
+        """Weight versions as facts: every replica's weight digest against the actor's current one
+        (:mod:`hybridflow.rollout.weights.digest`); a replica holding other weights is a :class:`ReplicaError`
+        naming it (a skipped or failed sync, weights lost across sleep/wake).  Off with
+        ``trainer.drift.check_weights=false``."""
+        if not self.check_weights:
+            return []
+        trainer = self.weight_source.digest()
+        held = self._guard("a weight digest", self.group.rollout_weights_digest, trainer["names"])
+        self.facts = [{"engine": name, "when": when, "held": h, "expected": trainer["digest"],
+                       "match": None if h is None or trainer["digest"] is None else h == trainer["digest"]}
+                      for name, h in zip(self.names, held)]
+        bad = [f for f in self.facts if f["match"] is False]
+        if bad:
+            raise ReplicaError(
+                f"rollout replica '{bad[0]['engine']}' does not hold the trainer's weights {when}: weight digest "
+                f"{bad[0]['held']}, the trainer's {trainer['digest']} ({len(bad)} of {len(self.facts)} replicas); "
+                f"the last weight version sent is {self.version}: a weight sync was skipped or failed, or the "
+                "weights were lost across sleep/wake")
+        return self.facts
+
+    def weight_facts(self) -> list[dict]:
+        return list(self.facts)
 
     def _transfer(self, version: int, full: bool) -> tuple[dict, list]:
         receivers = _Background(lambda: self._guard("receive_weights", self.group.receive_weights, version))

@@ -103,7 +103,8 @@ class FullyAsyncMode(BatchSource):
             if samples is None:
                 return None
             batch = assemble(run, samples, log)                              # assemble
-            self.ledger.account(run, samples, batch, self.weights.version, log, self.queue, self.rollouter)
+            self.ledger.account(run, samples, batch, self.weights.version, log, self.queue, self.rollouter,
+                                bound=self.max_staleness)
             log.metrics["fully_async/max_staleness"] = float(self.max_staleness)
             ppo_step.score(run, batch, log)                                  # score
             batch = ppo_step.train(run, batch, log)                          # train

@@ -107,7 +107,7 @@ class OneStepOffMode(BatchSource):
         self._pending = self._executor.submit(job)
 
     def _record(self, run: Run, batch: DataProto, step: int, log: StepLog) -> None:
-        log.update(staleness_metrics(batch, self.weights.updates))
+        log.update(staleness_metrics(batch, self.weights.updates, bound=1))  # one update behind at most
         rows = batch.non_tensor_batch
         for i in range(0, len(batch), run.plan.n):  # one entry per prompt (its n samples share everything)
             run.history.trained.append({"step": step, "index": rows["index"][i] if "index" in rows else None,

@@ -78,9 +78,9 @@ class SampleLedger:
             self.frontier += 1
 
     def account(self, run: Run, samples: list[Sample], batch: DataProto, version: int, log: StepLog,
-                queue: Any, rollouter: Any) -> None:
-        """Staleness, counters and the ledger entries of the samples trained this step."""
-        log.update(staleness_metrics(batch, version))
+                queue: Any, rollouter: Any, bound: int | None = None) -> None:
+        """Staleness (beyond ``bound``: an error), counters and the ledger entries of the samples trained this step."""
+        log.update(staleness_metrics(batch, version, bound))
         step = run.global_steps + 1
         for s in samples:
             stale = version - s.version_start

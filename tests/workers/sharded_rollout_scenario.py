@@ -1,0 +1,131 @@
+"""One rank of the GRPO step through the trainer's stages with the hf rollout split over both ranks (issue 39 item 4),
+run by test_sharded_rollout.py.
+
+Per case (actor layout, rollout tensor_model_parallel_size): the worker is built as the trainer builds it; rank 0
+drives the generation through the hybrid fleet and the agent-loop manager (with the rollout split, rank 1's engine
+follows rank 0's; unsplit, rank 0's engine serves every prompt and rank 1's stays idle), rank 1 wakes up and sleeps
+with it; the batch goes to both ranks, rewards and GRPO advantages are computed on it, each rank updates the actor on
+its data-parallel share, and the switch runs again (sync_rollout_weights).  Rank 0 writes the generated tokens, the
+trained weights and the sync's metrics of each case.
+
+usage: python sharded_rollout_scenario.py RANK WORLD PORT DATA_DIR MODEL_DIR OUT_DIR REWARD_FILE CASE...
+"""
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+A = "actor_rollout_ref"
+# case -> (actor tensor parallel size, rollout tensor_model_parallel_size)
+CASES = {"dp2-rollout1": (1, 1), "dp2-rollout2": (1, 2), "tp2-rollout1": (2, 1), "tp2-rollout2": (2, 2)}
+
+
+def _config(model_dir: str, data_dir: str, reward_file: str, tp: int, k: int):
+    from hybridflow.launch.config import load_config
+
+    megatron = [f"{A}.actor.strategy=megatron", f"{A}.actor.megatron.tensor_model_parallel_size={tp}"] if tp > 1 else []
+    if tp > 1 or k > 1:  # the switch moves the weights (it acts only then)
+        megatron.append(f"{A}.rollout.checkpoint_engine.update_weights_bucket_megabytes=1")
+    return load_config([
+        f"{A}.model.path={model_dir}", f"critic.model.path={model_dir}",
+        f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+        "data.train_batch_size=4", "data.max_prompt_length=32", "data.max_response_length=6", "data.seed=1",
+        "algorithm.adv_estimator=grpo", f"{A}.rollout.name=hf", f"{A}.rollout.n=2",
+        f"{A}.rollout.tensor_model_parallel_size={k}",
+        f"{A}.actor.ppo_mini_batch_size=4", f"{A}.actor.ppo_micro_batch_size_per_gpu=2",
+        f"{A}.rollout.log_prob_micro_batch_size_per_gpu=4",
+        f"{A}.actor.optim.lr=1e-4",  # Adam turns a gradient of ~eps into a step of ~lr: keep layouts comparable
+        f"custom_reward_function.path={reward_file}", "custom_reward_function.name=compute_score_spread",
+        "trainer.device=cpu", "trainer.n_gpus_per_node=2", *megatron,
+    ])
+
+
+class OneRankGroup:
+    host_role = None
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def __getattr__(self, name):
+        method = getattr(self.worker, name)
+        return lambda *args, **kwargs: [method(*args, **kwargs)]
+
+
+def _generate_on_rank0(cfg, worker, rank, tokenizer, reward_fn, prompts):
+    from hybridflow.agents import AgentLoopManager
+    from hybridflow.rollout.service.fleet import HybridFleet
+    from hybridflow.trainer.stages import WorkerGroups, generate
+
+    box = [None]
+    if rank == 0:
+        fleet = HybridFleet(OneRankGroup(worker))
+        manager = AgentLoopManager(cfg, fleet, "local", tokenizer=tokenizer, reward_manager=reward_fn)
+        box[0] = generate(WorkerGroups(actor_rollout=worker, rollout=manager), prompts, meta={"global_steps": 1})
+    else:  # the generation is a collective of the group: wake up and sleep with rank 0
+        worker.wake_up_rollout(1)
+        worker.sleep_rollout()
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def run_case(case: str, rank: int, world: int, data_dir: str, model_dir: str, reward_file: str) -> dict:
+    from hybridflow.launch.inputs import build_data, build_reward_fns, load_tokenizer_for
+    from hybridflow.trainer.stages import (StepPlan, WorkerGroups, compute_advantages, compute_old_log_prob,
+                                           compute_reward, prompts_from_loader, update_actor)
+    from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+    tp, k = CASES[case]
+    cfg = _config(model_dir, data_dir, reward_file, tp, k)
+    worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor_rollout_ref")
+    worker.init_model()
+    tokenizer = load_tokenizer_for(cfg)
+    reward_fn, _ = build_reward_fns(cfg, tokenizer)
+    prompts = prompts_from_loader(next(iter(build_data(cfg, tokenizer)[0])))
+    batch = _generate_on_rank0(cfg, worker, rank, tokenizer, reward_fn, prompts)
+    groups = WorkerGroups(actor_rollout=worker, rollout=None)
+    plan = StepPlan.from_config(cfg)
+    compute_reward(groups, batch, reward_fn, use_rm=False)
+    batch, _ = compute_advantages(batch, cfg.algorithm, plan, None)
+    dims = worker.actor_engine.parallel_dims
+    share = batch.chunk(dims.dp)[dims.dp_rank(rank)]
+    metrics = compute_old_log_prob(groups, share, plan, cfg.actor_rollout_ref.actor.loss_agg_mode)
+    metrics.update(update_actor(groups, share, float(cfg.actor_rollout_ref.rollout.temperature)))
+    sync = worker.sync_rollout_weights()  # the switch after the update, as the trainer's weight-sync policy runs it
+    state = worker.actor_engine.full_state_dict()
+    result = {"sync": sync if isinstance(sync, dict) else {"seconds": sync},
+              "replica": worker.rollout_replica() is not None}
+    if rank == 0:
+        torch.save({"responses": batch.batch["responses"], "state": state}, os.path.join(OUT, f"{case}.pt"))
+    worker.release()
+    return result
+
+
+def main(rank, world, port, data_dir, model_dir, out_dir, reward_file, cases):
+    global OUT
+    OUT = out_dir
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HYBRIDFLOW_DEVICE="cpu")
+    torch.set_num_threads(1)
+    results = {}
+    for case in cases:
+        try:
+            results[case] = run_case(case, rank, world, data_dir, model_dir, reward_file)
+        except Exception:  # noqa: BLE001 - reported per case; the other rank fails alike or times out
+            results[case] = {"error": traceback.format_exc()}
+            print(results[case]["error"], file=sys.stderr, flush=True)
+            break
+    Path(out_dir, f"results_rank{rank}.json").write_text(json.dumps(results, indent=1))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+OUT = "."
+
+if __name__ == "__main__":
+    r, w, p, d, m, o, rf = sys.argv[1:8]
+    main(int(r), int(w), int(p), d, m, o, rf, sys.argv[8:])
