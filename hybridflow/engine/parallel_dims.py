@@ -73,7 +73,7 @@ class ParallelDims:
 
     ``sp`` comes from ``<role>.ulysses_sequence_parallel_size`` (or Megatron's ``context_parallel_size``),
     ``tp`` / ``ep`` from ``<role>.megatron.tensor_model_parallel_size`` / ``expert_model_parallel_size``;
-    ``dp`` is what is left (``world / (sp x tp)``).  ``key`` / ``tp_key`` / ``ep_key`` are the config keys named
+    ``dp`` is what is left (``world / (pp x sp x tp)``).  ``key`` / ``tp_key`` / ``ep_key`` are the config keys named
     in errors.
     """
 
@@ -119,8 +119,10 @@ class ParallelDims:
         return inner > 1 and self.ep % inner == 0 and self.dp % (self.ep // inner) == 0
 
     def _ep_refusal(self) -> str:
-        why = (f"{self.ep_key}={self.ep} must divide the data-parallel size dp = world / (sp x tp) = "
-               f"{self.world} / ({self.sp} x {self.tp}) = {self.dp} (expert groups inside the data-parallel ranks)")
+        sizes = (f"world / (pp x sp x tp) = {self.world} / ({self.pp} x {self.sp} x {self.tp})" if self.pp > 1
+                 else f"world / (sp x tp) = {self.world} / ({self.sp} x {self.tp})")
+        why = (f"{self.ep_key}={self.ep} must divide the data-parallel size dp = {sizes} = {self.dp} "
+               "(expert groups inside the data-parallel ranks)")
         inner = self.sp * self.tp
         if inner == 1:
             return f"{why}; lower it or add ranks"

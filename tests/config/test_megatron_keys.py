@@ -79,7 +79,7 @@ def test_the_batch_is_split_over_data_parallel_groups_of_tp_ranks():
      "(expert groups inside the data-parallel ranks), or be a multiple k x 2 of"),
     ([f"{A}.actor.megatron.context_parallel_size=2", f"{A}.actor.ulysses_sequence_parallel_size=4"],
      "context_parallel_size=2 and actor_rollout_ref.actor.ulysses_sequence_parallel_size=4 both split the sequence"),
-    ([f"{A}.actor.megatron.use_dist_checkpointing=true"], "Megatron's distributed checkpoint format"),
+    # (use_dist_checkpointing acts: tests/config/test_verl09_surface.py, tests/engine/test_dist_checkpoint.py)
     ([f"{A}.actor.optim.lr_decay_style=WSD"], "lr_decay_style=WSD: only constant and cosine"),
 ])
 def test_refusals_name_the_key_and_the_reason(overrides, wanted):
