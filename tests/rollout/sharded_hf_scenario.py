@@ -29,7 +29,7 @@ SWITCH_LAYOUTS = {
     "ep2xtp2": (dict(tp=2, ep=2), "qwen3-moe"),
     "ep4-deepseek": (dict(ep=4), "deepseek-v3"),
     "pp2xtp2": (dict(pp=2, tp=2), "mistral"),
-    "pp2xdp2": (dict(pp=2), "qwen2"),  # gemma2 after a pp2 TrainEngine: the rollout mesh creation hangs (report)
+    "pp2xdp2": (dict(pp=2), "gemma2"),  # the last stage lacks the embeddings' embed_scale buffer: a peer sends it
 }
 ROLLOUT_TPS = (1, 2, 4)
 
@@ -67,26 +67,24 @@ def check_switch(models: Path, rank: int, world: int, only: list[str]) -> dict:
         engine = TrainEngine(full, _fsdp(), None, role="rollout", parallel_dims=ParallelDims(world, **layout))
         for tp_r in ROLLOUT_TPS:
             key = f"{name}->tp{tp_r}"
-            try:
-                groups = rollout_shard_groups(world, tp_r, layout.get("tp", 1))
-                shard = build_model_shard(load_causal_lm(str(models / family)).config, _mesh(groups, rank), "cpu",
-                                          torch.float32, engine.module)
-                plan = plan_switch(engine.module, shard)
-                stats = switch_to_rollout(engine.module, shard, plan, bucket_bytes=64 << 10)
-                worst = 0.0
-                for n, t in shard.state_dict().items():
-                    box = local_box(t)
-                    local = t.to_local() if hasattr(t, "to_local") else t
-                    ref = want[n][tuple(slice(a, b) for a, b in box)]
-                    worst = max(worst, float((local - ref).abs().max()) if local.numel() else 0.0)
-                received = torch.tensor([stats.bytes], dtype=torch.float64)
-                dist.all_reduce(received)
-                results[key] = {"max_diff": worst, "sent": stats.bytes, "total_sent": float(received),
-                                "shard_bytes": stats.bytes_total, "redundancy": plan.redundancy(rank),
-                                "buckets": stats.buckets, "groups": groups}
-                del shard
-            except Exception:  # noqa: BLE001 - reported per case
-                results[key] = {"error": traceback.format_exc()}
+            # a failing case raises: its peers' collectives then fail at once instead of waiting for it
+            groups = rollout_shard_groups(world, tp_r, layout.get("tp", 1))
+            shard = build_model_shard(load_causal_lm(str(models / family)).config, _mesh(groups, rank), "cpu",
+                                      torch.float32, engine.module)
+            plan = plan_switch(engine.module, shard)
+            stats = switch_to_rollout(engine.module, shard, plan, bucket_bytes=64 << 10)
+            worst = 0.0
+            for n, t in shard.state_dict().items():
+                box = local_box(t)
+                local = t.to_local() if hasattr(t, "to_local") else t
+                ref = want[n][tuple(slice(a, b) for a, b in box)]
+                worst = max(worst, float((local - ref).abs().max()) if local.numel() else 0.0)
+            received = torch.tensor([stats.bytes], dtype=torch.float64)
+            dist.all_reduce(received)
+            results[key] = {"max_diff": worst, "sent": stats.bytes, "total_sent": float(received),
+                            "shard_bytes": stats.bytes_total, "redundancy": plan.redundancy(rank),
+                            "buckets": stats.buckets, "groups": groups}
+            del shard
         del engine
     return results
 

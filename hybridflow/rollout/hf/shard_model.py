@@ -76,11 +76,33 @@ def build_model_shard(config, mesh, device: torch.device | str, dtype: torch.dty
 
 def _copy_buffers(model: nn.Module, source: nn.Module, names: list[str]) -> None:
     held = dict(source.named_buffers())
+    held.update(_peer_buffers(held, names))
     missing = [n for n in names if n not in held]
     if missing:
-        raise ValueError(f"{KEY}>1: the training module holds no buffer {missing[0]!r} to copy into the rollout's "
-                         "shard (a model whose layers compute buffers the rank's training view lacks)")
+        raise ValueError(f"{KEY}>1: no training rank holds the buffer {missing[0]!r} to copy into the rollout's "
+                         "shard (a model whose layers compute buffers the training views lack)")
     with torch.no_grad():
         for name in names:
             target = model.get_buffer(name)
             target.copy_(held[name].to(device=target.device, dtype=target.dtype))
+
+
+def _peer_buffers(held: dict[str, torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]:
+    """The buffers some rank lacks, from the ranks that hold them (a collective of every rank: under pipeline
+    parallelism a stage keeps only its own modules, e.g. Gemma-2's ``embed_scale`` lives on the first stage)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return {}
+    lacking: list[list[str]] = [None] * dist.get_world_size()  # type: ignore[list-item]
+    dist.all_gather_object(lacking, [n for n in names if n not in held])
+    wanted = sorted({n for names_ in lacking for n in names_})
+    if not wanted:  # every rank holds every buffer it needs: the usual case, one small exchange
+        return {}
+    offers: list[dict[str, torch.Tensor]] = [None] * dist.get_world_size()  # type: ignore[list-item]
+    dist.all_gather_object(offers, {n: held[n].detach().cpu() for n in wanted if n in held})
+    found: dict[str, torch.Tensor] = {}
+    for offer in offers:
+        for n, t in offer.items():
+            found.setdefault(n, t)
+    return {n: t for n, t in found.items() if n not in held}
