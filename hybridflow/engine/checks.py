@@ -59,9 +59,26 @@ def check_optimizers(cfg, errors: list[str]) -> None:
         roles.append(("critic.optim", cfg.critic.optim))
     for field, optim in roles:
         try:
-            optimizer_class(optim, field)
+            cls = optimizer_class(optim, field)
         except ValueError as e:
             errors.append(str(e))
+            continue
+        _check_override_names(field, cls, optim.override_optimizer_config or {}, errors)
+
+
+def _check_override_names(field: str, cls, overrides: dict, errors: list[str]) -> None:
+    """``override_optimizer_config`` entries are keyword arguments of the optimizer class: each must be one."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(overrides) - set(params))
+    if unknown:
+        takes = ", ".join(n for n in params if n not in ("self", "params"))
+        errors.append(f"{field}.override_optimizer_config: {', '.join(unknown)} is not an argument of "
+                      f"{cls.__module__}.{cls.__name__} (it takes {takes}); drop it or choose the optimizer that "
+                      "takes it")
 
 
 def check_prompt_rows(cfg, errors: list[str]) -> None:

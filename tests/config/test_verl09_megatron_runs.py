@@ -115,7 +115,8 @@ _DROPPED = ("micro_batch_size", "max_token_len", "model.path", "data.train_files
             "rollout.data_parallel_size", "rollout.expert_parallel_size", "train_batch_size", "ppo_mini_batch_size",
             "rollout.n", "max_prompt_length", "max_response_length", "trainer.n_gpus_per_node", "trainer.nnodes",
             "total_training_steps", "total_epochs", "test_freq", "save_freq", "val_before_train", "trainer.logger",
-            "max_model_len", "max_num_batched_tokens", "custom_reward_function", "reward_model.reward_manager",
+            "max_model_len", "max_num_batched_tokens", "rollout.prompt_length", "rollout.response_length",
+            "custom_reward_function", "reward_model.reward_manager",
             "reward.reward_manager", "reward_kwargs", "gen_batch_size", "trainer.device")
 
 

@@ -212,3 +212,31 @@ def test_use_dist_checkpointing_needs_a_dcp_folder_at_run_stage(nano_model_dir, 
     errors = []
     check_model_files(cfg, errors)
     assert errors == []
+
+
+def test_megatron_optimizer_config_fields_in_override_optimizer_config():
+    """verl's DeepSeek / Qwen3.5 Megatron lines pass Megatron-core OptimizerConfig fields through
+    override_optimizer_config: CPU offload acts (fsdp_config.optimizer_offload), the rest is said inert, and none of
+    them reaches the optimizer class; a partial offload is refused; a name no optimizer takes is refused at run stage."""
+    from hybridflow.engine.checks import check_optimizers
+
+    o = f"+{A}.actor.optim.override_optimizer_config"
+    cfg, notes = load_with_notes("model_engine=megatron", f"{o}.optimizer_offload_fraction=1.0",
+                                 f"{o}.optimizer_cpu_offload=True", f"{o}.use_precision_aware_optimizer=True",
+                                 f"{o}.overlap_cpu_optimizer_d2h_h2d=True", f"{o}.amsgrad=True")
+    assert "use_precision_aware_optimizer=True has no effect" in notes and "optimizer_cpu_offload=true: the" in notes
+    assert cfg.actor_rollout_ref.actor.fsdp_config.optimizer_offload is True
+    assert cfg.actor_rollout_ref.actor.optim.override_optimizer_config == {"amsgrad": True}
+    errors: list[str] = []
+    check_optimizers(cfg, errors)
+    assert errors == []
+    cfg = load("model_engine=megatron", f"{o}.optimizer_cpu_offload=False", f"{o}.optimizer_offload_fraction=1.0")
+    assert cfg.actor_rollout_ref.actor.fsdp_config.optimizer_offload is False
+    with pytest.raises(ConfigError, match=r"optimizer_offload_fraction=0.5: offloading part of the optimizer state"):
+        load("model_engine=megatron", f"{o}.optimizer_cpu_offload=True", f"{o}.optimizer_offload_fraction=0.5")
+    cfg, notes = load_with_notes("model_engine=megatron", f"{o}.offload_fraction=1.0")  # Megatron Lite's spelling
+    assert cfg.actor_rollout_ref.actor.optim.override_optimizer_config == {} and "offload_fraction=1.0 has no" in notes
+    cfg = load(f"{o}.no_such_argument=1")
+    errors = []
+    check_optimizers(cfg, errors)
+    assert len(errors) == 1 and "no_such_argument is not an argument of torch.optim" in errors[0]

@@ -108,9 +108,14 @@ _DECAY_STYLES = {"constant": "constant", "cosine": "cosine"}
 
 
 def _optimizer_keys(cfg: Any, errors: list[str], notes: list[str]) -> None:
-    """Megatron's spelling of the schedule (verl's optim/megatron.yaml) into the keys the engine reads."""
-    for key, optim in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim),
-                       ("critic.optim", cfg.critic.optim)):
+    """Megatron's spelling of the schedule (verl's optim/megatron.yaml) into the keys the engine reads, and its
+    OptimizerConfig fields out of override_optimizer_config (config/checks/megatron_optim.py)."""
+    from hybridflow.config.checks.megatron_optim import megatron_optimizer_overrides
+
+    for key, optim, fsdp in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim,
+                              cfg.actor_rollout_ref.actor.fsdp_config),
+                             ("critic.optim", cfg.critic.optim, cfg.critic.model.fsdp_config)):
+        megatron_optimizer_overrides(f"{key}.override_optimizer_config", optim, fsdp, errors, notes)
         style = optim.lr_decay_style
         if style is not None:
             if str(style) not in _DECAY_STYLES:
