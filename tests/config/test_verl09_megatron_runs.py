@@ -1,5 +1,5 @@
-"""Every Megatron launch of verl 0.9's examples (``examples/**/*megatron*.sh``, Ascend NPU ones left out), scaled to this
-machine, trains one GRPO / PPO step on Ray (full tier: ``tests/tiers.py``).
+"""Every Megatron launch of verl 0.9's examples (``examples/**/*megatron*.sh``, Ascend NPU ones left out), scaled to
+this machine, trains one GRPO / PPO step on Ray (full tier: ``tests/tiers.py``).
 
 Scaling keeps every key of the recorded command line (tests/config/data/verl09_command_lines.txt) and changes sizes,
 device counts and paths only:
@@ -159,8 +159,9 @@ def run_line(name: str, tmp_path: Path) -> list[str]:
                   for role in (f"{A}.actor", f"{A}.ref", "critic")]
     reward = HERE.parent / "integration" / "reward_fns.py"
     return scaled(args, layout) + extra + [
-        f"{A}.model.path={model_dir}", f"data.train_files={tmp_path}/data/train.parquet",
-        f"data.val_files={tmp_path}/data/test.parquet", "data.max_prompt_length=32", "data.max_response_length=4",
+        f"{A}.model.path={model_dir}", f"critic.model.path={model_dir}",
+        f"data.train_files={tmp_path}/data/train.parquet", f"data.val_files={tmp_path}/data/test.parquet",
+        "data.max_prompt_length=32", "data.max_response_length=4",
         "data.truncation=left", "data.train_batch_size=4", f"{A}.rollout.n=2", f"{A}.actor.ppo_mini_batch_size=2",
         f"{A}.actor.ppo_micro_batch_size_per_gpu=2", f"{A}.rollout.log_prob_micro_batch_size_per_gpu=2",
         f"{A}.ref.log_prob_micro_batch_size_per_gpu=2", "critic.ppo_mini_batch_size=2",

@@ -217,7 +217,8 @@ def test_use_dist_checkpointing_needs_a_dcp_folder_at_run_stage(nano_model_dir, 
 def test_megatron_optimizer_config_fields_in_override_optimizer_config():
     """verl's DeepSeek / Qwen3.5 Megatron lines pass Megatron-core OptimizerConfig fields through
     override_optimizer_config: CPU offload acts (fsdp_config.optimizer_offload), the rest is said inert, and none of
-    them reaches the optimizer class; a partial offload is refused; a name no optimizer takes is refused at run stage."""
+    them reaches the optimizer class; a partial offload is refused; a name no optimizer takes is refused at run
+    stage."""
     from hybridflow.engine.checks import check_optimizers
 
     o = f"+{A}.actor.optim.override_optimizer_config"

@@ -1,8 +1,9 @@
 """Megatron-core's ``OptimizerConfig`` fields in ``<role>.optim.override_optimizer_config``.
 
-verl's Megatron scripts pass them there (``+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload
-=True``...); the dict's other entries are keyword arguments of the optimizer class, which takes none of these.  They
-are taken out of the dict at config time and each acts or is said to have no effect:
+verl's Megatron scripts pass them there
+(``+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True``...); the dict's other
+entries are keyword arguments of the optimizer class, which takes none of these.  They are taken out of the dict at
+config time and each acts or is said to have no effect:
 
 * ``optimizer_cpu_offload`` (Megatron keeps the optimizer state on the CPU and steps it there) -> the role's
   ``fsdp_config.optimizer_offload`` (the state lives on the CPU between phases; the step runs where the parameters
