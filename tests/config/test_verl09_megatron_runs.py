@@ -32,7 +32,7 @@ from hybridflow.launch.config import load_config
 
 HERE = Path(__file__).resolve().parent
 A = "actor_rollout_ref"
-RAY_CPUS = 4
+RAY_CPUS = 5  # 4 worker processes, and a distillation line's teacher process
 DEVICES = 4
 
 
@@ -157,6 +157,7 @@ def run_line(name: str, tmp_path: Path) -> list[str]:
     if any(_key(a).endswith("use_dist_checkpointing") and _value(a).lower() == "true" for a in args):
         extra += [f"{role}.megatron.dist_checkpointing_path={_dcp_copy(model_dir, tmp_path / 'dcp')}"
                   for role in (f"{A}.actor", f"{A}.ref", "critic")]
+    extra += _teachers_scaled(args, model_dir)
     reward = HERE.parent / "integration" / "reward_fns.py"
     return scaled(args, layout) + extra + [
         f"{A}.model.path={model_dir}", f"critic.model.path={model_dir}",
@@ -175,6 +176,19 @@ def run_line(name: str, tmp_path: Path) -> list[str]:
         f"trainer.default_local_dir={tmp_path}/ckpt", "reward_model.num_workers=0", "reward_model.reward_manager=naive",
         f"custom_reward_function.path={reward}", "custom_reward_function.name=compute_score_spread",
     ]
+
+
+def _teachers_scaled(args: list[str], model_dir: Path) -> list[str]:
+    """A distillation line's teachers on this machine: the tiny model, the hf engine, one process of their own."""
+    names = sorted({_key(a).split(".")[2] for a in args if _key(a).startswith("distillation.teacher_models.")})
+    if not names:
+        return []
+    out = ["distillation.n_gpus_per_node=1", "distillation.nnodes=1"]
+    for name in names:
+        t = f"distillation.teacher_models.{name}"
+        out += [f"{t}.model_path={model_dir}", f"{t}.inference.name=hf", f"{t}.inference.tensor_model_parallel_size=1",
+                f"{t}.inference.max_model_len=64"]
+    return out
 
 
 def _dcp_copy(model_dir: Path, path: Path) -> Path:
