@@ -5,9 +5,9 @@ Scaling keeps every key of the recorded command line (tests/config/data/verl09_c
 device counts and paths only:
 
 * 4 worker processes; the parallel sizes of every role's ``megatron`` node (and Megatron Lite's ``engine`` node): tp at
-  most 2, pipeline kept at 2 where the script pipelines (its ``num_layers_in_{first,last}_pipeline_stage`` at 1),
-  virtual stages kept, experts split over 2 ranks where the script splits them, context parallelism 2 where it is
-  used and room is left (else 1);
+  most 2, pipeline kept at 2 where the script pipelines (its ``num_layers_in_{first,last}_pipeline_stage`` at 2 of
+  the 4 layers), virtual stages kept, experts split over 2 ranks where the script splits them, context parallelism 2
+  where it is used and room is left (else 1);
 * the model: a random 4-layer model of the script's family from the library's table (``utils/tiny_model.py``):
   Qwen3-MoE for the MoE lines (Qwen3-30B-A3B, -235B-A22B, Qwen3.5 MoE, Hy3, Nemotron-Nano), DeepSeek-V3 for DeepSeek,
   Moonlight and Kimi, dense Qwen3 otherwise (Qwen3-8B, Qwen2.5, MiMo; the Qwen*-VL lines on the text model: the
@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 A = "actor_rollout_ref"
 RAY_CPUS = 5  # 4 worker processes, and a distillation line's teacher process
 DEVICES = 4
+LAYERS = 4  # decoder layers of the scaled model
 
 
 def _verl09_module():
@@ -135,7 +136,7 @@ def scaled(args: list[str], layout: dict[str, int]) -> list[str]:
         elif leaf in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
             if layout["pp"] == 1:
                 continue
-            arg = f"{arg.partition('=')[0]}=1"
+            arg = f"{arg.partition('=')[0]}={LAYERS // layout['pp']}"  # the end stages' share: their sum is LAYERS
         elif key.endswith("override_transformer_config.context_parallel_size"):
             arg = f"{arg.partition('=')[0]}={layout['cp']}"
         out.append(arg)
@@ -151,7 +152,7 @@ def run_line(name: str, tmp_path: Path) -> list[str]:
     model_path = next((_value(a) for a in args if _key(a) == f"{A}.model.path"), "")
     family = family_of(model_path)
     layout = _layout(args, moe=family != "qwen3")
-    model_dir = make_tiny_checkpoint(tmp_path / "model", size="nano", family=family, num_hidden_layers=4)
+    model_dir = make_tiny_checkpoint(tmp_path / "model", size="nano", family=family, num_hidden_layers=LAYERS)
     write_synthetic("addition", str(tmp_path / "data"), train_size=16, test_size=4, seed=0)
     extra = []
     if any(_key(a).endswith("use_dist_checkpointing") and _value(a).lower() == "true" for a in args):
