@@ -32,7 +32,7 @@ from hybridflow.launch.config import load_config
 
 HERE = Path(__file__).resolve().parent
 A = "actor_rollout_ref"
-RAY_CPUS = 5  # 4 worker processes, and a distillation line's teacher process
+RAY_CPUS = 6  # 4 worker processes, and a distillation line's 2 teacher processes
 DEVICES = 4
 LAYERS = 4  # decoder layers of the scaled model
 
@@ -180,11 +180,11 @@ def run_line(name: str, tmp_path: Path) -> list[str]:
 
 
 def _teachers_scaled(args: list[str], model_dir: Path) -> list[str]:
-    """A distillation line's teachers on this machine: the tiny model, the hf engine, one process of their own."""
+    """A distillation line's teachers on this machine: the tiny model, the hf engine, two processes of their own."""
     names = sorted({_key(a).split(".")[2] for a in args if _key(a).startswith("distillation.teacher_models.")})
     if not names:
         return []
-    out = ["distillation.n_gpus_per_node=1", "distillation.nnodes=1"]
+    out = ["distillation.n_gpus_per_node=2", "distillation.nnodes=1"]  # the teachers take the actor's tp 2
     for name in names:
         t = f"distillation.teacher_models.{name}"
         out += [f"{t}.model_path={model_dir}", f"{t}.inference.name=hf", f"{t}.inference.tensor_model_parallel_size=1",
