@@ -223,10 +223,22 @@ def test_scaled_megatron_launch_validates(name, tmp_path):
     assert cfg.actor_rollout_ref.actor.strategy == "megatron"
 
 
+# runs that fail today in main's engine (reported to the lead; strict: the mark must go when they pass)
+KNOWN_FAILING = {
+    "tuning/lora/run_qwen3_30b_a3b_megatron.sh": "LoRA on MoE experts at pp2 x tp2 x ep2: the weight sync to the hf "
+    "rollout sends 'mlp.experts.base_layer.gate_up_proj' (adapter not merged for the experts, engine/reshard.py)",
+}
+
+
+def _runs():
+    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_FAILING[n])) if n in KNOWN_FAILING
+            else n for n in runnable_launches()]
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.full
-@pytest.mark.parametrize("name", runnable_launches())
+@pytest.mark.parametrize("name", _runs())
 def test_scaled_megatron_launch_trains_a_step(name, ray_cluster, tmp_path):
     from hybridflow.tracking import Tracking
     from hybridflow.trainer.main_ppo import train_ppo
