@@ -45,6 +45,8 @@ FULL_TIER: dict[str, str] = {
     "engine/test_pipeline_parallel.py::test_four_ranks": "pipeline x tp / dp / ep equality on 4 gloo processes",
     "engine/test_mixed_precision.py::test_fsdp2_on_two_gloo_ranks_uses_the_policy": "two gloo ranks",
     "config/test_megatron_command_lines.py::test_scaled_qwen3_megatron_grpo_runs_a_step_on_ray": "a Ray run",
+    "config/test_verl09_megatron_runs.py::test_scaled_megatron_launch_trains_a_step": "verl 0.9's Megatron launches, "
+    "scaled to 4 processes, one step each on Ray",
     "trainer/test_main_ppo_startup.py": "Ray start-up with the driver's work in the background",
     "compat/test_sft_compat.py": "verl's SFT trainer command lines run",
     "tools/test_sandbox_fusion.py": "the SandboxFusion server and its client",

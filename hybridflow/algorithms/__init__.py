@@ -54,7 +54,7 @@ from .outcome_advantages import (
     group_mean_std,
 )
 from .pf_ppo import compute_pf_ppo_reweight_data
-from . import distillation, preference, prime, sppo  # noqa: F401 - register the recipes' estimators and losses
+from . import distillation, dppo_losses, gdpo, preference, prime, sppo  # noqa: F401 - register the recipes' estimators and losses
 from .policy_losses import (
     compute_policy_loss_cispo,
     compute_policy_loss_geo_mean,

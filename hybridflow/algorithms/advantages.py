@@ -25,7 +25,8 @@ __all__ = [
     "algo_setting",
 ]
 
-_DEFAULTS = {"gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True}
+_DEFAULTS = {"gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": None,
+             "gdpo_reward_weights": None}
 
 
 def algo_setting(config: Any, name: str):

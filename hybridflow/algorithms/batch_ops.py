@@ -127,6 +127,8 @@ def compute_advantage(
     for key in ("old_log_probs", "sum_pi_squared", "process_rewards", "acc", "token_level_scores"):
         if key in data.batch and _accepts_keyword(estimator, key):
             kwargs[key] = data.batch[key]
+    if _accepts_keyword(estimator, "non_tensor_batch"):  # GDPO's reward components (the reward function's dict)
+        kwargs["non_tensor_batch"] = data.non_tensor_batch
     advantages, returns = estimator(**kwargs)
     data.batch["advantages"] = advantages
     data.batch["returns"] = returns

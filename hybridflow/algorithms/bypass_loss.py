@@ -39,14 +39,16 @@ class BypassSettings:
 
     loss_type: str = "ppo_clip"
     rollout_is: Optional[str] = None
-    rollout_is_threshold: float = 2.0
+    rollout_is_threshold: float | str = 2.0  # a number, or verl 0.9's "lower_upper" (IcePop)
     rollout_is_batch_normalize: bool = False
     rollout_rs: Optional[str] = None
-    rollout_rs_threshold: Optional[float] = None
+    rollout_rs_threshold: Optional[float | str] = None
 
     @classmethod
     def from_config(cls, rc: Any) -> "BypassSettings":
-        return cls(rc.loss_type, rc.rollout_is, float(rc.rollout_is_threshold), bool(rc.rollout_is_batch_normalize),
+        threshold = rc.rollout_is_threshold
+        return cls(rc.loss_type, rc.rollout_is, threshold if isinstance(threshold, str) else float(threshold),
+                   bool(rc.rollout_is_batch_normalize),
                    rc.rollout_rs, rc.rollout_rs_threshold)
 
 

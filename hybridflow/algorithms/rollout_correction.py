@@ -7,10 +7,12 @@ log w_t = log π_old(y_t) − log μ(y_t) (``old_log_prob − rollout_log_probs`
 * Truncated IS (TIS; Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
   training", https://fengyao.notion.site/off-policy-rl): w is capped at ``rollout_is_threshold`` and
   multiplies the per-token policy loss (``rollout_is_weights``).  ``token`` level uses w_t (biased, low
-  variance); ``sequence`` level the product Π_t w_t (unbiased, high variance).
+  variance); ``sequence`` level the product Π_t w_t (unbiased, high variance).  A ``"lower_upper"`` threshold
+  (verl 0.9's IcePop form, e.g. ``"0.5_4.0"``) zeroes the weights outside [lower, upper] instead of capping them.
 * Rejection (masked IS, Liu et al. 2025, "When speed kills stability", https://richardli.xyz/rl-collapse):
-  tokens (``token``) or whole sequences (``sequence`` = product, ``geometric`` = exp of the mean
-  log-ratio) whose ratio leaves [lower, upper] are removed from ``response_mask``.
+  tokens or whole sequences failing any of the ``rollout_rs`` criteria (k1 / k2 / k3 divergence estimators per
+  token, or summed / averaged / maximised over the sequence; grammar in :mod:`.rollout_thresholds`) are removed
+  from ``response_mask``.
 * Veto: a sequence containing any token with w_t < ``rollout_token_veto_threshold`` is rejected whole.
 
 All exponentials clamp the log-ratio to [−20, 20].  Weights are detached (they change the measure,
@@ -19,9 +21,12 @@ not the objective).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .masked import masked_mean, masked_sum
+from .rollout_thresholds import LEGACY_RS_LEVELS, RejectionRule, parse_is_threshold, parse_rejection
 
 __all__ = [
     "ROLLOUT_IS_LEVELS",
@@ -37,7 +42,7 @@ __all__ = [
 ]
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")
-ROLLOUT_RS_LEVELS = ("token", "sequence", "geometric")
+ROLLOUT_RS_LEVELS = tuple(LEGACY_RS_LEVELS)  # the older single-level names (see .rollout_thresholds)
 _BOUND = 20.0
 
 
@@ -55,25 +60,30 @@ def compute_rollout_is_weights(
     log_ratio: torch.Tensor,
     response_mask: torch.Tensor,
     rollout_is: str = "token",
-    rollout_is_threshold: float = 2.0,
+    rollout_is_threshold: float | str = 2.0,
     rollout_is_batch_normalize: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Truncated IS weights min(w, threshold) at token or sequence level, zero on masked positions."""
+    """IS weights w at token or sequence level, zero on masked positions: truncated at t for a number t, or -- for a
+    ``"lower_upper"`` threshold (IcePop) -- kept as they are inside [lower, upper] and zeroed outside."""
     if rollout_is not in ROLLOUT_IS_LEVELS:
         raise ValueError(
             f"algorithm.rollout_correction.rollout_is must be null or one of {ROLLOUT_IS_LEVELS}, got '{rollout_is}'"
         )
-    if rollout_is_threshold <= 0:
-        raise ValueError(f"algorithm.rollout_correction.rollout_is_threshold must be > 0, got {rollout_is_threshold}")
+    upper, lower = parse_is_threshold(rollout_is_threshold)
     mask = response_mask.bool()
     raw = _aggregated_log_ratio(log_ratio, mask, rollout_is).clamp(-_BOUND, _BOUND).exp()
-    weights = torch.where(mask, raw.clamp(max=rollout_is_threshold), 0.0).detach()
+    if lower is None:
+        weights = torch.where(mask, raw.clamp(max=upper), 0.0).detach()
+    else:
+        weights = torch.where(mask & (raw >= lower) & (raw <= upper), raw, 0.0).detach()
     metrics = {
         "rollout_is_mean": masked_mean(weights, mask).item(),
         "rollout_is_max": weights.masked_fill(~mask, float("-inf")).max().item(),
         "rollout_is_min": weights.masked_fill(~mask, float("inf")).min().item(),
-        "rollout_is_fraction_truncated": masked_mean((raw > rollout_is_threshold).float(), mask).item(),
+        "rollout_is_fraction_truncated": masked_mean((raw > upper).float(), mask).item(),
     }
+    if lower is not None:
+        metrics["rollout_is_oob_ratio"] = masked_mean(((raw < lower) | (raw > upper)).float(), mask).item()
     if rollout_is_batch_normalize:
         if rollout_is == "token":
             mean = masked_mean(weights, mask)
@@ -86,33 +96,52 @@ def compute_rollout_is_weights(
     return weights, metrics
 
 
+def _statistic(rule: RejectionRule, log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The rule's statistic per token (a sequence statistic broadcast over the sequence's tokens)."""
+    safe = log_ratio.clamp(-_BOUND, _BOUND)
+    per_token = {"k1": -safe, "k2": 0.5 * safe * safe, "k3": safe.exp() - 1.0 - safe}[rule.estimator]
+    if rule.reduce is None:
+        return per_token
+    if rule.reduce == "sum":
+        seq = masked_sum(per_token, mask, axis=-1)
+    elif rule.reduce == "mean":
+        seq = masked_mean(per_token, mask, axis=-1)
+    else:
+        seq = per_token.masked_fill(~mask, float("-inf")).max(dim=-1).values
+        seq = torch.where(mask.any(dim=-1), seq, 0.0)
+    return seq.unsqueeze(-1).expand_as(per_token)
+
+
+def _keeps(rule: RejectionRule, stat: torch.Tensor) -> torch.Tensor:
+    if rule.estimator == "k1":  # bounds on exp(k1) = mu / pi_old, compared in log space
+        return (stat >= math.log(rule.lower)) & (stat <= math.log(rule.upper))
+    return stat <= rule.upper
+
+
 def compute_rollout_rejection_mask(
     log_ratio: torch.Tensor,
     response_mask: torch.Tensor,
-    rollout_rs: str = "token",
-    rollout_rs_threshold: float | None = None,
-    rollout_rs_threshold_lower: float | None = None,
+    rollout_rs: str = "token_k1",
+    rollout_rs_threshold: float | str | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """``response_mask`` with the tokens/sequences whose ratio is outside [lower, upper] set to 0;
-    ``lower`` defaults to 1/upper."""
-    if rollout_rs not in ROLLOUT_RS_LEVELS:
-        raise ValueError(
-            f"algorithm.rollout_correction.rollout_rs must be null or one of {ROLLOUT_RS_LEVELS}, got '{rollout_rs}'"
-        )
-    if rollout_rs_threshold is None or rollout_rs_threshold <= 0:
-        raise ValueError("algorithm.rollout_correction.rollout_rs_threshold must be set (> 0) to use rejection")
-    upper = float(rollout_rs_threshold)
-    lower = 1.0 / upper if rollout_rs_threshold_lower is None else float(rollout_rs_threshold_lower)
+    """``response_mask`` with every token (or sequence) that fails one of the ``rollout_rs`` criteria set to 0 (the
+    grammar: :mod:`.rollout_thresholds`); per-criterion and overall masked fractions as metrics."""
+    rules = parse_rejection(rollout_rs, rollout_rs_threshold)
     mask = response_mask.bool()
-    ratio = _aggregated_log_ratio(log_ratio, mask, rollout_rs).clamp(-_BOUND, _BOUND).exp()
-    keep = (ratio >= lower) & (ratio <= upper)
-    new_mask = mask & keep
-    seq_rejected = (mask & ~keep).any(dim=-1)
-    metrics = {
-        "rollout_rs_masked_fraction": masked_mean((~keep).float(), mask).item(),
-        "rollout_rs_seq_masked_fraction": seq_rejected.float().mean().item(),
-    }
-    return new_mask.to(response_mask.dtype), metrics
+    keep_all = torch.ones_like(mask)
+    metrics: dict[str, float] = {}
+    for rule in rules:
+        stat = _statistic(rule, log_ratio, mask)
+        keep = _keeps(rule, stat) | ~mask
+        keep_all &= keep
+        prefix = f"rollout_rs_{rule.option}"
+        metrics[f"{prefix}_mean"] = masked_mean(stat, mask).item()
+        metrics[f"{prefix}_max"] = stat.masked_fill(~mask, float("-inf")).max().item() if mask.any() else 0.0
+        metrics[f"{prefix}_masked_fraction"] = masked_mean((~keep).float(), mask).item()
+        metrics[f"{prefix}_seq_masked_fraction"] = (~keep & mask).any(dim=-1).float().mean().item()
+    metrics["rollout_rs_masked_fraction"] = masked_mean((~keep_all).float(), mask).item()
+    metrics["rollout_rs_seq_masked_fraction"] = (~keep_all & mask).any(dim=-1).float().mean().item()
+    return (mask & keep_all).to(response_mask.dtype), metrics
 
 
 # Sufficient statistics of the train/rollout probability gap: additive over micro-batches and data-parallel
@@ -193,10 +222,9 @@ def compute_rollout_correction_weights(
     rollout_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
     rollout_is: str | None = "token",
-    rollout_is_threshold: float = 2.0,
+    rollout_is_threshold: float | str = 2.0,
     rollout_rs: str | None = None,
-    rollout_rs_threshold: float | None = None,
-    rollout_rs_threshold_lower: float | None = None,
+    rollout_rs_threshold: float | str | None = None,
     rollout_token_veto_threshold: float | None = None,
     rollout_is_batch_normalize: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
@@ -215,9 +243,7 @@ def compute_rollout_correction_weights(
     metrics = compute_offpolicy_metrics(old_log_prob, rollout_log_prob, response_mask)
     new_mask = response_mask
     if rollout_rs is not None:
-        new_mask, rs_metrics = compute_rollout_rejection_mask(
-            log_ratio, response_mask, rollout_rs, rollout_rs_threshold, rollout_rs_threshold_lower
-        )
+        new_mask, rs_metrics = compute_rollout_rejection_mask(log_ratio, response_mask, rollout_rs, rollout_rs_threshold)
         metrics.update(rs_metrics)
     if rollout_token_veto_threshold is not None:
         mask = response_mask.bool()

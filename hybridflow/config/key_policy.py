@@ -23,6 +23,7 @@ __all__ = ["ACTS", "KeyRule", "REFUSED", "INERT", "expand", "policy_of", "defaul
            "inert_keys_markdown", "refused_keys_markdown"]
 
 _FSDP = "{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model,reward_model.model}.fsdp_config"
+_ROLES = "{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}"
 _FROZEN = "{actor_rollout_ref.ref,reward_model.model}.fsdp_config"
 
 
@@ -37,8 +38,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.actor,critic}.checkpoint.async_save",
             "asynchronous checkpoint saving is a Megatron-only feature in verl; hybridflow writes checkpoints "
             "synchronously and atomically"),
-    KeyRule("actor_rollout_ref.actor.checkpoint.strict",
-            "checkpoints always load strictly here (a missing or unexpected tensor is an error): drop the key"),
     KeyRule("actor_rollout_ref.model.fused_kernel_options.impl_backend",
             "the fused LM head (actor_rollout_ref.model.use_fused_kernels=true) is hybridflow's chunked torch "
             "function (engine/fused_head.py; no Triton kernels are shipped): impl_backend=torch"),
@@ -57,10 +56,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("transfer_queue",
             "verl 0.9's TransferQueue data plane (the V1 trainer's) is not used: hybridflow's controller moves "
             "batches as DataProto through its worker groups. Drop the key"),
-    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{use_dist_checkpointing,dist_checkpointing_path}",
-            "Megatron's distributed checkpoint format is neither read nor written: checkpoints here are per-rank "
-            "DTensor pieces that resume on any layout, and `hybridflow merge` turns them into a Hugging Face folder; "
-            "start from a Hugging Face model folder (actor_rollout_ref.model.path)"),
     KeyRule("{actor_rollout_ref.actor,critic}.optim.{lr_warmup_init,lr_decay_steps,weight_decay_incr_style}",
             "Megatron's schedule options: warmup here starts from 0, the decay spans the steps after warmup and the "
             "weight decay is constant; drop the key (lr_decay_style and min_lr act)"),
@@ -87,11 +82,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.model,critic.model}.mtp",
             "multi-token prediction (MTP layers, speculative decoding in the rollout) is not implemented; drop the "
             "key"),
-    KeyRule("{actor_rollout_ref.model,critic.model}.lora.{type,rank,alpha,dropout,target_modules,exclude_modules,"
-            "dropout_position,lora_A_init_method,lora_B_init_method,a2a_experimental,dtype,adapter_path,"
-            "freeze_vision_model,freeze_vision_projection,freeze_language_model}",
-            "the model.lora node configures Megatron's LoRA; with FSDP set actor_rollout_ref.model.lora_rank, "
-            "lora_alpha, target_modules, exclude_modules and lora_adapter_path instead"),
     KeyRule("critic.model.lora_adapter_path",
             "loading a LoRA adapter into the critic is not supported (the critic's LoRA starts from "
             "critic.model.lora_rank); drop the key"),
@@ -134,10 +124,6 @@ REFUSED: tuple[KeyRule, ...] = (
 )
 
 INERT: tuple[KeyRule, ...] = (
-    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.sequence_parallel",
-            "Megatron's sequence parallelism keeps norm and dropout activations split along the sequence inside a "
-            "tensor-parallel group; here they stay whole on each tensor-parallel rank (the same numbers; that "
-            "activation memory is not saved)"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.grad_offload",
             "gradients are freed after every optimizer step (zero_grad(set_to_none)), so between phases there is no "
             "gradient buffer to offload; param_offload and optimizer_offload act"),
@@ -151,8 +137,9 @@ INERT: tuple[KeyRule, ...] = (
             "end pipeline stages"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{dist_checkpointing_prefix,dist_ckpt_optim_fully_reshardable,"
             "distrib_optim_fully_reshardable_mem_efficient}",
-            "options of Megatron's distributed checkpoints (refused); checkpoints here always resume on another "
-            "layout (engine/engine_checkpoint.py)"),
+            "options of Megatron's distributed-checkpoint writer and optimizer resharding; the start checkpoint is read "
+            "whole (use_dist_checkpointing) and the run's own checkpoints always resume on another layout "
+            "(engine/engine_checkpoint.py)"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{max_seqlen_per_dp_cp_rank,use_remove_padding,pad_bshd_to_minibatch_max,pad_to_length,"
             "pad_to_length_bucket,entropy_from_logits_with_chunking,entropy_from_logits_chunk_size,forward_only}",
             "the Megatron engine's copies of role settings: <role>.use_remove_padding (model.use_remove_padding), "
@@ -204,8 +191,31 @@ INERT: tuple[KeyRule, ...] = (
             "forward_only}",
             "verl 0.9's engine copies of role settings: <role>.use_torch_compile and <role>.strategy are the keys read, "
             "and whether a model trains follows from its role"),
-    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model}.fsdp_config.turbo_config",
-            "options of verl's Turbo FSDP engine; FSDP2 here shards every decoder layer over all training devices"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model}.fsdp_config.turbo_config.distributed."
+            "{fsdp_plan,ep_plan,cp_plan,expert_fully_shard_parallel_size}",
+            "FSDP-Turbo's module-glob sharding, dispatch and context-parallel patch plans: FSDP2 here wraps every decoder "
+            "layer and the root, the experts shard over their own mesh and Ulysses wraps the attention (the sizes of "
+            "turbo_config.distributed act with strategy=fsdp_turbo)"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model}.fsdp_config.turbo_config.{memory.recompute_plan,"
+            "module_patches}",
+            "FSDP-Turbo's per-module recompute list and forward patches: memory.recompute=true checkpoints every decoder "
+            "layer (actor_rollout_ref.model.enable_gradient_checkpointing); transformers' modules run unpatched"),
+    KeyRule(f"{_ROLES}.veomni.{{attn_implementation,moe_implementation,cross_entropy_loss_implementation,"
+            "rms_norm_implementation,swiglu_mlp_implementation,rotary_pos_emb_implementation,"
+            "rms_norm_gated_implementation,causal_conv1d_implementation,chunk_gated_delta_rule_implementation,"
+            "load_balancing_loss_implementation,dsa_indexer_implementation,dsa_attention_implementation,"
+            "mhc_implementation,force_use_huggingface}",
+            "VeOmni's kernel backends (flash / fused / triton / tilelang / liger): the engine here runs transformers' "
+            "modules with sdpa or flash attention by device, which compute the same numbers"),
+    KeyRule(f"{_ROLES}.veomni.{{init_device,full_determinism,enable_reentrant,activation_gpu_limit,basic_modules,"
+            "pad_to_length,pad_to_length_bucket,use_torch_compile,entropy_from_logits_with_chunking,"
+            "entropy_checkpointing,forward_only,strategy,ckpt_manager}",
+            "VeOmni's engine internals and copies of role settings: models load on the CPU then shard, gradient "
+            "checkpointing is non-reentrant, micro-batches pad to their longest row, the role's use_torch_compile / "
+            "entropy keys are the ones read, and checkpoints are this engine's own (resume on any layout)"),
+    KeyRule(f"{_ROLES}.engine.attention_backend_override",
+            "Megatron Lite's attention kernel choice: the engine here picks sdpa or flash attention by device (the same "
+            "numbers)"),
     KeyRule(f"{_FSDP}.wrap_policy.min_num_params",
             "FSDP1's size-based auto-wrap; FSDP2 shards per decoder layer (verl's FSDP2 path ignores it too)"),
     KeyRule(f"{_FSDP}.use_orig_params", "an FSDP1 flag; FSDP2 always keeps the original parameters (as DTensors)"),
@@ -234,12 +244,19 @@ INERT: tuple[KeyRule, ...] = (
     KeyRule("actor_rollout_ref.rollout.skip_dump_dir", "only read with rollout.skip_rollout, which is refused"),
     KeyRule("actor_rollout_ref.actor.policy_loss.dro_beta",
             "read by verl's dro policy loss only, which hybridflow does not register (loss_mode=dro is refused)"),
+    KeyRule("actor_rollout_ref.rollout.moe_tensor_parallel_size",
+            "TensorRT-LLM's split of the MoE layers inside the rollout's tensor-parallel group (moe_tensor_parallel_size "
+            "x expert_parallel_size = tensor_model_parallel_size); TensorRT-LLM is not an engine here. vLLM splits "
+            "experts by its tensor parallelism, or over tp x dp with expert_parallel_size = tp x dp (which acts)"),
     KeyRule("actor_rollout_ref.rollout.moe_load_balance_metrics_interval",
             "MoE expert-load metrics of the rollout engine are not computed"),
     KeyRule("{actor_rollout_ref.model,critic.model}.lora.merge",
             "how LoRA weights reach the rollout (merged into the base weights, or as adapters): the hf engine runs "
             "the actor's adapters in place (its own copy next to a tp/ep-split actor gets them merged) and vLLM "
             "receives the adapters, which gives the same numbers as merging"),
+    KeyRule("{actor_rollout_ref.model,critic.model}.lora.a2a_experimental",
+            "Megatron's all-to-all communication for LoRA on expert layers; adapters here are plain peft modules (and "
+            "are refused on experts split by tensor or expert parallelism)"),
     KeyRule("actor_rollout_ref.rollout.engine_kwargs.trtllm",
             "engine arguments of TensorRT-LLM, which has no adapter here (rollout.name=trtllm is refused)"),
     KeyRule("actor_rollout_ref.rollout.{mtp,qat}",
@@ -266,7 +283,18 @@ ACTS: tuple[KeyRule, ...] = (
             "(reward.reward_manager.{source,module.path,module.name} in verl 0.9)"),
     KeyRule("model_engine",
             "dp trains with FSDP2; megatron puts the actor, reference and critic on strategy=megatron (the "
-            "torch-native N-D engine); other engines are refused (config/checks/megatron.py)"),
+            "torch-native N-D engine); veomni lays FSDP2 out by the roles' veomni nodes; torchtitan and automodel are "
+            "refused (config/checks/megatron.py, config/checks/engines.py)"),
+    KeyRule(f"{_ROLES}.{{model_engine,veomni,engine}}",
+            "verl's per-role engine (dp | megatron | veomni | mlite, or actor@actor_rollout_ref.actor=<engine>_actor), "
+            "VeOmni's node (offload, fsdp_size, full shard, FSDP offload, prefetch, seed, precision, Ulysses and expert "
+            "sizes, router_replay) and Megatron Lite's engine node (tp pp vpp ep cp etp, offload, impl_cfg.use_thd / "
+            "recompute / optimizer) laid onto FSDP2 or the N-D engine (config/checks/engines.py); kernel choices are "
+            "inert"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model}.fsdp_config.turbo_config.{distributed,memory}",
+            "with <role>.strategy=fsdp_turbo: fully_shard_parallel_size -> fsdp_size, ulysses_parallel_size -> Ulysses, "
+            "expert_parallel_size -> the N-D engine's experts, memory.recompute -> gradient checkpointing "
+            "(config/checks/engines.py)"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{tensor_model_parallel_size,expert_model_parallel_size,expert_tensor_parallel_size,"
             "pipeline_model_parallel_size,virtual_pipeline_model_parallel_size,pipeline_schedule,context_parallel_size,"
             "param_offload,optimizer_offload,use_distributed_optimizer}",
@@ -279,6 +307,26 @@ ACTS: tuple[KeyRule, ...] = (
             "Megatron's spelling of the schedule: lr_decay_style constant | cosine sets lr_scheduler_type, min_lr sets "
             "min_lr_ratio = min_lr / lr; other decay styles are refused (config/checks/megatron.py)"),
     KeyRule("trainer.import_modules", "user modules imported in every process of the run before names are checked"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.{use_dist_checkpointing,"
+            "dist_checkpointing_path}",
+            "with <role>.strategy=megatron the role starts from the torch distributed checkpoint (DCP, Megatron's "
+            "torch_dist) at dist_checkpointing_path: transformers names or Megatron-core's GPT names, any layout "
+            "(engine/dist_checkpoint.py); model.path still gives the architecture and tokenizer"),
+    KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.sequence_parallel",
+            "with tensor_model_parallel_size > 1 (default true, as verl): each decoder layer keeps its norms' "
+            "activations and residual stream split along the tokens over the tp group, gathered for attention and "
+            "the MLP (the same numbers, less activation memory; engine/tp_sequence.py)"),
+    KeyRule("actor_rollout_ref.actor.checkpoint.strict",
+            "false: a resume loads the model tensors the checkpoint and the model share (the rest keep their values, "
+            "the checkpoint's extra tensors are left out, both named in a warning; shapes must agree) and the "
+            "optimizer starts afresh; true: any difference is an error (engine/engine_checkpoint.py)"),
+    KeyRule("{actor_rollout_ref.model,critic.model}.lora.{type,rank,alpha,dropout,target_modules,exclude_modules,"
+            "dropout_position,lora_A_init_method,lora_B_init_method,dtype,adapter_path,freeze_vision_model,"
+            "freeze_vision_projection,freeze_language_model}",
+            "Megatron's LoRA node (rank > 0) trains peft adapters: rank / alpha / adapter_path, Megatron module names "
+            "as transformers' (linear_qkv -> q/k/v_proj ...), dropout, type=dora, A / B initialisation; values with "
+            "no counterpart (dropout_position=post, a dtype of their own, unfrozen base weights) are refused with the "
+            "reason (engine/lora_options.py, engine/checks.py)"),
     KeyRule("actor_rollout_ref.actor.use_prefix_grouper",
             "the samples of a prompt share one forward of the prompt in the actor's log-prob and update passes "
             "(engine/prefix_grouping.py)"),

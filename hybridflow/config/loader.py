@@ -99,7 +99,7 @@ def compose_with_provenance(overrides: list[str], config_path: str | None = None
     name, config_path, overrides = _megatron_config_name(config_name or DEFAULT_CONFIG_NAME, config_path, overrides)
     cfg_dir = _config_dir(config_path, name)
     _refuse_engine_nodes(overrides)
-    overrides = _apply_aliases(list(overrides))
+    overrides = _apply_aliases(_role_group_choices(list(overrides)))
     overrides = _check_override_keys(overrides, cfg_dir, name)
     # verl scripts write '+key=v' for keys that may or may not exist; Hydra rejects '+' on an existing
     # key, so treat '+' as '++' (add or override), which is what those command lines mean.
@@ -217,12 +217,38 @@ def _apply_aliases(overrides: list[str]) -> list[str]:
     return out
 
 
-# Nodes of verl engines hybridflow does not have: refused as a whole, with the engine it does have.
+# Nodes of verl engines hybridflow does not have: refused as a whole, with the engine it does have (VeOmni's node is
+# read: config/checks/engines.py).
 _FOREIGN_ENGINES = {
-    "veomni": "VeOmni",
     "torchtitan": "TorchTitan",
     "automodel": "NeMo Automodel",
 }
+# verl's defaults-list choice of a role's config group (``actor@actor_rollout_ref.actor=mlite_actor``): the group and
+# its package -> the role whose ``model_engine`` the choice sets
+_ROLE_GROUPS = {"actor@actor_rollout_ref.actor": "actor_rollout_ref.actor", "ref@actor_rollout_ref.ref":
+                "actor_rollout_ref.ref", "critic@critic": "critic"}
+
+
+def _role_group_choices(overrides: list[str]) -> list[str]:
+    """``actor@actor_rollout_ref.actor=<engine>_actor`` -> ``actor_rollout_ref.actor.model_engine=<engine>`` (the role's
+    engine; config/checks/engines.py reads it); any other choice of those groups is an error naming the ones known."""
+    out, errors = [], []
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        role = _ROLE_GROUPS.get(key.lstrip("+~"))
+        if role is None or not sep:
+            out.append(ov)
+            continue
+        kind = key.lstrip("+~").split("@")[0]
+        engine = value.strip().removesuffix(f"_{kind}")
+        if engine not in ("dp", "megatron", "veomni", "mlite"):
+            errors.append(f"{key}={value}: choose dp_{kind}, megatron_{kind}, veomni_{kind} or mlite_{kind} (verl's "
+                          "engines that run here)")
+            continue
+        out.append(f"{role}.model_engine={engine}")
+    if errors:
+        raise ConfigError(errors)
+    return out
 
 
 def _refuse_engine_nodes(overrides: list[str]) -> None:

@@ -125,9 +125,9 @@ class FilterGroupsConfig:
 @dataclass(**KW)
 class RolloutCorrectionConfig:
     rollout_is: Optional[str]
-    rollout_is_threshold: float
-    rollout_rs: Optional[str]
-    rollout_rs_threshold: Any  # a number; verl 0.9's 'lo_hi' / multi-level strings are refused by the checks
+    rollout_is_threshold: Any  # a number, or verl 0.9's 'lower_upper' string (IcePop)
+    rollout_rs: Optional[str]  # one criterion or several, comma-separated (algorithms/rollout_thresholds.py)
+    rollout_rs_threshold: Any  # a number, 'lower_upper', or one of those per criterion, comma-separated
     rollout_is_batch_normalize: bool
     bypass_mode: bool
     loss_type: str
@@ -146,6 +146,8 @@ class AlgoConfig(AlgoRecipeKeys):
     pf_ppo: PFPPOConfig
     filter_groups: FilterGroupsConfig
     rollout_correction: RolloutCorrectionConfig
+    gdpo_reward_keys: Optional[list]  # adv_estimator=gdpo: the reward function's dict entries, normalised apart
+    gdpo_reward_weights: Optional[list]  # their weights (null: equal)
 
 
 # ----------------------------------------------------------------------------- trainer

@@ -130,7 +130,7 @@ class CheckpointContents:
     save_contents: list
     load_contents: list
     async_save: bool
-    strict: bool = True  # verl 0.9 has it on the actor only; checkpoints always load strictly here
+    strict: bool = True  # verl 0.9 has it on the actor only: false loads the tensors model and checkpoint share
 
 
 @dataclass(**KW)
@@ -222,6 +222,10 @@ class ActorConfig(ActorRecipeKeys):
     optim: OptimConfig
     fsdp_config: FSDPConfig
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    # verl's other engines' nodes, mapped onto this role's strategy by config/checks/engines.py
+    model_engine: Optional[str] = None
+    veomni: dict = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)
     profiler: dict
 
 
@@ -243,6 +247,10 @@ class RefConfig:
     model: Optional[dict]
     fsdp_config: FSDPConfig
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    # verl's other engines' nodes, mapped onto this role's strategy by config/checks/engines.py
+    model_engine: Optional[str] = None
+    veomni: dict = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)
     profiler: dict
 
 
@@ -323,6 +331,7 @@ class RolloutConfig:
     tensor_model_parallel_size: Optional[int]  # null: the engine's default (vllm / sglang 2 as in verl, hf 1)
     data_parallel_size: int
     expert_parallel_size: int
+    moe_tensor_parallel_size: int = 1  # TensorRT-LLM's; inert here (key_policy)
     pipeline_model_parallel_size: int
     max_num_batched_tokens: int
     max_model_len: Optional[int]
@@ -431,6 +440,10 @@ class CriticConfig:
     optim: OptimConfig
     model: CriticModelConfig
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    # verl's other engines' nodes, mapped onto this role's strategy by config/checks/engines.py
+    model_engine: Optional[str] = None
+    veomni: dict = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)
     profiler: dict
 
 

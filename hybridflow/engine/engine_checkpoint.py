@@ -44,11 +44,13 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint folder whose parameters do not fit the model being trained (another model's checkpoint)."""
 
 
-def check_model_fits(engine: TrainEngine, state: dict, folder: str, field: str) -> None:
+def check_model_fits(engine: TrainEngine, state: dict, folder: str, field: str, strict: bool = True) -> dict:
     """Refuse ``state`` (read from ``folder``) unless its parameters have this model's names and global shapes.
 
     Without it, ``load_state_dict`` raises torch's size-mismatch traceback, which names neither the folder nor a
-    fix (issue 34)."""
+    fix (issue 34).  With ``strict=False`` (verl's ``checkpoint.strict``) names may differ: the model's tensors the
+    checkpoint lacks keep their values, the checkpoint's tensors the model lacks are left out (said in a warning);
+    shapes must still agree.  Returns the part of ``state`` to load."""
     own = {name: tuple(value.shape) for name, value in engine.module.state_dict().items()}
     fix = (f"resume from a checkpoint written by this model, or train the model that wrote it "
            f"({field.rsplit('.checkpoint', 1)[0]}'s model path); trainer.resume_mode=disable starts afresh")
@@ -59,10 +61,18 @@ def check_model_fits(engine: TrainEngine, state: dict, folder: str, field: str) 
                 f"checkpoint {folder} does not fit this model: parameter {name!r} has shape {shape} in the "
                 f"checkpoint and {own[name]} in the model: {fix}")
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    if missing or unexpected:
+    if (missing or unexpected) and strict:
         raise CheckpointMismatchError(
             f"checkpoint {folder} does not fit this model: {len(missing)} of the model's parameters are not in "
-            f"it {missing[:3]} and {len(unexpected)} of its parameters are not in the model {unexpected[:3]}: {fix}")
+            f"it {missing[:3]} and {len(unexpected)} of its parameters are not in the model {unexpected[:3]}: {fix} "
+            f"(or set {field.rsplit('.', 1)[0]}.strict=false to load the tensors both have)")
+    if missing or unexpected:
+        import warnings
+
+        warnings.warn(f"{field.rsplit('.', 1)[0]}.strict=false: {len(missing)} of the model's tensors are not in "
+                      f"{folder} and keep their values {missing[:3]}; {len(unexpected)} of its tensors are not in the "
+                      f"model and are left out {unexpected[:3]}; the optimizer state starts afresh", stacklevel=3)
+    return {k: v for k, v in state.items() if k in own}
 
 
 def _names(path: str, world: int, rank: int) -> dict[str, str]:
@@ -167,14 +177,16 @@ def load_engine_checkpoint(
     path: str,
     load_contents: Iterable[str] = ("model", "optimizer", "extra"),
     field: str = "actor.checkpoint.load_contents",
+    strict: bool = True,
 ) -> None:
-    """Restore what ``save_engine_checkpoint`` wrote, on the same layout or another one (see the module docstring)."""
+    """Restore what ``save_engine_checkpoint`` wrote, on the same layout or another one (see the module docstring).
+    ``strict=False``: the model loads the tensors it shares with the checkpoint (:func:`check_model_fits`)."""
     contents = _check_contents(load_contents, field)
     world, rank = engine.world_size, engine.rank
     files = _names(path, world, rank)
     saved = saved_layout(path)
     if saved is not None and saved != (world, _layout(engine)) and (engine.is_sharded or saved[0] > 1):
-        _load_resharded(engine, path, contents, saved, field)
+        _load_resharded(engine, path, contents, saved, field, strict)
         return
     if "model" in contents and not os.path.exists(files["model"]):
         found = sorted(f for f in os.listdir(path) if f.startswith("model_")) if os.path.isdir(path) else []
@@ -184,16 +196,18 @@ def load_engine_checkpoint(
             "resharded: point the resume at a complete checkpoint folder"
         )
     with engine.on_device(with_optimizer=True):
+        fits = True
         if "model" in contents:
-            state = load_pieces(files["model"], map_location=engine.device)
-            check_model_fits(engine, state, path, field)
+            full = load_pieces(files["model"], map_location=engine.device)
+            state = check_model_fits(engine, full, path, field, strict)
+            fits = len(state) == len(full) == len(engine.module.state_dict())
             if engine.is_sharded:
-                from torch.distributed.checkpoint.state_dict import set_model_state_dict
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-                set_model_state_dict(engine.module, state)
+                set_model_state_dict(engine.module, state, options=StateDictOptions(strict=fits))
             else:
-                engine.module.load_state_dict(state)
-        if "optimizer" in contents and engine.optimizer is not None:
+                engine.module.load_state_dict(state, strict=fits)
+        if "optimizer" in contents and engine.optimizer is not None and fits:
             state = load_pieces(files["optim"], map_location=engine.device)
             if engine.is_sharded:
                 from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
@@ -260,7 +274,7 @@ def _save_full_weights(module, state: dict[str, torch.Tensor], hf_dir: str) -> N
 
 
 def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: tuple[int, dict[str, int]],
-                    field: str) -> None:
+                    field: str, strict: bool = True) -> None:
     """Load a checkpoint saved on another layout: full tensors from every rank's pieces, each rank keeps its own."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -272,15 +286,17 @@ def _load_resharded(engine: TrainEngine, path: str, contents: set[str], saved: t
 
     options = StateDictOptions(full_state_dict=True)
     with engine.on_device(with_optimizer=True):
+        fits = True
         if "model" in contents:
-            full = _own(engine, _merged(path, "model", merge_state_dicts))
-            check_model_fits(engine, full, path, field)
+            merged = _own(engine, _merged(path, "model", merge_state_dicts))
+            full = check_model_fits(engine, merged, path, field, strict)
+            fits = len(full) == len(merged) == len(engine.module.state_dict())
             if engine.is_sharded:
-                set_model_state_dict(engine.module, full, options=options)
+                set_model_state_dict(engine.module, full, options=StateDictOptions(full_state_dict=True, strict=fits))
             else:
-                engine.module.load_state_dict(full)
-            del full
-        if "optimizer" in contents and engine.optimizer is not None:
+                engine.module.load_state_dict(full, strict=fits)
+            del full, merged
+        if "optimizer" in contents and engine.optimizer is not None and fits:
             full = _merged(path, "optim", merge_state_dicts)
             if saved[0] == 1:  # one process saved optimizer.state_dict(): state keyed by parameter index
                 full = _fqn_keyed(engine, full)

@@ -118,7 +118,12 @@ def expert_forward(x: torch.Tensor, counts: list[int], gate_up: torch.Tensor, do
             continue
         gate, up = F.linear(rows, gate_up[e]).chunk(2, dim=-1)
         outs.append(F.linear(act_fn(gate) * up, down[e]))
-    return torch.cat(outs) if outs else x.new_zeros((0, down.shape[1]))
+    if outs:
+        return torch.cat(outs)
+    # no rows reached this rank's experts: an empty result still joined to ``x``, so the backward runs the
+    # all-to-all that brought ``x`` here, as on the peers that did get rows (a result cut off from ``x`` skipped it
+    # and left those peers waiting in that all-to-all: seen with pipeline micro-batches of a few rows)
+    return x.new_zeros((0, down.shape[1])) + x.sum() * 0
 
 
 class _TakeRows(torch.autograd.Function):

@@ -25,6 +25,7 @@ from typing import Any, Iterable
 import torch
 
 from hybridflow.engine import device as dev
+from hybridflow.engine.lora_options import LoraOptions, init_adapters
 from hybridflow.engine.transformers_adapter import causal_lm_model_types, loadable_attention
 from hybridflow.engine.vision import check_supported_vlm, is_vision_language_config, vision_linear_names
 
@@ -271,8 +272,11 @@ def apply_lora(
     target_modules: str | Iterable[str] | None = "all-linear",
     exclude_modules: str | Iterable[str] | None = None,
     task_type: str = "CAUSAL_LM",
+    options: LoraOptions | None = None,
 ):
     """Wrap ``model`` with peft LoRA adapters (Hu et al. 2021, arXiv:2106.09685).
+
+    ``options`` (verl's Megatron ``lora`` node, ``engine/lora_options.py``): dropout, DoRA and how A and B start.
 
     Only adapter weights are trainable afterwards; ``with model.disable_adapter():`` gives the base
     model back, which is how the reference policy is computed without a second copy of the weights.
@@ -290,6 +294,7 @@ def apply_lora(
             exclude = "|".join([f"(?:{exclude})"] + [f"(?:{re.escape(n)})" for n in vision])
         else:
             exclude = list(exclude or []) + vision
+    options = options or LoraOptions()
     cfg = LoraConfig(
         r=int(lora_rank),
         lora_alpha=float(lora_alpha),
@@ -297,8 +302,12 @@ def apply_lora(
         exclude_modules=exclude,
         bias="none",
         task_type=task_type,
+        lora_dropout=options.dropout,
+        use_dora=options.use_dora,
     )
-    return get_peft_model(model, cfg)
+    model = get_peft_model(model, cfg)
+    init_adapters(model, options)
+    return model
 
 
 def read_adapter_config(adapter_path: str, field: str = "actor_rollout_ref.model.lora_adapter_path") -> dict:

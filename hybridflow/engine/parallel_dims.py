@@ -73,7 +73,7 @@ class ParallelDims:
 
     ``sp`` comes from ``<role>.ulysses_sequence_parallel_size`` (or Megatron's ``context_parallel_size``),
     ``tp`` / ``ep`` from ``<role>.megatron.tensor_model_parallel_size`` / ``expert_model_parallel_size``;
-    ``dp`` is what is left (``world / (sp x tp)``).  ``key`` / ``tp_key`` / ``ep_key`` are the config keys named
+    ``dp`` is what is left (``world / (pp x sp x tp)``).  ``key`` / ``tp_key`` / ``ep_key`` are the config keys named
     in errors.
     """
 
@@ -83,6 +83,7 @@ class ParallelDims:
     ep: int = 1
     pp: int = 1
     vpp: int = 1
+    tp_sp: bool = False  # Megatron's sequence parallelism inside the tp group (megatron.sequence_parallel, tp > 1)
     key: str = "ulysses_sequence_parallel_size"
     tp_key: str = "megatron.tensor_model_parallel_size"
     ep_key: str = "megatron.expert_model_parallel_size"
@@ -93,6 +94,7 @@ class ParallelDims:
 
     def __post_init__(self) -> None:
         self.world, self.sp, self.tp, self.ep = int(self.world), int(self.sp), int(self.tp), int(self.ep)
+        self.tp_sp = bool(self.tp_sp) and self.tp > 1
         self.pp, self.vpp = int(self.pp), int(self.vpp)
         if self.world < 1:
             raise ParallelDimsError(f"a worker group needs at least one rank, got world size {self.world}")
@@ -117,8 +119,10 @@ class ParallelDims:
         return inner > 1 and self.ep % inner == 0 and self.dp % (self.ep // inner) == 0
 
     def _ep_refusal(self) -> str:
-        why = (f"{self.ep_key}={self.ep} must divide the data-parallel size dp = world / (sp x tp) = "
-               f"{self.world} / ({self.sp} x {self.tp}) = {self.dp} (expert groups inside the data-parallel ranks)")
+        sizes = (f"world / (pp x sp x tp) = {self.world} / ({self.pp} x {self.sp} x {self.tp})" if self.pp > 1
+                 else f"world / (sp x tp) = {self.world} / ({self.sp} x {self.tp})")
+        why = (f"{self.ep_key}={self.ep} must divide the data-parallel size dp = {sizes} = {self.dp} "
+               "(expert groups inside the data-parallel ranks)")
         inner = self.sp * self.tp
         if inner == 1:
             return f"{why}; lower it or add ranks"
@@ -383,13 +387,14 @@ class ParallelDims:
 
 def role_layout(node: Any) -> dict[str, int]:
     """``{"sp", "tp", "ep", "pp", "vpp"}`` of a role's config node: sp from ``ulysses_sequence_parallel_size`` (the
-    megatron strategy copies ``context_parallel_size`` there at config time), tp / ep / pp / vpp from its
-    ``megatron`` node when the role's ``strategy`` is ``megatron`` (1 otherwise)."""
+    megatron strategy copies ``context_parallel_size`` there at config time), tp / ep / pp / vpp and ``tp_sp``
+    (``sequence_parallel``) from its ``megatron`` node when the role's ``strategy`` is ``megatron`` (1 otherwise)."""
     sp = int(getattr(node, "ulysses_sequence_parallel_size", 1) or 1)
     megatron = getattr(node, "megatron", None)
     if getattr(node, "strategy", None) != "megatron" or megatron is None:
         return {"sp": sp, "tp": 1, "ep": 1, "pp": 1, "vpp": 1}
     return {"sp": sp, "tp": int(megatron.tensor_model_parallel_size or 1),
+            "tp_sp": bool(getattr(megatron, "sequence_parallel", False)),
             "ep": int(megatron.expert_model_parallel_size or 1),
             "pp": int(getattr(megatron, "pipeline_model_parallel_size", 1) or 1),
             "vpp": int(getattr(megatron, "virtual_pipeline_model_parallel_size", 1) or 1)}

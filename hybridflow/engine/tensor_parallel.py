@@ -15,7 +15,9 @@ The ``tp`` ranks of a group hold the same rows and split every layer's weights:
 * **LM head** -- split over the vocabulary: the logits stay a ``DTensor`` sharded on the vocabulary dimension and
   log-probs / entropy are computed from the shards without ever gathering a (tokens x vocab) tensor
   (``engine/vocab_parallel.py``);
-* everything else (norms, the critic's score head) is whole on every rank and computes the same thing there.
+* everything else (norms, the critic's score head) is whole on every rank and computes the same thing there --
+  unless ``sequence_parallel`` (Megatron's, ``engine/tp_sequence.py``) splits the layers' norms and residual stream
+  along the tokens inside the group.
 
 LoRA adapters (peft) on a split projection follow its split, so that ``base(x) + B(A(x))`` stays a sum of two
 pieces laid out alike: on a column-wise projection ``A`` is whole on every rank and ``B`` is split on its output
@@ -42,6 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridflow.engine.tp_sequence import apply_tp_sequence_parallel
 from hybridflow.engine.transformers_adapter import (
     attention_head_counts,
     decoder_layer_split,
@@ -82,8 +85,11 @@ def tensor_parallel_problem(config: Any, tp: int, key: str) -> str | None:
     return None
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh, key: str = "megatron.tensor_model_parallel_size") -> nn.Module:
-    """Split ``model`` over ``tp_mesh`` in place (before FSDP2 shards it over the data dimensions)."""
+def apply_tensor_parallel(model: nn.Module, tp_mesh, key: str = "megatron.tensor_model_parallel_size",
+                          sequence_parallel: bool = False) -> nn.Module:
+    """Split ``model`` over ``tp_mesh`` in place (before FSDP2 shards it over the data dimensions); with
+    ``sequence_parallel`` each decoder layer also keeps its residual-stream activations split along the tokens
+    (``engine/tp_sequence.py``, verl's ``megatron.sequence_parallel``)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
@@ -102,6 +108,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, key: str = "megatron.tensor
             plan.update(_rowwise(layer, name))
         # per-head norms see (batch, seq, heads/tp, head_dim): sharded on the head dimension, weight whole
         plan.update({name: SequenceParallel(sequence_dim=2, use_local_output=True) for name in split.head_norms})
+        if sequence_parallel:
+            plan.update(apply_tp_sequence_parallel(layer, tp_mesh))
         parallelize_module(layer, tp_mesh, plan)
         for name, first in split.shared_columns:
             layer.get_submodule(name).register_forward_hook(_sum_gradient_of_columns(first, tp_mesh.get_group()))

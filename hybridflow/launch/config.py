@@ -34,6 +34,7 @@ from hybridflow.config.checks.exact import check_exact_log_probs
 from hybridflow.config.checks.extensions import check_import_modules
 from hybridflow.config.checks.judge import check_judge
 from hybridflow.config.checks.machine import check_rollout_precision
+from hybridflow.config.checks.engines import check_engines
 from hybridflow.config.checks.megatron import check_megatron
 from hybridflow.config.checks.normalise import check_mirrors, normalise_deprecated
 from hybridflow.config.checks.outputs import check_output_dirs
@@ -49,7 +50,7 @@ from hybridflow.config.loader import compose_config
 from hybridflow.config.modes import check_async_validation, check_mode
 from hybridflow.config.schema import PPOConfig
 from hybridflow.data.checks import check_data_files
-from hybridflow.engine.checks import check_model_files, check_optimizers, check_prompt_rows
+from hybridflow.engine.checks import check_megatron_lora, check_model_files, check_optimizers, check_prompt_rows
 from hybridflow.engine.model_loader import ModelLoadError, check_causal_lm
 from hybridflow.engine.parallel.checks import check_parallel_layout, check_parallel_model
 from hybridflow.rewards.checks import check_reward_manager, check_user_code
@@ -66,6 +67,8 @@ __all__ = ["CONFIG_CHECKS", "PIPELINE", "RUN_CHECKS", "check_for_run", "checked_
 CONFIG_CHECKS: tuple[Check, ...] = (
     Check("import_modules", check_import_modules),      # trainer.import_modules / VERL_USE_EXTERNAL_MODULES
     Check("normalise", normalise_deprecated),           # deprecated spellings -> the keys the code reads
+    Check("engines", check_engines),                    # verl's VeOmni / FSDP-Turbo / Megatron Lite / per-role engines
+    Check("megatron_lora", check_megatron_lora),        # verl's model.lora node -> lora_rank / alpha / target_modules
     Check("megatron", check_megatron),                  # strategy=megatron: tp / ep / cp sizes, offload, refusals
     Check("parallel_layout", check_parallel_layout),    # the megatron sizes against the role's devices
     Check("mirrors", check_mirrors),                    # verl's copies of a key (actor.rollout_n, ...) agree

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from hybridflow.config.checks.parallel import data_parallel_size
 from hybridflow.launch.cpu_threads import cpu_threads_per_process
 from hybridflow.launch.roles import extra_colocated_roles, start_pooled_roles
 
@@ -100,7 +101,9 @@ def create_workers(config, owns_ray: bool = False) -> Runtime:
                                   ref=views["actor_rollout"] if config.use_reference_policy else None,
                                   critic=views.get("critic"), reward_model=views.get("reward_model"),
                                   teachers=teachers)
-    runtime.n_devices = runtime.dp_size = pool.world_size
+    runtime.n_devices = pool.world_size
+    # the batch is dispatched over the actor's data-parallel groups (tp / pp / sp peers share rows): balance over them
+    runtime.dp_size = data_parallel_size(config, "actor_rollout_ref.actor") if pool.world_size > 1 else 1
     return runtime
 
 

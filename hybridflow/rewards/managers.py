@@ -232,6 +232,14 @@ class PrimeRewardManager(NaiveRewardManager):
     """
 
 
+@REWARD_MANAGERS.register("gdpo")
+class GDPORewardManager(NaiveRewardManager):
+    """verl 0.9's ``gdpo``: one scorer call per sample whose dict entries (``accuracy_reward``, ``format_reward``...)
+    become the batch's columns, where ``algorithm.adv_estimator=gdpo`` reads the components named by
+    ``algorithm.gdpo_reward_keys``.  Every manager here keeps a scorer's dict entries, so this is ``naive`` under
+    verl's name."""
+
+
 @REWARD_MANAGERS.register("batch")
 class BatchRewardManager(RewardManager):
     """One scorer call for the whole batch with list arguments (verl ``batch``)."""

@@ -5,7 +5,8 @@ Each teacher of ``distillation.teacher_models`` is a worker group of its own run
 tokenizer maps the student's token ids to the same tokens -- checked at start).  Its one job is
 ``compute_ref_log_prob``: the teacher's log-probs of the tokens the student sampled, at the rollout temperature
 (``inference.temperature``), which the actor turns into the per-token distillation term
-(``algorithms/distillation.py``).
+(``algorithms/distillation.py``); with ``loss_mode=forward_kl_topk`` also its ``topk`` most likely tokens at every
+response position (ids and log-probs, ``workers/teacher_topk.py``).
 
 Placement: with ``distillation.nnodes=0`` the teachers are roles of the colocated host, in the actor's own
 processes (one per device, run one after another like the reference); otherwise each teacher gets a pool of its
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.algorithms.distillation import TEACHER_LOG_PROBS
+from hybridflow.algorithms.distillation import TEACHER_LOG_PROBS, TEACHER_TOPK, TEACHER_TOPK_IDS, TEACHER_TOPK_LOG_PROBS
 from hybridflow.config.checks.distillation import TeacherEntry
 from hybridflow.protocol import DataProto
 
@@ -70,6 +71,8 @@ class TeacherRouter:
     def log_probs(self, batch: DataProto) -> dict[str, float]:
         """Put ``teacher_log_probs`` into ``batch``; returns the rows each teacher scored."""
         out = torch.zeros(batch.batch["responses"].shape, dtype=torch.float32)
+        k = int(batch.meta_info.get(TEACHER_TOPK) or 0)  # forward_kl_topk: the teachers' top-k tokens too
+        topk = (torch.zeros(*out.shape, k), torch.zeros(*out.shape, k, dtype=torch.long)) if k else None
         counts = {}
         for index, rows in self._rows(batch).items():
             teacher = self.teachers[index]
@@ -77,6 +80,11 @@ class TeacherRouter:
             part.meta_info["temperature"] = teacher.entry.temperature
             scored = teacher.group.compute_ref_log_prob(part)
             out[rows] = scored.batch["ref_log_prob"].float()
+            if topk is not None:
+                topk[0][rows] = scored.batch["ref_topk_log_probs"].float()
+                topk[1][rows] = scored.batch["ref_topk_ids"].long()
             counts[f"distillation/rows/{teacher.entry.key}"] = float(len(rows))
         batch.batch[TEACHER_LOG_PROBS] = out
+        if topk is not None:
+            batch.batch[TEACHER_TOPK_LOG_PROBS], batch.batch[TEACHER_TOPK_IDS] = topk
         return counts

@@ -31,7 +31,13 @@ from hybridflow.algorithms.batch_ops import (
     ROLLOUT_CORRECTION_BYPASS,
 )
 from hybridflow.algorithms.bypass_loss import compute_policy_loss_bypass_mode
-from hybridflow.algorithms.distillation import DISTILLATION_SETTINGS, TEACHER_LOG_PROBS, compute_distillation_loss
+from hybridflow.algorithms.distillation import (
+    DISTILLATION_SETTINGS,
+    TEACHER_LOG_PROBS,
+    TEACHER_TOPK_IDS,
+    TEACHER_TOPK_LOG_PROBS,
+    compute_distillation_loss,
+)
 from hybridflow.algorithms.aggregation import agg_loss, check_loss_agg_mode, count_loss_normalizers
 from hybridflow.algorithms.kl import kl_penalty
 from hybridflow.algorithms.loss_config import with_global_batch_info
@@ -43,6 +49,7 @@ from hybridflow.algorithms.rollout_correction import (
 )
 from hybridflow.engine.forward import response_log_probs, response_token_outputs, token_outputs_pass
 from hybridflow.engine.moe import MoEUpdateTracker
+from hybridflow.engine.topk_outputs import response_outputs_at
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.engine.vision import merge_multi_modal_inputs
 from hybridflow.protocol import DataProto
@@ -262,6 +269,8 @@ class PPOActor:
         distill = data.meta_info.get(DISTILLATION_SETTINGS)  # on-policy distillation: the teachers' log-probs
         if distill is not None:
             keys.append(TEACHER_LOG_PROBS)
+            if distill.topk_mode:
+                keys += [TEACHER_TOPK_LOG_PROBS, TEACHER_TOPK_IDS]
         batch = _model_inputs(data, keys)
         global_step = int(data.meta_info.get("global_steps", 0))
         metrics: dict[str, list[float]] = defaultdict(list)
@@ -319,6 +328,8 @@ class PPOActor:
         routing: dict[int, Any] = {}
 
         def run_one(i: int) -> dict[str, torch.Tensor]:
+            if setup.distill is not None and setup.distill.topk_mode:  # the student at the teacher's top-k tokens
+                return self._topk_forward(batches[i], micro_batches[i], temperature, setup)
             log_prob, entropy, routing[i] = self._micro_batch_forward(batches[i], micro_batches[i], temperature, setup)
             return {"log_probs": log_prob, **({"entropy": entropy} if entropy is not None else {})}
 
@@ -329,7 +340,7 @@ class PPOActor:
                 drift = rollout_probs_diff_sums(b["rollout_log_probs"], log_prob, b["response_mask"])
                 _add_probs_diff(diff_sums, drift)
             term, pg_metrics = self._micro_batch_loss(b, log_prob, old_log_prob, out.get("entropy"), routing.get(i),
-                                                      setup, acc, has_tokens[i])
+                                                      setup, acc, has_tokens[i], out.get("log_probs_at"))
             if has_tokens[i]:
                 acc.observe(pg_metrics)
             return term
@@ -378,8 +389,20 @@ class PPOActor:
             )
         return log_prob, entropy, routed
 
+    def _topk_forward(self, b, mb: DataProto, temperature: float, setup: _LossSetup) -> dict[str, torch.Tensor]:
+        """forward_kl_topk distillation: the micro-batch's log-probs (and entropy) and the student's log-probs of the
+        teacher's top-k tokens, from one forward (``engine/topk_outputs.py``)."""
+        if self.engine.pipeline is not None:
+            raise ValueError("distillation loss_mode=forward_kl_topk is not built for an actor split into pipeline "
+                             "stages; use actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1")
+        with self.engine.autocast(), self.engine.activation_offload():
+            return response_outputs_at(self.engine.module, b, b[TEACHER_TOPK_IDS], temperature, setup.want_entropy,
+                                       setup.entropy_in_loss, self.use_remove_padding,
+                                       sequence_parallel=self.engine.sequence_parallel,
+                                       multi_modal_inputs=mb.non_tensor_batch.get(_MULTI_MODAL_KEY))
+
     def _micro_batch_loss(self, b, log_prob: torch.Tensor, old_log_prob: torch.Tensor, entropy, routed,
-                          setup: _LossSetup, acc: _MicroBatchMetrics, has_tokens: bool):
+                          setup: _LossSetup, acc: _MicroBatchMetrics, has_tokens: bool, student_topk=None):
         """(loss, policy-loss metrics) of one micro-batch: the policy gradient (or the distillation mix), minus the
         entropy bonus, plus the KL and MoE auxiliary terms the config asks for; each term's value goes to ``acc``."""
         cfg, mask, view, agg = self.config, b["response_mask"], setup.view, setup.agg
@@ -395,8 +418,9 @@ class PPOActor:
         acc.add("actor/pg_loss", pg_loss)
         if setup.distill is not None:  # the task's loss (kept or dropped) plus the teacher's term
             distill = setup.distill
+            topk = (student_topk, b[TEACHER_TOPK_LOG_PROBS]) if distill.topk_mode else None
             distill_term, distill_metrics = compute_distillation_loss(
-                old_log_prob, log_prob, b[TEACHER_LOG_PROBS], mask, cfg.loss_agg_mode, view, distill)
+                old_log_prob, log_prob, b[TEACHER_LOG_PROBS], mask, cfg.loss_agg_mode, view, distill, topk)
             loss = distill.task_coef * pg_loss + distill.coef * distill_term
             acc.add("distillation/loss", distill_term)
             if has_tokens:

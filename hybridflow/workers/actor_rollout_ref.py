@@ -25,6 +25,9 @@ import torch
 
 from hybridflow.controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
+from hybridflow.engine.dist_checkpoint import start_from_dist_checkpoint
+from hybridflow.workers.teacher_topk import compute_topk_outputs, wants_topk
+from hybridflow.engine.lora_options import LoraOptions
 from hybridflow.engine.model_loader import (
     apply_lora,
     enable_gradient_checkpointing,
@@ -110,12 +113,15 @@ class ActorRolloutRefWorker(Worker):
             mc.path, dtype=fsdp_config.model_dtype, trust_remote_code=mc.trust_remote_code,
             override_config=mc.override_config, field="actor_rollout_ref.model.path", hf_config_path=mc.hf_config_path,
         )
+        role = "ref" if reference else "actor"
+        start_from_dist_checkpoint(module, getattr(self.config, role), f"actor_rollout_ref.{role}")
         if trainable and self.config.actor.freeze_vision_tower:
             freeze_vision_tower(module)
         if trainable and mc.lora_adapter_path:  # start from a saved adapter (its config sets rank and alpha)
             module = load_lora_adapter(module, mc.lora_adapter_path)
         elif trainable and self._lora:
-            module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, mc.exclude_modules)
+            module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, mc.exclude_modules,
+                                options=LoraOptions.from_node(mc.lora))
         if trainable and mc.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
         if not trainable:
@@ -501,6 +507,10 @@ class ActorRolloutRefWorker(Worker):
         spec = self._log_prob_spec(self.config.ref, "actor_rollout_ref.ref")
         use_rmpad = self.config.model.use_remove_padding
         compile_ = bool(self.config.ref.use_torch_compile)
+        if wants_topk(data) and self.ref_engine is not None:  # a distillation teacher asked for its top-k tokens
+            outs = compute_topk_outputs(self.ref_engine, data, spec, temperature, wants_topk(data), use_rmpad)
+            return DataProto.from_dict({"ref_log_prob": outs["log_probs"], "ref_topk_log_probs": outs["topk_log_probs"],
+                                        "ref_topk_ids": outs["topk_ids"]}, meta_info={"temperature": temperature})
         if self.ref_engine is None:  # LoRA: the base model is the actor without its adapters
             with self.actor_engine.module.disable_adapter():
                 log_probs = compute_token_outputs(self.actor_engine, data, spec, temperature, False, use_rmpad,
@@ -577,7 +587,7 @@ class ActorRolloutRefWorker(Worker):
         engine = self._checkpoint_engine()
         load_engine_checkpoint(
             engine, local_path, self.config.actor.checkpoint.load_contents,
-            field="actor_rollout_ref.actor.checkpoint.load_contents",
+            field="actor_rollout_ref.actor.checkpoint.load_contents", strict=bool(self.config.actor.checkpoint.strict),
         )
 
     def _checkpoint_engine(self) -> TrainEngine:

@@ -20,6 +20,8 @@ from hybridflow.algorithms.value_loss import compute_value_loss
 from hybridflow.controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.engine.forward import response_values, values_pass
+from hybridflow.engine.dist_checkpoint import start_from_dist_checkpoint
+from hybridflow.engine.lora_options import LoraOptions
 from hybridflow.engine.model_loader import apply_lora, enable_gradient_checkpointing, load_tokenizer, load_value_model
 from hybridflow.engine.parallel.parallelize import pipeline_spec_for
 from hybridflow.engine.parallel_dims import ParallelDims
@@ -158,8 +160,10 @@ class CriticWorker(Worker):
         )
         torch.manual_seed(int(mc.fsdp_config.seed))
         module = load_value_model(mc.path, mc.fsdp_config.model_dtype, mc.trust_remote_code, mc.override_config)
+        start_from_dist_checkpoint(module, self.config, "critic", keep=("score.",))  # the value head stays its own
         if int(mc.lora_rank) > 0:
-            module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, task_type="TOKEN_CLS")
+            module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, task_type="TOKEN_CLS",
+                                options=LoraOptions.from_node(mc.lora))
         if mc.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
         self.engine = TrainEngine(module, mc.fsdp_config, self.config.optim, total_training_steps, role="critic",

@@ -97,7 +97,7 @@ CONFIG_STAGE = [
      ["reward.num_workers=2 and reward_model.num_workers=3"]),
     ("mirror", [f"{A}.actor.rollout_n=5"], [f"{A}.actor.rollout_n=5"]),
     ("model_engine", ["model_engine=torchtitan"], ["model_engine=torchtitan"]),
-    ("veomni", [f"+{A}.actor.veomni.param_offload=true"], [f"{A}.actor.veomni.param_offload"]),
+    ("torchtitan", [f"+{A}.actor.torchtitan.param_offload=true"], [f"{A}.actor.torchtitan.param_offload"]),
 ]
 
 # stage 2: the machine and the files (these passed load_config and used to fail after Ray and the models started)

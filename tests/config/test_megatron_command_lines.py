@@ -55,9 +55,9 @@ SCRIPTS = {
 
 _SIZES = {"pipeline_model_parallel_size": "1", "virtual_pipeline_model_parallel_size": "null",
           "expert_tensor_parallel_size": "1", "context_parallel_size": "1", "use_dist_checkpointing": "false"}
-# keys outside the Megatron engine that a scaled script cannot keep: trtllm's MoE sizes, an NPU device
+# keys a scaled script cannot keep: trtllm's MoE sizes, an NPU device, layer splits of the pipeline it scales to 1
 _DROP = ("actor_rollout_ref.rollout.moe_tensor_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
-         "dist_checkpointing_path")
+         "dist_checkpointing_path", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
 
 
 def _key(arg: str) -> str:

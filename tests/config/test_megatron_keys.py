@@ -79,7 +79,7 @@ def test_the_batch_is_split_over_data_parallel_groups_of_tp_ranks():
      "(expert groups inside the data-parallel ranks), or be a multiple k x 2 of"),
     ([f"{A}.actor.megatron.context_parallel_size=2", f"{A}.actor.ulysses_sequence_parallel_size=4"],
      "context_parallel_size=2 and actor_rollout_ref.actor.ulysses_sequence_parallel_size=4 both split the sequence"),
-    ([f"{A}.actor.megatron.use_dist_checkpointing=true"], "Megatron's distributed checkpoint format"),
+    # (use_dist_checkpointing acts: tests/config/test_verl09_surface.py, tests/engine/test_dist_checkpoint.py)
     ([f"{A}.actor.optim.lr_decay_style=WSD"], "lr_decay_style=WSD: only constant and cosine"),
 ])
 def test_refusals_name_the_key_and_the_reason(overrides, wanted):
@@ -89,10 +89,13 @@ def test_refusals_name_the_key_and_the_reason(overrides, wanted):
     assert "actor_rollout_ref.ref.megatron" not in msg
 
 
-def test_megatron_keys_on_another_strategy_and_foreign_engines_are_refused():
-    msg = _errors([f"{A}.actor.megatron.tensor_model_parallel_size=2"])
-    assert "the megatron node is read only with actor_rollout_ref.actor.strategy=megatron" in msg
-    assert "model_engine=veomni: verl's veomni training engine is not available" in _errors(["model_engine=veomni"])
+def test_megatron_keys_on_another_strategy_are_inert_and_foreign_engines_are_refused():
+    """verl's FSDP workers ignore a role's megatron node: accepted and said (tests/config/test_verl09_surface.py);
+    engines with no counterpart here are refused."""
+    with pytest.warns(Warning, match="the megatron node is read only with actor_rollout_ref.actor.strategy=megatron"):
+        load_config(BASE + [f"{A}.actor.megatron.tensor_model_parallel_size=2"])
+    assert "model_engine=torchtitan: verl's torchtitan training engine is not available" in \
+        _errors(["model_engine=torchtitan"])
     assert "reward_model.strategy=megatron" in _errors(["reward_model.strategy=megatron"])
 
 

@@ -108,8 +108,9 @@ def test_distillation_teachers_from_verl_keys():
                                                "+distillation.teacher_models.a.model_path=/a",
                                                "+distillation.teacher_models.b.key=x",
                                                "+distillation.teacher_models.b.model_path=/b")
-    assert "forward_kl_topk" in refused("distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=/t",
-                                        "distillation.distillation_loss.loss_mode=forward_kl_topk")
+    assert "use_policy_gradient=false and topk >= 1" in refused(
+        "distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=/t",
+        "distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.use_policy_gradient=true")
     assert "does not depend on the teacher" in refused(
         "distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=/t",
         "distillation.distillation_loss.loss_mode=k1")

@@ -177,51 +177,32 @@ def verl09_command_lines() -> list[tuple[str, list[str]]]:
     return [(n.split(" :: ")[0].removeprefix("examples/"), a) for n, a in out if n.endswith(":: verl.trainer.main_ppo")]
 
 
-# Why each refused script is refused (a feature hybridflow does not have, named in the message with a fix);
-# every other main_ppo script of verl 0.9's examples must load.
-# Megatron scripts run on the torch-native N-D engine (expert groups over dp x cp x tp included); these ask for what it
-# does not build (pipeline stages, experts split by tensor parallelism) or for other missing features
-_PIPELINE = r"pipeline_model_parallel_size=\d+: pipeline parallelism is not built"
-REFUSED_SCRIPTS = {
-    "ascend_extras/grpo_trainer/run_qwen3_235b_256k_megatron.sh": _PIPELINE,
+# Every main_ppo launch of verl 0.9's examples validates as written (trainer.device=cuda lines on this laptop too),
+# except the ones below.  Ascend NPU lines are out of scope (this machine's target is cuda or cpu): their first
+# refusal names the NPU device or an NPU-only layout.
+NPU_SCRIPTS = {
+    "ascend_extras/grpo_trainer/run_qwen3_235b_256k_megatron.sh": r"trainer.device='npu'",
     "ascend_extras/grpo_trainer/run_qwen3_30b_a3b_megatron.sh": r"expert_tensor_parallel_size=4: experts are split over",
-    "ascend_extras/grpo_trainer/run_qwen3_5_122b_a10b_32k_megatron.sh": _PIPELINE,
+    "ascend_extras/grpo_trainer/run_qwen3_5_122b_a10b_32k_megatron.sh": r"ulysses_sequence_parallel_size=4 splits",
     "ascend_extras/grpo_trainer/run_qwen3_next_80b_fsdp.sh": r"trainer.device='npu'",
     "ascend_extras/gspo_trainer/run_qwen3_32b_fsdp.sh": r"trainer.device='npu'",
-    "dppo_trainer/run_qwen3_30b_a3b_megatron.sh": r"Unknown policy loss 'dppo_tv'",
-    "gdpo_trainer/run_qwen3_8b_fsdp.sh": r"algorithm.gdpo_reward_keys",
-    "gpg_trainer/run_qwen3_8b_megatron.sh": _PIPELINE,
-    "grpo_trainer/run_deepseek_v3_671b_megatron.sh": _PIPELINE,
-    "grpo_trainer/run_hy_v3_megatron.sh": r"rollout_is_threshold' expects a number",
-    "grpo_trainer/run_moonlight_16b_a3b_megatron.sh": _PIPELINE,
-    "grpo_trainer/run_qwen2_5_vl_7b_megatron.sh": _PIPELINE,
-    "grpo_trainer/run_qwen3_235b_a22b_megatron.sh": _PIPELINE,
-    "grpo_trainer/run_qwen3_30b_a3b_megatron.sh": r"unknown config key 'actor_rollout_ref.rollout.moe_tensor_parallel_size'",
-    "grpo_trainer/run_qwen3_30b_veomni.sh": r"VeOmni",
-    "grpo_trainer/run_qwen3_5-122b-a10b_veomni.sh": r"VeOmni",
-    "grpo_trainer/run_qwen3_5_122b_a10b_megatron.sh": _PIPELINE,
-    "grpo_trainer/run_qwen3_5_27b_fsdp_turbo.sh": r"strategy='fsdp_turbo' is not supported",
-    "grpo_trainer/run_qwen3_5_35b_a3b_veomni.sh": r"VeOmni",
-    "grpo_trainer/run_qwen3_5_35b_fsdp_turbo.sh": r"strategy='fsdp_turbo' is not supported",
-    "grpo_trainer/run_qwen3_5_35b_megatron_lite.sh": r"unknown config key 'actor'",
-    "grpo_trainer/run_qwen3_5_397b_megatron.sh": _PIPELINE,
-    "grpo_trainer/run_qwen3_8b_megatron.sh": _PIPELINE,
-    "grpo_trainer/run_qwen3_vl_235b_a22b_megatron.sh": _PIPELINE,
-    "grpo_trainer/run_qwen3_vl_30b_a3b_fsdp.sh": r"rollout_rs_threshold='0.6_1.6'",
-    "grpo_trainer/run_qwen3_vl_30b_moe_veomni.sh": r"VeOmni",
-    "grpo_trainer/run_qwen3_vl_8b_megatron.sh": _PIPELINE,
-    "mtp_trainer/run_mimo_7b_mtp_megatron.sh": _PIPELINE,
-    "mtp_trainer/run_mimo_7b_mtp_rl_vllm_sgl_megatron.sh": r"model\.mtp\.enable=True",
-    "on_policy_distillation_trainer/run_qwen3_0.6b_opd_veomni.sh": r"VeOmni",
-    "on_policy_distillation_trainer/run_qwen3_8b_megatron.sh": r"loss_mode=forward_kl_topk needs the teacher.s top-k",
-    "on_policy_distillation_trainer/run_qwen3_8b_mopd_veomni.sh": r"VeOmni",
-    "ppo_trainer/run_qwen3_8b_megatron.sh": _PIPELINE,
-    "rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": r"rollout_rs_threshold='0.6_1.6,2.5'",
-    "router_replay/run_qwen3_30b_a3b_megatron.sh": r"unknown config key 'actor_rollout_ref.actor.model_engine'",
-    "router_replay/run_qwen3_5_35b_a3b_veomni.sh": r"VeOmni",
-    "tuning/lora/run_qwen3_30b_a3b_megatron.sh": _PIPELINE,
-    "tuning/scaling/run_qwen2_5_32b_megatron.sh": r"unknown config key 'actor_rollout_ref.actor.model_engine'",
 }
+# Features still missing (the goal is an empty table; each message names the key, the reason and what to use).
+_R3 = r"router_replay.mode='R3' is not supported"
+NOT_BUILT = {
+    "grpo_trainer/run_deepseek_v4_flash_megatron.sh": _R3,
+    "router_replay/run_qwen3_30b_a3b_megatron.sh": _R3,
+    "mtp_trainer/run_mimo_7b_mtp_megatron.sh": r"model\.mtp\.enable=True",
+    "mtp_trainer/run_mimo_7b_mtp_rl_vllm_sgl_megatron.sh": r"model\.mtp\.enable=True",
+}
+# Layouts not built (the same script scaled to other sizes runs): tp 4 x pp 2 with ep 2 on 8 devices puts the expert
+# groups of 2 inside a tensor-parallel group of 4; the engine builds expert groups inside the data-parallel ranks or
+# over whole sp x tp blocks.
+NOT_LAID_OUT = {
+    "grpo_trainer/run_qwen3_30b_a3b_megatron.sh": r"expert_model_parallel_size=2 must divide the data-parallel size "
+                                                  r"dp = world / \(pp x sp x tp\) = 8 / \(2 x 1 x 4\) = 1",
+}
+REFUSED_SCRIPTS = {**NPU_SCRIPTS, **NOT_BUILT, **NOT_LAID_OUT}
 ACCEPTED_SAMPLE = ["grpo_trainer/run_qwen3_8b_fsdp.sh", "ppo_trainer/run_qwen3_8b_fsdp.sh",
                    "tuning/lora/run_qwen3_8b_merge_fsdp.sh", "sapo_trainer/run_qwen3_8b_fsdp.sh",
                    "rollout_correction/run_qwen2_5_7b_fsdp.sh"]
@@ -273,6 +254,7 @@ def test_verl09_example_command_lines_sample(name):
 @pytest.mark.slow
 def test_every_verl09_example_command_line_loads_or_is_refused_with_its_reason():
     scripts = verl09_command_lines()
-    assert len(scripts) == 86 and set(REFUSED_SCRIPTS) <= {n for n, _ in scripts}
+    assert len(scripts) == 90 and set(REFUSED_SCRIPTS) <= {n for n, _ in scripts}
+    assert all("ascend" in n or "npu" in n for n in NPU_SCRIPTS)
     for name, args in scripts:
         _check_script(name, args)

@@ -1,5 +1,5 @@
-"""verl's own launch command lines must load unchanged (Megatron ones on the torch-native N-D engine); those asking
-for pipeline parallelism or a missing feature are refused clearly."""
+"""verl's own launch command lines must load unchanged (Megatron ones on the torch-native N-D engine, pipeline stages
+included); those asking for a missing feature are refused clearly."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from hybridflow.config.loader import canonical_key
 from vllm_helpers import verl_sections as sections  # the recorded scripts, parsed once for both test suites
 
 ACCEPT = [s for s in sections() if not s[0].startswith("refuse")]
-REFUSE = [s for s in sections() if s[0].startswith("refuse:")]
+PIPELINE = [s for s in sections() if s[0].startswith("pipeline:")]
 REFUSE_FEATURE = [s for s in sections() if s[0].startswith("refuse-feature:")]
-REFUSE_STRAY = [s for s in sections() if s[0].startswith("refuse-stray:")]
+INERT_MEGATRON = [s for s in sections() if s[0].startswith("inert-megatron:")]
 
 
 def _resolved(cfg, key: str):
@@ -70,21 +70,33 @@ def test_command_lines_asking_for_missing_features_are_refused(name, args):
         load_config(cl.overrides, cl.config_path, cl.config_name)
 
 
-@pytest.mark.parametrize("name,args", REFUSE, ids=[s[0] for s in REFUSE])
-def test_megatron_command_lines_with_pipeline_stages_are_refused(name, args):
+@pytest.mark.parametrize("name,args", PIPELINE, ids=[s[0] for s in PIPELINE])
+def test_megatron_command_lines_with_pipeline_stages_validate(name, args):
+    """Pipeline stages are built: the line loads and its roles are laid out pp x dp x tp over the 8 devices."""
+    from hybridflow.config.checks.parallel import data_parallel_size
+    from hybridflow.engine.parallel_dims import role_layout
+
     cl = parse_command_line(args)
-    with pytest.raises(ConfigError) as e:
-        load_config(cl.overrides, cl.config_path, cl.config_name)
-    assert "pipeline_model_parallel_size=2: pipeline parallelism is not built" in str(e.value)
+    cfg = load_config(cl.overrides, cl.config_path, cl.config_name)
+    for role in ("actor", "ref"):
+        layout = role_layout(getattr(cfg.actor_rollout_ref, role))
+        assert (layout["pp"], layout["tp"]) == (2, 2), (role, layout)
+    assert data_parallel_size(cfg, "actor_rollout_ref.actor") == 8 // (2 * 2)
 
 
-@pytest.mark.parametrize("name,args", REFUSE_STRAY, ids=[s[0] for s in REFUSE_STRAY])
-def test_megatron_keys_without_the_megatron_strategy_are_refused(name, args):
-    """The node would silently do nothing on the fsdp strategy: the error names the keys and the strategy."""
+@pytest.mark.parametrize("name,args", INERT_MEGATRON, ids=[s[0] for s in INERT_MEGATRON])
+def test_megatron_keys_without_the_megatron_strategy_are_inert_and_said(name, args):
+    """verl ignores a megatron node on an fsdp role; so does hybridflow, and it says so naming the keys and the
+    strategy (the roles stay unsplit)."""
+    from hybridflow.engine.parallel_dims import role_layout
+
     cl = parse_command_line(args)
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.megatron\.pipeline_model_parallel_size: the "
-                                          r"megatron node is read only with actor_rollout_ref\.actor\.strategy=megatron"):
-        load_config(cl.overrides, cl.config_path, cl.config_name)
+    with pytest.warns(UserWarning, match=r"actor_rollout_ref\.actor\.megatron\.tensor_model_parallel_size, "
+                                         r"actor_rollout_ref\.actor\.megatron\.pipeline_model_parallel_size has no "
+                                         r"effect: the megatron node is read only with "
+                                         r"actor_rollout_ref\.actor\.strategy=megatron"):
+        cfg = load_config(cl.overrides, cl.config_path, cl.config_name)
+    assert role_layout(cfg.actor_rollout_ref.actor)["pp"] == 1 and role_layout(cfg.actor_rollout_ref.actor)["tp"] == 1
 
 
 def test_one_script_through_the_console_script(dry_run_assets):

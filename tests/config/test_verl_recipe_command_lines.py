@@ -38,8 +38,8 @@ def recipe_command_lines() -> list[tuple[str, str, list[str]]]:
 
 
 ENTRY_POINTS = {"recipe.dapo.main_dapo": CONFIG_NAME, "verl.trainer.main_ppo": None}
-_PIPELINE = r"pipeline parallelism is not built"  # the Megatron lines run on the torch-native N-D engine
 _NPU = r"trainer.device='npu' is not supported"
+# The Megatron lines (pipeline stages, use_dist_checkpointing included) load on the torch-native N-D engine.
 REFUSED = {
     "recipe/dapo/run_dapo_qwen2.5_32b_fsdp2_20k_npu.sh": _NPU,
     "recipe/dapo/run_dapo_qwen2.5_32b_fsdp2_4k_npu.sh": _NPU,
@@ -49,12 +49,8 @@ REFUSED = {
     "recipe/dapo/run_dapo_qwen2.5_vl_7b_fsdp2_npu.sh": _NPU,
     "recipe/dapo/run_dapo_qwen3_30b_fsdp_6k_npu.sh": _NPU,
     "recipe/dapo/run_dapo_qwen3_vl_30b_fsdp2_npu.sh": _NPU,
-    "recipe/dapo/run_dapo_qwen3_moe_30b_megatron_npu.sh": _PIPELINE,
-    "recipe/dapo/test_dapo_7b_math_megatron.sh": _PIPELINE,
     "recipe/dapo/test_dapo_8b_megatron_fp8train.sh": r"actor_rollout_ref.rollout.mode='sync'",
     "recipe/dapo/test_dapo_dspk_671b_megatron_96gb.sh": r"model.path=<path_to_dsv3_config>",  # a placeholder
-    "recipe/dapo/test_dapo_glm_air_megatron.sh": _PIPELINE,
-    "recipe/dapo/test_dapo_qwen3_moe_30b_megatron_fp16.sh": _PIPELINE,
     # rollout-correction keys verl itself removed (its rollout_correction node has neither any more)
     "recipe/dapo/run_dapo_qwen2.5_32b_rollout_corr.sh": r"unknown config key 'algorithm.rollout_correction."
                                                          r"rollout_rs_threshold_lower'",

@@ -44,6 +44,12 @@ CASES = {
         # LoRA on every linear of the decoder layers (q/k/v/gate/up column-wise, o/down row-wise): the adapters'
         # gradients, the sync of the merged weights into an hf rollout engine and the saved PEFT adapter
         "tp2-lora-qwen3": ("qwen3", 2, 1, 1, "lora"),
+        # Megatron's sequence parallelism inside the tp group (megatron.sequence_parallel): norms and the residual
+        # stream split along the tokens (a role suffixed "+seqpar")
+        "tp2-seqpar-qwen3": ("qwen3", 2, 1, 1, "actor+seqpar"),
+        "tp2-seqpar-qwen3-moe": ("qwen3-moe", 2, 1, 1, "actor+seqpar"),
+        "tp2-seqpar-critic-qwen2": ("qwen2", 2, 1, 1, "critic+seqpar"),
+        "tp2-seqpar-lora-qwen3": ("qwen3", 2, 1, 1, "lora+seqpar"),
     },
     4: {
         "dp2xtp2-qwen2": ("qwen2", 2, 1, 1, "actor"),
@@ -57,6 +63,9 @@ CASES = {
         "ep4xtp2-qwen3-moe": ("qwen3-moe", 2, 4, 1, "actor"),
         "ep4xsp2xtp2-qwen3-moe": ("qwen3-moe", 2, 4, 2, "actor"),  # groups over sp x tp (dp 1)
         "sp2xtp2-qwen2": ("qwen2", 2, 1, 2, "actor"),
+        "dp2xtp2-seqpar-llama3.1": ("llama3.1", 2, 1, 1, "actor+seqpar"),
+        "sp2xtp2-seqpar-qwen2": ("qwen2", 2, 1, 2, "actor+seqpar"),
+        "ep2xtp2-seqpar-deepseek-v3": ("deepseek-v3", 2, 2, 1, "actor+seqpar"),
     },
 }
 
@@ -227,6 +236,19 @@ def _break_shared_rotary_key():
     return _patch(tp, "_sum_gradient_of_columns", lambda first, group: (lambda m, a, out: out))
 
 
+def _break_seqpar_norm_gradient_sum():
+    """Sequence parallelism's norms left as plain weights: each rank's weight gradient sees only its tokens."""
+    import hybridflow.engine.tensor_parallel as tp
+
+    real = tp.apply_tp_sequence_parallel
+
+    def no_norm_plan(layer, mesh):
+        real(layer, mesh)
+        return {}
+
+    return _patch(tp, "apply_tp_sequence_parallel", no_norm_plan)
+
+
 def _break_lora_rowwise_sum():
     """The LoRA A of the row-wise projections split on its input features, its partial products not summed."""
     from torch.distributed.tensor import Partial
@@ -244,6 +266,7 @@ def _break_lora_rowwise_sum():
 
 
 BREAKS = {
+    "seqpar_norm_gradient_sum": (_break_seqpar_norm_gradient_sum, "tp2-seqpar-qwen3"),
     "head_norm_placement": (_break_head_norm_placement, "tp2-qwen3"),
     "missing_allreduce": (_break_missing_allreduce, "tp2-qwen2"),
     "vocab_normaliser": (_break_vocab_normaliser, "tp2-llama3.1"),
@@ -262,11 +285,12 @@ def check_case(model_dir: str, tp: int, ep: int, sp: int, role: str, batches) ->
     from hybridflow.engine.train_engine import TrainEngine
 
     fsdp_cfg, optim_cfg = _configs(model_dir)
+    role, seqpar = role.removesuffix("+seqpar"), role.endswith("+seqpar")
     ref_module, got_module = _load_module(model_dir, role).train(), _load_module(model_dir, role).train()
     _INIT.clear()
     _INIT.update(_params(ref_module))
     ref = TrainEngine(ref_module, fsdp_cfg, optim_cfg, role="actor", parallel_dims=ParallelDims(1))
-    dims = ParallelDims(dist.get_world_size(), sp=sp, tp=tp, ep=ep)
+    dims = ParallelDims(dist.get_world_size(), sp=sp, tp=tp, ep=ep, tp_sp=seqpar)
     engine = TrainEngine(got_module, fsdp_cfg, optim_cfg, role="actor", parallel_dims=dims)
     vocab = ref_module.config.vocab_size
     data = batches.make_update_batch(vocab, seed=3, rows=8, prompt_len=10, response_len=8)
@@ -315,6 +339,45 @@ def check_case(model_dir: str, tp: int, ep: int, sp: int, role: str, batches) ->
     if role == "lora":
         result.update(_lora_sync_and_adapter(model_dir, ref.module, engine, dict(b)))
     return result
+
+
+def saved_activation_bytes(model_dir: str, seqpar: bool, batches) -> tuple[float, float]:
+    """Bytes autograd keeps for the backward of one actor forward (tp=2 over both ranks; parameters not counted),
+    in all and in tensors of the hidden size (the residual stream, the norms' inputs and outputs, the projections'
+    inputs): what megatron.sequence_parallel saves, measured."""
+    from torch.distributed.tensor import DTensor
+
+    from hybridflow.engine.forward import response_log_probs
+    from hybridflow.engine.parallel_dims import ParallelDims
+    from hybridflow.engine.train_engine import TrainEngine
+
+    fsdp_cfg, optim_cfg = _configs(model_dir)
+    engine = TrainEngine(_load_module(model_dir, "actor").train(), fsdp_cfg, optim_cfg, role="actor",
+                         parallel_dims=ParallelDims(dist.get_world_size(), tp=2, tp_sp=seqpar))
+
+    def local(t):  # the plain tensor under DTensor / functional-collective wrappers
+        while isinstance(t, DTensor) or hasattr(t, "elem"):
+            t = t._local_tensor if isinstance(t, DTensor) else t.elem
+        return t
+
+    params = {local(p).untyped_storage().data_ptr() for p in engine.module.parameters()}
+    hidden = int(engine.module.config.hidden_size)
+    seen: dict[int, tuple[int, bool]] = {}
+
+    def pack(t):
+        plain = local(t)
+        storage = plain.untyped_storage()
+        if storage.data_ptr() not in params:
+            size = max(seen.get(storage.data_ptr(), (0, False))[0], storage.nbytes())
+            seen[storage.data_ptr()] = (size, plain.dim() >= 2 and plain.shape[-1] == hidden
+                                        and plain.numel() > hidden * hidden)
+        return t
+
+    data = batches.make_update_batch(engine.module.config.vocab_size, seed=5, rows=4, prompt_len=96, response_len=160)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        log_probs, _ = response_log_probs(engine.module, dict(data.batch), 1.0, use_remove_padding=False)
+    log_probs.sum().backward()
+    return float(sum(n for n, _ in seen.values())), float(sum(n for n, h in seen.values() if h))
 
 
 def _lora_sync_and_adapter(model_dir: str, trained, engine, batch) -> dict[str, float]:
@@ -379,6 +442,12 @@ def main(rank: int, world: int, port: int, models: dict[str, str], out_json: str
         if only and only != "breaks" and only not in name:
             continue
         results[name] = _max_over_ranks(check_case(models[family], tp, ep, sp, role, batches))
+    if world == 2 and (only in ("", "breaks") or "memory" in only):
+        model = models.get("qwen3")
+        (plain, plain_hidden), (seqpar, seqpar_hidden) = (saved_activation_bytes(model, on, batches)
+                                                          for on in (False, True))
+        results["memory-seqpar"] = _max_over_ranks({"plain": plain, "seqpar": seqpar, "plain_hidden": plain_hidden,
+                                                    "seqpar_hidden": seqpar_hidden})
     ckpt = _load("hf_test_nd_checkpoint", "nd_checkpoint.py")
     for name, (family, layout, targets) in CHECKPOINTS[world].items():
         if only and only != "breaks" and only not in name:

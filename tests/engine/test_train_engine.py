@@ -154,3 +154,31 @@ def test_lora_export_is_merged(tiny_model_dir, tmp_path):
         assert torch.allclose(merged(input_ids=ids).logits, engine.module(input_ids=ids).logits, atol=1e-5)
         base = load_causal_lm(tiny_model_dir).eval()
         assert not torch.allclose(base(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4)
+
+
+def test_checkpoint_strict_false_loads_the_tensors_both_have(tiny_model_dir, tmp_path):
+    """verl's actor.checkpoint.strict=false: a checkpoint lacking a tensor of the model (and holding one the model has
+    not) loads what both have; the rest keep their values and are named in a warning; strict=true refuses it."""
+    engine = TrainEngine(load_causal_lm(tiny_model_dir), fsdp_cfg(), optim_cfg())
+    _train_step(engine, 0)
+    path = str(tmp_path / "global_step_1" / "actor")
+    save_engine_checkpoint(engine, path)
+    saved = os.path.join(path, "model_world_size_1_rank_0.pt")
+    state = torch.load(saved, weights_only=True)
+    dropped = "model.norm.weight"
+    state.pop(dropped)
+    state["mtp.layers.0.proj.weight"] = torch.zeros(2, 2)  # a tensor this model has not
+    torch.save(state, saved)
+    fresh = TrainEngine(load_causal_lm(tiny_model_dir), fsdp_cfg(), optim_cfg())
+    with pytest.raises(CheckpointMismatchError, match=r"or set actor_rollout_ref.actor.checkpoint.strict=false"):
+        load_engine_checkpoint(fresh, path, field="actor_rollout_ref.actor.checkpoint.load_contents")
+    before = fresh.module.state_dict()[dropped].clone()
+    with pytest.warns(UserWarning, match=r"checkpoint.strict=false: 1 of the model's tensors are not in .* "
+                                         r"\['model.norm.weight'\]; 1 of its tensors are not in the model"):
+        load_engine_checkpoint(fresh, path, field="actor_rollout_ref.actor.checkpoint.load_contents", strict=False)
+    after = fresh.module.state_dict()
+    assert torch.equal(after[dropped], before)  # kept its own value
+    for name, value in state.items():
+        if name in after:
+            assert torch.equal(after[name], value), name
+    assert not fresh.optimizer.state  # the optimizer state belongs to the other set of tensors: afresh

@@ -30,6 +30,17 @@ ALGORITHMS = {
                                 "algorithm.rollout_correction.rollout_is=token",
                                 "algorithm.rollout_correction.rollout_rs=token",
                                 "algorithm.rollout_correction.rollout_rs_threshold=2.0"],
+    # verl 0.9: GDPO over the reward function's two dict entries, DPPO's TV trust region, IcePop IS bounds with two
+    # rejection criteria at once
+    "gdpo": ["algorithm.adv_estimator=gdpo", "+algorithm.gdpo_reward_keys=[score,acc]",
+             "reward.reward_manager.name=gdpo"],
+    "dppo_tv": ["algorithm.adv_estimator=grpo", f"{A}.actor.policy_loss.loss_mode=dppo_tv",
+                f"{A}.actor.clip_ratio_low=0.15", f"{A}.actor.clip_ratio_high=0.15", f"{A}.actor.clip_ratio_c=10000.0"],
+    "grpo_rollout_correction_verl09": ["algorithm.adv_estimator=grpo", f"{A}.rollout.calculate_log_probs=true",
+                                       "algorithm.rollout_correction.rollout_is=token",
+                                       "algorithm.rollout_correction.rollout_is_threshold=0.5_4.0",
+                                       "algorithm.rollout_correction.rollout_rs='token_k1,seq_max_k2'",
+                                       "algorithm.rollout_correction.rollout_rs_threshold='0.6_1.6,2.5'"],
     "grpo_bypass_reinforce": ["algorithm.adv_estimator=grpo", f"{A}.rollout.calculate_log_probs=true",
                               "algorithm.rollout_correction.bypass_mode=true",
                               "algorithm.rollout_correction.loss_type=reinforce",
@@ -69,6 +80,14 @@ def test_algorithm_trains_two_steps(name, nano_model_dir, addition_data, tmp_pat
         assert "timing_s/old_log_prob" in steps[0]
         assert abs(steps[0]["rollout_corr/rollout_is_mean"] - 1.0) < 1e-3
         assert steps[0]["rollout_corr/rollout_rs_masked_fraction"] == 0.0
+    if name == "grpo_rollout_correction_verl09":
+        assert steps[0]["rollout_corr/rollout_is_oob_ratio"] == 0.0  # mu = pi_old up to float noise: nothing zeroed
+        for option in ("token_k1", "seq_max_k2"):
+            assert steps[0][f"rollout_corr/rollout_rs_{option}_masked_fraction"] == 0.0
+    if name == "gdpo":
+        assert "reward_extra/acc/mean" in steps[0] and steps[0]["critic/advantages/max"] > 0  # the dict reached it
+    if name == "dppo_tv":
+        assert 0.0 <= steps[0]["actor/pg_clipfrac"] <= 1.0
     if name == "grpo_bypass_reinforce":
         # the rollout's log-probs are pi_old: no old_log_prob pass; the loss weighs by pi_theta / mu, which is 1 on
         # the first of the two mini-batches and moves after the first optimiser step (it used to be exactly 1)

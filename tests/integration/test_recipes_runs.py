@@ -42,6 +42,12 @@ def recipe_runs(model: str) -> dict[str, list[str]]:
                              f"distillation.teacher_models.teacher_model.model_path={model}",
                              "distillation.distillation_loss.loss_mode=k1",
                              "distillation.distillation_loss.use_policy_gradient=true"],
+        # verl's forward_kl_topk (run_qwen3_8b_megatron.sh): the teacher's top-8 tokens, the student's forward KL
+        "distill_topk": ["algorithm.adv_estimator=grpo", "distillation.enabled=true",
+                         f"distillation.teacher_models.teacher_model.model_path={model}",
+                         "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                         "distillation.distillation_loss.topk=8", "distillation.distillation_loss.use_task_rewards=false",
+                         "distillation.distillation_loss.log_prob_min_clamp=-10.0"],
         "judge_colocated": ["algorithm.adv_estimator=grpo", f"reward_model.model.path={model}", *JUDGE],
         "judge_own_pool": ["algorithm.adv_estimator=grpo", f"reward_model.model.path={model}", *JUDGE,
                            "reward_model.enable_resource_pool=true", "reward_model.n_gpus_per_node=1",
@@ -60,6 +66,9 @@ def _check(name: str, metrics: list[dict]) -> None:
             assert m["reward_model/grad_norm"] > 0 and "prime/filter_pass_fraction" in m
         if name.startswith("distill"):
             assert m["distillation/rows/default"] == 32 and "timing_s/teacher" in m
+        if name == "distill_topk":  # the student starts as its teacher: the same top-8 mass, a KL near 0
+            assert 0 < m["distillation/teacher_mass"] <= 1 and abs(m["distillation/loss"]) < 0.05, m
+            assert abs(m["distillation/teacher_mass"] - m["distillation/student_mass"]) < 0.05, m
         if name.startswith("judge"):
             assert m["judge/completed"] == 32 and m["reward/error_count"] == 0
 

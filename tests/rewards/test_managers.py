@@ -15,7 +15,7 @@ INLINE = ScoringConfig(num_workers=0)
 
 
 def test_registry_names():
-    assert REWARD_MANAGERS.names() == ["batch", "dapo", "naive", "prime"]
+    assert REWARD_MANAGERS.names() == ["batch", "dapo", "gdpo", "naive", "prime"]
 
 
 def test_naive_places_score_on_last_valid_token(char_tokenizer, make_batch):

@@ -9,7 +9,6 @@ __all__ = ["check_group_size", "check_rollout_correction"]
 
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")
-ROLLOUT_RS_LEVELS = ("token", "sequence", "geometric")
 BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
 
 
@@ -18,17 +17,7 @@ def check_rollout_correction(cfg: PPOConfig, errors: list[str]) -> None:
     calc = cfg.actor_rollout_ref.rollout.calculate_log_probs
     if rc.rollout_is is not None and rc.rollout_is not in ROLLOUT_IS_LEVELS:
         errors.append(f"{key}.rollout_is={rc.rollout_is!r}: choose null, {' or '.join(ROLLOUT_IS_LEVELS)}")
-    if rc.rollout_rs is not None and rc.rollout_rs not in ROLLOUT_RS_LEVELS:
-        errors.append(f"{key}.rollout_rs={rc.rollout_rs!r}: choose null, {', '.join(ROLLOUT_RS_LEVELS)}")
-    if isinstance(rc.rollout_rs_threshold, str):
-        errors.append(f"{key}.rollout_rs_threshold={rc.rollout_rs_threshold!r}: verl 0.9's lower_upper bounds and "
-                      "comma-separated levels (several rejection criteria at once) are not implemented; give one "
-                      f"number t > 0 ({key}.rollout_rs rejects ratios outside [1/t, t])")
-    elif isinstance(rc.rollout_rs_threshold, bool) or not isinstance(rc.rollout_rs_threshold, (int, float, type(None))):
-        errors.append(f"{key}.rollout_rs_threshold={rc.rollout_rs_threshold!r}: give a number t > 0, or null")
-    elif rc.rollout_rs is not None and (rc.rollout_rs_threshold is None or rc.rollout_rs_threshold <= 0):
-        errors.append(f"{key}.rollout_rs={rc.rollout_rs} rejects tokens whose ratio leaves [1/t, t]: set "
-                      f"{key}.rollout_rs_threshold to t > 0 (e.g. 2.0)")
+    # the threshold grammar (lower_upper, several criteria) is the algorithm floor's: algorithms/checks.py
     if (rc.rollout_is is not None or rc.rollout_rs is not None) and not calc:
         errors.append(f"{key}.rollout_is/rollout_rs compare the actor's log-probs with the rollout's own: set "
                       "actor_rollout_ref.rollout.calculate_log_probs=true")

@@ -22,12 +22,15 @@ def check_batch_sizes(cfg: PPOConfig, errors: list[str], notes: list[str]) -> No
     if data.train_batch_size < 1 or actor.ppo_mini_batch_size < 1:
         errors.append("data.train_batch_size and actor_rollout_ref.actor.ppo_mini_batch_size must be >= 1")
         return
+    # tensor-, pipeline- and sequence-parallel peers share their rows: the step is split over the actor's dp groups
+    dp = data_parallel_size(cfg, "actor_rollout_ref.actor")
+    groups = f"{dp} data-parallel group(s) of {n_dev} device(s)" if dp != n_dev else f"{n_dev} device(s)"
     vocab = (f"(data.train_batch_size={data.train_batch_size} prompts x rollout.n={n} = "
-             f"{data.train_batch_size * n} trajectories per step, over {n_dev} device(s))")
-    if (data.train_batch_size * n) % n_dev:
+             f"{data.train_batch_size * n} trajectories per step, over {groups})")
+    if (data.train_batch_size * n) % dp:
         errors.append(f"the {data.train_batch_size * n} trajectories of a step cannot be split evenly over "
-                      f"{n_dev} devices {vocab}; make train_batch_size x rollout.n a multiple of "
-                      f"trainer.nnodes x trainer.n_gpus_per_node")
+                      f"{groups} {vocab}; make train_batch_size x rollout.n a multiple of the data-parallel size "
+                      f"(trainer.nnodes x trainer.n_gpus_per_node / (pp x sp x tp))")
     if actor.ppo_mini_batch_size > data.train_batch_size:
         errors.append(f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} is larger than "
                       f"data.train_batch_size={data.train_batch_size}; both count prompts, and a step is cut into "

@@ -85,9 +85,10 @@ def check_distillation(cfg: Any, errors: list[str], notes: list[str]) -> None:
         return
     loss = cfg.distillation.distillation_loss
     if loss.loss_mode == "forward_kl_topk":
-        errors.append("distillation.distillation_loss.loss_mode=forward_kl_topk needs the teacher's top-k "
-                      "distribution and the student's full logits in the update, which are not built; use k3 "
-                      "(as a loss) or k1 with use_policy_gradient=true (the per-token reverse-KL reward)")
+        if loss.use_policy_gradient or int(loss.topk or 0) < 1:
+            errors.append("distillation.distillation_loss.loss_mode=forward_kl_topk is a loss over the teacher's top-k "
+                          f"tokens: set use_policy_gradient=false and topk >= 1 (got {loss.use_policy_gradient}, "
+                          f"{loss.topk})")
     elif loss.loss_mode not in DISTILLATION_MODES:
         errors.append(f"distillation.distillation_loss.loss_mode={loss.loss_mode!r}: choose one of "
                       f"{', '.join(DISTILLATION_MODES)}")

@@ -50,8 +50,9 @@ def _engine_choice(cfg: Any, errors: list[str], notes: list[str]) -> None:
     engine = str(cfg.model_engine)
     if engine not in _ENGINES:
         errors.append(f"model_engine={engine}: verl's {engine} training engine is not available here. Use "
-                      "model_engine=dp (FSDP2) or model_engine=megatron (FSDP2 laid out by the *.megatron.* keys: "
-                      "tensor, expert and context parallelism)")
+                      "model_engine=dp (FSDP2), model_engine=veomni (FSDP2 laid out by the *.veomni.* keys) or "
+                      "model_engine=megatron (FSDP2 laid out by the *.megatron.* keys: tensor, expert, pipeline and "
+                      "context parallelism)")
     elif engine == "megatron":
         for prefix, node, _ in megatron_roles(cfg):
             node.strategy = "megatron"
@@ -59,12 +60,14 @@ def _engine_choice(cfg: Any, errors: list[str], notes: list[str]) -> None:
                      "N-D engine laid out by their megatron nodes)")
 
 
-def _stray_keys(prefix: str, node: Any, errors: list[str]) -> None:
+def _stray_keys(prefix: str, node: Any, notes: list[str]) -> None:
+    """A megatron node on a role of another strategy is not read -- verl ignores it too (its FSDP workers never look at
+    it), so it is accepted and said."""
     changed = [k for k, v in _DEFAULTS.items() if getattr(node.megatron, k) != v]
     if changed:
-        errors.append(f"{', '.join(f'{prefix}.megatron.{k}' for k in changed)}: the megatron node is read only with "
-                      f"{prefix}.strategy=megatron (this role has strategy={node.strategy}); set the strategy (or "
-                      "model_engine=megatron) or drop the keys")
+        notes.append(f"{', '.join(f'{prefix}.megatron.{k}' for k in changed)} has no effect: the megatron node is "
+                     f"read only with {prefix}.strategy=megatron (this role has strategy={node.strategy}; verl ignores "
+                     "it too). Set the strategy (or model_engine=megatron) to use it")
 
 
 def _layout(prefix: str, node: Any, fsdp: Any, lora: bool, errors: list[str], notes: list[str]) -> None:
@@ -105,9 +108,14 @@ _DECAY_STYLES = {"constant": "constant", "cosine": "cosine"}
 
 
 def _optimizer_keys(cfg: Any, errors: list[str], notes: list[str]) -> None:
-    """Megatron's spelling of the schedule (verl's optim/megatron.yaml) into the keys the engine reads."""
-    for key, optim in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim),
-                       ("critic.optim", cfg.critic.optim)):
+    """Megatron's spelling of the schedule (verl's optim/megatron.yaml) into the keys the engine reads, and its
+    OptimizerConfig fields out of override_optimizer_config (config/checks/megatron_optim.py)."""
+    from hybridflow.config.checks.megatron_optim import megatron_optimizer_overrides
+
+    for key, optim, fsdp in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim,
+                              cfg.actor_rollout_ref.actor.fsdp_config),
+                             ("critic.optim", cfg.critic.optim, cfg.critic.model.fsdp_config)):
+        megatron_optimizer_overrides(f"{key}.override_optimizer_config", optim, fsdp, errors, notes)
         style = optim.lr_decay_style
         if style is not None:
             if str(style) not in _DECAY_STYLES:
@@ -132,7 +140,7 @@ def check_megatron(cfg: Any, errors: list[str], notes: list[str]) -> None:
     found: list[str] = []
     for prefix, node, fsdp in megatron_roles(cfg):
         if node.strategy != "megatron":
-            _stray_keys(prefix, node, found)
+            _stray_keys(prefix, node, notes)
             continue
         _layout(prefix, node, fsdp, lora and prefix == "actor_rollout_ref.actor", found, notes)
     errors.extend(without_echoes(found))

@@ -95,7 +95,7 @@ def parallelize(module: nn.Module, dims: ParallelDims, rank: int, device: torch.
     experts = (apply_expert_parallel(module, dims.ep_mesh, dims.ep_key, dims.expert_token_split)  # 2. expert
                if dims.ep > 1 and dims.mesh is not None else [])
     if dims.tp > 1 and dims.mesh is not None:                                                 # 3. tensor
-        apply_tensor_parallel(module, dims.tp_mesh, dims.tp_key)
+        apply_tensor_parallel(module, dims.tp_mesh, dims.tp_key, sequence_parallel=dims.tp_sp)
     layer_types = tuple(decoder_layer_classes(module, fsdp_config.wrap_policy.transformer_layer_cls_to_wrap))
     if dims.pp > 1:                                                                           # 4. pipeline
         _split_pipeline(out, dims, rank, device, compute, pipeline or PipelineSpec())

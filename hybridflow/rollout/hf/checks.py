@@ -7,6 +7,7 @@ does not build (LoRA, images) is refused."""
 from __future__ import annotations
 
 from hybridflow.config.checks.machine import precision_name
+from hybridflow.rollout.moe_layout import moe_split_note
 from hybridflow.config.checks.parallel import n_devices
 
 __all__ = ["device_errors", "device_notes", "exact_problem", "model_errors", "resolve_exact_log_probs"]
@@ -40,7 +41,7 @@ def device_errors(cfg, device: str) -> list[str]:
 
 def device_notes(cfg, device: str) -> list[str]:
     rollout = cfg.actor_rollout_ref.rollout
-    notes = []
+    notes = [note for note in (moe_split_note(rollout, "hf"),) if note]
     if device == "cpu":
         if precision_name(rollout.dtype) not in ("bf16", None):
             notes.append(f"actor_rollout_ref.rollout.dtype={rollout.dtype} has no effect on CPU: the hf rollout "

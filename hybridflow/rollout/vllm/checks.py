@@ -4,6 +4,7 @@ the run computes on, and whether it can serve the checkpoint. Read from the conf
 from __future__ import annotations
 
 from hybridflow.config.checks.machine import device_hint
+from hybridflow.rollout.moe_layout import moe_split_note
 from hybridflow.rollout.vllm.config import vllm_cpu_model_error, vllm_vision_settings
 
 __all__ = ["device_errors", "device_notes", "model_errors"]
@@ -34,11 +35,12 @@ def device_errors(cfg, device: str) -> list[str]:
 
 
 def device_notes(cfg, device: str) -> list[str]:
+    notes = [note for note in (moe_split_note(cfg.actor_rollout_ref.rollout, "vllm"),) if note]
     if device == "cpu" and cfg.actor_rollout_ref.rollout.enable_chunked_prefill:
-        return [f"{_KEY}.enable_chunked_prefill=true: vLLM on CPU runs without chunked prefill (vLLM 0.32's CPU "
-                "worker fails on seeded requests whose prefill is split; every rollout request carries a seed), so "
-                "each prompt is prefilled in one step"]
-    return []
+        notes.append(f"{_KEY}.enable_chunked_prefill=true: vLLM on CPU runs without chunked prefill (vLLM 0.32's CPU "
+                     "worker fails on seeded requests whose prefill is split; every rollout request carries a seed), "
+                     "so each prompt is prefilled in one step")
+    return notes
 
 
 def model_errors(cfg) -> list[str]:

@@ -9,6 +9,8 @@ Each verl key acts (see docs/rollout_engines.md for the table):
 * ``enable_chunked_prefill`` -- on GPU as given; on CPU off (see :func:`cpu_safe_chunking`), with a config note;
 * ``tensor_model_parallel_size, data_parallel_size`` -> ``tensor_parallel_size, data_parallel_size`` (on CPU only
   1 is accepted: the config check refuses more, see ``hybridflow.config.checks.machine``);
+* ``expert_parallel_size`` = tp x dp -> ``enable_expert_parallel`` (verl's rule for vLLM); TensorRT-LLM's
+  ``moe_tensor_parallel_size`` x ``expert_parallel_size`` split has no vLLM equivalent and is noted (same numbers);
 * ``gpu_memory_utilization`` -- on GPU vLLM's own fraction of device memory; on CPU vLLM reads it as the
   fraction of host RAM it may reserve, so the KV cache is sized explicitly: what ``max_num_seqs`` sequences of
   ``max_model_len`` tokens need, capped by ``gpu_memory_utilization`` x RAM (``VLLM_CPU_KVCACHE_SPACE``, vLLM's
@@ -29,6 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hybridflow.rollout.moe_layout import expert_parallel_over_tp_dp
 from hybridflow.rollout.multi_modal import vision_model_type
 
 __all__ = ["VLLM_CPU_REFUSED", "vllm_cpu_model_error", "cpu_safe_chunking", "vllm_engine_kwargs",
@@ -238,6 +241,8 @@ def vllm_engine_kwargs(
     }
     if rollout.quantization:
         kwargs["quantization"] = str(rollout.quantization)
+    if expert_parallel_over_tp_dp(rollout):
+        kwargs["enable_expert_parallel"] = True
     if device == "cuda":
         kwargs["enable_sleep_mode"] = bool(rollout.free_cache_engine)
         if rollout.cudagraph_capture_sizes:

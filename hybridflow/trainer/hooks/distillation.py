@@ -5,7 +5,7 @@ The teachers' worker groups are started with the run (``trainer/teachers.py``)."
 
 from __future__ import annotations
 
-from hybridflow.algorithms.distillation import DISTILLATION_SETTINGS, DistillationSettings
+from hybridflow.algorithms.distillation import DISTILLATION_SETTINGS, TEACHER_TOPK, DistillationSettings
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import stages
 from hybridflow.trainer.hooks import StageHook
@@ -22,7 +22,7 @@ def distillation_settings(config) -> DistillationSettings:
         distillation_loss_coef=float(loss.distillation_loss_coef), loss_max_clamp=loss.loss_max_clamp,
         log_prob_min_clamp=loss.log_prob_min_clamp, use_policy_gradient=bool(loss.use_policy_gradient),
         clip_ratio=float(loss.clip_ratio), clip_ratio_low=float(loss.clip_ratio_low),
-        clip_ratio_high=float(loss.clip_ratio_high),
+        clip_ratio_high=float(loss.clip_ratio_high), topk=int(loss.topk or 0),
     )
 
 
@@ -35,6 +35,8 @@ class DistillationHook(StageHook):
         self.settings = distillation_settings(config)
 
     def after_log_probs(self, run, batch: DataProto, log: StepLog) -> None:
+        if self.settings.topk_mode:
+            batch.meta_info[TEACHER_TOPK] = int(self.settings.topk)
         with log.timed("teacher"):
             log.update(stages.compute_teacher_log_probs(run.groups, batch))
         batch.meta_info[DISTILLATION_SETTINGS] = self.settings

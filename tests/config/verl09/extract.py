@@ -47,6 +47,9 @@ STUBBED = ("nvidia-smi", "ray", "hf", "huggingface-cli", "pip", "pip3", "wget", 
 # variables some scripts require without a default (values a user would give)
 REQUIRED_ENV = {"VERL_USE_UV": "0", "SLURM_JOB_NUM_NODES": "1", "INFER_BACKEND": "vllm", "HDFS_ROOT": "/root",
                 "LORA_ADAPTER_PATH": "/root/lora_adapter"}
+# given only to a script that records nothing without them (`set -u` on a variable it never defaults): giving them to
+# every script would replace the defaults the others write (DATA_ROOT=${DATA_ROOT:-/data/verl} ...)
+FALLBACK_ENV = {"DATA_ROOT": "/root/verl", "RAY_DATA_HOME": "/root/verl", "KIMI_K2_6_MODEL_PATH": "/root/model/Kimi-K2.6"}
 
 
 def scripts(repo: str, folders: tuple[str, ...] = ("examples", "recipe")) -> list[str]:
@@ -55,7 +58,7 @@ def scripts(repo: str, folders: tuple[str, ...] = ("examples", "recipe")) -> lis
     return sorted(p for p in out if p.endswith(".sh") and p.split("/")[0] in folders)
 
 
-def launches(repo: str, path: str, stubs: Path, home: Path) -> list[list[str]]:
+def launches(repo: str, path: str, stubs: Path, home: Path, extra_env: dict | None = None) -> list[list[str]]:
     text = subprocess.run(["git", "-C", repo, "show", f"HEAD:{path}"], capture_output=True, text=True,
                           check=True).stdout
     with tempfile.TemporaryDirectory() as work:
@@ -63,7 +66,7 @@ def launches(repo: str, path: str, stubs: Path, home: Path) -> list[list[str]]:
         script.write_text("ulimit() { :; }\n" + text)  # raising limits is not permitted in a sandbox
         record = Path(work) / "record"
         record.write_bytes(b"")
-        env = {"PATH": str(stubs), "HOME": str(home), "HF_RECORD": str(record), **REQUIRED_ENV}
+        env = {"PATH": str(stubs), "HOME": str(home), "HF_RECORD": str(record), **REQUIRED_ENV, **(extra_env or {})}
         # the SFT scripts take `nproc_per_node save_path` as positional arguments (and `shift 2` them away)
         args = ["8", f"{home}/sft_out"] if re.search(r"^\s*shift 2\b", text, re.M) else []
         subprocess.run(["/bin/bash", str(script), *args], cwd=work, env=env, capture_output=True, timeout=60)
@@ -101,7 +104,8 @@ def main(repo: str, folders: tuple[str, ...] = ("examples", "recipe"), prefix: s
         print("# commit " + subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True,
                                          text=True).stdout.strip() + " (HOME=/root, GPU defaults, VERL_USE_UV=0)")
         for path in scripts(repo, folders):
-            for run in launches(repo, path, stubs, Path("/root")):
+            runs = launches(repo, path, stubs, Path("/root")) or launches(repo, path, stubs, Path("/root"), FALLBACK_ENV)
+            for run in runs:
                 module = run[run.index("-m") + 1]
                 args = run[run.index("-m") + 2:]
                 print(f"\n## {prefix}{path} :: {module}")
