@@ -6,6 +6,10 @@ from __future__ import annotations
 
 _PRIME = "PRIME (trainer.recipe=prime): "
 EXTRA_LINES: dict[str, str] = {
+    "actor_rollout_ref.model.fused_kernel_options.chunk_size": "rows of the fused LM head computed at once (0: as "
+                                                               "many as 128 MB of logits); >= 0.",
+    "actor_rollout_ref.actor.use_fused_kernels": "follows actor_rollout_ref.model.use_fused_kernels: the actor's LM "
+                                                 "head fused with its log-softmax, in chunks (engine/fused_head.py).",
     "data.validation_shuffle": "shuffle the validation set's order (false: file order).",
     "data.filter_accuracy": _PRIME + "train first on the prompts whose accuracy lies within the bounds below.",
     "data.accuracy_lower_bound": _PRIME + "lowest accuracy of a prompt group kept first.",

@@ -38,9 +38,6 @@ REFUSED: tuple[KeyRule, ...] = (
     KeyRule("{actor_rollout_ref.actor,critic}.checkpoint.async_save",
             "asynchronous checkpoint saving is a Megatron-only feature in verl; hybridflow writes checkpoints "
             "synchronously and atomically"),
-    KeyRule("actor_rollout_ref.model.fused_kernel_options.impl_backend",
-            "the fused LM head (actor_rollout_ref.model.use_fused_kernels=true) is hybridflow's chunked torch "
-            "function (engine/fused_head.py; no Triton kernels are shipped): impl_backend=torch"),
     KeyRule("actor_rollout_ref.rollout.skip_rollout",
             "verl's rollout dump-and-replay debugging aid (skip_rollout, skip_dump_dir) is not implemented; "
             "trainer.rollout_data_dir writes every step's generations"),
@@ -124,6 +121,10 @@ REFUSED: tuple[KeyRule, ...] = (
 )
 
 INERT: tuple[KeyRule, ...] = (
+    KeyRule("actor_rollout_ref.model.fused_kernel_options.impl_backend",
+            "a kernel choice: the fused LM head (actor_rollout_ref.model.use_fused_kernels=true) is hybridflow's "
+            "chunked torch function (engine/fused_head.py) whichever backend is named -- the same log-probs and "
+            "entropy, computed without the whole logits tensor; no Triton kernel is shipped"),
     KeyRule("{actor_rollout_ref.actor,actor_rollout_ref.ref,critic}.megatron.grad_offload",
             "gradients are freed after every optimizer step (zero_grad(set_to_none)), so between phases there is no "
             "gradient buffer to offload; param_offload and optimizer_offload act"),
