@@ -32,7 +32,11 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("trainer", "devices, backend (ray or local), steps, validation, checkpoints, loggers, the report"),
     ("global_profiler", "verl's profiler settings (accepted; no effect here)"),
     ("ray_kwargs", "ray.init arguments (a cluster address, resources) and Ray's timeline file"),
-    ("model_engine", "dp (FSDP2), megatron (the torch-native N-D engine) or veomni (FSDP2 laid out by `*.veomni.*`); torchtitan / automodel are refused. Per role: `<role>.model_engine`, or `actor@actor_rollout_ref.actor=<engine>_actor` (dp, megatron, veomni, mlite = Megatron Lite's `*.engine.*` node); `<role>.strategy=fsdp_turbo` is FSDP2 laid out by `fsdp_config.turbo_config` (config/checks/engines.py)"),
+    ("model_engine", 'dp (FSDP2), megatron (the torch-native N-D engine) or veomni (FSDP2 laid out by `*.veomni.*`)'
+                     "; torchtitan / automodel are refused. Per role: `<role>.model_engine`, or "
+                     "`actor@actor_rollout_ref.actor=<engine>_actor` (dp, megatron, veomni, mlite = Megatron Lite's "
+                     "`*.engine.*` node); `<role>.strategy=fsdp_turbo` is FSDP2 laid out by "
+                     "`fsdp_config.turbo_config` (config/checks/engines.py)"),
     ("distillation", "on-policy distillation: teacher models and the distillation loss"),
     ("transfer_queue", "verl 0.9's TransferQueue data plane (refused when changed)"),
     ("skip", "verl 0.9's rollout dump-and-replay aid (refused when changed)"),

@@ -113,6 +113,19 @@ SECTIONS: tuple[Section, ...] = (
             "pack sequences without padding in the forward pass (`actor.use_remove_padding` follows "
             "it and can override it for the actor; `reward_model.model.use_remove_padding` for the "
             "reward model)."),
+        Row('`use_fused_kernels`, `fused_kernel_options.impl_backend`, `fused_kernel_options.chunk_size`',
+            'false',
+            "`actor.use_fused_kernels` follows it. The actor's and the reference's LM head fused with "
+            "its log-softmax (`engine/fused_head.py`):"
+            " log-probs, entropy and `sum_pi_squared` from the hidden states and the head's weight,"
+            ' `chunk_size` tokens at a time (0: as many as keep 128 MB of fp32 logits), forward and'
+            " backward (the backward recomputes each chunk's logits), so the (tokens x vocabulary) logits"
+            ' never exist; with tensor parallelism the vocabulary-split head reduces per rank. Equal to the'
+            ' materialised head within 1e-5 (tested); at a 151,936-token vocabulary it takes 0.37x the'
+            ' extra memory of materialised logits for 2,048 tokens (`benchmarks/RESULTS.md` section 22;'
+            " 0.11x in bf16 on an H200, section 23). `impl_backend=triton` (verl's FSDP lines) loads with a"
+            ' note: the chunked torch head runs whichever backend is named; `use_torch_compile` acts on the'
+            ' materialised head only'),
         Row("`lora_rank`, `lora_alpha`, `target_modules`, `exclude_modules`",
             "0, 16, all-linear, null",
             "LoRA when `lora_rank > 0`; `hybridflow merge` folds it back."),
@@ -190,7 +203,7 @@ SECTIONS: tuple[Section, ...] = (
         Row("`checkpoint.save_contents`, `load_contents`",
             "model, optimizer, extra",
             "what a checkpoint holds."),
-        Row('`actor.checkpoint.strict`',
+        Row('`checkpoint.strict`',
             'true',
             'false: a resume loads the model tensors the checkpoint and the model share (the others keep'
             " their values, the checkpoint's extra tensors are left out; both named in a warning; shapes"
@@ -252,18 +265,6 @@ SECTIONS: tuple[Section, ...] = (
             "false",
             "recompute the entropy's softmax in backward instead of keeping it (when the entropy is "
             "in the loss)."),
-        Row('`model.use_fused_kernels` (`actor.use_fused_kernels` follows it; `fused_kernel_options.impl_backend=torch`, `fused_kernel_options.chunk_size`)',
-            'false',
-            "the actor's and the reference's LM head fused with its log-softmax (`engine/fused_head.py`):"
-            " log-probs, entropy and `sum_pi_squared` from the hidden states and the head's weight,"
-            ' `chunk_size` tokens at a time (0: as many as keep 128 MB of fp32 logits), forward and'
-            " backward (the backward recomputes each chunk's logits), so the (tokens x vocabulary) logits"
-            ' never exist; with tensor parallelism the vocabulary-split head reduces per rank. Equal to the'
-            ' materialised head within 1e-5 (tested); at a 151,936-token vocabulary it takes 0.37x the'
-            ' extra memory of materialised logits for 2,048 tokens (`benchmarks/RESULTS.md` section 22;'
-            " 0.11x in bf16 on an H200, section 23). `impl_backend=triton` (verl's FSDP lines) loads with a"
-            ' note: the chunked torch head runs whichever backend is named; `use_torch_compile` acts on the'
-            ' materialised head only'),
         Row("`ulysses_sequence_parallel_size`",
             "1",
             "Ulysses sequence parallelism: the devices form dp = devices / sp groups; the sp devices "
@@ -444,7 +445,8 @@ SECTIONS: tuple[Section, ...] = (
             "ratio is the weight); `reinforce` is `-sg(w) log pi A` with `w` the truncated IS weight "
             "of `rollout_is`. `rollout_rs` rejects tokens in both. `loss_type` without `bypass_mode`,"
             " a non-vanilla `policy_loss.loss_mode` or `optimal_token_baseline` with it are refused."),
-        Row('`rollout_correction.rollout_is`, `rollout_is_threshold`, `rollout_rs`, `rollout_rs_threshold`, `rollout_is_batch_normalize`',
+        Row('`rollout_correction.rollout_is`, `rollout_is_threshold`, `rollout_rs`, '
+            '`rollout_rs_threshold`, `rollout_is_batch_normalize`',
             'null, 2.0, null, null, false',
             "truncated IS weights (`token`/`sequence`; a `'lower_upper'` threshold zeroes weights outside"
             ' the bounds, IcePop) and rejection (comma-separated criteria `token_k1`...`seq_max_k3` with'
@@ -452,6 +454,8 @@ SECTIONS: tuple[Section, ...] = (
             " and the rollout's mu, applied after the advantages"
             ' ([algorithms.md](algorithms.md#other-batch-level-options)); needs'
             ' `rollout.calculate_log_probs=true` (an error names it otherwise). Metrics `rollout_corr/*`.'),
+    )),
+    Section('trainer', 'trainer', (
         Row("`backend`",
             "ray",
             "hybridflow-only. `ray`: worker groups are Ray actors. `local`: everything in this "
