@@ -132,6 +132,10 @@ RUN_STAGE = [
      [f"{A}.rollout.agent.default_agent_loop='my_loop'"]),
     ("tool_format", [f"{A}.rollout.multi_turn.format=qwen"], [f"{A}.rollout.multi_turn.format='qwen'"]),
     ("output_dir", ["trainer.default_local_dir={tmp}/a_file/ckpt"], ["trainer.default_local_dir="]),
+    ("pipeline_split", [f"{A}.actor.strategy=megatron", f"{A}.actor.megatron.pipeline_model_parallel_size=2",
+                        "trainer.n_gpus_per_node=2", f"+{A}.actor.megatron.override_transformer_config."
+                        "num_layers_in_first_pipeline_stage=3"],
+     [f"{A}.actor.megatron.pipeline_model_parallel_size: 2 decoder layers cannot be split into 2 stages"]),
 ]
 
 
