@@ -67,7 +67,9 @@ def test_killed_ray_worker_is_named_and_auto_resume_matches_uninterrupted(tmp_pa
     assert proc.returncode not in (0, None)
     last = [ln for ln in stderr.splitlines() if ln.strip()]
     report = "\n".join(last[-40:])
-    assert "died" in report and "rank 0" in report and "worker group" in report, report
+    # killing every Ray process of the run can take the node's agents and so its raylet down: then the run names
+    # the lost node ("Lost Ray node ...: Rank 0 of worker group ... died"), else the dead worker
+    assert "died" in report and "rank 0" in report.lower() and "worker group" in report, report
 
     complete = ckpt.completed_steps(root)
     assert complete and 2 <= complete[-1] < 4
