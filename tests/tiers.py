@@ -55,6 +55,16 @@ FULL_TIER: dict[str, str] = {
     "rollout_vllm/": "vLLM (make test-vllm)",
     "tracking/test_live_report_browser.py": "the live report in headless Chromium (Debian's chromium, .ci/run)",
     "cli/test_user_errors.py": "every command fed its bad inputs, one process each (~3 min)",
+    # the verl command-line matrices (fast keeps test_megatron_keys, test_dry_run_catches, test_key_policy: the rules
+    # those lines exercise, one case each)
+    "config/test_verl09.py": "every verl 0.9 example launch line loaded (~30 s)",
+    "config/test_verl_command_lines.py": "verl's example command lines loaded, one by one (~27 s)",
+    "config/test_verl_recipe_command_lines.py": "verl's recipe command lines loaded (~23 s)",
+    "config/test_recipe_keys.py": "every recipe's keys against verl's (~17 s)",
+    # process-killing fault runs (fast keeps the fake-group fault tests and test_stall_watchdog)
+    "faults/test_stuck_user_code.py": "runs stuck in user code stopped by signals, one CLI run each (~50 s)",
+    "faults/test_worker_kill.py": "a Ray worker killed mid-run and the run resumed (~30 s)",
+    "trainer/test_background_validation.py": "validation on its own thread in real fully async runs (~40 s)",
 }
 
 # Fast-tier scenarios kept from the folders above: one end-to-end run of each kind.
