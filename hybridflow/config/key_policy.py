@@ -427,9 +427,14 @@ def refusal_errors(cfg: Any) -> list[str]:
             for i, keys in by_rule.items()]
 
 
+# leaves inside an inert node that act (the pipeline's end-stage sizes in override_transformer_config)
+_ACTING_LEAVES = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
+
+
 def inert_note(cfg: Any) -> str | None:
     """One grouped note naming every inert key the command line set (``None`` when there is none)."""
-    hits = [f"  {key}={value!r}: {rule.reason}" for key, value, rule in _set_keys(cfg, INERT)]
+    hits = [f"  {key}={value!r}: {rule.reason}" for key, value, rule in _set_keys(cfg, INERT)
+            if key.rsplit(".", 1)[-1] not in _ACTING_LEAVES]
     if not hits:
         return None
     return ("these keys have no effect in hybridflow (table: docs/migrating-from-verl.md, 'Keys without effect'):\n"

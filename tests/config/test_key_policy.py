@@ -93,3 +93,17 @@ def test_refusals_exit_2_and_inert_keys_print_one_note(dry_run_assets):
     assert out.returncode == 0
     assert out.stderr.count("have no effect") == 1 and "data.use_shm" in out.stderr \
         and "trainer.use_legacy_worker_impl" in out.stderr
+
+
+def test_the_pipeline_stage_sizes_are_not_called_inert():
+    """override_transformer_config is inert but for the two keys that place layers on the end pipeline stages."""
+    m = "actor_rollout_ref.actor.megatron"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        load_config([*BASE, "actor_rollout_ref.actor.strategy=megatron", "trainer.n_gpus_per_node=2",
+                     f"{m}.pipeline_model_parallel_size=2",
+                     f"+{m}.override_transformer_config.num_layers_in_first_pipeline_stage=1",
+                     f"+{m}.override_transformer_config.apply_rope_fusion=true"])
+    notes = [str(w.message) for w in caught if "have no effect" in str(w.message)]
+    listed = [line.split("=", 1)[0].strip() for line in notes[0].splitlines()[1:]] if len(notes) == 1 else []
+    assert listed == [f"{m}.override_transformer_config.apply_rope_fusion"], notes
