@@ -28,6 +28,9 @@ A = "actor_rollout_ref"
 COMMON = ["algorithm.adv_estimator=grpo", f"custom_reward_function.path={HERE / 'reward_fns.py'}",
           "reward_model.num_workers=0"]
 STANDALONE = [f"{A}.hybrid_engine=false", "rollout.nnodes=1", "rollout.n_gpus_per_node=1"]
+# the sampler's own log-probs (exact log-probs, the default on CPU, take them with the trainer's ops instead, so a
+# fault injected into the sampler would not reach them)
+SAMPLER_PATH = [f"{A}.rollout.exact_log_probs=false"]
 
 
 def _steps(history):
@@ -169,12 +172,13 @@ def test_weights_lost_across_sleep_and_wake_are_caught_at_the_wake(nano_model_di
 
 
 def test_temperature_applied_to_the_rollout_log_probs_is_named_at_step_1(nano_model_dir, addition_data, tmp_path):
-    error = _named(tmp_path, "temp", nano_model_dir, addition_data, [], [_sampler_patch(_twice_the_temperature)])
+    error = _named(tmp_path, "temp", nano_model_dir, addition_data, SAMPLER_PATH,
+                   [_sampler_patch(_twice_the_temperature)])
     assert "step 1:" in str(error) and "sampling:" in str(error) and "temperature 0.5" in str(error), str(error)
 
 
 def test_top_k_applied_to_the_rollout_log_probs_is_named_at_step_1(nano_model_dir, addition_data, tmp_path):
-    error = _named(tmp_path, "topk", nano_model_dir, addition_data, [f"{A}.rollout.top_k=5"],
+    error = _named(tmp_path, "topk", nano_model_dir, addition_data, [f"{A}.rollout.top_k=5", *SAMPLER_PATH],
                    [_sampler_patch(_top_k_renormalised(5))])
     assert "step 1:" in str(error) and "sampling:" in str(error) and "top_k=5" in str(error), str(error)
 
@@ -196,7 +200,8 @@ def test_another_chat_template_in_the_rollout_is_named_at_step_1(nano_model_dir,
 def test_action_warn_flags_and_names_but_trains_on(nano_model_dir, addition_data, tmp_path):
     with _sampler_patch(_twice_the_temperature):
         history = _train(tmp_path, "warn", nano_model_dir, addition_data, ["trainer.drift.action=warn",
-                                                                           "trainer.report=true"], steps=2)
+                                                                           "trainer.report=true", *SAMPLER_PATH],
+                         steps=2)
     steps = _steps(history)
     assert len(steps) == 2 and all(m["drift/tripped"] == 2.0 and m["drift/cause/sampling"] == 1.0 for m in steps)
     report = (tmp_path / "warn" / "report.html").read_text(encoding="utf-8")  # the drift panel names the cause
