@@ -367,9 +367,27 @@ def fused_outputs(module, run: Callable[[], object], labels: torch.Tensor, keep,
     _install(lm)
     req = _Request(labels, keep, float(temperature), bool(calculate_entropy), bool(entropy_grad),
                    bool(sum_pi_squared), settings.chunk_rows)
+    root = _fsdp_root(module)
     with _requested(req):
         run()
+    if root is not None and not torch.is_grad_enabled():
+        root.reshard()  # a forward-only pass: nothing will unshard-for-backward, give the memory back now
     if not req.outputs:
         raise RuntimeError(f"{type(lm).__name__}.forward never called its {_HEAD}: the fused head cannot compute "
                            "log-probs for this model; set actor_rollout_ref.model.use_fused_kernels=false")
     return req.outputs
+
+
+def _fsdp_root(module) -> nn.Module | None:
+    """``module`` when FSDP2 shards it as the root unit (None otherwise), set to keep its own parameters (the
+    embeddings, the final norm and the LM head) unsharded from forward to backward: the fused head's outputs do not
+    flow through the root's output logits, so FSDP2's pre-backward hook on those logits never runs to unshard them
+    again, and the head's and the norm's backward read the weights. The final backward callback reshards them."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule):
+        return None
+    if not getattr(module, "_hybridflow_fused_root", False):
+        module.set_reshard_after_forward(False, recurse=False)
+        module._hybridflow_fused_root = True
+    return module

@@ -312,8 +312,8 @@ def _break_sequence_slices():
 
     def first_slice(spec, layouts):
         options = real(spec, layouts)
-        if "seq_slices" in options:
-            options["seq_slices"] = [slice(0, s.stop - s.start) for s in options["seq_slices"]]
+        if options.seq_slices is not None:
+            options.seq_slices = [slice(0, s.stop - s.start) for s in options.seq_slices]
         return options
 
     return _patch(pipeline_forward, "_run_options", first_slice)
