@@ -36,6 +36,8 @@ def _run_with_fault(fault, backend, tmp_path, nano_model_dir, fault_data):
     extra = ["actor_rollout_ref.model.external_lib=engine_fault_injection"]
     if fault == "stall_decode":
         extra.append("actor_rollout_ref.rollout.stall_timeout_s=2")
+    if fault.startswith("nan_"):  # injected into the sampler's logits: exact log-probs (CPU's default) take another path
+        extra.append("actor_rollout_ref.rollout.exact_log_probs=false")
     if backend == "ray":
         extra.append("ray_kwargs.ray_init.num_cpus=2")
     env = cli_env()

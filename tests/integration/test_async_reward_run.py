@@ -46,4 +46,5 @@ def test_background_scoring_gives_the_same_run(nano_model_dir, addition_data, tm
         for key in ("critic/score/mean", "critic/advantages/max", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm",
                     "reward_extra/acc/mean", "response_length/mean"):
             assert a[key] == b[key], key
-        assert "timing_s/old_log_prob" in b and "timing_s/ref" in b and "timing_s/reward" in b
+        # (exact log-probs, CPU's default, skip the old_log_prob pass: the scoring overlaps the reference pass)
+        assert "timing_s/ref" in b and "timing_s/reward" in b

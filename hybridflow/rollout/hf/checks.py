@@ -107,6 +107,9 @@ def exact_problem(cfg, device: str) -> str | None:
     split = {k: v for k, v in layout.items() if k in ("sp", "tp", "pp") and v > 1}
     if split:
         return f"the actor's rows are split over ranks ({', '.join(f'{k}={v}' for k, v in split.items())})"
+    if arr.actor.use_prefix_grouper:
+        return ("actor.use_prefix_grouper=true: the trainer computes a group's shared prompt once and its responses "
+                "after it, a layout the rollout's batched rows do not share")
     if not arr.hybrid_engine:
         return ("standalone rollout replicas (hybrid_engine=false) compute with their own copy of the model, whose "
                 "prefill was measured one float32 ulp off the trainer's on some rows; exact agreement holds for the "
