@@ -90,10 +90,14 @@ def test_the_direct_judge_is_told_no_answer():
 
 # held-out accuracy (exact rule) must rise this much from before RL to its best validation (measured in the
 # docstrings of the tests; a judge the policy learns to game rises, then falls: the best is what RL reached)
-JUDGE_GAIN = {"reference": 0.1, "direct": 0.05}
+# Only the judge told the answer: the judge that is not (judge_mode=direct, tested above for what it is asked) agreed
+# with the exact rule on 70 % of held-out pairs and the policy learned to game it (reward ~1.0 at 21-33 % agreement,
+# 2026-11-28): no learning gain is claimed for it yet.
+JUDGE_GAIN = {"reference": 0.1}
 
 
 @pytest.mark.learning
+@pytest.mark.timeout(1800)  # the whole demo: 4-8 minutes on an idle 2-core machine, far more beside other jobs
 @pytest.mark.parametrize("mode", sorted(JUDGE_GAIN))
 def test_grpo_on_the_judge_raises_held_out_accuracy(mode, tmp_path):
     """The whole demo at its defaults (seed 1). Measured: see tests/learning_history.json for the recorded curves."""

@@ -24,6 +24,11 @@ VLM_SECTIONS = sorted(name for name, args in SECTIONS.items() if not name.starts
 EXTRA = {
     # its dataset class lives in verl's recipe/ folder (MiniCPM-o's own preprocessing): the stock dataset here
     "grpo_trainer/run_minicpmo2_6.sh": ["data.custom_cls.path=null", "data.custom_cls.name=null"],
+    # it names Mistral's decoder layer class to shard; the tiny stand-in is a Qwen2.5-VL (the key acts: a class the
+    # model lacks is an error naming it)
+    "grpo_trainer/run_mistral3_1_24b.sh": [
+        f"actor_rollout_ref.{role}.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap=[Qwen2_5_VLDecoderLayer]"
+        for role in ("actor", "ref")],
 }
 
 
