@@ -92,12 +92,14 @@ comma := ,
 TEST_WORKERS ?= 2
 JUNIT := outputs/junit
 # (pytest's exit status 5, "no test collected", is not a failure: a tier may have no serial test.)
-TIER = @$(PYTHON) -m compileall -q hybridflow >/dev/null; mkdir -p $(JUNIT); rc=0; \
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial and $(1)" --durations=15 \
-		--junitxml=$(JUNIT)/$(2)-parallel.xml tests || { c=$$?; [ $$c -eq 5 ] || rc=$$c; }; \
-	$(PYTHON) -m pytest -q -m "serial and $(1)" --durations=10 --junitxml=$(JUNIT)/$(2)-serial.xml tests \
-		|| { c=$$?; [ $$c -eq 5 ] || rc=$$c; }; \
-	$(PYTHON) scripts/tier_report.py $(2) $(JUNIT)/$(2)-parallel.xml $(JUNIT)/$(2)-serial.xml || true; exit $$rc
+# PART runs one pytest, its output shown and kept (outputs/junit/NAME.log) with its exit status (NAME.rc), so that
+# scripts/tier_report.py can name what failed -- a test, or pytest itself killed by a signal -- after the run.
+PART = { s=0; $(1) --junitxml=$(JUNIT)/$(2).xml || s=$$?; echo $$s > $(JUNIT)/$(2).rc; } 2>&1 | tee $(JUNIT)/$(2).log; \
+	c=$$(cat $(JUNIT)/$(2).rc); [ $$c -eq 0 ] || [ $$c -eq 5 ] || rc=$$c
+TIER = @$(PYTHON) -m compileall -q hybridflow >/dev/null; mkdir -p $(JUNIT); rm -f $(JUNIT)/$(2)-*; rc=0; \
+	$(call PART,$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial and $(1)" --durations=15 tests,$(2)-parallel); \
+	$(call PART,$(PYTHON) -m pytest -q -m "serial and $(1)" --durations=10 tests,$(2)-serial); \
+	$(PYTHON) scripts/tier_report.py $(JUNIT) $(2)-parallel $(2)-serial || true; exit $$rc
 
 test: $(STAMP)
 	$(call TIER,not full,fast)
@@ -110,7 +112,8 @@ test-full: $(STAMP)
 
 # The vLLM tests run one at a time (an engine takes 1.5-3 GB and both cores).
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest -q -m vllm tests
+	@mkdir -p $(JUNIT); rm -f $(JUNIT)/vllm.*; rc=0; $(call PART,$(VLLM_PY) -m pytest -q -m vllm tests,vllm); \
+	$(VLLM_PY) scripts/tier_report.py $(JUNIT) vllm || true; exit $$rc
 
 # the seeded mini-runs whose reward must climb (in one tier or the other: test_learning.py is in make test)
 test-learning: $(STAMP)
