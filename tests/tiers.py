@@ -14,6 +14,8 @@ Nothing is dropped: a test moved here still runs in CI (``.ci/run`` runs both ti
 
 from __future__ import annotations
 
+import fnmatch
+
 # paths relative to tests/ (a folder, a module, or a module::test prefix), with why they are not in the fast tier
 FULL_TIER: dict[str, str] = {
     # end-to-end runs on Ray (a Ray instance and worker processes each): the fast tier keeps controller/
@@ -43,6 +45,10 @@ FULL_TIER: dict[str, str] = {
     "variant (MKL's strict mode is set at a process's start)",
     "rollout/test_exact_log_probs.py::test_without_batch_invariant_kernels_they_differ_in_the_last_bits": "a process",
     "engine/test_pipeline_parallel.py::test_four_ranks": "pipeline x tp / dp / ep equality on 4 gloo processes",
+    # the 4-process tensor/expert-parallel scenario (dp2xtp2, ep2xtp2 with its sabotage and checkpoints, ~50 s);
+    # the fast tier keeps the 2-process one (every family's tp2, ep2, LoRA, sequence parallel, their sabotages)
+    "engine/test_tensor_parallel.py::test_four_ranks": "tp/ep equality on 4 gloo processes",
+    "engine/test_tensor_parallel.py::*[4ranks-*": "the same 4-process run's sabotage, resume and merge cases",
     "engine/test_mixed_precision.py::test_fsdp2_on_two_gloo_ranks_uses_the_policy": "two gloo ranks",
     "config/test_megatron_command_lines.py::test_scaled_qwen3_megatron_grpo_runs_a_step_on_ray": "a Ray run",
     "config/test_verl09_megatron_runs.py::test_scaled_megatron_launch_trains_a_step": "verl 0.9's Megatron launches, "
@@ -79,7 +85,9 @@ FAST_SCENARIOS: tuple[str, ...] = (
 
 
 def in_full_tier(rel: str) -> bool:
-    """Whether the test at ``rel`` (its node id relative to tests/) runs only in ``make test-full``."""
+    """Whether the test at ``rel`` (its node id relative to tests/) runs only in ``make test-full``: an entry of
+    FULL_TIER is a prefix of it, or an entry with ``*`` matches it (the other characters taken literally)."""
     if rel.startswith(FAST_SCENARIOS):
         return False
-    return any(rel.startswith(prefix) for prefix in FULL_TIER)
+    return any(fnmatch.fnmatchcase(rel, key.replace("[", "[[]")) if "*" in key else rel.startswith(key)
+               for key in FULL_TIER)

@@ -179,7 +179,12 @@ def test_four_ranks_equal_the_unsharded_model(case, four_ranks):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sabotage", sorted(_scenario().BREAKS))
+def _sabotage_id(sabotage: str) -> str:
+    case = _scenario().BREAKS[sabotage][1]
+    return f"{2 if case in _scenario().CASES[2] else 4}ranks-{sabotage}"
+
+
+@pytest.mark.parametrize("sabotage", sorted(_scenario().BREAKS), ids=_sabotage_id)
 def test_each_sabotage_breaks_the_equality(sabotage, request):
     case = _scenario().BREAKS[sabotage][1]
     world = 2 if case in _scenario().CASES[2] else 4
@@ -206,7 +211,7 @@ def _checkpoint_cases():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world,case", _checkpoint_cases(), ids=[c for _, c in _checkpoint_cases()])
+@pytest.mark.parametrize("world,case", _checkpoint_cases(), ids=[f"{w}ranks-{c}" for w, c in _checkpoint_cases()])
 def test_resume_on_the_same_and_on_other_layouts_continues_exactly(world, case, request):
     """The saving layout and the other layouts (tp/ep switched off, sp instead of tp, another ep, one unsharded
     process) load the same parameters and Adam moments, and the next step lands on the same parameters."""
@@ -220,7 +225,7 @@ def test_resume_on_the_same_and_on_other_layouts_continues_exactly(world, case, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world,case", _checkpoint_cases(), ids=[c for _, c in _checkpoint_cases()])
+@pytest.mark.parametrize("world,case", _checkpoint_cases(), ids=[f"{w}ranks-{c}" for w, c in _checkpoint_cases()])
 def test_merge_turns_any_layout_into_the_trained_hf_model(world, case, request, tmp_path):
     from transformers import AutoModelForCausalLM
 
