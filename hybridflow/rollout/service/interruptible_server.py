@@ -42,7 +42,7 @@ class InterruptibleRolloutServer(RolloutServer):
         async def make():
             return fn()
 
-        return asyncio.run_coroutine_threadsafe(make(), self._loop).result()
+        return asyncio.run_coroutine_threadsafe(make(), self._loop).result(_LOOP_CALL_S)
 
     # ------------------------------------------------------------------ control
     def interrupt(self) -> int:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import threading
 import time
 from typing import Any, Iterator
@@ -36,6 +37,7 @@ from hybridflow.utils.threads import DaemonExecutor, call_with_timeout
 __all__ = ["Rollouter", "sample_stream"]
 
 _STOP_ABORT_S = 30.0
+_THREAD_POLL_S = 0.2  # how often a trainer's call into the rollouter checks that its thread still runs
 
 
 class Rollouter:
@@ -88,11 +90,30 @@ class Rollouter:
             loop.close()
 
     def _call(self, coro) -> Any:
-        """Run ``coro`` on the rollouter's loop from the trainer's thread and wait for its result."""
-        if self._loop is None or self._thread is None or not self._thread.is_alive():
+        """Run ``coro`` on the rollouter's loop from the trainer's thread and wait for its result.
+
+        The stream may end between the check and the wait (its loop then stops without running ``coro``): the
+        wait watches the thread, so it returns instead of waiting for a coroutine that will never run."""
+        thread, loop = self._thread, self._loop
+        if loop is None or thread is None or not thread.is_alive():
             coro.close()  # the stream already ended: nothing to pause or resume
             return None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # the loop closed after the check
+            coro.close()
+            return None
+        while True:
+            try:
+                return future.result(timeout=_THREAD_POLL_S)
+            except concurrent.futures.TimeoutError:
+                if thread.is_alive():
+                    continue
+                if future.done():
+                    return future.result()
+                future.cancel()  # the stream ended before running it: nothing to pause or resume
+                coro.close()
+                return None
 
     # ------------------------------------------------------------------ the stream
     async def _main(self) -> None:
