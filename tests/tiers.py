@@ -67,7 +67,7 @@ FULL_TIER: dict[str, str] = {
     "config/test_verl_command_lines.py": "verl's example command lines loaded, one by one (~27 s)",
     "config/test_verl_recipe_command_lines.py": "verl's recipe command lines loaded (~23 s)",
     "config/test_recipe_keys.py": "every recipe's keys against verl's (~17 s)",
-    # process-killing fault runs (fast keeps the fake-group fault tests and test_stall_watchdog)
+    # process-killing fault runs (fast keeps the fake-group fault tests and most of test_stall_watchdog)
     "faults/test_stuck_user_code.py": "runs stuck in user code stopped by signals, one CLI run each (~50 s)",
     "faults/test_worker_kill.py": "a Ray worker killed mid-run and the run resumed (~30 s)",
     "trainer/test_background_validation.py": "validation on its own thread in real fully async runs (~40 s)",
@@ -88,6 +88,19 @@ FULL_TIER: dict[str, str] = {
     "of colocated and split pools on Ray (~13 s)",
     "rewards/test_reward_workers.py::test_hung_scorers_time_out_together_not_one_after_another": "hung scorers "
     "waited out (~11 s)",
+    "rollout/test_rollout_service.py::test_ray_replica_coalesces_a_tick_of_requests_into_one_stream": "a Ray "
+    "instance of its own for one replica (~8 s; the coalescing itself is tested in-process beside it)",
+    "controller/test_ray_worker_group.py::test_max_colocate_count_allows_separate_processes_per_bundle": "more "
+    "Ray placement (~6 s)",
+    "controller/test_ray_worker_group.py::test_threads_per_worker_sets_each_process_torch_threads": "more Ray "
+    "placement (~3 s)",
+    "config/test_config.py::test_cli_": "the CLI's exit codes as processes (~8 s)",
+    "config/test_config_time_errors.py::test_errors_exit_2_from_the_command_line": "the CLI's exit 2 as a process",
+    "faults/test_checkpoint_kill.py": "a run SIGKILLed while saving (~8 s of the serial part)",
+    "rollout/test_stall_watchdog.py::test_a_weight_load_that_never_returns_is_named": "waits out a 5 s stall "
+    "(serial part; the fast tier keeps the stuck-decode and decision cases)",
+    "rollout/test_stall_watchdog.py::test_a_loop_blocked_by_user_code_fails_the_run_waiting_on_it": "waits out a "
+    "5 s stall (serial part)",
     # scenario matrices: the fast tier keeps one case of each (separate_drop; s0.5_T2_partial; the resume with the log)
     "integration/test_v1_trainer.py::test_v1_async_staleness_never_exceeds_the_threshold[colocate_": "V1 "
     "staleness matrix",
