@@ -1,7 +1,7 @@
 """The one launcher of the multi-rank scenarios: ``world`` processes of a script on gloo, each writing its own log.
 
-A scenario script is called as ``python SCRIPT RANK WORLD PORT ARGS...`` with this repository first on the path and
-one torch thread per rank; :func:`run_ranks` waits for every rank (at most ``timeout`` seconds, then kills them all)
+A scenario script is called as ``python SCRIPT RANK WORLD PORT ARGS...`` with this repository and tests/ first on the
+path (as pytest's ``pythonpath``: a script imports the tests' helpers by the same names) and one torch thread per rank; :func:`run_ranks` waits for every rank (at most ``timeout`` seconds, then kills them all)
 and, when one failed, raises with the log of the rank that failed first for its own reason (the others usually
 wait in a collective and time out).
 """
@@ -30,7 +30,8 @@ def run_ranks(script: Path, world: int, args: list[str], log_dir: Path, timeout:
     """Run ``script`` on ``world`` ranks; returns each rank's log. Raises ``AssertionError`` naming the rank that
     failed (and ``subprocess.TimeoutExpired`` after killing every rank when they outlive ``timeout``)."""
     port = str(free_port())
-    environ = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1",
+               **(env or {})}
     log_dir.mkdir(parents=True, exist_ok=True)
     paths = [log_dir / f"rank{r}.log" for r in range(world)]
     # each rank writes to its own file: a pipe read one rank at a time would block the others once full

@@ -37,20 +37,6 @@ def _config(model_dir: str, data_dir: str, reward_file: str):
     ])
 
 
-class OneRankGroup:
-    """This rank's worker seen as a worker group (each call returns a one-element list): the trainer's stages
-    and the hybrid fleet drive it as they drive a group, each rank on its share of the batch (SPMD)."""
-
-    host_role = None
-
-    def __init__(self, worker):
-        self.worker = worker
-
-    def __getattr__(self, name):
-        method = getattr(self.worker, name)
-        return lambda *args, **kwargs: [method(*args, **kwargs)]
-
-
 def _masked_max(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x.abs() * mask).max())
 
@@ -66,6 +52,8 @@ def run_family(family: str, rank: int, world: int, data_dir: str, models_dir: st
         prompts_from_loader, update_actor,
     )
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+    from engine.batches import OneRankGroup  # tests/engine/batches.py (tests/ is on the path: tests/multirank.py)
 
     started = time.time()
     model_dir = os.path.join(models_dir, family)

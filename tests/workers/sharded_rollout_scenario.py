@@ -45,26 +45,16 @@ def _config(model_dir: str, data_dir: str, reward_file: str, tp: int, k: int):
     ])
 
 
-def _one_rank_group(worker):
-    """This rank's worker as a one-rank group (tests/engine/batches.py's ``OneRankGroup``, loaded by path: this
-    script runs as a process of its own)."""
-    import importlib.util
-
-    path = Path(__file__).parents[1] / "engine" / "batches.py"
-    spec = importlib.util.spec_from_file_location("hf_test_batches", path)
-    batches = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(batches)
-    return batches.OneRankGroup(worker)
-
-
 def _generate_on_rank0(cfg, worker, rank, tokenizer, reward_fn, prompts):
     from hybridflow.agents import AgentLoopManager
     from hybridflow.rollout.service.fleet import HybridFleet
     from hybridflow.trainer.stages import WorkerGroups, generate
 
+    from engine.batches import OneRankGroup  # tests/engine/batches.py (tests/ is on the path: tests/multirank.py)
+
     box = [None]
     if rank == 0:
-        fleet = HybridFleet(_one_rank_group(worker))
+        fleet = HybridFleet(OneRankGroup(worker))
         manager = AgentLoopManager(cfg, fleet, "local", tokenizer=tokenizer, reward_manager=reward_fn)
         box[0] = generate(WorkerGroups(actor_rollout=worker, rollout=manager), prompts, meta={"global_steps": 1})
     else:  # the generation is a collective of the group: wake up and sleep with rank 0
