@@ -77,6 +77,19 @@ def _sampler_patch(transform):
     return _patched(batcher, "sample_next_tokens", patched)
 
 
+def _exact_path_patch(transform):
+    """The same fault injected where exact log-probs are taken (``rollout/hf/exact.py``'s ``exact_sample``: the
+    trainer's scaling, then the sampler): the tokens as drawn, their log-probs through ``transform``."""
+    from hybridflow.rollout.hf import batcher, exact
+
+    def patched(logits, params, sampling, generator, steps, suppress):
+        tokens, _ = exact.exact_sample(logits, params, sampling, generator, steps, suppress)
+        temps = [p.logprob_temperature if p is not None else 1.0 for p in params]
+        return tokens, transform(exact.scaled_like_the_trainer(logits, temps), None, tokens)
+
+    return _patched(batcher, "exact_sample", patched)
+
+
 def _twice_the_temperature(scaled, rows, tokens):
     return (2 * scaled).log_softmax(-1).gather(1, tokens[:, None]).squeeze(1)
 
@@ -174,6 +187,14 @@ def test_weights_lost_across_sleep_and_wake_are_caught_at_the_wake(nano_model_di
 def test_temperature_applied_to_the_rollout_log_probs_is_named_at_step_1(nano_model_dir, addition_data, tmp_path):
     error = _named(tmp_path, "temp", nano_model_dir, addition_data, SAMPLER_PATH,
                    [_sampler_patch(_twice_the_temperature)])
+    assert "step 1:" in str(error) and "sampling:" in str(error) and "temperature 0.5" in str(error), str(error)
+
+
+def test_a_fault_in_the_exact_log_prob_path_is_named_at_step_1(nano_model_dir, addition_data, tmp_path):
+    """Exact log-probs skip the old_log_prob pass (they are pi_old); the detector then compares them with the
+    update's first forward, so a fault in the exact path itself is caught as in the sampler's."""
+    exact = [f"{A}.rollout.exact_log_probs=true", f"{A}.rollout.calculate_log_probs=true"]
+    error = _named(tmp_path, "exact", nano_model_dir, addition_data, exact, [_exact_path_patch(_twice_the_temperature)])
     assert "step 1:" in str(error) and "sampling:" in str(error) and "temperature 0.5" in str(error), str(error)
 
 
