@@ -297,11 +297,17 @@ class ParallelDims:
 
     @property
     def dp_group(self):
-        """Process group of the data-parallel peers (same sp and tp index); ``None`` = the default group or no
+        """Process group of the data-parallel peers (same pp, sp and tp index); ``None`` = the default group or no
         group (every rank is a data-parallel peer)."""
-        if self.sp == 1 and self.tp == 1:
+        if self.every_rank_a_dp_peer:
             return None
         return self._group("dp")
+
+    @property
+    def every_rank_a_dp_peer(self) -> bool:
+        """Whether the data-parallel peers are the whole group: no pipeline, sequence or tensor dimension (the pp
+        peers of a rank hold the same rows, so a sum over the world would count them pp times)."""
+        return self.sp == 1 and self.tp == 1 and self.pp == 1
 
     @property
     def sp_group(self):

@@ -44,6 +44,18 @@ def test_stage_layer_ranges_split_evenly_or_as_verl_keys_say():
     assert stage_layer_ranges(4, 1) == [range(4)]
 
 
+def test_the_data_parallel_peers_under_pipeline_stages_are_not_the_world():
+    """The loss normalisers (tokens, sequences) are summed over the dp peers; the pp peers of a rank hold the same
+    rows, so with pp x dp the sum is not over the world (it was: the loss, and so every gradient, of a pp2 x dp2
+    actor was half the unsharded one -- Adam's first step hid it, the gradient norm did not)."""
+    from hybridflow.engine.parallel_dims import ParallelDims
+
+    assert ParallelDims(world=4).every_rank_a_dp_peer
+    assert not ParallelDims(world=4, pp=2).every_rank_a_dp_peer
+    assert not ParallelDims(world=4, tp=2).every_rank_a_dp_peer
+    assert not ParallelDims(world=4, sp=2).every_rank_a_dp_peer
+
+
 @pytest.mark.parametrize("args,match", [((7, 2), "cannot be split into 2 stages"),
                                         ((4, 2, 4), "would hold no layer|cannot be split"),
                                         ((8, 4, 1, 2), "cannot be split into 4 stages")])

@@ -1,14 +1,15 @@
-"""One rank of the GRPO step through the trainer's stages with the hf rollout split over both ranks (issue 39 item 4),
-run by test_sharded_rollout.py.
+"""One rank of the GRPO step through the trainer's stages with the hf rollout split over ranks (issue 39 item 4), run
+by test_sharded_rollout.py on 2 and on 4 ranks.
 
-Per case (actor layout, rollout tensor_model_parallel_size): the worker is built as the trainer builds it; rank 0
-drives the generation through the hybrid fleet and the agent-loop manager (with the rollout split, rank 1's engine
-follows rank 0's; unsplit, rank 0's engine serves every prompt and rank 1's stays idle), rank 1 wakes up and sleeps
-with it; the batch goes to both ranks, rewards and GRPO advantages are computed on it, each rank updates the actor on
+Per case (actor layout, rollout tensor_model_parallel_size, family): the worker is built as the trainer builds it;
+rank 0 drives the generation through the hybrid fleet and the agent-loop manager (with the rollout split, the other
+ranks of its rollout group follow its engine; unsplit, rank 0's engine serves every prompt and the others stay idle),
+every other rank wakes up and sleeps with it; the batch goes to every rank, rewards and GRPO advantages are computed on it, each rank updates the actor on
 its data-parallel share, and the switch runs again (sync_rollout_weights).  Rank 0 writes the generated tokens, the
 trained weights and the sync's metrics of each case.
 
-usage: python sharded_rollout_scenario.py RANK WORLD PORT DATA_DIR MODEL_DIR OUT_DIR REWARD_FILE CASE...
+usage: python sharded_rollout_scenario.py RANK WORLD PORT DATA_DIR MODELS_DIR OUT_DIR REWARD_FILE CASE...
+(MODELS_DIR holds one checkpoint per family, named after it.)
 """
 
 import json
@@ -21,15 +22,26 @@ import torch
 import torch.distributed as dist
 
 A = "actor_rollout_ref"
-# case -> (actor tensor parallel size, rollout tensor_model_parallel_size)
-CASES = {"dp2-rollout1": (1, 1), "dp2-rollout2": (1, 2), "tp2-rollout1": (2, 1), "tp2-rollout2": (2, 2)}
+# case -> (the actor's Megatron layout, rollout tensor_model_parallel_size, model family); the "dp" cases train
+# with FSDP over every rank. Two ranks: test_sharded_rollout.py's fast cases; four ranks: the layouts of issue 39
+# item 4 (dp x tp, ep x tp, Ulysses sp x tp, pp x dp, each against the dp4 step of the same family).
+CASES = {
+    "dp2-rollout1": ({}, 1, "qwen3"), "dp2-rollout2": ({}, 2, "qwen3"),
+    "tp2-rollout1": ({"tp": 2}, 1, "qwen3"), "tp2-rollout2": ({"tp": 2}, 2, "qwen3"),
+    "dp4-rollout1": ({}, 1, "qwen3"), "dp2xtp2-rollout2": ({"tp": 2}, 2, "qwen3"),
+    "sp2xtp2-rollout2": ({"tp": 2, "cp": 2}, 2, "qwen3"), "pp2xdp2-rollout2": ({"pp": 2}, 2, "qwen3"),
+    "moe-dp4-rollout1": ({}, 1, "qwen3-moe"), "moe-ep2xtp2-rollout2": ({"tp": 2, "ep": 2}, 2, "qwen3-moe"),
+}
+_MEGATRON_KEYS = {"tp": "tensor_model_parallel_size", "ep": "expert_model_parallel_size",
+                  "cp": "context_parallel_size", "pp": "pipeline_model_parallel_size"}
 
 
-def _config(model_dir: str, data_dir: str, reward_file: str, tp: int, k: int):
+def _config(model_dir: str, data_dir: str, reward_file: str, layout: dict, k: int, world: int):
     from hybridflow.launch.config import load_config
 
-    megatron = [f"{A}.actor.strategy=megatron", f"{A}.actor.megatron.tensor_model_parallel_size={tp}"] if tp > 1 else []
-    if tp > 1 or k > 1:  # the switch moves the weights (it acts only then)
+    megatron = [f"{A}.actor.strategy=megatron"] if layout else []
+    megatron += [f"{A}.actor.megatron.{_MEGATRON_KEYS[key]}={size}" for key, size in layout.items()]
+    if layout.get("tp", 1) > 1 or k > 1 or layout.get("pp", 1) > 1:  # the switch moves the weights (acts only then)
         megatron.append(f"{A}.rollout.checkpoint_engine.update_weights_bucket_megabytes=1")
     return load_config([
         f"{A}.model.path={model_dir}", f"critic.model.path={model_dir}",
@@ -41,7 +53,7 @@ def _config(model_dir: str, data_dir: str, reward_file: str, tp: int, k: int):
         f"{A}.rollout.log_prob_micro_batch_size_per_gpu=4",
         f"{A}.actor.optim.lr=1e-4",  # Adam turns a gradient of ~eps into a step of ~lr: keep layouts comparable
         f"custom_reward_function.path={reward_file}", "custom_reward_function.name=compute_score_spread",
-        "trainer.device=cpu", "trainer.n_gpus_per_node=2", *megatron,
+        "trainer.device=cpu", f"trainer.n_gpus_per_node={world}", *megatron,
     ])
 
 
@@ -64,14 +76,14 @@ def _generate_on_rank0(cfg, worker, rank, tokenizer, reward_fn, prompts):
     return box[0]
 
 
-def run_case(case: str, rank: int, world: int, data_dir: str, model_dir: str, reward_file: str) -> dict:
+def run_case(case: str, rank: int, world: int, data_dir: str, models_dir: str, reward_file: str) -> dict:
     from hybridflow.launch.inputs import build_data, build_reward_fns, load_tokenizer_for
     from hybridflow.trainer.stages import (StepPlan, WorkerGroups, compute_advantages, compute_old_log_prob,
                                            compute_reward, prompts_from_loader, update_actor)
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
-    tp, k = CASES[case]
-    cfg = _config(model_dir, data_dir, reward_file, tp, k)
+    layout, k, family = CASES[case]
+    cfg = _config(os.path.join(models_dir, family), data_dir, reward_file, layout, k, world)
     worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor_rollout_ref")
     worker.init_model()
     tokenizer = load_tokenizer_for(cfg)
@@ -89,14 +101,16 @@ def run_case(case: str, rank: int, world: int, data_dir: str, model_dir: str, re
     sync = worker.sync_rollout_weights()  # the switch after the update, as the trainer's weight-sync policy runs it
     state = worker.actor_engine.full_state_dict()
     result = {"sync": sync if isinstance(sync, dict) else {"seconds": sync},
-              "replica": worker.rollout_replica() is not None}
+              "replica": worker.rollout_replica() is not None,
+              "update": {k: float(v) for k, v in metrics.items() if k.startswith("actor/") and
+                         isinstance(v, (int, float))}}
     if rank == 0:
         torch.save({"responses": batch.batch["responses"], "state": state}, os.path.join(OUT, f"{case}.pt"))
     worker.release()
     return result
 
 
-def main(rank, world, port, data_dir, model_dir, out_dir, reward_file, cases):
+def main(rank, world, port, data_dir, models_dir, out_dir, reward_file, cases):
     global OUT
     OUT = out_dir
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
@@ -105,7 +119,7 @@ def main(rank, world, port, data_dir, model_dir, out_dir, reward_file, cases):
     results = {}
     for case in cases:
         try:
-            results[case] = run_case(case, rank, world, data_dir, model_dir, reward_file)
+            results[case] = run_case(case, rank, world, data_dir, models_dir, reward_file)
         except Exception:  # noqa: BLE001 - reported per case; the other rank fails alike or times out
             results[case] = {"error": traceback.format_exc()}
             print(results[case]["error"], file=sys.stderr, flush=True)
