@@ -67,11 +67,13 @@ __all__ = [
     "decoder_stack",
     "forward_with_cache",
     "loadable_attention",
+    "register_eager_attention",
     "reset_rope_deltas",
     "router_modules",
     "supports_sdpa",
     "text_config",
     "transformers_version",
+    "use_attention_implementation",
     "wrap_attention_function",
     "wrap_mask_function",
 ]
@@ -222,6 +224,36 @@ def wrap_attention_function(name: str, make_wrapper, tag: str) -> bool:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     return _wrap("attention", ALL_ATTENTION_FUNCTIONS, name, make_wrapper, tag)
+
+
+def register_eager_attention(module: nn.Module) -> str:
+    """Give ``module``'s eager attention (its modeling file's ``eager_attention_forward``, run by models with no
+    sdpa path such as Gemma-2) a name in transformers' ``AttentionInterface`` and ``AttentionMaskInterface`` (the
+    eager mask builder), so a wrapper can be installed over it as over ``sdpa``; returns the name.  The model keeps
+    running it: switch with :func:`use_attention_implementation`."""
+    import sys
+
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    attention = next((m for m in module.modules() if hasattr(m, "is_causal") and hasattr(m, "head_dim")), None)
+    source = sys.modules.get(type(attention).__module__) if attention is not None else None
+    eager = getattr(source, "eager_attention_forward", None)
+    if eager is None:
+        raise TransformersAdapterError(
+            f"{type(module).__name__} (transformers {transformers_version()}): no eager_attention_forward found in its "
+            "modeling file for its eager attention")
+    name = "hybridflow_eager_" + type(attention).__module__.rsplit(".", 1)[-1].removeprefix("modeling_")
+    if name not in ALL_ATTENTION_FUNCTIONS._global_mapping:
+        type(ALL_ATTENTION_FUNCTIONS).register(name, eager)
+        type(ALL_MASK_ATTENTION_FUNCTIONS).register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["eager"])
+    return name
+
+
+def use_attention_implementation(module: nn.Module, name: str) -> None:
+    """Make ``module`` (and the sub-configs its attention reads) run the registered attention ``name``."""
+    for config in {id(c): c for c in (module.config, text_config(module.config))}.values():
+        config._attn_implementation = name
 
 
 def wrap_mask_function(name: str, make_wrapper, tag: str) -> bool:

@@ -174,10 +174,13 @@ def _sliding_mask(length: int, window: int, device) -> torch.Tensor:
     return (diff >= 0) & (diff < window)
 
 
-def _segment_sdpa(q, k, v, batch: UlyssesBatch, dropout: float, scaling, sliding_window) -> torch.Tensor:
+def _segment_sdpa(q, k, v, batch: UlyssesBatch, dropout: float, scaling, sliding_window,
+                  softcap: float | None = None) -> torch.Tensor:
     """Causal SDPA over each packed sequence separately: O(sum L_i^2), never an N x N mask.
 
-    q: (1, Hq, N, D), k/v: (1, Hkv, N, D) with Hq a multiple of Hkv -> (1, N, Hq, D).
+    q: (1, Hq, N, D), k/v: (1, Hkv, N, D) with Hq a multiple of Hkv -> (1, N, Hq, D).  ``softcap`` (Gemma-2's
+    attention logit soft-capping, which torch's SDPA cannot apply): each segment's scores are computed, capped
+    (``cap * tanh(s / cap)``), masked and normalised as transformers' eager attention does.
     """
     gqa = q.shape[1] != k.shape[1]
     outs = []
@@ -187,13 +190,32 @@ def _segment_sdpa(q, k, v, batch: UlyssesBatch, dropout: float, scaling, sliding
         mask = None
         if sliding_window is not None and length > int(sliding_window):
             mask = _sliding_mask(length, int(sliding_window), q.device)
+        if softcap is not None:
+            outs.append(_capped_attention(qs, ks, vs, mask, dropout, scaling, float(softcap)))
+            continue
         outs.append(F.scaled_dot_product_attention(
             qs, ks, vs, attn_mask=mask, dropout_p=dropout, is_causal=mask is None and length > 1, scale=scaling,
             enable_gqa=gqa))
     return torch.cat(outs, dim=2).transpose(1, 2)
 
 
-_UNSUPPORTED_SDPA = ("softcap", "s_aux", "position_bias")
+def _capped_attention(q, k, v, mask, dropout: float, scaling, softcap: float) -> torch.Tensor:
+    """One sequence's causal attention with soft-capped scores: (1, Hq, L, D) -> (1, Hq, L, D)."""
+    repeat = q.shape[1] // k.shape[1]
+    k, v = _repeat_kv_heads(k, repeat), _repeat_kv_heads(v, repeat)
+    scale = float(scaling) if scaling is not None else q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    length = q.shape[2]
+    allowed = mask if mask is not None else torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if dropout:
+        probs = F.dropout(probs, p=dropout, training=True)
+    return torch.matmul(probs, v)
+
+
+_UNSUPPORTED_SDPA = ("s_aux", "position_bias")  # attention sinks, relative position biases
 
 
 def _ulysses_attention(original: Callable, varlen: bool, batch: UlyssesBatch, module, query, key, value,
@@ -219,7 +241,7 @@ def _ulysses_attention(original: Callable, varlen: bool, batch: UlyssesBatch, mo
             if kwargs.get(name) is not None:
                 raise UlyssesConfigError(f"Ulysses sequence parallelism with sdpa attention cannot apply '{name}' "
                                          "(this model needs it); run it with flash attention on a GPU")
-        out = _segment_sdpa(query, key, value, batch, dropout, scaling, sliding_window)
+        out = _segment_sdpa(query, key, value, batch, dropout, scaling, sliding_window, kwargs.get("softcap"))
     # (1, N, H/sp, D) -> (1, N/sp, H, D): scatter the sequence back, gather the heads
     return all_to_all(out, 1, 2, group), None
 

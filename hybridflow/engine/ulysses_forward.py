@@ -42,6 +42,8 @@ from hybridflow.engine.transformers_adapter import (
     attention_implementation,
     decoder_stack,
     no_mask_while,
+    register_eager_attention,
+    use_attention_implementation,
     wrap_attention_function,
     wrap_mask_function,
 )
@@ -62,15 +64,25 @@ _TAG = "hybridflow-ulysses"
 _FORWARD_ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("hybridflow_ulysses_forward", default=False)
 
 
-def install_ulysses_attention() -> None:
+def install_ulysses_attention(names: tuple[str, ...] = _SUPPORTED) -> None:
     """Wrap transformers' sdpa and flash-attention functions (and their mask builders) once per process.
 
     The wrappers act only on calls that carry a ``UlyssesBatch``; every other model and call is unchanged.
     """
-    for name in _SUPPORTED:
+    for name in names:
         varlen = name in _VARLEN
         if wrap_attention_function(name, lambda orig, v=varlen: make_ulysses_attention(orig, v), _TAG):
             wrap_mask_function(name, no_mask_while(_FORWARD_ACTIVE), _TAG)
+
+
+def _ulysses_eager(module: nn.Module) -> str:
+    """A model that runs eager attention (no sdpa path: Gemma-2's soft-capped attention) keeps its own eager function
+    for every call, under a registered name the Ulysses wrapper is installed over; its split calls are attended
+    per packed sequence by ``engine/ulysses.py`` (soft-capping included)."""
+    name = register_eager_attention(module)
+    install_ulysses_attention((name,))
+    use_attention_implementation(module, name)
+    return name
 
 
 @dataclass
@@ -89,14 +101,17 @@ class SequenceParallel:
         sequence-parallel all-to-all splits those."""
         config = module.config
         impl = attention_implementation(config)
-        if impl not in _SUPPORTED:
+        if impl == "eager" or impl.startswith("hybridflow_eager_"):
+            impl = _ulysses_eager(module)
+        elif impl not in _SUPPORTED:
             raise UlyssesConfigError(
                 f"{key}={size}: the model runs attention implementation '{impl}'; Ulysses sequence parallelism "
-                f"works with {', '.join(_SUPPORTED)} (hybridflow loads sdpa on CPU, flash_attention_2 on GPU)")
+                f"works with {', '.join(_SUPPORTED)} and eager (hybridflow loads sdpa on CPU, flash_attention_2 on GPU)")
         heads, kv_heads = attention_head_counts(config)
         check_attention_heads(heads // max(int(tp), 1), max(kv_heads // max(int(tp), 1), 1), size, key)
         decoder_stack(module)  # raises now, not in the first forward, if the model has none
-        install_ulysses_attention()
+        if impl in _SUPPORTED:
+            install_ulysses_attention()
         return cls(group=group, size=int(size), rank=int(rank))
 
 

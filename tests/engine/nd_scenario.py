@@ -66,6 +66,17 @@ CASES = {
         "dp2xtp2-seqpar-llama3.1": ("llama3.1", 2, 1, 1, "actor+seqpar"),
         "sp2xtp2-seqpar-qwen2": ("qwen2", 2, 1, 2, "actor+seqpar"),
         "ep2xtp2-seqpar-deepseek-v3": ("deepseek-v3", 2, 2, 1, "actor+seqpar"),
+        # the family table x sequence / tensor parallelism (issue 39 item 4): Ulysses sp2 inside dp2 for every family
+        # (Gemma-2's soft-capped attention on the CPU path, Mistral's sliding window, DeepSeek-V3's MLA, Qwen3-MoE),
+        # and tp2 inside dp2 for the families the 2-rank cases do not split
+        "dp2xsp2-qwen3": ("qwen3", 1, 1, 2, "actor"),
+        "dp2xsp2-llama3.1": ("llama3.1", 1, 1, 2, "actor"),
+        "dp2xsp2-mistral": ("mistral", 1, 1, 2, "actor"),
+        "dp2xsp2-gemma2": ("gemma2", 1, 1, 2, "actor"),
+        "dp2xsp2-deepseek-v3": ("deepseek-v3", 1, 1, 2, "actor"),
+        "dp2xsp2-qwen3-moe": ("qwen3-moe", 1, 1, 2, "actor"),
+        "dp2xtp2-gemma2": ("gemma2", 2, 1, 1, "actor"),
+        "dp2xtp2-mistral": ("mistral", 2, 1, 1, "actor"),
     },
 }
 

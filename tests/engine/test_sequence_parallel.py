@@ -109,6 +109,32 @@ def test_segment_sdpa_equals_a_block_diagonal_causal_mask(window):
     assert torch.allclose(got, want, atol=1e-6)
 
 
+@pytest.mark.parametrize("window", [None, 3])
+def test_soft_capped_segments_equal_gemma2s_eager_attention(window):
+    """Gemma-2's attention logit soft-capping (which SDPA cannot apply) on the Ulysses path: each packed sequence
+    attended as transformers' own eager Gemma-2 attention does under a block-diagonal causal mask."""
+    from types import SimpleNamespace
+
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 9, 8) * 3, torch.randn(1, 2, 9, 8) * 3, torch.randn(1, 2, 9, 8)
+    segments = ((0, 4), (4, 9))
+    batch = UlyssesBatch(group=None, sp=1, segments=segments, cu_seqlens=torch.tensor([0, 4, 9]), max_len=5, total=9)
+    got = _segment_sdpa(q, k, v, batch, 0.0, 0.3, window, softcap=5.0)
+    allowed = torch.zeros(9, 9, dtype=torch.bool)
+    for s, e in segments:
+        i = torch.arange(e - s)
+        diff = i[:, None] - i[None, :]
+        allowed[s:e, s:e] = (diff >= 0) & (diff < (window or 10**9))
+    additive = torch.zeros(1, 1, 9, 9).masked_fill(~allowed, float("-inf"))
+    module = SimpleNamespace(num_key_value_groups=2, head_dim=8, training=False)
+    want, _ = eager_attention_forward(module, q, k, v, additive, scaling=0.3, softcap=5.0)
+    assert torch.allclose(got, want, atol=1e-6)
+    uncapped = _segment_sdpa(q, k, v, batch, 0.0, 0.3, window)
+    assert (uncapped - want).abs().max() > 1e-2  # the cap matters at these scores: the test can tell
+
+
 # ---------------------------------------------------------------------------------------------- N processes
 @pytest.fixture(scope="module")
 def varied_lm_dir(tmp_path_factory):
