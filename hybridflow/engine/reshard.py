@@ -100,6 +100,32 @@ def _merged(weight: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     return out.to(weight.dtype)
 
 
+def _expert_delta(layer: nn.Module, adapter: str, shape: torch.Size) -> torch.Tensor:
+    """The delta a peft ``ParamWrapper`` adds to the 3-D expert parameter it wraps (``num_experts`` stacked
+    matrices), from the gathered ``A`` (experts x rank rows) and ``B`` (rank x experts columns): peft's own layout."""
+    a = _full(layer.lora_A[adapter].weight).float()
+    b = _full(layer.lora_B[adapter].weight).float()
+    experts = int(getattr(layer, "num_experts", 1) or 1)
+    if experts == 1:
+        delta = b @ a
+        return (delta if delta.shape == shape else delta.T) * layer.scaling[adapter]
+    a = a.reshape(experts, -1, a.shape[-1])  # e r i
+    b = b.reshape(b.shape[0], -1, experts)  # o r e
+    pattern = "o r e, e r i -> e o i" if getattr(layer, "_did_swap_in_out_features", False) else \
+        "o r e, e r i -> e i o"
+    return torch.einsum(pattern, b, a) * layer.scaling[adapter]
+
+
+def _merged_parameter(tensor: torch.Tensor, wrappers: list[nn.Module]) -> torch.Tensor:
+    """A wrapped parameter (MoE experts under peft's ``ParamWrapper``) plus every active adapter's delta."""
+    out = tensor.float()
+    for layer in wrappers:
+        for adapter in layer.lora_A:
+            if adapter in layer.active_adapters:
+                out = out + _expert_delta(layer, adapter, out.shape)
+    return out.to(tensor.dtype)
+
+
 def distinct_state_items(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The module's state dict in order (sharded tensors as they are), a tensor shared under two names (tied
     embeddings) once, under its first name."""
@@ -113,10 +139,12 @@ def distinct_state_items(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]
         yield name, tensor
 
 
-def _named_sources(module: nn.Module, lora: str) -> Iterator[tuple[str, torch.Tensor, nn.Module | None]]:
-    """(name sent, stored tensor, LoRA layer whose adapters merge into it or ``None``) in state-dict order, tied
+def _named_sources(module: nn.Module, lora: str) -> Iterator[tuple[str, torch.Tensor, Callable | None]]:
+    """(name sent, stored tensor, how the adapters merge into its full tensor or ``None``) in state-dict order, tied
     tensors once (first name); nothing is gathered yet (the full tensor has the stored one's shape and dtype).
-    ``lora="raw"``: every tensor under its stored name (a checkpoint's view)."""
+    ``lora="raw"``: every tensor under its stored name (a checkpoint's view).  A module wrapped by peft more than
+    once (MoE experts: one ``ParamWrapper`` per targeted parameter, each the ``base_layer`` of the next) loses every
+    ``.base_layer`` of its name, and each wrapper targeting the parameter adds its delta."""
     layers = _lora_layers(module) if lora != "raw" else {}
     for name, tensor in distinct_state_items(module):
         if not layers:
@@ -129,17 +157,29 @@ def _named_sources(module: nn.Module, lora: str) -> Iterator[tuple[str, torch.Te
             continue
         if is_adapter:
             continue
-        owner, _, leaf = name.rpartition(".")
-        owner = owner.removesuffix(".base_layer")
-        merge = leaf == "weight" and owner in layers and name.endswith(".base_layer.weight")
-        yield f"{owner}.{leaf}".removeprefix("base_model.model."), tensor, layers[owner] if merge else None
+        stored_owner, _, leaf = name.rpartition(".")
+        owner = stored_owner
+        chain = []  # the peft layers around this tensor, innermost first
+        while owner.endswith(".base_layer"):
+            owner = owner.removesuffix(".base_layer")
+            if owner in layers:
+                chain.append(layers[owner])
+        sent = f"{owner}.{leaf}".removeprefix("base_model.model.")
+        wrappers = [layer for layer in chain if getattr(layer, "parameter_name", None) == leaf]
+        if wrappers:
+            yield sent, tensor, lambda full, w=wrappers: _merged_parameter(full, w)
+        elif leaf == "weight" and chain and stored_owner == owner + ".base_layer" and \
+                getattr(chain[0], "parameter_name", None) is None:
+            yield sent, tensor, lambda full, layer=chain[0]: _merged(full, layer)
+        else:
+            yield sent, tensor, None
 
 
 def _named_full_tensors(module: nn.Module, lora: str) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) in state-dict order, each gathered when reached; tied tensors once (first name)."""
-    for name, tensor, layer in _named_sources(module, lora):
+    for name, tensor, merge in _named_sources(module, lora):
         full = _full(tensor)
-        yield name, (_merged(full, layer) if layer is not None else full)
+        yield name, (merge(full) if merge is not None else full)
 
 
 def _comm_device(module: nn.Module) -> torch.device:
@@ -160,7 +200,9 @@ def pipeline_full_tensors(module: nn.Module, lora: str, group,
     import torch.distributed as dist
 
     mine = [(name, tuple(t.shape), t.dtype) for name, t, _ in _named_sources(module, lora)]
-    skip = {tied_head} if tied_head is not None and lora != "raw" else set()
+    # the head's name as sent (a peft model's names lose their "base_model.model." prefix on the way)
+    skip = {tied_head, tied_head.removeprefix("base_model.model.")} if tied_head is not None and lora != "raw" \
+        else set()
     plans: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(plans, mine, group=group)
     ranks, me, device = dist.get_process_group_ranks(group), dist.get_rank(group), _comm_device(module)

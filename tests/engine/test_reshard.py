@@ -84,6 +84,43 @@ def test_a_lora_actor_reaches_a_plain_copy_with_its_adapters_merged():
     assert stats.buckets > 1
 
 
+def test_lora_on_moe_experts_reaches_a_plain_copy_with_every_wrapper_merged():
+    """MoE experts under LoRA (peft wraps each targeted 3-D expert parameter in a ``ParamWrapper``, one inside the
+    other): the plain copy gets the experts under their plain names with every wrapper's delta, as peft's own
+    merge_and_unload computes it (the sync used to send ``experts.base_layer.gate_up_proj`` unmerged)."""
+    import copy
+    import tempfile
+
+    from hybridflow.engine.model_loader import apply_lora, load_causal_lm
+    from hybridflow.utils.tiny_model import make_tiny_checkpoint
+
+    base = load_causal_lm(str(make_tiny_checkpoint(tempfile.mkdtemp(), size="nano", family="qwen3-moe")))
+    target = copy.deepcopy(base)
+    before = {n: t.clone() for n, t in base.state_dict().items() if ".experts." in n}
+    source = apply_lora(base, 4, 8.0, "all-linear")
+    assert any(type(m).__name__ == "ParamWrapper" for m in source.modules())  # the experts are wrapped
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in source.named_parameters():
+            if ".lora_B." in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    own = dict(target.state_dict())
+    sent = []
+
+    def load(bucket):
+        for name, tensor in bucket:
+            sent.append(name)
+            own[name].copy_(tensor)
+
+    reshard_in_buckets(source, load, 1 << 20)
+    assert not [n for n in sent if "base_layer" in n or "lora_" in n], sent
+    expected = copy.deepcopy(source).merge_and_unload().state_dict()
+    experts = [n for n in expected if ".experts." in n]
+    assert experts and all(torch.allclose(own[n], expected[n], atol=1e-6) for n in experts)
+    assert all(torch.allclose(own[n], expected[n], atol=1e-6) for n in expected)
+    assert all(float((own[n] - before[n]).abs().max()) > 1e-3 for n in before)  # every expert's delta matters
+
+
 def test_the_adapter_alone_travels_in_one_bucket_under_peft_names():
     source = _lora_model()
     buckets = list(gathered_buckets(source, 1_000, lora="adapter"))
