@@ -89,26 +89,16 @@ def _lora_layers(module: nn.Module) -> dict[str, nn.Module]:
             if hasattr(m, "base_layer") and isinstance(getattr(m, "lora_A", None), nn.ModuleDict)}
 
 
-def _merged(weight: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    """``weight`` plus the layer's active adapters' ``scaling x B A`` (gathered: a collective per adapter)."""
-    out = weight.float()
-    for name in layer.lora_A:
-        if name not in layer.active_adapters:
-            continue
-        delta = _full(layer.lora_B[name].weight).float() @ _full(layer.lora_A[name].weight).float()
-        out = out + (delta.T if getattr(layer, "fan_in_fan_out", False) else delta) * layer.scaling[name]
-    return out.to(weight.dtype)
-
-
-def _expert_delta(layer: nn.Module, adapter: str, shape: torch.Size) -> torch.Tensor:
-    """The delta a peft ``ParamWrapper`` adds to the 3-D expert parameter it wraps (``num_experts`` stacked
-    matrices), from the gathered ``A`` (experts x rank rows) and ``B`` (rank x experts columns): peft's own layout."""
+def _delta(layer: nn.Module, adapter: str) -> torch.Tensor:
+    """What ``adapter`` of a peft LoRA layer adds to the tensor it wraps, from the gathered ``A`` and ``B`` (a
+    collective each): ``scaling x B A`` for a linear layer; for a ``ParamWrapper`` around a 3-D expert parameter
+    (``num_experts`` stacked matrices: ``A`` experts x rank rows, ``B`` rank x experts columns) peft's own layout."""
     a = _full(layer.lora_A[adapter].weight).float()
     b = _full(layer.lora_B[adapter].weight).float()
     experts = int(getattr(layer, "num_experts", 1) or 1)
-    if experts == 1:
+    if getattr(layer, "parameter_name", None) is None or experts == 1:
         delta = b @ a
-        return (delta if delta.shape == shape else delta.T) * layer.scaling[adapter]
+        return (delta.T if getattr(layer, "fan_in_fan_out", False) else delta) * layer.scaling[adapter]
     a = a.reshape(experts, -1, a.shape[-1])  # e r i
     b = b.reshape(b.shape[0], -1, experts)  # o r e
     pattern = "o r e, e r i -> e o i" if getattr(layer, "_did_swap_in_out_features", False) else \
@@ -116,13 +106,13 @@ def _expert_delta(layer: nn.Module, adapter: str, shape: torch.Size) -> torch.Te
     return torch.einsum(pattern, b, a) * layer.scaling[adapter]
 
 
-def _merged_parameter(tensor: torch.Tensor, wrappers: list[nn.Module]) -> torch.Tensor:
-    """A wrapped parameter (MoE experts under peft's ``ParamWrapper``) plus every active adapter's delta."""
+def _merged(tensor: torch.Tensor, layers: list[nn.Module]) -> torch.Tensor:
+    """``tensor`` plus the active adapters' deltas of every LoRA layer wrapping it."""
     out = tensor.float()
-    for layer in wrappers:
+    for layer in layers:
         for adapter in layer.lora_A:
             if adapter in layer.active_adapters:
-                out = out + _expert_delta(layer, adapter, out.shape)
+                out = out + _delta(layer, adapter)
     return out.to(tensor.dtype)
 
 
@@ -139,47 +129,46 @@ def distinct_state_items(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]
         yield name, tensor
 
 
-def _named_sources(module: nn.Module, lora: str) -> Iterator[tuple[str, torch.Tensor, Callable | None]]:
-    """(name sent, stored tensor, how the adapters merge into its full tensor or ``None``) in state-dict order, tied
-    tensors once (first name); nothing is gathered yet (the full tensor has the stored one's shape and dtype).
+def _named_sources(module: nn.Module, lora: str) -> Iterator[tuple[str, torch.Tensor, list[nn.Module]]]:
+    """(name sent, stored tensor, the LoRA layers whose adapters merge into it) in state-dict order, tied tensors once
+    (first name); nothing is gathered yet (the full tensor has the stored one's shape and dtype).
     ``lora="raw"``: every tensor under its stored name (a checkpoint's view).  A module wrapped by peft more than
     once (MoE experts: one ``ParamWrapper`` per targeted parameter, each the ``base_layer`` of the next) loses every
     ``.base_layer`` of its name, and each wrapper targeting the parameter adds its delta."""
     layers = _lora_layers(module) if lora != "raw" else {}
     for name, tensor in distinct_state_items(module):
         if not layers:
-            yield name, tensor, None
+            yield name, tensor, []
             continue
         is_adapter = ".lora_A." in name or ".lora_B." in name
         if lora == "adapter":
             if is_adapter:
-                yield name, tensor, None
+                yield name, tensor, []
             continue
         if is_adapter:
             continue
-        stored_owner, _, leaf = name.rpartition(".")
-        owner = stored_owner
+        owner, _, leaf = name.rpartition(".")
         chain = []  # the peft layers around this tensor, innermost first
         while owner.endswith(".base_layer"):
             owner = owner.removesuffix(".base_layer")
             if owner in layers:
                 chain.append(layers[owner])
-        sent = f"{owner}.{leaf}".removeprefix("base_model.model.")
-        wrappers = [layer for layer in chain if getattr(layer, "parameter_name", None) == leaf]
-        if wrappers:
-            yield sent, tensor, lambda full, w=wrappers: _merged_parameter(full, w)
-        elif leaf == "weight" and chain and stored_owner == owner + ".base_layer" and \
-                getattr(chain[0], "parameter_name", None) is None:
-            yield sent, tensor, lambda full, layer=chain[0]: _merged(full, layer)
-        else:
-            yield sent, tensor, None
+        merging = [layer for layer in chain if _merges_into(layer, leaf)]
+        yield f"{owner}.{leaf}".removeprefix("base_model.model."), tensor, merging
+
+
+def _merges_into(layer: nn.Module, leaf: str) -> bool:
+    """Whether ``layer``'s adapters change the wrapped tensor ``leaf``: a ``ParamWrapper`` the parameter it names,
+    a linear LoRA layer its base weight."""
+    target = getattr(layer, "parameter_name", None)
+    return leaf == target if target is not None else leaf == "weight"
 
 
 def _named_full_tensors(module: nn.Module, lora: str) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) in state-dict order, each gathered when reached; tied tensors once (first name)."""
-    for name, tensor, merge in _named_sources(module, lora):
+    for name, tensor, merging in _named_sources(module, lora):
         full = _full(tensor)
-        yield name, (merge(full) if merge is not None else full)
+        yield name, (_merged(full, merging) if merging else full)
 
 
 def _comm_device(module: nn.Module) -> torch.device:

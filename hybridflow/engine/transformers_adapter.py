@@ -49,6 +49,7 @@ from typing import Any
 from torch import nn
 
 __all__ = [
+    "EAGER_PREFIX",
     "ExpertsLayout",
     "LayerSplit",
     "AttentionMaskLayout",
@@ -226,6 +227,9 @@ def wrap_attention_function(name: str, make_wrapper, tag: str) -> bool:
     return _wrap("attention", ALL_ATTENTION_FUNCTIONS, name, make_wrapper, tag)
 
 
+EAGER_PREFIX = "hybridflow_eager_"  # names register_eager_attention gives models' eager attention functions
+
+
 def register_eager_attention(module: nn.Module) -> str:
     """Give ``module``'s eager attention (its modeling file's ``eager_attention_forward``, run by models with no
     sdpa path such as Gemma-2) a name in transformers' ``AttentionInterface`` and ``AttentionMaskInterface`` (the
@@ -243,7 +247,7 @@ def register_eager_attention(module: nn.Module) -> str:
         raise TransformersAdapterError(
             f"{type(module).__name__} (transformers {transformers_version()}): no eager_attention_forward found in its "
             "modeling file for its eager attention")
-    name = "hybridflow_eager_" + type(attention).__module__.rsplit(".", 1)[-1].removeprefix("modeling_")
+    name = EAGER_PREFIX + type(attention).__module__.rsplit(".", 1)[-1].removeprefix("modeling_")
     if name not in ALL_ATTENTION_FUNCTIONS._global_mapping:
         type(ALL_ATTENTION_FUNCTIONS).register(name, eager)
         type(ALL_MASK_ATTENTION_FUNCTIONS).register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["eager"])

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from hybridflow.engine.transformers_adapter import (
+    EAGER_PREFIX,
     attention_head_counts,
     attention_implementation,
     decoder_stack,
@@ -101,7 +102,7 @@ class SequenceParallel:
         sequence-parallel all-to-all splits those."""
         config = module.config
         impl = attention_implementation(config)
-        if impl == "eager" or impl.startswith("hybridflow_eager_"):
+        if impl == "eager" or impl.startswith(EAGER_PREFIX):
             impl = _ulysses_eager(module)
         elif impl not in _SUPPORTED:
             raise UlyssesConfigError(
