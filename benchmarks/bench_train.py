@@ -16,6 +16,8 @@ process with the same thread count. Variants compared side by side (alternating)
 * ``default``  -- ``model.use_remove_padding=true`` as the defaults run it (``engine.forward.use_packed_layout``:
   packed for a text model running sdpa)
 * ``dynamic``  -- default + ``actor.use_dynamic_bsz=true`` (micro-batches by token budget)
+* ``checkpointed`` -- default + activation checkpointing (every decoder layer recomputed in backward): what
+  ``model.enable_gradient_checkpointing=null`` saves when it finds the activations fit (``engine/activation_memory``)
 * ``default+old_lp`` / ``default-in-update`` -- the actor's whole share of an on-policy step: the separate
   ``compute_log_prob`` forward followed by the update (before), vs the update alone taking the old
   log-prob from its own pass (``OLD_LOG_PROBS_FROM_UPDATE``, the default since ``StepPlan`` decides it)
@@ -54,6 +56,7 @@ VARIANTS = {
     "dynamic": Variant((RMPAD, "actor_rollout_ref.actor.use_dynamic_bsz=true")),
     "default+old_lp": Variant((RMPAD,), old_log_prob="forward"),
     "default-in-update": Variant((RMPAD,), old_log_prob="update"),
+    "checkpointed": Variant((RMPAD, "actor_rollout_ref.model.enable_gradient_checkpointing=true")),
 }
 
 
@@ -176,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dynamic_cost={med['dynamic'] / med['default']:.3f}  (dynamic bsz / fixed micro-batches CPU time)")
     print(f"old_lp_cost={med['default-in-update'] / med['default+old_lp']:.3f}  "
           "(update taking old log-probs from its pass / old log-prob forward + update, CPU time)")
+    print(f"checkpointing_cost={med['checkpointed'] / med['default']:.3f}  (activation checkpointing on / off, CPU time)")
     print(f"mfu_packed={out_rows[0][8]:.3f}  (wall clock; CPU-time based {out_rows[0][9]:.3f})")
     print(f"mfu_trimmed={out_rows[1][8]:.3f}  (wall clock; CPU-time based {out_rows[1][9]:.3f})")
     return 0

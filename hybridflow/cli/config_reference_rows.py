@@ -106,8 +106,12 @@ SECTIONS: tuple[Section, ...] = (
             "",
             "`override_config` entries are applied to the HF config before loading."),
         Row("`enable_gradient_checkpointing`",
-            "true",
-            "activation checkpointing in the actor/critic. Turn off for tiny models on CPU."),
+            "null",
+            "activation checkpointing (recompute each decoder layer in backward) for the actor; `critic.model.` "
+            "and PRIME's `reward_model.model.` have their own. true / false as set; null (verl's default is true) "
+            "decides by memory: on only when a training micro-batch's activations (estimated from the model's "
+            "shape, the micro-batch keys and the longest sequence) exceed half of what the process has free "
+            "after its parameters, gradients and AdamW states. Rank 0 prints the decision and its numbers."),
         Row("`use_remove_padding`",
             "true",
             "pack sequences without padding in the forward pass (`actor.use_remove_padding` follows "

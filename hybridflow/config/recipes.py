@@ -76,7 +76,7 @@ class PrimeRewardModelModelKeys:
     loss_type: str  # ce
     optim: PrimeOptimConfig
     tokenizer_path: Optional[str]
-    enable_gradient_checkpointing: bool
+    enable_gradient_checkpointing: Optional[bool]  # null: decided by memory (engine/activation_memory.py)
 
 
 @dataclass(**KW)

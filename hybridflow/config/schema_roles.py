@@ -149,7 +149,7 @@ class ModelConfig:
     custom_chat_template: Optional[str]
     external_lib: Optional[str]
     override_config: dict
-    enable_gradient_checkpointing: bool
+    enable_gradient_checkpointing: Optional[bool]  # null: decided by memory (engine/activation_memory.py)
     enable_activation_offload: bool
     use_remove_padding: bool
     use_liger: bool
@@ -398,7 +398,7 @@ class CriticModelConfig:
     external_lib: Optional[str]
     trust_remote_code: bool
     use_shm: bool
-    enable_gradient_checkpointing: bool
+    enable_gradient_checkpointing: Optional[bool]  # null: decided by memory (engine/activation_memory.py)
     enable_activation_offload: bool
     use_remove_padding: bool
     lora_rank: int

@@ -156,16 +156,20 @@ def _colocated_host(config, pool, runtime: Runtime) -> tuple[dict[str, Any], dic
     return host.spawn(class_dict), colocated_teachers
 
 
-def init_models(runtime: Runtime, total_training_steps: int | None = None) -> None:
+def init_models(runtime: Runtime, total_training_steps: int | None = None, max_seq_len: int | None = None) -> None:
     """``init_model`` on every role, actor last; the trained roles get the LR horizon as an argument
-    because their processes were started (and their config sent) before the dataset length was known."""
+    because their processes were started (and their config sent) before the dataset length was known, and the
+    critic the data's longest sequence (its config has no lengths) for its activation checkpointing decision."""
     for role in _INIT_ORDER:
         if role == "actor_rollout" and runtime.groups.teachers is not None:  # distillation teachers: frozen models
             runtime.groups.teachers.init_models()
         view = runtime.views.get(role)
         if view is None:
             continue
-        view.init_model(total_training_steps=total_training_steps)  # PRIME's PRM trains: it needs the horizon
+        if role == "critic":
+            view.init_model(total_training_steps=total_training_steps, max_seq_len=max_seq_len)
+        else:
+            view.init_model(total_training_steps=total_training_steps)  # PRIME's PRM trains: it needs the horizon
 
 
 class RuntimeStart:
@@ -236,3 +240,9 @@ class RuntimeStart:
         if self._runtime is not None:
             self._runtime.close()
             self._runtime = None
+
+
+def longest_sequence(config) -> int:
+    """The data's prompt + response length: the longest sequence a training micro-batch row can have."""
+    return int(config.data.max_prompt_length) + int(config.data.max_response_length)
+

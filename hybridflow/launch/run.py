@@ -31,7 +31,8 @@ from hybridflow.launch.inputs import (
     load_tokenizer_for,
 )
 from hybridflow.launch.judge import start_judge
-from hybridflow.launch.processes import Runtime, RuntimeStart, create_workers, init_models, pool_options, resolve_device
+from hybridflow.launch.processes import (Runtime, RuntimeStart, create_workers, init_models, longest_sequence,
+                                         pool_options, resolve_device)
 from hybridflow.launch.rollout_service import start_rollout_service
 from hybridflow.trainer.controller import RLController, RunHistory
 from hybridflow.trainer.hooks import hooks_for
@@ -94,7 +95,7 @@ def build_run(config, logger=None, into: BuiltRun | None = None) -> BuiltRun:
     if not config.uses_judge:                                                                          # 5.
         run.reward_fns = list(build_reward_fns(config, tokenizer))
     run.runtime = run.start.result()
-    init_models(run.runtime, scheduler_steps)                                                          # 6.
+    init_models(run.runtime, scheduler_steps, longest_sequence(config))                                # 6.
     if config.uses_judge:  # (scorers that ask a judge need its router, started with the models)
         run.reward_fns = list(build_reward_fns(config, tokenizer, start_judge_service(config, run.runtime)))
     reward_fn, val_reward_fn = run.reward_fns
@@ -121,7 +122,7 @@ def build_runtime(config, tokenizer=None, total_training_steps: int | None = Non
     the workers themselves); released by ``Runtime.close``."""
     runtime = create_workers(config)
     try:
-        init_models(runtime, total_training_steps)
+        init_models(runtime, total_training_steps, longest_sequence(config))
         start_rollout_service(runtime, config, tokenizer if tokenizer is not None else load_tokenizer_for(config))
     except BaseException:
         runtime.close()

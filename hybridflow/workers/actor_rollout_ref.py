@@ -37,6 +37,7 @@ from hybridflow.engine.model_loader import (
     load_tokenizer,
 )
 from hybridflow.engine.parallel.parallelize import pipeline_spec_for
+from hybridflow.engine.activation_memory import decide_for_role
 from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.vision import freeze_vision_tower
 from hybridflow.engine.train_engine import TrainEngine
@@ -95,6 +96,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor: PPOActor | None = None
         self.ref_engine: TrainEngine | None = None
         self.rollout: RolloutHost | None = None
+        self.activation_checkpointing = None  # the actor's CheckpointingDecision once its model is built
         self._weight_sync = None  # split placement: the checkpoint engine to standalone replicas (rank 0)
 
     # ------------------------------------------------------------------ construction
@@ -122,11 +124,26 @@ class ActorRolloutRefWorker(Worker):
         elif trainable and self._lora:
             module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, mc.exclude_modules,
                                 options=LoraOptions.from_node(mc.lora))
-        if trainable and mc.enable_gradient_checkpointing:
-            enable_gradient_checkpointing(module)
+        if trainable:
+            self._checkpoint_activations(module, fsdp_config)
         if not trainable:
             module.requires_grad_(False)
         return module
+
+    def _checkpoint_activations(self, module, fsdp_config) -> None:
+        """``model.enable_gradient_checkpointing``: as set, or (null) decided by the memory a micro-batch's
+        activations need against what this process has free; the decision is printed by rank 0."""
+        rollout = self.config.rollout
+        decision = decide_for_role(
+            module, self.config.model.enable_gradient_checkpointing,
+            "actor_rollout_ref.model.enable_gradient_checkpointing", self.config.actor, fsdp_config,
+            sequence=int(rollout.prompt_length) + int(rollout.response_length), device=self.device.type,
+            dims=self._actor_dims)
+        self.activation_checkpointing = decision
+        if decision.enabled:
+            enable_gradient_checkpointing(module)
+        if self.rank == 0:
+            print(decision.line("actor"), flush=True)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_training_steps: int | None = None) -> None:

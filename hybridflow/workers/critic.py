@@ -22,6 +22,7 @@ from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_eng
 from hybridflow.engine.forward import response_values, values_pass
 from hybridflow.engine.dist_checkpoint import start_from_dist_checkpoint
 from hybridflow.engine.lora_options import LoraOptions
+from hybridflow.engine.activation_memory import decide_for_role
 from hybridflow.engine.model_loader import apply_lora, enable_gradient_checkpointing, load_tokenizer, load_value_model
 from hybridflow.engine.parallel.parallelize import pipeline_spec_for
 from hybridflow.engine.parallel_dims import ParallelDims
@@ -146,7 +147,10 @@ class CriticWorker(Worker):
         self.tokenizer = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self, total_training_steps: int | None = None) -> None:
+    def init_model(self, total_training_steps: int | None = None, max_seq_len: int | None = None) -> None:
+        """Load, shard and build the critic. ``max_seq_len`` (the data's prompt + response length, which the critic's
+        config does not carry) bounds a micro-batch for the activation checkpointing decision; without it the
+        token budget ``ppo_max_token_len_per_gpu`` does."""
         if self.world_size > 1:  # joined here: every rank exists once init_model runs
             self.init_distributed()
         mc = self.config.model
@@ -164,8 +168,13 @@ class CriticWorker(Worker):
         if int(mc.lora_rank) > 0:
             module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, task_type="TOKEN_CLS",
                                 options=LoraOptions.from_node(mc.lora))
-        if mc.enable_gradient_checkpointing:
+        self.activation_checkpointing = decide_for_role(
+            module, mc.enable_gradient_checkpointing, "critic.model.enable_gradient_checkpointing", self.config,
+            mc.fsdp_config, sequence=max_seq_len, device=self.device.type, dims=self._dims)
+        if self.activation_checkpointing.enabled:
             enable_gradient_checkpointing(module)
+        if self.rank == 0:
+            print(self.activation_checkpointing.line("critic"), flush=True)
         self.engine = TrainEngine(module, mc.fsdp_config, self.config.optim, total_training_steps, role="critic",
                                   parallel_dims=self._dims, activation_offload=bool(mc.enable_activation_offload),
                                   pipeline=pipeline_spec_for(self.config))
