@@ -313,6 +313,14 @@ SECTIONS: tuple[Section, ...] = (
         Row("`free_cache_engine`",
             "true",
             "hf: `sleep()` (before training) frees the KV cache; false keeps it allocated."),
+        Row("`free_weights_on_sleep`",
+            "null",
+            "hybridflow: the hf engine split over `tensor_model_parallel_size` > 1 ranks frees its own weight "
+            "shard at `sleep()`, so training runs with the training shards only, and the next switch allocates "
+            "and fills it again (null = true). false keeps the shard (1/k of the model per rank) between "
+            "generations. A shard that is the actor's own module (training tp = rollout tp) has nothing of its "
+            "own to free. Other engines refuse the key: vLLM's sleep level decides (level 2 drops the weights "
+            "unless LoRA is on)."),
         Row("`gpu_memory_utilization`",
             "0.5",
             "hf on CUDA: the KV cache may take this share of the device memory left free (after "

@@ -328,6 +328,8 @@ class RolloutConfig:
     enforce_eager: bool
     cudagraph_capture_sizes: Optional[list]
     free_cache_engine: bool
+    # hybridflow-only: the split hf engine's switched shard freed at sleep (null = true; workers/sharded_rollout.py)
+    free_weights_on_sleep: Optional[bool]
     tensor_model_parallel_size: Optional[int]  # null: the engine's default (vllm / sglang 2 as in verl, hf 1)
     data_parallel_size: int
     expert_parallel_size: int

@@ -17,6 +17,11 @@ holds one bucket's send and receive buffers.  Where the rollout shard *is* the t
 the engine generates with the actor's own module) nothing is copied.  Persistent buffers (a router's correction
 bias) travel like parameters.
 
+Between generations the rollout shard can go: :func:`release_shard` frees the storage of every rollout tensor the
+switch fills and the training does not share (the switch writes every element of them, so nothing is lost), and
+:func:`restore_shard` gives it back, uninitialised, right before the next switch fills it -- during training a rank
+then holds its training shards only, as the paper's engine does.
+
 A :class:`~hybridflow.engine.transfer_stats.TransferStats` says what moved: ``bytes`` the bytes this rank sent to
 other ranks, ``received_bytes`` what it received, ``bytes_total`` the bytes of its rollout shard, ``buckets``, ``max_bucket_bytes`` (send + receive
 buffers of the largest bucket), ``seconds`` and ``peak_rss_rise_bytes``.
@@ -34,7 +39,8 @@ from torch import nn
 
 from hybridflow.engine.transfer_stats import TransferStats
 
-__all__ = ["Box", "SwitchPlan", "Transfer", "intersect", "local_box", "plan_switch", "switch_to_rollout"]
+__all__ = ["Box", "SwitchPlan", "Transfer", "intersect", "local_box", "plan_switch", "held_bytes", "release_shard",
+           "restore_shard", "switch_to_rollout"]
 
 Box = tuple[tuple[int, int], ...]  # [start, stop) per dimension
 _ALIGN = 16  # bytes: every piece starts aligned in the packed buffers (viewed as its own dtype)
@@ -252,3 +258,32 @@ def switch_to_rollout(train_module: nn.Module, rollout_module: nn.Module, plan: 
             _exchange_bucket(plan, bucket, rank, world, train, rollout, group, stats)
             stats.buckets += 1
     return stats
+
+
+def release_shard(rollout_module: nn.Module, plan: SwitchPlan) -> dict[str, int]:
+    """Free the storage of the rollout tensors the switch fills and training does not share; returns each freed
+    tensor's storage bytes by name (for :func:`restore_shard`)."""
+    rollout = _state_tensors(rollout_module)
+    freed: dict[str, int] = {}
+    for i, name in enumerate(plan.names):
+        if plan.shared[i]:
+            continue
+        storage = _local(rollout[name]).untyped_storage()
+        if storage.nbytes():
+            freed[name] = storage.nbytes()
+            storage.resize_(0)
+    return freed
+
+
+def restore_shard(rollout_module: nn.Module, freed: dict[str, int]) -> None:
+    """Give the tensors :func:`release_shard` freed their storage back (uninitialised: the switch fills them)."""
+    rollout = _state_tensors(rollout_module)
+    for name, nbytes in freed.items():
+        _local(rollout[name]).untyped_storage().resize_(nbytes)
+
+
+def held_bytes(rollout_module: nn.Module, plan: SwitchPlan) -> int:
+    """Bytes of storage this rank holds for the rollout tensors the training does not share."""
+    rollout = _state_tensors(rollout_module)
+    return sum(_local(rollout[n]).untyped_storage().nbytes() for i, n in enumerate(plan.names) if not plan.shared[i])
+

@@ -118,7 +118,12 @@ def rollout_model_errors(cfg) -> list[str]:
 def check_rollout_hardware(cfg: PPOConfig, errors: list[str], notes: list[str], ctx: RunContext) -> None:
     """Rollout keys that cannot act on the device this run computes on (and keys that act differently there)."""
     errors.extend(rollout_hardware_errors(cfg, ctx.device))
-    engine = _ENGINE_CHECKS.get(cfg.actor_rollout_ref.rollout.name)
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name != "hf" and rollout.free_weights_on_sleep is not None:
+        errors.append(f"actor_rollout_ref.rollout.free_weights_on_sleep={rollout.free_weights_on_sleep} acts on the "
+                      f"split hf engine only; {rollout.name}'s own sleep level decides what it frees (vLLM: level 2 "
+                      "drops the weights unless LoRA is on). Remove the key")
+    engine = _ENGINE_CHECKS.get(rollout.name)
     if engine is not None:
         notes.extend(engine.device_notes(cfg, ctx.device))
 

@@ -12,8 +12,11 @@ Two ways the shard gets its weights:
 * **switched** -- otherwise the shard is a module of its own, built without storage and filled after every update by
   ``engine/shard_switch.switch_to_rollout``: each rank receives only the slices of its shard, bucket by bucket.
 
-``actor_rollout_ref.rollout.free_cache_engine`` frees the KV cache on sleep as always; the shard of its own stays
-allocated between generations (it is 1/k of the model).
+``actor_rollout_ref.rollout.free_cache_engine`` frees the KV cache on sleep as always, and
+``actor_rollout_ref.rollout.free_weights_on_sleep`` (null = true) frees a switched shard's weights too
+(``engine/shard_switch.release_shard``): during training a rank holds its training shards only, and the next switch
+allocates the shard again as it fills it. ``false`` keeps the shard (1/k of the model) allocated between
+generations. An in-place shard is the actor's own module: there is nothing of its own to free.
 """
 
 from __future__ import annotations
@@ -47,11 +50,13 @@ class ShardedRolloutHost(RolloutHost):
     leader's steps in a thread of its own between ``wake_up`` and ``sleep``; :meth:`sync_weights` is the switch."""
 
     def __init__(self, engine: ShardedHFRolloutEngine, train_engine: TrainEngine, name: str, shares_weights: bool,
-                 bucket_bytes: int, stall_timeout_s: float, wait_s: float):
+                 bucket_bytes: int, stall_timeout_s: float, wait_s: float, free_weights_on_sleep: bool = True):
         super().__init__(engine, train_engine, name=name, shares_weights=shares_weights, delta=False,
                          stall_timeout_s=stall_timeout_s, bucket_bytes=bucket_bytes)
         self.wait_s = float(wait_s)
+        self.free_weights_on_sleep = bool(free_weights_on_sleep) and not shares_weights
         self._plan = None
+        self._freed: dict[str, int] | None = None  # the released shard's storage sizes, until the next switch
         self._follower: threading.Thread | None = None
         self._follower_error: list[BaseException] = []
 
@@ -72,6 +77,8 @@ class ShardedRolloutHost(RolloutHost):
     def wake_up(self, seed: int | None = None) -> None:
         if self._awake is not None:
             return
+        if self._freed is not None:  # woken without a switch since the shard was freed: fill it first
+            self.sync_weights()
         stack = contextlib.ExitStack()
         try:
             self._generation_context(stack)
@@ -105,6 +112,18 @@ class ShardedRolloutHost(RolloutHost):
                 self._join_follower()
         finally:
             stack.close()
+        if self.free_weights_on_sleep and self._plan is not None:
+            from hybridflow.engine.shard_switch import release_shard
+
+            self._freed = release_shard(self.engine.model, self._plan)
+
+    def held_weight_bytes(self) -> int:
+        """Bytes this rank holds for the rollout shard beyond its training shards (0 while a freed shard sleeps)."""
+        from hybridflow.engine.shard_switch import held_bytes, plan_switch
+
+        if self._plan is None:
+            self._plan = plan_switch(self.train_engine.module, self.engine.model)
+        return held_bytes(self.engine.model, self._plan)
 
     def _join_follower(self) -> None:
         thread, self._follower = self._follower, None
@@ -120,11 +139,14 @@ class ShardedRolloutHost(RolloutHost):
     def sync_weights(self) -> float:
         """The switch: every rank's rollout shard filled from the training shards (a collective over the group);
         in place nothing moves.  The stats go to :attr:`last_sync` (``update_weights/*``, ``perf/max_memory_*``)."""
-        from hybridflow.engine.shard_switch import plan_switch, switch_to_rollout
+        from hybridflow.engine.shard_switch import plan_switch, restore_shard, switch_to_rollout
 
         with self.train_engine.on_device():
             if self._plan is None:
                 self._plan = plan_switch(self.train_engine.module, self.engine.model)
+            if self._freed is not None:
+                restore_shard(self.engine.model, self._freed)
+                self._freed = None
             stats = switch_to_rollout(self.train_engine.module, self.engine.model, self._plan, self.bucket_bytes)
         self.last_sync = {**stats.update_weights_metrics(), **stats.memory_metrics(),
                           "update_weights/shard_bytes": float(stats.bytes_total),
@@ -175,4 +197,6 @@ def build_sharded_rollout(train_engine: TrainEngine, model_config, tokenizer, rc
         model, tokenizer, channel=channel, max_batch_size=int(rc.max_num_seqs), name=name,
         seed=int(rc.seed) + channel.group.replica, exact_log_probs=bool(rc.exact_log_probs))
     bucket_bytes = int(rc.checkpoint_engine.update_weights_bucket_megabytes) << 20
-    return ShardedRolloutHost(engine, train_engine, name, in_place, bucket_bytes, float(rc.stall_timeout_s), timeout_s)
+    free = rc.free_weights_on_sleep is not False  # null: free (the paper's engine holds no shard during training)
+    return ShardedRolloutHost(engine, train_engine, name, in_place, bucket_bytes, float(rc.stall_timeout_s), timeout_s,
+                              free_weights_on_sleep=free)

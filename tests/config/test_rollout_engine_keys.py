@@ -210,3 +210,16 @@ def test_vllm_vision_settings_pick_the_backend(image_only_vlm_dir):
     assert kwargs["model_impl"] == "auto" and note == "" and "trust_remote_code" not in kwargs
     kwargs, _ = vllm_vision_settings(image_only_vlm_dir, "transformers", trust_remote_code=True, torchvision=True)
     assert kwargs["model_impl"] == "transformers"  # the user's choice is honoured
+
+def test_free_weights_on_sleep_acts_on_the_split_hf_engine_only():
+    hf = BASE[:2] + ["actor_rollout_ref.rollout.name=hf", "trainer.device=cpu", "trainer.n_gpus_per_node=2"]
+    key = "actor_rollout_ref.rollout.free_weights_on_sleep"
+    for value in ("true", "false"):  # the split engine: both act (workers/sharded_rollout.py)
+        hardware_check(hf + ["actor_rollout_ref.rollout.tensor_model_parallel_size=2", f"{key}={value}"])
+    hardware_check(hf + [f"{key}=false"])  # a whole engine keeps its weights anyway
+    with pytest.raises(ConfigError, match=rf"{key}=true acts on the hf engine split over .*this run's hf engine is "
+                                          "whole"):
+        hardware_check(hf + [f"{key}=true"])
+    with pytest.raises(ConfigError, match=rf"{key}=False acts on the split hf engine only; vllm's own sleep level"):
+        hardware_check(BASE + ["trainer.device=cuda", f"{key}=false"])
+    hardware_check(BASE + ["trainer.device=cuda"])  # unset: nothing to refuse

@@ -31,12 +31,13 @@ CASES = {
     "dp4-rollout1": ({}, 1, "qwen3"), "dp2xtp2-rollout2": ({"tp": 2}, 2, "qwen3"),
     "sp2xtp2-rollout2": ({"tp": 2, "cp": 2}, 2, "qwen3"), "pp2xdp2-rollout2": ({"pp": 2}, 2, "qwen3"),
     "moe-dp4-rollout1": ({}, 1, "qwen3-moe"), "moe-ep2xtp2-rollout2": ({"tp": 2, "ep": 2}, 2, "qwen3-moe"),
+    "dp2-rollout2-keep": ({}, 2, "qwen3"),  # rollout.free_weights_on_sleep=false: the shard stays between generations
 }
 _MEGATRON_KEYS = {"tp": "tensor_model_parallel_size", "ep": "expert_model_parallel_size",
                   "cp": "context_parallel_size", "pp": "pipeline_model_parallel_size"}
 
 
-def _config(model_dir: str, data_dir: str, reward_file: str, layout: dict, k: int, world: int):
+def _config(model_dir: str, data_dir: str, reward_file: str, layout: dict, k: int, world: int, keep: bool = False):
     from hybridflow.launch.config import load_config
 
     megatron = [f"{A}.actor.strategy=megatron"] if layout else []
@@ -54,6 +55,7 @@ def _config(model_dir: str, data_dir: str, reward_file: str, layout: dict, k: in
         f"{A}.actor.optim.lr=1e-4",  # Adam turns a gradient of ~eps into a step of ~lr: keep layouts comparable
         f"custom_reward_function.path={reward_file}", "custom_reward_function.name=compute_score_spread",
         "trainer.device=cpu", f"trainer.n_gpus_per_node={world}", *megatron,
+        *([f"{A}.rollout.free_weights_on_sleep=false"] if keep else []),
     ])
 
 
@@ -76,6 +78,21 @@ def _generate_on_rank0(cfg, worker, rank, tokenizer, reward_fn, prompts):
     return box[0]
 
 
+def _shard_vs_actor(worker, state) -> float:
+    """Largest difference between this rank's rollout shard (after the last switch) and the same box of the
+    actor's full weights: 0 when the switch refilled every element (a freed shard included)."""
+    from hybridflow.engine.shard_switch import _local, _state_tensors, local_box
+
+    worst = 0.0
+    for name, tensor in _state_tensors(worker.rollout.engine.model).items():
+        if name not in state:
+            continue
+        box = local_box(tensor)
+        whole = state[name][tuple(slice(lo, hi) for lo, hi in box)]
+        worst = max(worst, float((_local(tensor).detach().float() - whole.float()).abs().max()))
+    return worst
+
+
 def run_case(case: str, rank: int, world: int, data_dir: str, models_dir: str, reward_file: str) -> dict:
     from hybridflow.launch.inputs import build_data, build_reward_fns, load_tokenizer_for
     from hybridflow.trainer.stages import (StepPlan, WorkerGroups, compute_advantages, compute_old_log_prob,
@@ -83,13 +100,15 @@ def run_case(case: str, rank: int, world: int, data_dir: str, models_dir: str, r
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
     layout, k, family = CASES[case]
-    cfg = _config(os.path.join(models_dir, family), data_dir, reward_file, layout, k, world)
+    cfg = _config(os.path.join(models_dir, family), data_dir, reward_file, layout, k, world, case.endswith("-keep"))
     worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor_rollout_ref")
     worker.init_model()
     tokenizer = load_tokenizer_for(cfg)
     reward_fn, _ = build_reward_fns(cfg, tokenizer)
     prompts = prompts_from_loader(next(iter(build_data(cfg, tokenizer)[0])))
     batch = _generate_on_rank0(cfg, worker, rank, tokenizer, reward_fn, prompts)
+    split = hasattr(worker.rollout, "held_weight_bytes")
+    held_asleep = worker.rollout.held_weight_bytes() if split else None  # the rollout shard while training runs
     groups = WorkerGroups(actor_rollout=worker, rollout=None)
     plan = StepPlan.from_config(cfg)
     compute_reward(groups, batch, reward_fn, use_rm=False)
@@ -100,7 +119,9 @@ def run_case(case: str, rank: int, world: int, data_dir: str, models_dir: str, r
     metrics.update(update_actor(groups, share, float(cfg.actor_rollout_ref.rollout.temperature)))
     sync = worker.sync_rollout_weights()  # the switch after the update, as the trainer's weight-sync policy runs it
     state = worker.actor_engine.full_state_dict()
-    result = {"sync": sync if isinstance(sync, dict) else {"seconds": sync},
+    result = {"held_asleep": held_asleep, "held_synced": worker.rollout.held_weight_bytes() if split else None,
+              "shard_vs_actor": _shard_vs_actor(worker, state) if split else None,
+              "sync": sync if isinstance(sync, dict) else {"seconds": sync},
               "replica": worker.rollout_replica() is not None,
               "update": {k: float(v) for k, v in metrics.items() if k.startswith("actor/") and
                          isinstance(v, (int, float))}}

@@ -18,11 +18,11 @@ REWARD = HERE.parent / "integration" / "reward_fns.py"
 
 pytestmark = pytest.mark.full
 
-TWO_RANKS = ["dp2-rollout1", "dp2-rollout2", "tp2-rollout1", "tp2-rollout2"]
+TWO_RANKS = ["dp2-rollout1", "dp2-rollout2", "tp2-rollout1", "tp2-rollout2", "dp2-rollout2-keep"]
 FOUR_RANKS = ["dp4-rollout1", "dp2xtp2-rollout2", "sp2xtp2-rollout2", "pp2xdp2-rollout2", "moe-dp4-rollout1",
               "moe-ep2xtp2-rollout2"]
 # case -> the case whose step it must equal
-REFERENCE = {"dp2-rollout2": "dp2-rollout1", "tp2-rollout1": "dp2-rollout1", "tp2-rollout2": "dp2-rollout1",
+REFERENCE = {"dp2-rollout2": "dp2-rollout1", "dp2-rollout2-keep": "dp2-rollout1", "tp2-rollout1": "dp2-rollout1", "tp2-rollout2": "dp2-rollout1",
              "dp2xtp2-rollout2": "dp4-rollout1", "sp2xtp2-rollout2": "dp4-rollout1",
              "pp2xdp2-rollout2": "dp4-rollout1", "moe-ep2xtp2-rollout2": "moe-dp4-rollout1"}
 
@@ -76,7 +76,7 @@ def _assert_same_step(saved, case):
     assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
 
 
-@pytest.mark.parametrize("case", ["dp2-rollout2", "tp2-rollout1", "tp2-rollout2"])
+@pytest.mark.parametrize("case", ["dp2-rollout2", "tp2-rollout1", "tp2-rollout2", "dp2-rollout2-keep"])
 def test_the_step_equals_the_one_engine_per_rank_step(case, two_ranks):
     _assert_same_step(two_ranks[0], case)
 
@@ -105,6 +105,19 @@ def test_a_split_rollout_has_one_replica_and_reports_the_switch(two_ranks):
     assert switched["update_weights/in_place"] == 0.0 and switched["update_weights/received_bytes"] > 0
     assert switched["perf/max_memory_rss_update_weights_gb"] > 0 and switched["seconds"] > 0
     assert in_place["update_weights/in_place"] == 1.0 and in_place["update_weights/received_bytes"] == 0
+
+
+def test_a_switched_shard_is_freed_while_training_and_refilled_whole(two_ranks):
+    """``rollout.free_weights_on_sleep`` (null = true): after the generation's sleep a switched shard holds no
+    storage on any rank while the actor trains; the next switch allocates it again and fills every element (equal to
+    the actor's weights). With false it stays allocated. An in-place shard (tp2 -> tp2) has nothing of its own."""
+    for res in two_ranks[1]:
+        freed, kept, in_place = res["dp2-rollout2"], res["dp2-rollout2-keep"], res["tp2-rollout2"]
+        assert freed["held_asleep"] == 0, freed
+        assert kept["held_asleep"] == kept["held_synced"] == freed["held_synced"] > 0, (kept, freed)
+        assert freed["held_synced"] == freed["sync"]["update_weights/shard_bytes"]
+        assert freed["shard_vs_actor"] == 0.0 and kept["shard_vs_actor"] == 0.0
+        assert in_place["held_asleep"] == in_place["held_synced"] == 0
 
 
 def test_four_ranks_with_rollout_tp2_serve_two_replicas(four_ranks):

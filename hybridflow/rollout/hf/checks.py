@@ -24,9 +24,16 @@ def _split(cfg) -> int:
     return k
 
 
+_FREE_KEY = "actor_rollout_ref.rollout.free_weights_on_sleep"
+
+
 def device_errors(cfg, device: str) -> list[str]:
     k, world = _split(cfg), n_devices(cfg)
     if k == 1:
+        if cfg.actor_rollout_ref.rollout.free_weights_on_sleep:
+            return [f"{_FREE_KEY}=true acts on the hf engine split over {_KEY} > 1 ranks (its own weight shard); "
+                    "this run's hf engine is whole (it generates with the actor's module, or keeps a copy that "
+                    f"delta sync compares against). Remove the key, or set {_KEY} > 1 with several processes"]
         return []
     errors = []
     if world % k:
