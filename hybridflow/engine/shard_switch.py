@@ -170,10 +170,11 @@ def plan_switch(train_module: nn.Module, rollout_module: nn.Module, group=None) 
                       shared)
 
 
-def _buckets(plan: SwitchPlan, bucket_bytes: int) -> Iterator[list[int]]:
+def _buckets(plan: SwitchPlan, bucket_bytes: int, indices: list[int] | None = None) -> Iterator[list[int]]:
     bucket: list[int] = []
     size = 0
-    for i, nbytes in enumerate(plan.full_bytes):
+    for i in range(len(plan.names)) if indices is None else indices:
+        nbytes = plan.full_bytes[i]
         if bucket and size + nbytes > bucket_bytes:
             yield bucket
             bucket, size = [], 0
@@ -241,9 +242,10 @@ def _exchange_bucket(plan: SwitchPlan, bucket: list[int], rank: int, world: int,
 
 
 def switch_to_rollout(train_module: nn.Module, rollout_module: nn.Module, plan: SwitchPlan, bucket_bytes: int,
-                      group=None) -> TransferStats:
+                      group=None, indices: list[int] | None = None) -> TransferStats:
     """Fill ``rollout_module``'s shards from ``train_module``'s along ``plan`` (a collective: every rank of
-    ``group`` calls it with modules laid out as when the plan was made).  Returns what moved (module docstring)."""
+    ``group`` calls it with modules laid out as when the plan was made, and the same ``indices``: the tensors to
+    move, all when None -- delta sync passes the changed ones).  Returns what moved (module docstring)."""
     from hybridflow.engine.reshard import measure_transition
 
     world = dist.get_world_size(group)
@@ -254,7 +256,7 @@ def switch_to_rollout(train_module: nn.Module, rollout_module: nn.Module, plan: 
     stats.tensors_total = len(plan.names)
     stats.bytes_total = sum(_numel(b) * plan.element_size[i] for i, b in enumerate(plan.rollout_boxes[rank]))
     with measure_transition(stats), torch.no_grad():
-        for bucket in _buckets(plan, bucket_bytes):
+        for bucket in _buckets(plan, bucket_bytes, indices):
             _exchange_bucket(plan, bucket, rank, world, train, rollout, group, stats)
             stats.buckets += 1
     return stats

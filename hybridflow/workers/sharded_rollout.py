@@ -17,6 +17,12 @@ Two ways the shard gets its weights:
 (``engine/shard_switch.release_shard``): during training a rank holds its training shards only, and the next switch
 allocates the shard again as it fills it. ``false`` keeps the shard (1/k of the model) allocated between
 generations. An in-place shard is the actor's own module: there is nothing of its own to free.
+
+Weight facts per shard (``engine/shard_checksum.py``): at every switch the training pieces' additive checksums are
+summed over the ranks and every rollout group's pieces must add up to them (a mismatch raises
+``WeightMismatchError`` naming the group and tensor); at wake-up each rank's shard must still hold what the switch
+verified. A kept shard receives only the tensors whose training checksum changed since the last switch (delta sync);
+a freed one is refilled whole.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.rollout.hf.lockstep import LockstepChannel, rollout_shard_groups
 from hybridflow.rollout.hf.shard_model import KEY, build_model_shard, gathered_logits
 from hybridflow.rollout.hf.sharded_engine import ShardedHFRolloutEngine
-from hybridflow.workers.rollout_host import RolloutHost
+from hybridflow.workers.rollout_host import RolloutHost, WeightMismatchError
 
 __all__ = ["ShardedRolloutHost", "build_sharded_rollout", "reuses_training_shards"]
 
@@ -50,13 +56,17 @@ class ShardedRolloutHost(RolloutHost):
     leader's steps in a thread of its own between ``wake_up`` and ``sleep``; :meth:`sync_weights` is the switch."""
 
     def __init__(self, engine: ShardedHFRolloutEngine, train_engine: TrainEngine, name: str, shares_weights: bool,
-                 bucket_bytes: int, stall_timeout_s: float, wait_s: float, free_weights_on_sleep: bool = True):
+                 bucket_bytes: int, stall_timeout_s: float, wait_s: float, groups: list[tuple[int, ...]],
+                 free_weights_on_sleep: bool = True):
         super().__init__(engine, train_engine, name=name, shares_weights=shares_weights, delta=False,
                          stall_timeout_s=stall_timeout_s, bucket_bytes=bucket_bytes)
         self.wait_s = float(wait_s)
         self.free_weights_on_sleep = bool(free_weights_on_sleep) and not shares_weights
         self._plan = None
         self._freed: dict[str, int] | None = None  # the released shard's storage sizes, until the next switch
+        self.groups = [tuple(g) for g in groups]  # every rollout shard group (the checksum check sums each)
+        self._totals = None  # the training checksums at the last switch (engine/shard_checksum.py)
+        self._held_sums = None  # this rank's rollout-piece checksums after the last switch
         self._follower: threading.Thread | None = None
         self._follower_error: list[BaseException] = []
 
@@ -79,6 +89,7 @@ class ShardedRolloutHost(RolloutHost):
             return
         if self._freed is not None:  # woken without a switch since the shard was freed: fill it first
             self.sync_weights()
+        self._check_after_wake()
         stack = contextlib.ExitStack()
         try:
             self._generation_context(stack)
@@ -138,21 +149,64 @@ class ShardedRolloutHost(RolloutHost):
 
     def sync_weights(self) -> float:
         """The switch: every rank's rollout shard filled from the training shards (a collective over the group);
-        in place nothing moves.  The stats go to :attr:`last_sync` (``update_weights/*``, ``perf/max_memory_*``)."""
-        from hybridflow.engine.shard_switch import plan_switch, restore_shard, switch_to_rollout
+        in place nothing moves.  A kept shard receives only the tensors whose training checksum changed since the
+        last switch (delta sync); after the switch every rollout group's pieces are checked against the training
+        checksums (:func:`hybridflow.engine.shard_checksum.verify`, a mismatch raises ``ShardMismatchError``).
+        The stats go to :attr:`last_sync` (``update_weights/*``, ``weight_sync/*``, ``perf/max_memory_*``)."""
+        import time
 
+        from hybridflow.engine import shard_checksum as checks
+        from hybridflow.engine.shard_switch import _state_tensors, plan_switch, restore_shard, switch_to_rollout
+
+        start = time.perf_counter()
+        rank = dist.get_rank()
+        checked: dict[str, float] = {}
         with self.train_engine.on_device():
             if self._plan is None:
                 self._plan = plan_switch(self.train_engine.module, self.engine.model)
-            if self._freed is not None:
-                restore_shard(self.engine.model, self._freed)
-                self._freed = None
-            stats = switch_to_rollout(self.train_engine.module, self.engine.model, self._plan, self.bucket_bytes)
+            if self.shares_weights:  # the engine generates with the actor's own module: nothing moves or can differ
+                stats = switch_to_rollout(self.train_engine.module, self.engine.model, self._plan, self.bucket_bytes)
+                self.weight_fact = {"engine": self.server.name, "when": "after the switch", "match": None,
+                                    "why": "the shard is the actor's own module (in place)"}
+            else:
+                totals = checks.training_totals(self._plan, _state_tensors(self.train_engine.module), rank)
+                indices = None  # a freed shard is refilled whole
+                if self._freed is not None:
+                    restore_shard(self.engine.model, self._freed)
+                    self._freed = None
+                else:
+                    indices = checks.changed(totals, self._totals)
+                stats = switch_to_rollout(self.train_engine.module, self.engine.model, self._plan, self.bucket_bytes,
+                                          indices=indices)
+                self._held_sums = checks.rollout_sums(self._plan, _state_tensors(self.engine.model), rank)
+                try:
+                    fact = checks.verify(self._plan, totals, self._held_sums, self.groups)
+                except checks.ShardMismatchError as exc:
+                    raise WeightMismatchError(f"rollout shard '{self.server.name}': {exc}") from exc
+                self._totals = totals
+                self.weight_fact = {"engine": self.server.name, "when": "after the switch", **fact}
+                checked = {"weight_sync/tensors_unchanged": float(len(self._plan.names) - stats.tensors),
+                           "weight_sync/checksum_worst_rel": float(fact["worst_rel"])}
         self.last_sync = {**stats.update_weights_metrics(), **stats.memory_metrics(),
                           "update_weights/shard_bytes": float(stats.bytes_total),
                           "update_weights/received_bytes": float(stats.received_bytes),
-                          "update_weights/in_place": float(self.shares_weights)}
-        return stats.seconds
+                          "update_weights/in_place": float(self.shares_weights), **checked}
+        return time.perf_counter() - start
+
+    def _check_after_wake(self) -> None:
+        """This rank's shard must still hold what the last switch verified (stale after sleep / wake)."""
+        if self._held_sums is None or self._freed is not None:
+            return
+        from hybridflow.engine import shard_checksum as checks
+        from hybridflow.engine.shard_switch import _state_tensors
+
+        now = checks.rollout_sums(self._plan, _state_tensors(self.engine.model), dist.get_rank())
+        for i, name in enumerate(self._plan.names):
+            if not torch.equal(now[i], self._held_sums[i]):
+                raise WeightMismatchError(
+                    f"rollout shard '{self.server.name}': {name!r} changed since the last switch verified it "
+                    "(stale or overwritten weights at wake-up)")
+        self.weight_fact = {**self.weight_fact, "when": "after wake_up"}
 
     def abort(self) -> None:
         if self.is_leader:
@@ -199,4 +253,4 @@ def build_sharded_rollout(train_engine: TrainEngine, model_config, tokenizer, rc
     bucket_bytes = int(rc.checkpoint_engine.update_weights_bucket_megabytes) << 20
     free = rc.free_weights_on_sleep is not False  # null: free (the paper's engine holds no shard during training)
     return ShardedRolloutHost(engine, train_engine, name, in_place, bucket_bytes, float(rc.stall_timeout_s), timeout_s,
-                              free_weights_on_sleep=free)
+                              groups, free_weights_on_sleep=free)

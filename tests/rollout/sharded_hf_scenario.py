@@ -83,10 +83,58 @@ def check_switch(models: Path, rank: int, world: int, only: list[str]) -> dict:
             dist.all_reduce(received)
             results[key] = {"max_diff": worst, "sent": stats.bytes, "total_sent": float(received),
                             "shard_bytes": stats.bytes_total, "redundancy": plan.redundancy(rank),
-                            "buckets": stats.buckets, "groups": groups}
+                            "buckets": stats.buckets, "groups": groups,
+                            **_checksums_and_delta(engine.module, shard, plan, groups, rank, world)}
             del shard
         del engine
     return results
+
+
+def _checksums_and_delta(train_module, shard, plan, groups, rank, world) -> dict:
+    """engine/shard_checksum on a filled shard: the check passes; one value changed on the last rank's shard is
+    named; a second switch with nothing changed moves no tensor (delta); one training tensor changed moves it
+    alone, and the check passes again."""
+    from hybridflow.engine import shard_checksum as checks
+    from hybridflow.engine.shard_switch import _local, _state_tensors, switch_to_rollout
+
+    train, rollout = _state_tensors(train_module), _state_tensors(shard)
+    totals = checks.training_totals(plan, train, rank)
+    fact = checks.verify(plan, totals, checks.rollout_sums(plan, rollout, rank), groups)
+    out = {"check_worst_rel": fact["worst_rel"]}
+    # sabotage: one element of the last rank's largest rollout piece
+    i = max(range(len(plan.names)), key=lambda k: _local(rollout[plan.names[k]]).numel())
+    piece = _local(rollout[plan.names[i]])
+    with torch.no_grad():
+        if rank == world - 1 and piece.numel():
+            piece.view(-1)[0] += 0.5
+        try:
+            checks.verify(plan, totals, checks.rollout_sums(plan, rollout, rank), groups)
+            out["sabotage_caught"] = None
+        except checks.ShardMismatchError as exc:
+            out["sabotage_caught"] = str(exc)
+        if rank == world - 1 and piece.numel():
+            piece.view(-1)[0] -= 0.5
+    again = checks.training_totals(plan, train, rank)
+    none_changed = checks.changed(again, totals)
+    still = switch_to_rollout(train_module, shard, plan, bucket_bytes=64 << 10, indices=none_changed)
+    # change one training tensor everywhere it is held, then only it travels
+    j = 0
+    name = plan.names[j]
+    held = name in train and plan.train_boxes[rank][j] is not None and _local(train[name]).numel() > 0
+    original = _local(train[name]).clone() if held else None
+    with torch.no_grad():
+        if held:
+            _local(train[name]).add_(0.25)
+    moved = checks.training_totals(plan, train, rank)
+    delta = checks.changed(moved, totals)
+    stats = switch_to_rollout(train_module, shard, plan, bucket_bytes=64 << 10, indices=delta)
+    after = checks.verify(plan, moved, checks.rollout_sums(plan, rollout, rank), groups)
+    with torch.no_grad():
+        if held:
+            _local(train[name]).copy_(original)  # the next layouts start from the checkpoint's values again
+    out.update(delta_none_changed=len(none_changed), delta_still_tensors=still.tensors, delta_changed=delta,
+               delta_expected=[j], delta_moved_tensors=stats.tensors, delta_check_worst_rel=after["worst_rel"])
+    return out
 
 
 def _engines(full, family_dir, rank, world):

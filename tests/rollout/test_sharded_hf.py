@@ -101,6 +101,12 @@ def test_the_switch_gives_every_rank_its_shard_and_only_what_it_lacked(group, mo
             res = per_rank[key]
             assert "error" not in res, f"{key} rank {rank}:\n{res.get('error')}"
             assert res["max_diff"] == 0.0, (key, rank, res["max_diff"])
+            # the checksum check (engine/shard_checksum.py) passes, names a sabotaged value, and drives delta sync
+            assert res["check_worst_rel"] < 1e-9 and res["delta_check_worst_rel"] < 1e-9, (key, rank, res)
+            assert res["sabotage_caught"] and "does not hold the training weights" in res["sabotage_caught"], \
+                (key, rank, res["sabotage_caught"])
+            assert res["delta_still_tensors"] == 0, (key, rank)  # nothing changed: nothing moves
+            assert res["delta_changed"] == res["delta_expected"] and res["delta_moved_tensors"] == 1, (key, rank)
         # what arrived is exactly what the rank's training shards lacked of its rollout shard, never more
         sent = [per_rank[key]["sent"] for per_rank in ranks]
         assert ranks[0][key]["total_sent"] == sum(sent)

@@ -93,6 +93,25 @@ def _shard_vs_actor(worker, state) -> float:
     return worst
 
 
+def _stale_shard_is_named(worker, rank: int) -> str | None:
+    """Rank 1 changes one value of its kept shard; the wake-up check (local to each rank) must name it there."""
+    from hybridflow.engine.shard_switch import _local, _state_tensors
+
+    tensor = _local(next(iter(_state_tensors(worker.rollout.engine.model).values())))
+    before = tensor.clone()
+    if rank == 1:
+        with torch.no_grad():
+            tensor.view(-1)[0] += 1.0
+    try:
+        worker.rollout._check_after_wake()
+        return None
+    except Exception as exc:  # noqa: BLE001 - the error is the result
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        with torch.no_grad():
+            tensor.copy_(before)
+
+
 def run_case(case: str, rank: int, world: int, data_dir: str, models_dir: str, reward_file: str) -> dict:
     from hybridflow.launch.inputs import build_data, build_reward_fns, load_tokenizer_for
     from hybridflow.trainer.stages import (StepPlan, WorkerGroups, compute_advantages, compute_old_log_prob,
@@ -125,6 +144,8 @@ def run_case(case: str, rank: int, world: int, data_dir: str, models_dir: str, r
               "replica": worker.rollout_replica() is not None,
               "update": {k: float(v) for k, v in metrics.items() if k.startswith("actor/") and
                          isinstance(v, (int, float))}}
+    if split and case.endswith("-keep"):  # a kept shard changed behind the switch's back is named at wake-up
+        result["wake_check"] = _stale_shard_is_named(worker, rank)
     if rank == 0:
         torch.save({"responses": batch.batch["responses"], "state": state}, os.path.join(OUT, f"{case}.pt"))
     worker.release()

@@ -104,6 +104,8 @@ def test_a_split_rollout_has_one_replica_and_reports_the_switch(two_ranks):
     switched, in_place = rank0["dp2-rollout2"]["sync"], rank0["tp2-rollout2"]["sync"]
     assert switched["update_weights/in_place"] == 0.0 and switched["update_weights/received_bytes"] > 0
     assert switched["perf/max_memory_rss_update_weights_gb"] > 0 and switched["seconds"] > 0
+    assert switched["weight_sync/checksum_worst_rel"] < 1e-9  # every rollout group checked against the training
+    assert "weight_sync/checksum_worst_rel" not in in_place  # in place: the shard is the actor's own module
     assert in_place["update_weights/in_place"] == 1.0 and in_place["update_weights/received_bytes"] == 0
 
 
@@ -118,6 +120,9 @@ def test_a_switched_shard_is_freed_while_training_and_refilled_whole(two_ranks):
         assert freed["held_synced"] == freed["sync"]["update_weights/shard_bytes"]
         assert freed["shard_vs_actor"] == 0.0 and kept["shard_vs_actor"] == 0.0
         assert in_place["held_asleep"] == in_place["held_synced"] == 0
+    rank0, rank1 = (res["dp2-rollout2-keep"]["wake_check"] for res in two_ranks[1])
+    assert rank0 is None  # its shard is what the switch verified
+    assert rank1.startswith("WeightMismatchError") and "changed since the last switch verified it" in rank1
 
 
 def test_four_ranks_with_rollout_tp2_serve_two_replicas(four_ranks):
