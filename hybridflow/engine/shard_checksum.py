@@ -48,9 +48,11 @@ def checksums(tensors: dict[str, torch.Tensor], names: list[str], boxes: list, t
     this rank's pieces ``boxes[i]`` of ``names[i]``, zero where ``take[i]`` is false (another rank counts it)."""
     out = torch.zeros(len(names), 2, 3, dtype=torch.float64)
     for i, name in enumerate(names):
-        if not take[i] or boxes[i] is None:
+        if boxes[i] is None or name not in tensors:
             continue
-        local = _local(tensors[name])
+        local = _local(tensors[name])  # read on every rank holding it (a LoRA actor's merged piece: a collective)
+        if not take[i]:
+            continue
         box = boxes[i]
         c = box_checksum(local, box, len(box))
         out[i, :, 0] = c[:, 0]

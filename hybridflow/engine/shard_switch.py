@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Iterator
 
 import torch
@@ -140,15 +141,22 @@ def _assign(i: int, world: int, train: list[list[Box | None]], need: list[list[B
     return out
 
 
-def plan_switch(train_module: nn.Module, rollout_module: nn.Module, group=None) -> SwitchPlan:
+def _training(train: nn.Module | Mapping) -> Mapping:
+    """The training tensors by name: a module's state, or a mapping given as is (a LoRA actor's merged pieces,
+    ``engine/lora_pieces.py``)."""
+    return train if isinstance(train, Mapping) else _state_tensors(train)
+
+
+def plan_switch(train_module: nn.Module | Mapping, rollout_module: nn.Module, group=None) -> SwitchPlan:
     """The plan of the switch (a collective over ``group``, the default group when ``None``): every rank's boxes
     gathered, the senders chosen.  Raises ``ValueError`` when the training ranks together lack part of a tensor."""
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    train = _state_tensors(train_module)
+    train = _training(train_module)
+    stored = getattr(train, "stored", train.__getitem__)  # the tensor as stored: its box, no merging
     rollout = _state_tensors(rollout_module)
     names = list(rollout)
-    mine = [(local_box(train[n]) if n in train else None, local_box(rollout[n])) for n in names]
+    mine = [(local_box(stored(n)) if n in train else None, local_box(rollout[n])) for n in names]
     every: list = [None] * world
     dist.all_gather_object(every, mine, group=group)
     train_boxes = [[b[0] for b in per_rank] for per_rank in every]
@@ -164,7 +172,7 @@ def plan_switch(train_module: nn.Module, rollout_module: nn.Module, group=None) 
                                  f"{_numel(rollout_boxes[r][i])} elements)")
         transfers.append(moves)
     t = rollout
-    shared = [n in train and _local(train[n]).data_ptr() == _local(t[n]).data_ptr() for n in names]
+    shared = [n in train and _local(stored(n)).data_ptr() == _local(t[n]).data_ptr() for n in names]
     return SwitchPlan(names, train_boxes, rollout_boxes, transfers,
                       [t[n].numel() * t[n].element_size() for n in names], [t[n].element_size() for n in names],
                       shared)
@@ -204,6 +212,9 @@ def _exchange_bucket(plan: SwitchPlan, bucket: list[int], rank: int, world: int,
     """One bucket: local copies, then the packed pieces to and from every other rank in one all-to-all."""
     sends: list[list[tuple[int, Transfer]]] = [[] for _ in range(world)]
     recvs: list[list[tuple[int, Transfer]]] = [[] for _ in range(world)]
+    # this bucket's training pieces, read once (a LoRA actor's merged pieces: a collective each, same order on
+    # every rank), dropped with the bucket
+    train = {plan.names[i]: train[plan.names[i]] for i in bucket if plan.names[i] in train}
     for i in bucket:
         name = plan.names[i]
         for t in plan.transfers[i]:
@@ -241,8 +252,8 @@ def _exchange_bucket(plan: SwitchPlan, bucket: list[int], rank: int, world: int,
     stats.max_bucket_bytes = max(stats.max_bucket_bytes, int(send.numel() + recv.numel()))
 
 
-def switch_to_rollout(train_module: nn.Module, rollout_module: nn.Module, plan: SwitchPlan, bucket_bytes: int,
-                      group=None, indices: list[int] | None = None) -> TransferStats:
+def switch_to_rollout(train_module: nn.Module | Mapping, rollout_module: nn.Module, plan: SwitchPlan,
+                      bucket_bytes: int, group=None, indices: list[int] | None = None) -> TransferStats:
     """Fill ``rollout_module``'s shards from ``train_module``'s along ``plan`` (a collective: every rank of
     ``group`` calls it with modules laid out as when the plan was made, and the same ``indices``: the tensors to
     move, all when None -- delta sync passes the changed ones).  Returns what moved (module docstring)."""
@@ -250,7 +261,7 @@ def switch_to_rollout(train_module: nn.Module, rollout_module: nn.Module, plan: 
 
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    train = _state_tensors(train_module)
+    train = _training(train_module)
     rollout = _state_tensors(rollout_module)
     stats = TransferStats()
     stats.tensors_total = len(plan.names)

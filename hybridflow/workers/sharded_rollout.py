@@ -7,7 +7,8 @@ group's leader serves requests, the others follow it (``rollout/hf/sharded_engin
 Two ways the shard gets its weights:
 
 * **in place** -- the training layout is the rollout's (training tp = k over the same ranks; no pipeline, no expert
-  split over the data ranks, no LoRA): the engine generates with the actor's own module, its FSDP shards gathered
+  split over the data ranks, no LoRA: a LoRA actor's shard is switched, its adapters merged piece by piece by
+  ``engine/lora_pieces.py``): the engine generates with the actor's own module, its FSDP shards gathered
   for the generation as the unsplit hybrid engine does; nothing is copied and the switch moves nothing;
 * **switched** -- otherwise the shard is a module of its own, built without storage and filled after every update by
   ``engine/shard_switch.switch_to_rollout``: each rank receives only the slices of its shard, bucket by bucket.
@@ -130,10 +131,11 @@ class ShardedRolloutHost(RolloutHost):
 
     def held_weight_bytes(self) -> int:
         """Bytes this rank holds for the rollout shard beyond its training shards (0 while a freed shard sleeps)."""
+        from hybridflow.engine.lora_pieces import training_state
         from hybridflow.engine.shard_switch import held_bytes, plan_switch
 
         if self._plan is None:
-            self._plan = plan_switch(self.train_engine.module, self.engine.model)
+            self._plan = plan_switch(training_state(self.train_engine.module), self.engine.model)
         return held_bytes(self.engine.model, self._plan)
 
     def _join_follower(self) -> None:
@@ -156,28 +158,29 @@ class ShardedRolloutHost(RolloutHost):
         import time
 
         from hybridflow.engine import shard_checksum as checks
+        from hybridflow.engine.lora_pieces import training_state
         from hybridflow.engine.shard_switch import _state_tensors, plan_switch, restore_shard, switch_to_rollout
 
         start = time.perf_counter()
         rank = dist.get_rank()
         checked: dict[str, float] = {}
         with self.train_engine.on_device():
+            train = training_state(self.train_engine.module)  # a LoRA actor's weights merged piece by piece
             if self._plan is None:
-                self._plan = plan_switch(self.train_engine.module, self.engine.model)
+                self._plan = plan_switch(train, self.engine.model)
             if self.shares_weights:  # the engine generates with the actor's own module: nothing moves or can differ
-                stats = switch_to_rollout(self.train_engine.module, self.engine.model, self._plan, self.bucket_bytes)
+                stats = switch_to_rollout(train, self.engine.model, self._plan, self.bucket_bytes)
                 self.weight_fact = {"engine": self.server.name, "when": "after the switch", "match": None,
                                     "why": "the shard is the actor's own module (in place)"}
             else:
-                totals = checks.training_totals(self._plan, _state_tensors(self.train_engine.module), rank)
+                totals = checks.training_totals(self._plan, train, rank)
                 indices = None  # a freed shard is refilled whole
                 if self._freed is not None:
                     restore_shard(self.engine.model, self._freed)
                     self._freed = None
                 else:
                     indices = checks.changed(totals, self._totals)
-                stats = switch_to_rollout(self.train_engine.module, self.engine.model, self._plan, self.bucket_bytes,
-                                          indices=indices)
+                stats = switch_to_rollout(train, self.engine.model, self._plan, self.bucket_bytes, indices=indices)
                 self._held_sums = checks.rollout_sums(self._plan, _state_tensors(self.engine.model), rank)
                 try:
                     fact = checks.verify(self._plan, totals, self._held_sums, self.groups)
@@ -232,9 +235,10 @@ def build_sharded_rollout(train_engine: TrainEngine, model_config, tokenizer, rc
     k = int(rc.tensor_model_parallel_size)
     world, rank = dist.get_world_size(), dist.get_rank()
     dims = train_engine.parallel_dims
-    if lora:
-        raise ValueError(f"{KEY}={k} with LoRA: the split rollout loads plain weights and a LoRA actor's adapters "
-                         "are not merged shard by shard; set it to 1")
+    if lora and dims.pp > 1:
+        raise ValueError(f"{KEY}={k} with LoRA and pipeline stages: the adapters are merged piece by piece as the "
+                         "switch reads them, a collective every rank must join, and a stage lacks its peers' layers; "
+                         "set it to 1")
     groups = rollout_shard_groups(world, k, dims.tp if dims.pp == 1 else 1)
     channel = LockstepChannel.create(groups, rank, timeout_s)
     in_place = reuses_training_shards(dims, groups, lora)
@@ -245,8 +249,8 @@ def build_sharded_rollout(train_engine: TrainEngine, model_config, tokenizer, rc
 
         mesh = DeviceMesh(train_engine.device.type, torch.tensor(groups), mesh_dim_names=("rollout_dp", "rollout_tp"))
         first = next(train_engine.module.parameters())
-        model = build_model_shard(model_config, mesh["rollout_tp"], train_engine.device, first.dtype,
-                                  train_engine.module)
+        base = train_engine.module.get_base_model() if lora else train_engine.module  # plain buffer names
+        model = build_model_shard(model_config, mesh["rollout_tp"], train_engine.device, first.dtype, base)
     engine = ShardedHFRolloutEngine(
         model, tokenizer, channel=channel, max_batch_size=int(rc.max_num_seqs), name=name,
         seed=int(rc.seed) + channel.group.replica, exact_log_probs=bool(rc.exact_log_probs))

@@ -133,7 +133,12 @@ def test_the_key_splits_the_hf_engine_or_is_refused_or_noted_at_config_time(mode
                for e in device_errors(uneven, "cpu"))
     lora = _cfg(*ray, "trainer.n_gpus_per_node=2", "actor_rollout_ref.model.lora_rank=4",
                 "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
-    assert any("with LoRA" in e for e in device_errors(lora, "cpu"))
+    assert device_errors(lora, "cpu") == []  # LoRA: the switch merges the adapters piece by piece
+    lora_pp = _cfg(*ray, "trainer.n_gpus_per_node=4", "actor_rollout_ref.model.lora_rank=4",
+                   "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.actor.strategy=megatron",
+                   "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2")
+    assert any("with LoRA and actor.megatron.pipeline_model_parallel_size=2" in e
+               for e in device_errors(lora_pp, "cpu"))
     too_many = _cfg(*ray, "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=8")
     assert any("must divide the 4 key/value heads" in e or "must divide the 4 attention heads" in e
                for e in model_errors(too_many))

@@ -32,12 +32,17 @@ CASES = {
     "sp2xtp2-rollout2": ({"tp": 2, "cp": 2}, 2, "qwen3"), "pp2xdp2-rollout2": ({"pp": 2}, 2, "qwen3"),
     "moe-dp4-rollout1": ({}, 1, "qwen3-moe"), "moe-ep2xtp2-rollout2": ({"tp": 2, "ep": 2}, 2, "qwen3-moe"),
     "dp2-rollout2-keep": ({}, 2, "qwen3"),  # rollout.free_weights_on_sleep=false: the shard stays between generations
+    # LoRA (lora_rank 4): the whole engine generates with the actor's module and adapters; the split one gets the
+    # adapters merged piece by piece (engine/lora_pieces.py), from FSDP (dp2) and from tp2 (switched, not in place)
+    "lora-dp2-rollout1": ({}, 1, "qwen3"), "lora-dp2-rollout2": ({}, 2, "qwen3"),
+    "lora-tp2-rollout2": ({"tp": 2}, 2, "qwen3"),
 }
 _MEGATRON_KEYS = {"tp": "tensor_model_parallel_size", "ep": "expert_model_parallel_size",
                   "cp": "context_parallel_size", "pp": "pipeline_model_parallel_size"}
 
 
-def _config(model_dir: str, data_dir: str, reward_file: str, layout: dict, k: int, world: int, keep: bool = False):
+def _config(model_dir: str, data_dir: str, reward_file: str, layout: dict, k: int, world: int, keep: bool = False,
+            lora: bool = False):
     from hybridflow.launch.config import load_config
 
     megatron = [f"{A}.actor.strategy=megatron"] if layout else []
@@ -56,6 +61,7 @@ def _config(model_dir: str, data_dir: str, reward_file: str, layout: dict, k: in
         f"custom_reward_function.path={reward_file}", "custom_reward_function.name=compute_score_spread",
         "trainer.device=cpu", f"trainer.n_gpus_per_node={world}", *megatron,
         *([f"{A}.rollout.free_weights_on_sleep=false"] if keep else []),
+        *([f"{A}.model.lora_rank=4", f"{A}.model.lora_alpha=8", f"{A}.actor.optim.lr=3e-3"] if lora else []),
     ])
 
 
@@ -80,9 +86,13 @@ def _generate_on_rank0(cfg, worker, rank, tokenizer, reward_fn, prompts):
 
 def _shard_vs_actor(worker, state) -> float:
     """Largest difference between this rank's rollout shard (after the last switch) and the same box of the
-    actor's full weights: 0 when the switch refilled every element (a freed shard included)."""
+    actor's full weights (a LoRA actor's merged as peft merges them): 0 when the switch refilled every element (a
+    freed shard included)."""
+    from hybridflow.engine.reshard import _named_full_tensors
     from hybridflow.engine.shard_switch import _local, _state_tensors, local_box
 
+    if hasattr(worker.actor_engine.module, "peft_config"):  # a collective: every rank gathers the merged weights
+        state = dict(_named_full_tensors(worker.actor_engine.module, "merged"))
     worst = 0.0
     for name, tensor in _state_tensors(worker.rollout.engine.model).items():
         if name not in state:
@@ -119,7 +129,8 @@ def run_case(case: str, rank: int, world: int, data_dir: str, models_dir: str, r
     from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 
     layout, k, family = CASES[case]
-    cfg = _config(os.path.join(models_dir, family), data_dir, reward_file, layout, k, world, case.endswith("-keep"))
+    cfg = _config(os.path.join(models_dir, family), data_dir, reward_file, layout, k, world, case.endswith("-keep"),
+                  case.startswith("lora-"))
     worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor_rollout_ref")
     worker.init_model()
     tokenizer = load_tokenizer_for(cfg)

@@ -18,11 +18,13 @@ REWARD = HERE.parent / "integration" / "reward_fns.py"
 
 pytestmark = pytest.mark.full
 
-TWO_RANKS = ["dp2-rollout1", "dp2-rollout2", "tp2-rollout1", "tp2-rollout2", "dp2-rollout2-keep"]
+TWO_RANKS = ["dp2-rollout1", "dp2-rollout2", "tp2-rollout1", "tp2-rollout2", "dp2-rollout2-keep", "lora-dp2-rollout1",
+             "lora-dp2-rollout2", "lora-tp2-rollout2"]
 FOUR_RANKS = ["dp4-rollout1", "dp2xtp2-rollout2", "sp2xtp2-rollout2", "pp2xdp2-rollout2", "moe-dp4-rollout1",
               "moe-ep2xtp2-rollout2"]
 # case -> the case whose step it must equal
-REFERENCE = {"dp2-rollout2": "dp2-rollout1", "dp2-rollout2-keep": "dp2-rollout1", "tp2-rollout1": "dp2-rollout1", "tp2-rollout2": "dp2-rollout1",
+REFERENCE = {"dp2-rollout2": "dp2-rollout1", "dp2-rollout2-keep": "dp2-rollout1",
+             "lora-dp2-rollout2": "lora-dp2-rollout1", "lora-tp2-rollout2": "lora-dp2-rollout1", "tp2-rollout1": "dp2-rollout1", "tp2-rollout2": "dp2-rollout1",
              "dp2xtp2-rollout2": "dp4-rollout1", "sp2xtp2-rollout2": "dp4-rollout1",
              "pp2xdp2-rollout2": "dp4-rollout1", "moe-ep2xtp2-rollout2": "moe-dp4-rollout1"}
 
@@ -76,7 +78,8 @@ def _assert_same_step(saved, case):
     assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
 
 
-@pytest.mark.parametrize("case", ["dp2-rollout2", "tp2-rollout1", "tp2-rollout2", "dp2-rollout2-keep"])
+@pytest.mark.parametrize("case", ["dp2-rollout2", "tp2-rollout1", "tp2-rollout2", "dp2-rollout2-keep",
+                                  "lora-dp2-rollout2", "lora-tp2-rollout2"])
 def test_the_step_equals_the_one_engine_per_rank_step(case, two_ranks):
     _assert_same_step(two_ranks[0], case)
 
@@ -123,6 +126,19 @@ def test_a_switched_shard_is_freed_while_training_and_refilled_whole(two_ranks):
     rank0, rank1 = (res["dp2-rollout2-keep"]["wake_check"] for res in two_ranks[1])
     assert rank0 is None  # its shard is what the switch verified
     assert rank1.startswith("WeightMismatchError") and "changed since the last switch verified it" in rank1
+
+
+def test_a_lora_actor_reaches_the_split_rollout_merged(two_ranks):
+    """LoRA with the split rollout: after the update (the adapters' B no longer 0) every rank's shard holds its box
+    of the merged weights, as peft merges them; the switch checked it (checksums) and the step equals the one with
+    the whole engine generating through the adapters."""
+    for res in two_ranks[1]:
+        for case in ("lora-dp2-rollout2", "lora-tp2-rollout2"):
+            assert res[case]["shard_vs_actor"] < 1e-6, (case, res[case]["shard_vs_actor"])
+            assert res[case]["sync"]["update_weights/in_place"] == 0.0
+            assert res[case]["sync"]["weight_sync/checksum_worst_rel"] < 1e-9
+    trained = two_ranks[0]["lora-dp2-rollout1"]["state"]
+    assert any("lora_B" in k and float(v.abs().max()) > 0 for k, v in trained.items())  # the adapters moved
 
 
 def test_four_ranks_with_rollout_tp2_serve_two_replicas(four_ranks):

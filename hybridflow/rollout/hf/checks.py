@@ -2,7 +2,7 @@
 CPU than verl users expect (the hf engine computes in fp32 there and bounds its KV cache by sequence counts), and
 ``tensor_model_parallel_size``, which splits the colocated hf engine over that many of the actor's processes
 (``rollout/hf/sharded_engine.py``): it must divide them, the model must split that way, and what the split engine
-does not build (LoRA, images) is refused."""
+does not build (images; LoRA with pipeline stages) is refused."""
 
 from __future__ import annotations
 
@@ -39,10 +39,13 @@ def device_errors(cfg, device: str) -> list[str]:
     if world % k:
         errors.append(f"{_KEY}={k} must divide the {world} actor/rollout processes (trainer.nnodes x "
                       f"trainer.n_gpus_per_node): the hf engine is split over groups of {k} of them")
-    model = cfg.actor_rollout_ref.model
-    if int(model.lora_rank) > 0 or model.lora_adapter_path is not None:
-        errors.append(f"{_KEY}={k} with LoRA: the split hf engine loads plain weights shard by shard and does not "
-                      f"merge adapters; set {_KEY}=1")
+    model, actor = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.actor
+    pp = int(actor.megatron.pipeline_model_parallel_size or 1) if actor.strategy == "megatron" else 1
+    if (int(model.lora_rank) > 0 or model.lora_adapter_path is not None) and pp > 1:
+        errors.append(f"{_KEY}={k} with LoRA and actor.megatron.pipeline_model_parallel_size={pp}: the split hf "
+                      "engine merges the adapters piece by piece as the switch reads them, which every rank must "
+                      f"join, and a pipeline stage lacks its peers' layers; set {_KEY}=1 or train without pipeline "
+                      "stages")
     return errors
 
 
