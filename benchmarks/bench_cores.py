@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps, one round (~10 min)")
     p.add_argument("--smoke", action="store_true", help="nano model, local variants only, 2 steps (CI)")
-    p.add_argument("--job", choices=["tiny", "medium", "all"], default="all", help="which job(s) to run")
+    p.add_argument("--job", choices=["tiny", "medium", "medium128", "all"], default="all",
+                   help="which job(s) to run (medium128: issue 36's shape, 128-token responses; not in all)")
+    p.add_argument("--variants", default=None, help="comma-separated subset of the variants (default: all)")
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default: 2, quick 1)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -91,9 +93,15 @@ def main(argv: list[str] | None = None) -> int:
         jobs = {"tiny": C.GRPOJob(model=C.base_model(work, "tiny"), data_dir=data, prompts=16, group=8,
                                   response_length=8, steps=steps[0]),
                 "medium": C.GRPOJob(model=C.base_model(work, "medium"), data_dir=data, prompts=8, group=4,
-                                    response_length=32, steps=steps[1])}
-        jobs = {k: v for k, v in jobs.items() if args.job in (k, "all")}
-        variants, rounds, warmup = list(VARIANTS), args.rounds or (1 if args.quick else 2), 2
+                                    response_length=32, steps=steps[1]),
+                "medium128": C.GRPOJob(model=C.base_model(work, "medium"), data_dir=data, prompts=8, group=4,
+                                       response_length=128, steps=steps[1])}
+        jobs = {k: v for k, v in jobs.items() if args.job == k or (args.job == "all" and k != "medium128")}
+        variants = args.variants.split(",") if args.variants else list(VARIANTS)
+        unknown = [v for v in variants if v not in VARIANTS]
+        if unknown:
+            p.error(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+        rounds, warmup = args.rounds or (1 if args.quick else 2), 2
     summary = []
     for name, base in jobs.items():
         res: dict[str, dict[str, list[float]]] = {v: {"step": [], "gen": [], "update": []} for v in variants}

@@ -27,20 +27,37 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
+_CHUNK_ELEMENTS = 1 << 22  # float64 reductions upcast their input: read a piece 4 Mi elements (32 MiB) at a time
+
+
 def box_checksum(local: torch.Tensor, box, ndim: int) -> torch.Tensor:
     """``[2, 1 + ndim]`` float64: the piece's sum and position-weighted sums per dimension, then the same over
-    absolute values (the tolerance's scale). ``box`` is the piece's place in the global tensor."""
+    absolute values (the tolerance's scale). ``box`` is the piece's place in the global tensor. The piece is read in
+    row chunks, so the float64 upcast never holds more than a chunk."""
     out = torch.zeros(2, 1 + ndim, dtype=torch.float64)
     if local.numel() == 0:
         return out
     x = local.detach()
-    for row, values in enumerate((x, x.abs())):
-        out[row, 0] = values.sum(dtype=torch.float64)
-        for d, (lo, hi) in enumerate(box):
-            others = [k for k in range(x.dim()) if k != d]
-            per = values.sum(dim=others, dtype=torch.float64) if others else values.to(torch.float64)
-            out[row, 1 + d] = (per * torch.arange(lo + 1, hi + 1, dtype=torch.float64, device=per.device)).sum()
-    return out.cpu()
+    if x.dim() == 0:
+        out[0, 0], out[1, 0] = float(x), float(x.abs())
+        return out
+    per_dim = [torch.zeros(2, hi - lo, dtype=torch.float64, device=x.device) for lo, hi in box]
+    rows = max(1, _CHUNK_ELEMENTS // max(1, x[0].numel()))
+    for start in range(0, x.shape[0], rows):
+        chunk = x[start:start + rows]
+        for row, values in enumerate((chunk, chunk.abs())):
+            for d in range(x.dim()):
+                others = [k for k in range(x.dim()) if k != d]
+                per = values.sum(dim=others, dtype=torch.float64) if others else values.to(torch.float64)
+                if d == 0:
+                    per_dim[0][row, start:start + chunk.shape[0]] += per
+                else:
+                    per_dim[d][row] += per
+    for d, (lo, hi) in enumerate(box):
+        coords = torch.arange(lo + 1, hi + 1, dtype=torch.float64, device=x.device)
+        out[:, 1 + d] = (per_dim[d] * coords).sum(dim=1).cpu()
+    out[:, 0] = per_dim[0].sum(dim=1).cpu()
+    return out
 
 
 def checksums(tensors: dict[str, torch.Tensor], names: list[str], boxes: list, take: list[bool]) -> torch.Tensor:
