@@ -19,12 +19,9 @@ import torch
 from torch import nn
 
 from hybridflow.engine.reshard import _full, _named_sources
+from hybridflow.engine.shard_switch import _local, _state_tensors
 
 __all__ = ["MergedTrainingState", "training_state"]
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 class MergedTrainingState(Mapping):
@@ -89,6 +86,4 @@ def training_state(module: nn.Module) -> Mapping[str, torch.Tensor]:
     parameters and persistent buffers (tied tensors once)."""
     if hasattr(module, "peft_config"):
         return MergedTrainingState(module)
-    from hybridflow.engine.shard_switch import _state_tensors
-
     return _state_tensors(module)

@@ -14,17 +14,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["RTOL", "ShardMismatchError", "box_checksum", "checksums", "changed", "verify"]
+from hybridflow.engine.shard_switch import _local
+
+__all__ = ["RTOL", "ShardMismatchError", "box_checksum", "changed", "checksums", "rollout_sums", "training_totals", "verify"]
 
 RTOL = 1e-9
 
 
 class ShardMismatchError(RuntimeError):
     """A rollout shard does not hold the training weights after the switch (the message names group and tensor)."""
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 _CHUNK_ELEMENTS = 1 << 22  # float64 reductions upcast their input: read a piece 4 Mi elements (32 MiB) at a time
