@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["free_port", "run_ranks"]
+__all__ = ["exit_rank", "free_port", "run_ranks"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,3 +54,19 @@ def run_ranks(script: Path, world: int, args: list[str], log_dir: Path, timeout:
         r, log = next(((r, log) for r, log in failed if "Timed out" not in log), failed[0])
         raise AssertionError(f"rank {r} of world {world} ({Path(script).name}) failed:\n{log[-6000:]}")
     return logs
+
+
+def exit_rank(code: int = 0) -> None:
+    """End a scenario rank: every rank past its last collective (a barrier), the process group destroyed, output
+    flushed, then the process ends without interpreter finalisation. A rank that destroyed its group and returned
+    normally was seen dying of ``terminate called without an active exception`` (SIGABRT, after printing its result)
+    while its peer was still tearing down: gloo's worker threads meeting a half-finalised interpreter."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+

@@ -13,6 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.tensor import Shard, distribute_tensor  # noqa: E402
 
 from hybridflow.engine.fused_head import fused_token_outputs  # noqa: E402
+from multirank import exit_rank  # noqa: E402  (tests/ is on the path: tests/multirank.py)
 
 g = torch.Generator().manual_seed(0)
 hidden = torch.randn(13, 16, generator=g)
@@ -38,4 +39,4 @@ for k in ("log_probs", "entropy", "sum_pi_squared"):
 assert torch.allclose(h2.grad, h1.grad, atol=1e-5), (h2.grad - h1.grad).abs().max()
 assert torch.allclose(w2.grad.full_tensor(), w1.grad, atol=1e-5)
 print("OK", flush=True)
-dist.destroy_process_group()
+exit_rank()

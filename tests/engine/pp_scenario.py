@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from multirank import exit_rank  # tests/ is on a scenario's path (tests/multirank.py)
 
 HERE = Path(__file__).resolve().parent
 ROWS, PROMPT, RESPONSE, MICRO = 8, 10, 8, 2  # 8 rows in micro-batches of 2: 4 micro-batches at dp 1, 2 at dp 2
@@ -366,8 +367,7 @@ def main(rank: int, world: int, port: int, models: dict[str, str], out_json: str
         results[name] = _max_over_ranks(check_checkpoint(models[family], folder, batches))
     if rank == 0:
         Path(out_json).write_text(json.dumps({"world": world, "results": results}, indent=1))
-    dist.barrier()
-    dist.destroy_process_group()
+    exit_rank()  # barrier, destroy, and an exit that skips interpreter finalisation (tests/multirank.py)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from multirank import exit_rank  # tests/ is on a scenario's path (tests/multirank.py)
 
 HERE = Path(__file__).resolve().parent
 
@@ -199,8 +200,7 @@ def main(rank: int, world: int, port: int, sp: int, lm_dir: str, vlm_dir: str, o
     dist.all_gather_object(results["layout"], layout)
     if rank == 0:
         Path(out_json).write_text(json.dumps({"world": world, "sp": sp, "results": results}, indent=1))
-    dist.barrier()
-    dist.destroy_process_group()
+    exit_rank()  # barrier, destroy, and an exit that skips interpreter finalisation (tests/multirank.py)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from multirank import exit_rank  # tests/ is on a scenario's path (tests/multirank.py)
 
 # name -> (layout kwargs of ParallelDims, family)
 SWITCH_LAYOUTS = {
@@ -234,8 +235,7 @@ def main(rank: int, world: int, port: str, mode: str, models: str, out: str, onl
     check = check_switch if mode == "switch" else check_engine
     results = check(Path(models), rank, world, only)
     Path(f"{out}.rank{rank}").write_text(json.dumps(results, indent=1))
-    dist.barrier()
-    dist.destroy_process_group()
+    exit_rank()  # barrier, destroy, and an exit that skips interpreter finalisation (tests/multirank.py)
 
 
 if __name__ == "__main__":
