@@ -181,3 +181,14 @@ def decide_for_role(module: Any, setting: bool | None, field: str, role: Any, fs
     return decide_for_module(module, setting, field, tokens=tokens, sequence=min(sequence, tokens),
                              dtype_bytes=dtype.itemsize, device=device, dims=dims)
 
+
+def act_on(decision: CheckpointingDecision, module: Any, role: str, announce: bool) -> CheckpointingDecision:
+    """Turn checkpointing on in ``module`` when decided, print the decision when ``announce`` (rank 0); returns it."""
+    if decision.enabled:
+        from hybridflow.engine.model_loader import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(module)
+    if announce:
+        print(decision.line(role), flush=True)
+    return decision
+

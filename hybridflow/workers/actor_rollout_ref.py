@@ -28,16 +28,9 @@ from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_eng
 from hybridflow.engine.dist_checkpoint import start_from_dist_checkpoint
 from hybridflow.workers.teacher_topk import compute_topk_outputs, wants_topk
 from hybridflow.engine.lora_options import LoraOptions
-from hybridflow.engine.model_loader import (
-    apply_lora,
-    enable_gradient_checkpointing,
-    load_causal_lm,
-    load_lora_adapter,
-    load_processor,
-    load_tokenizer,
-)
+from hybridflow.engine.model_loader import apply_lora, load_causal_lm, load_lora_adapter, load_processor, load_tokenizer
 from hybridflow.engine.parallel.parallelize import pipeline_spec_for
-from hybridflow.engine.activation_memory import decide_for_role
+from hybridflow.engine.activation_memory import act_on, decide_for_role
 from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.vision import freeze_vision_tower
 from hybridflow.engine.train_engine import TrainEngine
@@ -125,25 +118,14 @@ class ActorRolloutRefWorker(Worker):
             module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, mc.exclude_modules,
                                 options=LoraOptions.from_node(mc.lora))
         if trainable:
-            self._checkpoint_activations(module, fsdp_config)
+            rollout = self.config.rollout  # enable_gradient_checkpointing: as set, or (null) decided by memory
+            self.activation_checkpointing = act_on(decide_for_role(
+                module, mc.enable_gradient_checkpointing, "actor_rollout_ref.model.enable_gradient_checkpointing",
+                self.config.actor, fsdp_config, sequence=int(rollout.prompt_length) + int(rollout.response_length),
+                device=self.device.type, dims=self._actor_dims), module, "actor", announce=self.rank == 0)
         if not trainable:
             module.requires_grad_(False)
         return module
-
-    def _checkpoint_activations(self, module, fsdp_config) -> None:
-        """``model.enable_gradient_checkpointing``: as set, or (null) decided by the memory a micro-batch's
-        activations need against what this process has free; the decision is printed by rank 0."""
-        rollout = self.config.rollout
-        decision = decide_for_role(
-            module, self.config.model.enable_gradient_checkpointing,
-            "actor_rollout_ref.model.enable_gradient_checkpointing", self.config.actor, fsdp_config,
-            sequence=int(rollout.prompt_length) + int(rollout.response_length), device=self.device.type,
-            dims=self._actor_dims)
-        self.activation_checkpointing = decision
-        if decision.enabled:
-            enable_gradient_checkpointing(module)
-        if self.rank == 0:
-            print(decision.line("actor"), flush=True)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_training_steps: int | None = None) -> None:

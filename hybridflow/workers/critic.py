@@ -22,8 +22,8 @@ from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_eng
 from hybridflow.engine.forward import response_values, values_pass
 from hybridflow.engine.dist_checkpoint import start_from_dist_checkpoint
 from hybridflow.engine.lora_options import LoraOptions
-from hybridflow.engine.activation_memory import decide_for_role
-from hybridflow.engine.model_loader import apply_lora, enable_gradient_checkpointing, load_tokenizer, load_value_model
+from hybridflow.engine.activation_memory import act_on, decide_for_role
+from hybridflow.engine.model_loader import apply_lora, load_tokenizer, load_value_model
 from hybridflow.engine.parallel.parallelize import pipeline_spec_for
 from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.train_engine import TrainEngine
@@ -168,13 +168,10 @@ class CriticWorker(Worker):
         if int(mc.lora_rank) > 0:
             module = apply_lora(module, mc.lora_rank, mc.lora_alpha, mc.target_modules, task_type="TOKEN_CLS",
                                 options=LoraOptions.from_node(mc.lora))
-        self.activation_checkpointing = decide_for_role(
+        self.activation_checkpointing = act_on(decide_for_role(
             module, mc.enable_gradient_checkpointing, "critic.model.enable_gradient_checkpointing", self.config,
-            mc.fsdp_config, sequence=max_seq_len, device=self.device.type, dims=self._dims)
-        if self.activation_checkpointing.enabled:
-            enable_gradient_checkpointing(module)
-        if self.rank == 0:
-            print(self.activation_checkpointing.line("critic"), flush=True)
+            mc.fsdp_config, sequence=max_seq_len, device=self.device.type, dims=self._dims), module, "critic",
+            announce=self.rank == 0)
         self.engine = TrainEngine(module, mc.fsdp_config, self.config.optim, total_training_steps, role="critic",
                                   parallel_dims=self._dims, activation_offload=bool(mc.enable_activation_offload),
                                   pipeline=pipeline_spec_for(self.config))

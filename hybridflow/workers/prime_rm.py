@@ -27,11 +27,11 @@ import torch
 
 from hybridflow.algorithms.prime import compute_ce_dpo_loss_rm, implicit_process_rewards
 from hybridflow.controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
-from hybridflow.engine.activation_memory import decide_for_module
+from hybridflow.engine.activation_memory import act_on, decide_for_module
 from hybridflow.engine.device import resolve_dtype
 from hybridflow.engine.engine_checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.engine.forward import response_log_probs
-from hybridflow.engine.model_loader import enable_gradient_checkpointing, load_causal_lm, load_tokenizer
+from hybridflow.engine.model_loader import load_causal_lm, load_tokenizer
 from hybridflow.engine.parallel_dims import ParallelDims
 from hybridflow.engine.train_engine import TrainEngine
 from hybridflow.protocol import DataProto
@@ -84,14 +84,10 @@ class PrimeRewardModelWorker(Worker):
         module = load_causal_lm(mc.path, dtype=mc.fsdp_config.model_dtype, trust_remote_code=mc.trust_remote_code,
                                 override_config=mc.override_config, field="reward_model.model.path")
         budget = int(self.config.forward_max_token_len_per_gpu)  # its micro-batches' rows are not known here
-        self.activation_checkpointing = decide_for_module(
+        self.activation_checkpointing = act_on(decide_for_module(
             module, mc.enable_gradient_checkpointing, "reward_model.model.enable_gradient_checkpointing",
             tokens=budget, sequence=budget, dtype_bytes=resolve_dtype(mc.fsdp_config.model_dtype).itemsize,
-            device=self.device.type, dims=self._dims)
-        if self.activation_checkpointing.enabled:
-            enable_gradient_checkpointing(module)
-        if self.rank == 0:
-            print(self.activation_checkpointing.line("implicit PRM"), flush=True)
+            device=self.device.type, dims=self._dims), module, "implicit PRM", announce=self.rank == 0)
         self.engine = TrainEngine(module, mc.fsdp_config, mc.optim, total_training_steps, role="reward_model",
                                   parallel_dims=self._dims)
         ref = load_causal_lm(mc.ref_path or mc.path, dtype=mc.fsdp_config.model_dtype,
