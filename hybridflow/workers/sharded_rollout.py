@@ -68,6 +68,7 @@ class ShardedRolloutHost(RolloutHost):
         self.groups = [tuple(g) for g in groups]  # every rollout shard group (the checksum check sums each)
         self._totals = None  # the training checksums at the last switch (engine/shard_checksum.py)
         self._held_sums = None  # this rank's rollout-piece checksums after the last switch
+        self._verified_since_sleep = False  # a switch checked the shard after the last sleep: wake-up need not
         self._follower: threading.Thread | None = None
         self._follower_error: list[BaseException] = []
 
@@ -90,7 +91,8 @@ class ShardedRolloutHost(RolloutHost):
             return
         if self._freed is not None:  # woken without a switch since the shard was freed: fill it first
             self.sync_weights()
-        self._check_after_wake()
+        if not self._verified_since_sleep:  # a switch since the last sleep has just checked every piece
+            self._check_after_wake()
         stack = contextlib.ExitStack()
         try:
             self._generation_context(stack)
@@ -124,6 +126,7 @@ class ShardedRolloutHost(RolloutHost):
                 self._join_follower()
         finally:
             stack.close()
+        self._verified_since_sleep = False
         if self.free_weights_on_sleep and self._plan is not None:
             from hybridflow.engine.shard_switch import release_shard
 
@@ -187,6 +190,7 @@ class ShardedRolloutHost(RolloutHost):
                 except checks.ShardMismatchError as exc:
                     raise WeightMismatchError(f"rollout shard '{self.server.name}': {exc}") from exc
                 self._totals = totals
+                self._verified_since_sleep = True
                 self.weight_fact = {"engine": self.server.name, "when": "after the switch", **fact}
                 checked = {"weight_sync/tensors_unchanged": float(len(self._plan.names) - stats.tensors),
                            "weight_sync/checksum_worst_rel": float(fact["worst_rel"])}
