@@ -256,8 +256,9 @@ INERT: tuple[KeyRule, ...] = (
             "the actor's adapters in place (its own copy next to a tp/ep-split actor gets them merged) and vLLM "
             "receives the adapters, which gives the same numbers as merging"),
     KeyRule("{actor_rollout_ref.model,critic.model}.lora.a2a_experimental",
-            "Megatron's all-to-all communication for LoRA on expert layers; adapters here are plain peft modules (and "
-            "are refused on experts split by tensor or expert parallelism)"),
+            "Megatron's all-to-all communication for LoRA on expert layers; adapters here are plain peft modules, "
+            "and with expert parallelism each rank folds its own experts' adapters into them after the tokens' "
+            "all-to-all"),
     KeyRule("actor_rollout_ref.rollout.engine_kwargs.trtllm",
             "engine arguments of TensorRT-LLM, which has no adapter here (rollout.name=trtllm is refused)"),
     KeyRule("actor_rollout_ref.rollout.{mtp,qat}",

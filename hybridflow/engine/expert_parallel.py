@@ -103,10 +103,71 @@ def _exchange(x: torch.Tensor, out_splits: list[int], in_splits: list[int], grou
 
 
 def _local_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's experts' ``gate_up_proj`` and ``down_proj``, with the active LoRA adapters folded in (each
+    ``scaling x lhs_e @ rhs_e`` of the local experts e only; see :func:`_lora_experts_forward`)."""
     gu, down = module.gate_up_proj, module.down_proj
     if hasattr(gu, "to_local"):
         gu, down = gu.to_local(), down.to_local()
-    return gu, down
+    spec = module._hybridflow_ep
+    adapters = spec.get("lora")
+    if not adapters:
+        return gu, down
+    weights = {"gate_up_proj": gu, "down_proj": down}
+    split = spec.get("tp_split")
+    for name, lhs, rhs, scaling in adapters:
+        if split is not None:  # the tp ranks saw different tokens: each factor's gradient sums over them
+            lhs, rhs = _SumGradient.apply(lhs, split[0]), _SumGradient.apply(rhs, split[0])
+        weights[name] = torch.baddbmm(weights[name], _local_experts(lhs, spec), _local_experts(rhs, spec),
+                                      alpha=scaling)
+    return weights["gate_up_proj"], weights["down_proj"]
+
+
+def _local_experts(stack: torch.Tensor, spec: dict) -> torch.Tensor:
+    """The rows of an (experts, ...) stack that belong to this rank's experts."""
+    return stack[spec["index"] * spec["local"]:(spec["index"] + 1) * spec["local"]]
+
+
+class _SumGradient(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over ``group`` (a tensor every rank of the group holds whole
+    but uses with different rows of data)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def _lora_experts_forward(self, x: torch.Tensor, *args, **kwargs):
+    """The forward of a peft ``ParamWrapper`` (LoRA on a 3-D expert parameter) around an expert-parallel experts
+    module, installed by :func:`apply_expert_parallel`.
+
+    peft folds ``W + scaling x lhs @ rhs`` with one ``baddbmm`` over the whole expert stack through a
+    parametrization of the parameter; split over ep, the parameter is a DTensor holding this rank's experts and the
+    factors are plain tensors of every expert, which cannot mix.  Instead the wrapper hands its active adapters'
+    factors to the experts module, whose forward folds each into its local experts' weights only; the factors'
+    gradients then hold this rank's experts' rows (FSDP sums them with the other ranks' like any replicated
+    parameter's)."""
+    self._check_forward_args(x, *args, **kwargs)
+    kwargs.pop("adapter_names", None)
+    experts = self.get_base_layer()
+    active = []
+    if not self.disable_adapters and not self.merged:
+        active = [a for a in self.active_adapters if a in self.lora_A]
+    elif self.disable_adapters and self.merged:
+        self.unmerge()
+    pushed = experts._hybridflow_ep.setdefault("lora", [])
+    mine = [(self.parameter_name, *self.get_delta_factors(a)) for a in active]
+    pushed.extend(mine)
+    try:
+        return self.base_layer(x, *args, **kwargs)
+    finally:
+        del pushed[len(pushed) - len(mine):]
 
 
 def expert_forward(x: torch.Tensor, counts: list[int], gate_up: torch.Tensor, down: torch.Tensor, act_fn) -> torch.Tensor:
@@ -229,8 +290,13 @@ def apply_expert_parallel(model: nn.Module, ep_mesh, key: str = "megatron.expert
     modules = []
     for _, module, layout in found:
         _split(module, layout, ep_mesh, ep, distribute_tensor, Shard)
-        module._hybridflow_ep["tp_split"] = tp_split
+        module._hybridflow_ep.update(tp_split=tp_split, index=ep_mesh.get_local_rank())
         modules.append(module)
+    split = {id(m) for m in modules}
+    for wrapper in model.modules():  # peft's LoRA on the expert stacks (ParamWrapper, nested one per parameter)
+        if hasattr(wrapper, "get_delta_factors") and hasattr(wrapper, "parameter_name") \
+                and id(wrapper.get_base_layer()) in split:
+            wrapper.forward = types.MethodType(_lora_experts_forward, wrapper)
     return modules
 
 

@@ -223,12 +223,8 @@ def test_scaled_megatron_launch_validates(name, tmp_path):
     assert cfg.actor_rollout_ref.actor.strategy == "megatron"
 
 
-# runs that fail today in main's engine (reported to the lead; strict: the mark must go when they pass)
-KNOWN_FAILING = {
-    "tuning/lora/run_qwen3_30b_a3b_megatron.sh": "LoRA on MoE experts at pp2 x tp2 x ep2: the weight sync now "
-    "merges the experts' adapters, but peft's ParamWrapper forward mixes the expert-parallel experts' DTensor with "
-    "its plain adapter tensors (aten.baddbmm) in the first compute_log_prob",
-}
+# runs that fail today in main's engine (strict: the mark must go when they pass)
+KNOWN_FAILING: dict[str, str] = {}
 
 
 def _runs():

@@ -51,6 +51,8 @@ CASES = {
         "tp2-seqpar-qwen3-moe": ("qwen3-moe", 2, 1, 1, "actor+seqpar"),
         "tp2-seqpar-critic-qwen2": ("qwen2", 2, 1, 1, "critic+seqpar"),
         "tp2-seqpar-lora-qwen3": ("qwen3", 2, 1, 1, "lora+seqpar"),
+        # LoRA on the experts (peft's ParamWrapper around each expert stack) with the experts split over ep
+        "ep2-lora-qwen3-moe": ("qwen3-moe", 1, 2, 1, "lora"),
     },
     4: {
         "dp2xtp2-qwen2": ("qwen2", 2, 1, 1, "actor"),
@@ -63,6 +65,9 @@ CASES = {
         # expert groups over dp x tp (ep 4 does not divide dp 2): Megatron's layout of verl's Qwen3-30B lines
         "ep4xtp2-qwen3-moe": ("qwen3-moe", 2, 4, 1, "actor"),
         "ep4xsp2xtp2-qwen3-moe": ("qwen3-moe", 2, 4, 2, "actor"),  # groups over sp x tp (dp 1)
+        # LoRA on the experts with expert groups over dp x tp (each tp rank dispatches its slice of the tokens)
+        "ep4xtp2-lora-qwen3-moe": ("qwen3-moe", 2, 4, 1, "lora"),
+        "ep2xtp2-lora-qwen3-moe": ("qwen3-moe", 2, 2, 1, "lora"),
         "sp2xtp2-qwen2": ("qwen2", 2, 1, 2, "actor"),
         "dp2xtp2-seqpar-llama3.1": ("llama3.1", 2, 1, 1, "actor+seqpar"),
         "sp2xtp2-seqpar-qwen2": ("qwen2", 2, 1, 2, "actor+seqpar"),
@@ -277,6 +282,29 @@ def _break_lora_rowwise_sum():
     return _patch(tp, "_rowwise", rowwise)
 
 
+def _break_lora_experts_slice():
+    """Every ep rank folds the first experts' LoRA factors into its own experts."""
+    import hybridflow.engine.expert_parallel as epm
+
+    return _patch(epm, "_local_experts", lambda stack, spec: stack[:spec["local"]])
+
+
+def _break_lora_experts_gradient_sum():
+    """LoRA factors of experts whose groups span tp: each tp rank keeps the gradient of its token slice only."""
+    import hybridflow.engine.expert_parallel as epm
+
+    class Identity(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, group):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None
+
+    return _patch(epm, "_SumGradient", Identity)
+
+
 BREAKS = {
     "seqpar_norm_gradient_sum": (_break_seqpar_norm_gradient_sum, "tp2-seqpar-qwen3"),
     "head_norm_placement": (_break_head_norm_placement, "tp2-qwen3"),
@@ -287,6 +315,8 @@ BREAKS = {
     "shared_rotary_key": (_break_shared_rotary_key, "tp2-deepseek-v3"),
     "expert_token_split": (_break_expert_token_split, "ep4xtp2-qwen3-moe"),
     "lora_rowwise_sum": (_break_lora_rowwise_sum, "tp2-lora-qwen3"),
+    "lora_experts_slice": (_break_lora_experts_slice, "ep2-lora-qwen3-moe"),
+    "lora_experts_gradient_sum": (_break_lora_experts_gradient_sum, "ep4xtp2-lora-qwen3-moe"),
 }
 
 
