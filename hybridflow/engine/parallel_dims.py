@@ -24,7 +24,10 @@ dimensions say what they split::
   over dp x cp x tp do (``expert_tensor_parallel_size = 1``): ``ep = ep_dp x sp x tp`` with ``ep_dp`` dividing
   dp (``ep_beyond_dp``; then ``edp = dp / ep_dp``).  The sp ranks hold different tokens already; the tp ranks of
   a group hold the same tokens, so in a MoE layer each dispatches its 1/tp of them and the outputs are gathered
-  over tp again.
+  over tp again.  Or, when ep divides tp, the groups lie inside the tp groups, ep adjacent tp ranks each
+  (``ep_in_tp``: Megatron's layout for verl's Qwen3-30B line, tp 4 x ep 2 with dp 1): the tp index is
+  ``etp_index x ep + ep_index``, every rank still dispatches its 1/tp of the tokens within its group of ep, and the
+  expert weights are replicated over dp x sp x tp / ep ranks.
 
 Ranks are laid out row-major with the last dimension fastest::
 
@@ -115,6 +118,9 @@ class ParallelDims:
     def _ep_can_reach_beyond_dp(self) -> bool:
         """Whether expert groups can take in the sp and tp ranks (Megatron's expert groups over dp x cp x tp):
         ep = k x sp x tp with k dividing dp."""
+        return self._ep_over_whole_blocks() or (self.tp > 1 and self.tp % self.ep == 0)  # or inside the tp groups
+
+    def _ep_over_whole_blocks(self) -> bool:
         inner = self.sp * self.tp
         return inner > 1 and self.ep % inner == 0 and self.dp % (self.ep // inner) == 0
 
@@ -126,9 +132,10 @@ class ParallelDims:
         inner = self.sp * self.tp
         if inner == 1:
             return f"{why}; lower it or add ranks"
-        return (f"{why}, or be a multiple k x {inner} of {self.key} x {self.tp_key} = {self.sp} x {self.tp} with k "
-                "dividing dp (expert groups over whole dp x sp x tp blocks of ranks, as Megatron builds them over "
-                "dp x cp x tp); lower it or add ranks")
+        return (f"{why}, or divide {self.tp_key}={self.tp} (expert groups inside the tensor-parallel groups), or be "
+                f"a multiple k x {inner} of {self.key} x {self.tp_key} = {self.sp} x {self.tp} with k dividing dp "
+                "(expert groups over whole dp x sp x tp blocks of ranks, as Megatron builds them over dp x cp x tp); "
+                "lower it or add ranks")
 
     # ------------------------------------------------------------------ sizes and coordinates (no process group)
     @property
@@ -148,8 +155,16 @@ class ParallelDims:
         return self.ep > 1 and self.dp % self.ep != 0
 
     @property
+    def ep_in_tp(self) -> bool:
+        """Whether the expert groups lie inside the tp groups (beyond dp, with ep dividing tp and smaller than it):
+        ep adjacent tp ranks form a group."""
+        return self.ep_beyond_dp and not self._ep_over_whole_blocks() and self.tp % self.ep == 0
+
+    @property
     def ep_dp(self) -> int:
-        """How many data-parallel indices one expert group spans (ep, or ep / (sp x tp) beyond dp)."""
+        """How many data-parallel indices one expert group spans (ep, ep / (sp x tp) beyond dp, 1 inside tp)."""
+        if self.ep_in_tp:
+            return 1
         return self.ep // (self.sp * self.tp) if self.ep_beyond_dp else self.ep
 
     @property
@@ -190,7 +205,12 @@ class ParallelDims:
         """All six indices of ``rank``: pp, dp (= edp x ep + ep), edp, ep, sp, tp."""
         c = self.coordinate(rank)
         dp, tp = c["dp"], c.get("tp", 0)
-        ep = ((dp % self.ep_dp) * self.sp + c["sp"]) * self.tp + tp if self.ep_beyond_dp else dp % self.ep
+        if self.ep_in_tp:
+            ep = tp % self.ep
+        elif self.ep_beyond_dp:
+            ep = ((dp % self.ep_dp) * self.sp + c["sp"]) * self.tp + tp
+        else:
+            ep = dp % self.ep
         return {"pp": c.get("pp", 0), "dp": dp, "edp": dp // self.ep_dp, "ep": ep, "sp": c["sp"], "tp": tp}
 
     def dp_rank(self, rank: int) -> int:
@@ -240,6 +260,8 @@ class ParallelDims:
         if not self.nd:
             self._mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.names)
             return self
+        if self.ep_in_tp:
+            return self._build_ep_in_tp(device_type, init_device_mesh)
         # The N-D mesh: every dimension named, then the flattened views the engine uses.
         # the dp indices of an expert group: "ep" itself, or "epd" when the group also spans sp x tp (then "ep" is
         # the flattened epd x sp x tp view, and the experts' FSDP dimension is what is left: edp)
@@ -258,6 +280,21 @@ class ParallelDims:
             self._meshes["efsdp"] = mesh["edp"]
         else:
             self._meshes["efsdp"] = mesh["edp", "sp", "tp"]._flatten("efsdp")
+        if self.pp > 1:
+            self._tied_group = self._first_last_groups()
+        return self
+
+    def _build_ep_in_tp(self, device_type: str, init_device_mesh) -> "ParallelDims":
+        """The mesh when the expert groups lie inside the tp groups: tp split into (etp, ep) with ep fastest, so the
+        flattened "tp" view is the usual tp group and "ep" its ep adjacent ranks; the experts' FSDP dimension is
+        dp x sp x etp (the ranks holding the same experts)."""
+        inner = (self.dp, self.sp, self.tp // self.ep, self.ep)
+        names = ("dp", "sp", "etp", "ep")
+        mesh = init_device_mesh(device_type, ((self.pp,) + inner) if self.pp > 1 else inner,
+                                mesh_dim_names=(("pp",) + names) if self.pp > 1 else names)
+        self._mesh = mesh
+        self._meshes = {"fsdp": mesh["dp", "sp"]._flatten("fsdp"), "tp": mesh["etp", "ep"]._flatten("tp"),
+                        "efsdp": mesh["dp", "sp", "etp"]._flatten("efsdp")}
         if self.pp > 1:
             self._tied_group = self._first_last_groups()
         return self
@@ -317,7 +354,9 @@ class ParallelDims:
     @property
     def tp_mesh(self):
         """1-D mesh of this rank's tensor-parallel peers; ``None`` when tp = 1 or unbuilt."""
-        return self._mesh["tp"] if self._mesh is not None and self.tp > 1 else None
+        if self._mesh is None or self.tp == 1:
+            return None
+        return self._meshes["tp"] if "tp" in self._meshes else self._mesh["tp"]
 
     @property
     def ep_mesh(self):
@@ -332,7 +371,8 @@ class ParallelDims:
         dispatches its slice of them), else ``None``."""
         if not self.ep_beyond_dp or self.tp == 1 or self._mesh is None:
             return None
-        return self._mesh["tp"].get_group(), self.tp, self._mesh["tp"].get_local_rank()
+        tp = self.tp_mesh
+        return tp.get_group(), self.tp, tp.get_local_rank()
 
     @property
     def expert_fsdp_mesh(self):
@@ -380,6 +420,8 @@ class ParallelDims:
         if self.tp > 1:
             parts.append(f"tp={self.tp}")
         text = " x ".join(parts)
+        if self.ep_in_tp:
+            return f"{text} (ep={self.ep} inside tp)"
         return f"{text} (ep={self.ep} over dp x sp x tp)" if self.ep_beyond_dp else text
 
     @classmethod

@@ -17,7 +17,10 @@ def build_model(family: str, seed: int = 0):
 
 
 def write_model(path, family: str, seed: int = 0) -> str:
-    """Write tokenizer + random-init ``family`` model to ``path``; returns the path."""
+    """Write tokenizer + random-init ``family`` model to ``path``; returns the path.  ``family+kv4``: the family
+    with 4 key/value heads (what tp 4 needs)."""
     from hybridflow.utils.tiny_model import make_tiny_checkpoint
 
-    return str(make_tiny_checkpoint(path, size="nano", family=family, seed=seed, **ND_OVERRIDES))
+    family, _, variant = family.partition("+")
+    extra = {"num_key_value_heads": 4} if variant == "kv4" else {}
+    return str(make_tiny_checkpoint(path, size="nano", family=family, seed=seed, **ND_OVERRIDES, **extra))

@@ -65,6 +65,10 @@ CASES = {
         # expert groups over dp x tp (ep 4 does not divide dp 2): Megatron's layout of verl's Qwen3-30B lines
         "ep4xtp2-qwen3-moe": ("qwen3-moe", 2, 4, 1, "actor"),
         "ep4xsp2xtp2-qwen3-moe": ("qwen3-moe", 2, 4, 2, "actor"),  # groups over sp x tp (dp 1)
+        # expert groups inside the tp groups (verl's Qwen3-30B line: tp 4 x ep 2 with dp 1; Ulysses beside ep = tp)
+        "ep2intp4-qwen3-moe": ("qwen3-moe+kv4", 4, 2, 1, "actor"),
+        "ep2intp4-lora-qwen3-moe": ("qwen3-moe+kv4", 4, 2, 1, "lora"),
+        "ep2intp2xsp2-qwen3-moe": ("qwen3-moe", 2, 2, 2, "actor"),
         # LoRA on the experts with expert groups over dp x tp (each tp rank dispatches its slice of the tokens)
         "ep4xtp2-lora-qwen3-moe": ("qwen3-moe", 2, 4, 1, "lora"),
         "ep2xtp2-lora-qwen3-moe": ("qwen3-moe", 2, 2, 1, "lora"),
@@ -314,6 +318,7 @@ BREAKS = {
     "expert_gradient_scale": (_break_expert_gradient_scale, "ep2-deepseek-v3"),
     "shared_rotary_key": (_break_shared_rotary_key, "tp2-deepseek-v3"),
     "expert_token_split": (_break_expert_token_split, "ep4xtp2-qwen3-moe"),
+    "expert_token_split_in_tp": (_break_expert_token_split, "ep2intp4-qwen3-moe"),
     "lora_rowwise_sum": (_break_lora_rowwise_sum, "tp2-lora-qwen3"),
     "lora_experts_slice": (_break_lora_experts_slice, "ep2-lora-qwen3-moe"),
     "lora_experts_gradient_sum": (_break_lora_experts_gradient_sum, "ep4xtp2-lora-qwen3-moe"),

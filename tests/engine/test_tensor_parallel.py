@@ -75,10 +75,24 @@ def test_expert_groups_over_dp_and_tp_when_ep_does_not_divide_dp():
     assert not four.ep_beyond_dp and four.edp == 1 and four.full_coordinate(5)["ep"] == 2
 
 
+def test_expert_groups_inside_the_tensor_parallel_groups():
+    # verl's Qwen3-30B-A3B line as written: tp 4 x pp 2 x ep 2 on 8 ranks (dp 1): ep 2 adjacent tp ranks per group
+    dims = ParallelDims(world=8, tp=4, pp=2, ep=2)
+    assert dims.ep_in_tp and (dims.dp, dims.ep_dp) == (1, 1)
+    assert [dims.full_coordinate(r)["ep"] for r in range(8)] == [0, 1] * 4
+    assert "ep=2 inside tp" in dims.describe()
+    # with Ulysses beside it, ep = tp: the tp group is the expert group (sp 2 x tp 2, dp 1)
+    sp = ParallelDims(world=4, sp=2, tp=2, ep=2)
+    assert sp.ep_in_tp and [sp.full_coordinate(r)["ep"] for r in range(4)] == [0, 1, 0, 1]
+    assert not ParallelDims(world=4, tp=2, ep=2).ep_in_tp  # ep divides dp: inside the data-parallel ranks
+    assert not ParallelDims(world=8, tp=2, ep=8).ep_in_tp  # over whole tp blocks
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(world=4, tp=3), "must divide the 4 ranks"),
-    (dict(world=4, sp=2, tp=2, ep=2), r"expert_model_parallel_size=2 must divide the data-parallel size dp .* = 1 .*"
-                                      r"or be a multiple k x 4 of ulysses_sequence_parallel_size x "),
+    (dict(world=8, sp=4, tp=2, ep=4), r"expert_model_parallel_size=4 must divide the data-parallel size dp .* = 1 .*"
+                                      r"or divide megatron.tensor_model_parallel_size=2 .*"
+                                      r"or be a multiple k x 8 of ulysses_sequence_parallel_size x "),
     (dict(world=8, tp=2, ep=6), r"or be a multiple k x 2 of .* = 1 x 2 with k dividing dp"),
     (dict(world=2, tp=0), "must be >= 1"),
 ])
