@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from hybridflow.engine.tensor_parallel import SumGradient
 from hybridflow.engine.transformers_adapter import ExpertsLayout, moe_experts
 
 __all__ = ["ExpertParallelError", "apply_expert_parallel", "expert_forward", "expert_gradient_divide_factor",
@@ -116,7 +117,7 @@ def _local_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     split = spec.get("tp_split")
     for name, lhs, rhs, scaling in adapters:
         if split is not None:  # the tp ranks saw different tokens: each factor's gradient sums over them
-            lhs, rhs = _SumGradient.apply(lhs, split[0]), _SumGradient.apply(rhs, split[0])
+            lhs, rhs = SumGradient.apply(lhs, split[0]), SumGradient.apply(rhs, split[0])
         weights[name] = torch.baddbmm(weights[name], _local_experts(lhs, spec), _local_experts(rhs, spec),
                                       alpha=scaling)
     return weights["gate_up_proj"], weights["down_proj"]
@@ -125,22 +126,6 @@ def _local_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 def _local_experts(stack: torch.Tensor, spec: dict) -> torch.Tensor:
     """The rows of an (experts, ...) stack that belong to this rank's experts."""
     return stack[spec["index"] * spec["local"]:(spec["index"] + 1) * spec["local"]]
-
-
-class _SumGradient(torch.autograd.Function):
-    """Identity forward; backward sums the gradient over ``group`` (a tensor every rank of the group holds whole
-    but uses with different rows of data)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
 
 
 def _lora_experts_forward(self, x: torch.Tensor, *args, **kwargs):

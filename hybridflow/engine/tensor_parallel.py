@@ -169,12 +169,14 @@ def _check_lora_targets(model: nn.Module, key: str) -> None:
                 "(or add them to exclude_modules)")
         if any(name == e or name.startswith(e + ".") for e in experts):
             raise TensorParallelError(
-                f"{key}>1 with a LoRA adapter on the MoE experts ({name}): adapters on experts are not built with "
-                "tensor or expert parallelism; target the attention / shared-expert projections only")
+                f"{key}>1 with a LoRA adapter inside the MoE experts module ({name}): per-expert linear adapters "
+                "have no split here (adapters on the stacked expert parameters, peft's ParamWrapper, do); target "
+                "the experts' parameters or the attention / shared-expert projections")
 
 
-class _SumGradient(torch.autograd.Function):
-    """Identity forward; backward sums the gradient over the tensor-parallel group (Megatron's "f")."""
+class SumGradient(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over ``group`` (Megatron's "f"): a tensor every rank of the group
+    holds whole but uses on different data (a slice of the columns, or of the tokens)."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -192,6 +194,6 @@ def _sum_gradient_of_columns(first: int, group):
     """Forward hook: the module's output columns ``first:`` get their gradient summed over ``group``."""
 
     def hook(_module, _args, output):
-        return torch.cat([output[..., :first], _SumGradient.apply(output[..., first:], group)], dim=-1)
+        return torch.cat([output[..., :first], SumGradient.apply(output[..., first:], group)], dim=-1)
 
     return hook

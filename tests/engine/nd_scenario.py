@@ -306,7 +306,7 @@ def _break_lora_experts_gradient_sum():
         def backward(ctx, grad):
             return grad, None
 
-    return _patch(epm, "_SumGradient", Identity)
+    return _patch(epm, "SumGradient", Identity)
 
 
 BREAKS = {
