@@ -76,7 +76,8 @@ def test_the_batch_is_split_over_data_parallel_groups_of_tp_ranks():
     ([f"{A}.actor.megatron.tensor_model_parallel_size=3"], "tensor_model_parallel_size=3 must divide the 4 ranks"),
     ([f"{A}.actor.megatron.tensor_model_parallel_size=2", f"{A}.actor.megatron.expert_model_parallel_size=8"],
      "expert_model_parallel_size=8 must divide the data-parallel size dp = world / (sp x tp) = 4 / (1 x 2) = 2 "
-     "(expert groups inside the data-parallel ranks), or be a multiple k x 2 of"),
+     "(expert groups inside the data-parallel ranks), or divide actor_rollout_ref.actor.megatron.tensor_model_parallel"
+     "_size=2 (expert groups inside the tensor-parallel groups), or be a multiple k x 2 of"),
     ([f"{A}.actor.megatron.context_parallel_size=2", f"{A}.actor.ulysses_sequence_parallel_size=4"],
      "context_parallel_size=2 and actor_rollout_ref.actor.ulysses_sequence_parallel_size=4 both split the sequence"),
     # (use_dist_checkpointing acts: tests/config/test_verl09_surface.py, tests/engine/test_dist_checkpoint.py)
