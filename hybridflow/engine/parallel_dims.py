@@ -260,44 +260,42 @@ class ParallelDims:
         if not self.nd:
             self._mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.names)
             return self
-        if self.ep_in_tp:
-            return self._build_ep_in_tp(device_type, init_device_mesh)
         # The N-D mesh: every dimension named, then the flattened views the engine uses.
-        # the dp indices of an expert group: "ep" itself, or "epd" when the group also spans sp x tp (then "ep" is
-        # the flattened epd x sp x tp view, and the experts' FSDP dimension is what is left: edp)
-        epd = "epd" if self.ep_beyond_dp else "ep"
-        inner = (self.edp, self.ep_dp, self.sp, self.tp)
-        names = ("edp", epd, "sp", "tp")
+        inner, names = self._nd_dimensions()
         mesh = init_device_mesh(device_type, ((self.pp,) + inner) if self.pp > 1 else inner,
                                 mesh_dim_names=(("pp",) + names) if self.pp > 1 else names)
         self._mesh = mesh
-        self._meshes = {
-            "dp": mesh["edp", epd]._flatten("dp"),
-            "fsdp": mesh["edp", epd, "sp"]._flatten("fsdp"),
-        }
-        if self.ep_beyond_dp:
-            self._meshes["ep"] = mesh[epd, "sp", "tp"]._flatten("ep")
-            self._meshes["efsdp"] = mesh["edp"]
-        else:
-            self._meshes["efsdp"] = mesh["edp", "sp", "tp"]._flatten("efsdp")
+        self._meshes = self._nd_views(mesh)
         if self.pp > 1:
             self._tied_group = self._first_last_groups()
         return self
 
-    def _build_ep_in_tp(self, device_type: str, init_device_mesh) -> "ParallelDims":
-        """The mesh when the expert groups lie inside the tp groups: tp split into (etp, ep) with ep fastest, so the
-        flattened "tp" view is the usual tp group and "ep" its ep adjacent ranks; the experts' FSDP dimension is
-        dp x sp x etp (the ranks holding the same experts)."""
-        inner = (self.dp, self.sp, self.tp // self.ep, self.ep)
-        names = ("dp", "sp", "etp", "ep")
-        mesh = init_device_mesh(device_type, ((self.pp,) + inner) if self.pp > 1 else inner,
-                                mesh_dim_names=(("pp",) + names) if self.pp > 1 else names)
-        self._mesh = mesh
-        self._meshes = {"fsdp": mesh["dp", "sp"]._flatten("fsdp"), "tp": mesh["etp", "ep"]._flatten("tp"),
-                        "efsdp": mesh["dp", "sp", "etp"]._flatten("efsdp")}
-        if self.pp > 1:
-            self._tied_group = self._first_last_groups()
-        return self
+    def _nd_dimensions(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """The N-D mesh's sizes and names inside a pipeline stage, by where the expert groups lie:
+
+        * inside the tp groups (``ep_in_tp``): tp split into (etp, ep), ep fastest;
+        * inside dp: ``edp x ep`` dp indices; over whole sp x tp blocks: ``edp x epd`` (``epd`` = ep_dp, the dp
+          indices of a group, which also takes in their sp x tp ranks)."""
+        if self.ep_in_tp:
+            return (self.dp, self.sp, self.tp // self.ep, self.ep), ("dp", "sp", "etp", "ep")
+        epd = "epd" if self.ep_beyond_dp else "ep"
+        return (self.edp, self.ep_dp, self.sp, self.tp), ("edp", epd, "sp", "tp")
+
+    def _nd_views(self, mesh) -> dict[str, Any]:
+        """The flattened views of the N-D mesh: "dp", "fsdp" (dense parameters), "tp" (when tp is split into etp x
+        ep), "ep" (when the expert groups span several dimensions) and "efsdp" (the ranks holding the same
+        experts)."""
+        if self.ep_in_tp:
+            return {"fsdp": mesh["dp", "sp"]._flatten("fsdp"), "tp": mesh["etp", "ep"]._flatten("tp"),
+                    "efsdp": mesh["dp", "sp", "etp"]._flatten("efsdp")}
+        epd = "epd" if self.ep_beyond_dp else "ep"
+        views = {"dp": mesh["edp", epd]._flatten("dp"), "fsdp": mesh["edp", epd, "sp"]._flatten("fsdp")}
+        if self.ep_beyond_dp:
+            views["ep"] = mesh[epd, "sp", "tp"]._flatten("ep")
+            views["efsdp"] = mesh["edp"]
+        else:
+            views["efsdp"] = mesh["edp", "sp", "tp"]._flatten("efsdp")
+        return views
 
     def _first_last_groups(self):
         """The group of this rank's first- and last-stage peers (a collective: every rank creates every pair, in the
