@@ -233,6 +233,32 @@ def long_tail_lengths(short: int = 4, long_max: int = 64, long_share: float = 0.
 
 
 # ------------------------------------------------------------------------------------------------ calibration
+def decode_step_costs(engine, prompts: Sequence[Sequence[int]], occupancies: tuple[int, int],
+                      reps: int = 3) -> tuple[float, float]:
+    """``(t0, t1)`` of an hf engine's decode step ``t0 + t1 x active``, from the step at two occupancies: per step,
+    (time of 33 tokens - time of 1 token) / 32 for the first ``n`` prompts (prefill cancels), best of ``reps`` after a
+    warm-up."""
+    import time
+
+    from hybridflow.rollout.sampling_params import SamplingParams
+
+    def generate_s(rows_n: int, tokens: int) -> float:
+        fixed = SamplingParams(max_tokens=tokens, temperature=1.0, ignore_eos=True)
+        batch = prompts[:rows_n]
+        engine.generate_batch(batch, fixed)  # warm
+        best = float("inf")
+        for _ in range(reps):
+            t = time.perf_counter()
+            engine.generate_batch(batch, fixed)
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    a, b = occupancies
+    per_step = [(generate_s(n, 33) - generate_s(n, 1)) / 32 for n in (a, b)]
+    t1 = max(0.0, (per_step[1] - per_step[0]) / (b - a))
+    return max(1e-6, per_step[0] - t1 * a), t1
+
+
 def calibrate(samples: int = 512, threads: int = 1, sft_steps: int = 20) -> dict:
     """Measure this machine's costs on bench_async's shape: the SFT checkpoint's response lengths (sampled,
     temperature 1), the hf engine's decode step time at two occupancies (-> t0, t1), the actor's training time per
@@ -262,22 +288,7 @@ def calibrate(samples: int = 512, threads: int = 1, sft_steps: int = 20) -> dict
     outs = engine.generate_batch(prompts, SamplingParams(max_tokens=RESPONSE_LENGTH, temperature=1.0))
     lengths = tuple(len(o.token_ids) for o in outs)
 
-    def decode_s(rows_n: int, tokens: int) -> float:
-        fixed = SamplingParams(max_tokens=tokens, temperature=1.0, ignore_eos=True)
-        batch = prompts[:rows_n]
-        engine.generate_batch(batch, fixed)  # warm
-        best = float("inf")
-        for _ in range(3):
-            t = time.perf_counter()
-            engine.generate_batch(batch, fixed)
-            best = min(best, time.perf_counter() - t)
-        return best
-
-    # per decode step at occupancy a and b: (time(T tokens) - time(1 token)) / (T - 1) (prefill cancels)
-    occ = (8, 64)
-    per_step = [(decode_s(n, 33) - decode_s(n, 1)) / 32 for n in occ]
-    t1 = max(0.0, (per_step[1] - per_step[0]) / (occ[1] - occ[0]))
-    t0 = max(1e-6, per_step[0] - t1 * occ[0])
+    t0, t1 = decode_step_costs(engine, prompts, (8, 64))
     # training: padded micro-batches of the sampled lengths, as the actor's update (forward, backward, AdamW)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, foreach=False)
     rng = random.Random(0)

@@ -44,8 +44,8 @@ def calibrate_cpu(threads: int, rows: int = 32, prompt_len: int = 8, response: i
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import _common as C
+    from async_sim import decode_step_costs
     from hybridflow.rollout.hf.engine import HFRolloutEngine
-    from hybridflow.rollout.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
     path = C.base_model(C.DEFAULT_WORKDIR, "medium")
@@ -76,17 +76,10 @@ def calibrate_cpu(threads: int, rows: int = 32, prompt_len: int = 8, response: i
     engine = HFRolloutEngine(model, tok, seed=0, exact_log_probs=exact)
     prompts = [ids[i, :prompt_len].tolist() for i in range(rows)]
 
-    def decode_per_step(n: int) -> float:
-        run = lambda k: (lambda: engine.generate_batch(  # noqa: E731
-            prompts[:n], SamplingParams(max_tokens=k, temperature=1.0, ignore_eos=True)))
-        return (_time(run(33), 2) - _time(run(1), 2)) / 32
-
-    occ = (4, rows)
-    per = [decode_per_step(n) for n in occ]
-    t1 = max(0.0, (per[1] - per[0]) / (occ[1] - occ[0]))
+    t0, t1 = decode_step_costs(engine, prompts, (4, rows), reps=2)
     return {"shape": asdict(shape), "threads": threads, "fwd_flops": 2 * shape.matmul_params * tokens / fwd_s,
             "train_flops": 6 * shape.matmul_params * tokens / train_s, "optimizer_s_per_param": opt_s / shape.params,
-            "decode_t0": max(1e-6, per[0] - t1 * occ[0]), "decode_t1": t1}
+            "decode_t0": t0, "decode_t1": t1}
 
 
 def pool_penalty(threads: int = 2, reps: int = 2000) -> float:
